@@ -1,0 +1,105 @@
+"""An instance bound to its catalog: names resolved, GPUs enumerated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from energyopt.catalog.loader import Catalog, builtin_catalog, load_catalog_file
+from energyopt.spec.cluster import Gpu
+from energyopt.spec.errors import SpecError
+from energyopt.spec.hardware import GpuType
+from energyopt.spec.instance import Instance
+from energyopt.spec.io import load
+from energyopt.spec.llm import LlmModel
+from energyopt.spec.workload import Workload
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A validated instance with every GPU type and model it names."""
+
+    instance: Instance
+    catalog: Catalog
+    source: str
+
+    @property
+    def gpus(self) -> list[Gpu]:
+        """Every GPU of the cluster, in file order."""
+        return self.instance.cluster.gpus()
+
+    def gpu_type(self, name: str) -> GpuType:
+        """Catalog GPU type ``name``."""
+        return self.catalog.gpu(name)
+
+    def model_of(self, workload: Workload) -> LlmModel:
+        """Catalog model of ``workload``."""
+        return self.catalog.model(workload.model)
+
+    def gpu_types_used(self) -> list[str]:
+        """Names of the GPU types present in the cluster, in first-seen order."""
+        seen: dict[str, None] = {}
+        for gpu in self.gpus:
+            seen.setdefault(gpu.type, None)
+        return list(seen)
+
+
+def resolve(instance: Instance, source: str = "<instance>", base_dir: Path | None = None) -> Problem:
+    """Bind ``instance`` to the embedded catalog plus its own catalog files and entries.
+
+    Raises SpecError naming ``source`` and the field of every unknown name.
+    """
+    catalog = builtin_catalog()
+    problems: list[str] = []
+    for i, rel in enumerate(instance.catalog):
+        path = Path(rel)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        try:
+            gpus, models = load_catalog_file(path)
+        except SpecError as exc:
+            problems.extend(f"{source}: catalog[{i}]: {p}" for p in exc.problems)
+            continue
+        catalog = catalog.merged(gpus, models)
+    catalog = catalog.merged(instance.gpu_types, instance.models)
+    for n, node in enumerate(instance.cluster.nodes):
+        for e, entry in enumerate(node.gpus):
+            if entry.type not in catalog.gpus:
+                try:
+                    catalog.gpu(entry.type)
+                except KeyError as exc:
+                    field = f"cluster.nodes[{n}]({node.name}).gpus[{e}].type"
+                    problems.append(f"{source}: {field}: {exc.args[0]}")
+    for w, wl in enumerate(instance.workloads):
+        field = f"workloads[{w}]({wl.name})"
+        if wl.model not in catalog.models:
+            try:
+                catalog.model(wl.model)
+            except KeyError as exc:
+                problems.append(f"{source}: {field}.model: {exc.args[0]}")
+    names = {w.name for w in instance.workloads}
+    for gpu in instance.cluster.gpus():
+        if gpu.state is None:
+            continue
+        for placement in gpu.state.placements:
+            if placement.workload not in names:
+                problems.append(
+                    f"{source}: GPU {gpu.id} state.placements: unknown workload "
+                    f"{placement.workload!r}"
+                )
+    if instance.options.clocks_mhz:
+        for type_name in instance.options.clocks_mhz:
+            if type_name not in catalog.gpus:
+                problems.append(
+                    f"{source}: options.clocks_mhz: unknown GPU type {type_name!r}"
+                )
+    if problems:
+        raise SpecError(problems)
+    return Problem(instance, catalog, source)
+
+
+def load_problem(path: str | Path) -> Problem:
+    """Read, validate and resolve an instance file."""
+    p = Path(path)
+    instance = load(Instance, p)
+    return resolve(instance, str(p), p.parent)

@@ -1,0 +1,1 @@
+"""Problem families stated as mathematical programs (one sub-package per family)."""

@@ -1,0 +1,1 @@
+"""Festina-style serving: joint placement, SM partitioning and clock selection."""

@@ -1,0 +1,43 @@
+"""Energy per request and power of a placement at a rate.
+
+A placement's dynamic power is linear in its rate: rate x energy per request,
+where the energy per request is one prefill plus O decode steps' share at the
+op's design batch (the decode batch at its SLO capacity at the max clock, so the
+accounting batch does not move with the clock). See docs/performance-model.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from energyopt.perf.forward import decode_pass, prefill_pass
+from energyopt.perf.params import FloatArray, OpParams
+from energyopt.perf.queueing import decode_context, metrics_at, slo_capacity
+
+
+def design_batch(p: OpParams) -> FloatArray:
+    """Decode batch at SLO capacity with the GPU at its max clock (>= 1)."""
+    at_max = p.replace(clock_ratio=np.ones_like(p.clock_ratio))
+    cap = slo_capacity(at_max)
+    batch = metrics_at(at_max, cap).batch
+    return np.asarray(np.maximum(np.where(np.isfinite(batch), batch, 1.0), 1.0))
+
+
+def energy_per_request_j(p: OpParams, batch: FloatArray | None = None) -> FloatArray:
+    """Dynamic energy of one request over its TP group (J), at decode ``batch``."""
+    n = design_batch(p) if batch is None else batch
+    prefill = prefill_pass(p, p.prompt_tokens).energy_j * p.tp
+    step = decode_pass(p, n, decode_context(p))
+    decode = p.output_tokens * step.energy_j * p.tp / n
+    return np.asarray(
+        np.where(p.phase == 1, prefill, np.where(p.phase == 2, decode, prefill + decode))
+    )
+
+
+def service_latency_ms(p: OpParams, batch: FloatArray) -> FloatArray:
+    """Unloaded latency of one request: prefill plus O decode steps at ``batch`` (ms)."""
+    prefill = prefill_pass(p, p.prompt_tokens).ms
+    decode = p.output_tokens * decode_pass(p, batch, decode_context(p)).ms
+    return np.asarray(
+        np.where(p.phase == 1, prefill, np.where(p.phase == 2, decode, prefill + decode))
+    )

@@ -1,0 +1,86 @@
+"""Roofline latency and power of one forward pass (a prefill or a decode step).
+
+Compute-bound work scales with the SM clock and the SM share; memory-bound work
+with the memory bandwidth the slice gets. See docs/performance-model.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from energyopt.perf.params import ALLREDUCE_LATENCY_MS, FloatArray, OpParams
+from energyopt.perf.power import clock_power_factor
+
+
+@dataclass(frozen=True)
+class Pass:
+    """Time split and power of one forward pass, per op (arrays)."""
+
+    ms: FloatArray  # wall time of the pass
+    compute_ms: FloatArray  # tensor-core time at the slice's FLOP/s
+    memory_ms: FloatArray  # time to move the bytes at the slice's bandwidth
+    bytes_per_gpu: FloatArray  # bytes read or written per GPU
+    power_w: FloatArray  # dynamic power per GPU of the group while it runs (W)
+
+    @property
+    def energy_j(self) -> FloatArray:
+        """Dynamic energy of the pass summed over the TP group (J)."""
+        return self.power_w * self.ms / 1e3
+
+
+def _clock_factor(p: OpParams) -> FloatArray:
+    return clock_power_factor(p.clock_ratio, p.voltage_floor, p.knee_fraction)
+
+
+def weights_touched(p: OpParams, tokens: FloatArray) -> FloatArray:
+    """Bytes of weights a pass over ``tokens`` tokens reads (MoE: experts hit)."""
+    dense = p.expert_params <= 0
+    frac_unused = np.power(
+        np.clip(1.0 - p.experts_per_token / p.experts, 0.0, 1.0), np.maximum(tokens, 1.0)
+    )
+    experts_hit = p.experts * (1.0 - frac_unused)
+    moe = (p.shared_params + experts_hit * p.expert_params) * p.bytes_per_param
+    return np.where(dense, p.weight_bytes, np.minimum(moe, p.weight_bytes))
+
+
+def _finish(
+    p: OpParams, flops: FloatArray, total_bytes: FloatArray, tokens: FloatArray
+) -> Pass:
+    """Turn a pass's FLOPs and bytes (whole group) into time and power per GPU."""
+    flops_rate = p.peak_flops * p.clock_ratio * p.sm_fraction * p.eff_compute
+    bw = p.peak_bw * p.bw_fraction * p.eff_memory
+    compute_ms = flops / (flops_rate * p.tp) * 1e3
+    memory_ms = total_bytes / (bw * p.tp) * 1e3
+    overhead_ms = p.overhead_ms * (0.5 + 0.5 / p.clock_ratio)
+    # Two all-reduces per layer of the activations (ring: 2(k-1)/k of the message).
+    msg = tokens * p.hidden * 2.0
+    ring = 2.0 * (p.tp - 1.0) / p.tp * msg / p.link_bw * 1e3
+    comm_ms = np.where(p.tp > 1, 2.0 * p.layers * (ALLREDUCE_LATENCY_MS + ring), 0.0)
+    busy_ms = np.maximum(compute_ms, memory_ms) + overhead_ms
+    ms = busy_ms + comm_ms
+    sm_active_ms = np.maximum(compute_ms, p.mem_bound_activity * busy_ms)
+    sm_activity = sm_active_ms / ms
+    bytes_per_gpu = total_bytes / p.tp
+    mem_util = np.minimum(bytes_per_gpu / (ms / 1e3) / p.peak_bw, 1.0)
+    dyn = p.tdp_w - p.idle_w
+    power = dyn * (
+        p.sm_power_fraction * _clock_factor(p) * p.sm_fraction * sm_activity
+        + (1.0 - p.sm_power_fraction) * mem_util
+    )
+    return Pass(ms, compute_ms, memory_ms, bytes_per_gpu, np.asarray(power))
+
+
+def prefill_pass(p: OpParams, tokens: FloatArray) -> Pass:
+    """Prefill of one prompt of ``tokens`` tokens (causal attention)."""
+    flops = 2.0 * p.active_params * tokens + 2.0 * p.layers * tokens**2 * p.attn_dim
+    total_bytes = weights_touched(p, tokens) + tokens * p.kv_bytes_per_token
+    return _finish(p, flops, total_bytes, tokens)
+
+
+def decode_pass(p: OpParams, batch: FloatArray, context: FloatArray) -> Pass:
+    """One decode step for ``batch`` sequences of mean ``context`` tokens."""
+    flops = 2.0 * p.active_params * batch + 4.0 * p.layers * batch * context * p.attn_dim
+    total_bytes = weights_touched(p, batch) + batch * context * p.kv_bytes_per_token
+    return _finish(p, flops, total_bytes, batch)

@@ -1,0 +1,243 @@
+"""The operating-point table of a problem: for every unit (workload or phase),
+GPU type, clock, SM share (or MIG profile) and tensor-parallel size, its SLO
+capacity, energy per request and memory. Every formulation reads this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from energyopt.catalog.problem import Problem
+from energyopt.perf.energy import design_batch, energy_per_request_j, service_latency_ms
+from energyopt.perf.params import FloatArray, OpSpec, build_params
+from energyopt.perf.power import gpu_on_power_w
+from energyopt.perf.queueing import metrics_at, slo_capacity
+from energyopt.spec.hardware import GpuType
+from energyopt.spec.workload import Phase, Workload
+
+IntArray = NDArray[np.int64]
+CLOCK_RANGE_FLOOR = 0.45
+"""Lowest default candidate clock as a fraction of the max SM clock."""
+TP_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A placement unit: a workload, or one phase of a disaggregated workload."""
+
+    index: int
+    workload: str
+    phase: Phase
+    rate_rps: float
+
+    @property
+    def label(self) -> str:
+        """Human-readable name, e.g. ``chat`` or ``chat:prefill``."""
+        return self.workload if self.phase == "both" else f"{self.workload}:{self.phase}"
+
+
+def candidate_clocks(problem: Problem, gpu: GpuType) -> tuple[int, ...]:
+    """Candidate SM clocks of a GPU type (MHz, ascending): given, or evenly spread."""
+    given = problem.instance.options.clocks_mhz
+    if given and gpu.name in given:
+        return tuple(sorted(set(given[gpu.name])))
+    supported = np.asarray(gpu.sm_clocks_mhz(), dtype=np.float64)
+    count = problem.instance.options.clock_count
+    lo = max(gpu.min_sm_clock_mhz, CLOCK_RANGE_FLOOR * gpu.max_sm_clock_mhz)
+    targets = np.linspace(gpu.max_sm_clock_mhz, lo, count)
+    picked = {int(supported[np.argmin(np.abs(supported - t))]) for t in targets}
+    return tuple(sorted(picked))
+
+
+def share_options(problem: Problem, gpu: GpuType) -> list[tuple[int, str | None, float, float, float]]:
+    """(share units, MIG profile, SM fraction, bandwidth fraction, memory GB) per option.
+
+    MPS shares are in percent of the GPU (capacity 100); MIG shares in compute
+    slices (capacity ``mig_total_slices``).
+    """
+    opts = problem.instance.options
+    usable = 1.0 - opts.memory_reserve_fraction
+    if opts.sharing.mode == "mig" and gpu.mig_profiles:
+        allowed = opts.sharing.mig_profiles
+        return [
+            (
+                prof.compute_slices,
+                prof.name,
+                prof.sm_count / gpu.sm_count,
+                prof.memory_gb / gpu.memory_gb,
+                prof.memory_gb * usable,
+            )
+            for prof in gpu.mig_profiles
+            if allowed is None or prof.name in allowed
+        ]
+    return [
+        (level, None, level / 100.0, level / 100.0, gpu.memory_gb * usable)
+        for level in opts.sharing.levels()
+    ]
+
+
+def share_capacity(problem: Problem, gpu: GpuType) -> int:
+    """Share units one GPU holds: 100 (percent) or its MIG slices."""
+    if problem.instance.options.sharing.mode == "mig" and gpu.mig_profiles:
+        return gpu.mig_total_slices
+    return 100
+
+
+def units_of(problem: Problem) -> list[Unit]:
+    """Placement units in workload order."""
+    units: list[Unit] = []
+    for wl in problem.instance.workloads:
+        for phase in wl.phases():
+            units.append(Unit(len(units), wl.name, phase, wl.rate_rps))
+    return units
+
+
+def tp_sizes(problem: Problem, workload: Workload, gpu: GpuType, per_node: int) -> list[int]:
+    """Tensor-parallel sizes to consider: the smallest whose weights fit, and one larger."""
+    model = problem.model_of(workload)
+    usable = gpu.memory_gb * 1e9 * (1.0 - problem.instance.options.memory_reserve_fraction)
+    allowed = workload.tensor_parallel or TP_SIZES
+    fitting = [k for k in sorted(allowed) if k <= per_node and model.weight_bytes / k < usable]
+    if workload.tensor_parallel:
+        return fitting
+    return fitting[:2]
+
+
+def max_gpus_per_node(problem: Problem, type_name: str) -> int:
+    """Largest number of GPUs of one type in a single node."""
+    best = 0
+    for node in problem.instance.cluster.nodes:
+        best = max(best, sum(e.count for e in node.gpus if e.type == type_name))
+    return best
+
+
+def op_spec(
+    problem: Problem,
+    workload: Workload,
+    phase: Phase,
+    gpu: GpuType,
+    clock_mhz: float,
+    share: tuple[int, str | None, float, float, float],
+    tp: int,
+) -> OpSpec:
+    """The performance-model input of one operating point."""
+    _, _, sm_frac, bw_frac, memory_gb = share
+    return OpSpec(
+        gpu=gpu,
+        model=problem.model_of(workload),
+        workload=workload,
+        phase=phase,
+        clock_mhz=clock_mhz,
+        sm_fraction=sm_frac,
+        bw_fraction=bw_frac,
+        memory_gb=memory_gb,
+        tp=tp,
+        options=problem.instance.options,
+    )
+
+
+@dataclass(frozen=True)
+class OpTable:
+    """Every operating point with a positive SLO capacity (arrays indexed by op)."""
+
+    units: list[Unit]
+    type_names: list[str]
+    clocks: dict[str, tuple[int, ...]]
+    share_capacity: dict[str, int]
+    unit: IntArray
+    gpu_type: IntArray  # index into type_names
+    clock_mhz: IntArray
+    share: IntArray  # share units (percent or MIG slices)
+    mig_profile: list[str | None]
+    tp: IntArray
+    capacity_rps: FloatArray
+    energy_j: FloatArray  # per request, whole TP group
+    memory_gb: FloatArray  # per GPU at capacity
+    latency_ms: FloatArray  # unloaded service latency at the design batch
+    ref_latency_ms: FloatArray  # same at max clock and the full GPU
+    on_power: dict[tuple[str, int], float]  # W of an on GPU at a clock, nothing running
+
+    def __len__(self) -> int:
+        return int(self.unit.shape[0])
+
+    def ops_of(self, unit: int) -> IntArray:
+        """Indices of the ops of one unit."""
+        return np.flatnonzero(self.unit == unit)
+
+
+def build_op_table(problem: Problem) -> OpTable:
+    """Evaluate the performance model on every candidate operating point."""
+    units = units_of(problem)
+    type_names = problem.gpu_types_used()
+    specs: list[OpSpec] = []
+    refs: list[OpSpec] = []
+    meta: list[tuple[int, int, int, int, str | None, int]] = []
+    clocks: dict[str, tuple[int, ...]] = {}
+    caps: dict[str, int] = {}
+    on_power: dict[tuple[str, int], float] = {}
+    for t, type_name in enumerate(type_names):
+        gpu = problem.gpu_type(type_name)
+        clocks[type_name] = candidate_clocks(problem, gpu)
+        caps[type_name] = share_capacity(problem, gpu)
+        shares = share_options(problem, gpu)
+        full = (caps[type_name], None, 1.0, 1.0, gpu.memory_gb * (1 - problem.instance.options.memory_reserve_fraction))
+        per_node = max_gpus_per_node(problem, type_name)
+        for unit in units:
+            wl = problem.instance.workload(unit.workload)
+            for tp in tp_sizes(problem, wl, gpu, per_node):
+                options = shares if tp == 1 else [full]
+                for share in options:
+                    ref = op_spec(problem, wl, unit.phase, gpu, gpu.max_sm_clock_mhz, full, tp)
+                    for clock in clocks[type_name]:
+                        specs.append(op_spec(problem, wl, unit.phase, gpu, clock, share, tp))
+                        refs.append(ref)
+                        meta.append((unit.index, t, clock, share[0], share[1], tp))
+        for clock in clocks[type_name]:
+            on_power[(type_name, clock)] = gpu_on_power_w(gpu, clock)
+    if not specs:
+        return _empty(units, type_names, clocks, caps, on_power)
+    params = build_params(specs)
+    capacity = slo_capacity(params)
+    at_cap = metrics_at(params, capacity)
+    batch = design_batch(params)
+    energy = energy_per_request_j(params, batch)
+    latency = service_latency_ms(params, batch)
+    ref_params = build_params(refs)
+    ref_latency = service_latency_ms(ref_params, design_batch(ref_params))
+    keep = np.flatnonzero(capacity > 1e-9)
+    return OpTable(
+        units=units,
+        type_names=type_names,
+        clocks=clocks,
+        share_capacity=caps,
+        unit=np.asarray([meta[i][0] for i in keep], dtype=np.int64),
+        gpu_type=np.asarray([meta[i][1] for i in keep], dtype=np.int64),
+        clock_mhz=np.asarray([meta[i][2] for i in keep], dtype=np.int64),
+        share=np.asarray([meta[i][3] for i in keep], dtype=np.int64),
+        mig_profile=[meta[i][4] for i in keep],
+        tp=np.asarray([meta[i][5] for i in keep], dtype=np.int64),
+        capacity_rps=capacity[keep],
+        energy_j=energy[keep],
+        memory_gb=at_cap.memory_bytes[keep] / 1e9,
+        latency_ms=latency[keep],
+        ref_latency_ms=ref_latency[keep],
+        on_power=on_power,
+    )
+
+
+def _empty(
+    units: list[Unit],
+    type_names: list[str],
+    clocks: dict[str, tuple[int, ...]],
+    caps: dict[str, int],
+    on_power: dict[tuple[str, int], float],
+) -> OpTable:
+    ints = np.zeros(0, dtype=np.int64)
+    floats = np.zeros(0, dtype=np.float64)
+    return OpTable(
+        units, type_names, clocks, caps, ints, ints, ints, ints, [], ints,
+        floats, floats, floats, floats, floats, on_power,
+    )

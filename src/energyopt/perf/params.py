@@ -1,0 +1,163 @@
+"""Flat numpy parameters of many operating points, so the model runs vectorized.
+
+Every array has one entry per operating point. Units are in the names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+from numpy.typing import NDArray
+
+from energyopt.spec.hardware import GpuType
+from energyopt.spec.instance import Options
+from energyopt.spec.llm import LlmModel
+from energyopt.spec.workload import Phase, Workload
+
+FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
+
+PHASE_CODE: dict[Phase, int] = {"both": 0, "prefill": 1, "decode": 2}
+PCIE_GBPS = 32.0
+"""Bandwidth used between GPUs that have no NVLink (PCIe 4.0 x16), GB/s."""
+ALLREDUCE_LATENCY_MS = 0.01
+"""Fixed latency of one all-reduce inside a node, ms."""
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One operating point in object form: who runs where, at which clock and share."""
+
+    gpu: GpuType
+    model: LlmModel
+    workload: Workload
+    phase: Phase
+    clock_mhz: float
+    sm_fraction: float
+    bw_fraction: float
+    memory_gb: float
+    tp: int = 1
+    options: Options = Options()
+
+
+@dataclass(frozen=True)
+class OpParams:
+    """Vectorized parameters of N operating points."""
+
+    # hardware and slice
+    peak_flops: FloatArray  # FLOP/s of the whole GPU at its max clock
+    peak_bw: FloatArray  # B/s of the whole GPU
+    eff_compute: FloatArray
+    eff_memory: FloatArray
+    overhead_ms: FloatArray
+    clock_ratio: FloatArray  # f / f_max
+    sm_fraction: FloatArray
+    bw_fraction: FloatArray
+    memory_bytes: FloatArray  # usable memory of the slice per GPU, bytes
+    tp: FloatArray
+    link_bw: FloatArray  # B/s between GPUs of a TP group
+    tdp_w: FloatArray
+    idle_w: FloatArray
+    sm_power_fraction: FloatArray
+    mem_bound_activity: FloatArray
+    voltage_floor: FloatArray
+    knee_fraction: FloatArray
+    locked_clock_w: FloatArray
+    # model
+    layers: FloatArray
+    hidden: FloatArray
+    attn_dim: FloatArray  # heads * head_dim
+    active_params: FloatArray
+    weight_bytes: FloatArray
+    bytes_per_param: FloatArray
+    shared_params: FloatArray  # params every token uses (MoE: non-expert)
+    expert_params: FloatArray  # params of one expert (all layers); 0 for dense
+    experts: FloatArray
+    experts_per_token: FloatArray
+    kv_bytes_per_token: FloatArray
+    # workload
+    prompt_tokens: FloatArray
+    output_tokens: FloatArray
+    chunk_tokens: FloatArray
+    quantile: FloatArray
+    ttft_slo_ms: FloatArray
+    tbt_slo_ms: FloatArray
+    phase: NDArray[np.int64]
+    max_batch: FloatArray
+
+    def __len__(self) -> int:
+        return int(self.clock_ratio.shape[0])
+
+    def replace(self, **changes: FloatArray) -> OpParams:
+        """A copy with some arrays replaced."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return OpParams(**values)
+
+    def take(self, index: NDArray[np.int64]) -> OpParams:
+        """The operating points at ``index``."""
+        return OpParams(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+
+def _moe_split(model: LlmModel) -> tuple[float, float]:
+    """(shared params, params of one expert) in units of parameters."""
+    total = model.params_total_b * 1e9
+    active = model.params_active_b * 1e9
+    if model.experts <= 1 or model.experts == model.experts_per_token:
+        return active, 0.0
+    expert = (total - active) / (model.experts - model.experts_per_token)
+    shared = active - model.experts_per_token * expert
+    return max(shared, 0.0), expert
+
+
+def build_params(specs: list[OpSpec]) -> OpParams:
+    """Stack ``specs`` into arrays."""
+    cols: dict[str, list[float]] = {f.name: [] for f in fields(OpParams)}
+    for s in specs:
+        g, m, w = s.gpu, s.model, s.workload
+        shared, expert = _moe_split(m)
+        row: dict[str, float] = {
+            "peak_flops": g.peak_bf16_tflops * 1e12,
+            "peak_bw": g.memory_bandwidth_gbps * 1e9,
+            "eff_compute": g.efficiency.compute,
+            "eff_memory": g.efficiency.memory,
+            "overhead_ms": g.efficiency.step_overhead_ms,
+            "clock_ratio": s.clock_mhz / g.max_sm_clock_mhz,
+            "sm_fraction": s.sm_fraction,
+            "bw_fraction": s.bw_fraction,
+            "memory_bytes": s.memory_gb * 1e9,
+            "tp": float(s.tp),
+            "link_bw": (g.nvlink_gbps or PCIE_GBPS) * 1e9,
+            "tdp_w": g.tdp_w,
+            "idle_w": g.idle_w,
+            "sm_power_fraction": g.power.sm_fraction,
+            "mem_bound_activity": g.power.memory_bound_sm_activity,
+            "voltage_floor": g.power.voltage_floor,
+            "knee_fraction": g.power.knee_fraction,
+            "locked_clock_w": g.power.locked_clock_w,
+            "layers": m.layers,
+            "hidden": m.hidden_size,
+            "attn_dim": m.heads * m.head_dim_eff,
+            "active_params": m.params_active_b * 1e9,
+            "weight_bytes": m.weight_bytes,
+            "bytes_per_param": m.bytes_per_param,
+            "shared_params": shared,
+            "expert_params": expert,
+            "experts": m.experts,
+            "experts_per_token": m.experts_per_token,
+            "kv_bytes_per_token": m.kv_bytes_per_token,
+            "prompt_tokens": w.prompt_tokens.mean,
+            "output_tokens": w.output_tokens.mean,
+            "chunk_tokens": s.options.chunk_tokens,
+            "quantile": w.slo.quantile,
+            "ttft_slo_ms": w.slo.ttft_ms,
+            "tbt_slo_ms": w.slo.tbt_ms,
+            "phase": PHASE_CODE[s.phase],
+            "max_batch": s.options.max_batch,
+        }
+        for key, value in row.items():
+            cols[key].append(value)
+    arrays = {k: np.asarray(v, dtype=np.float64) for k, v in cols.items()}
+    arrays["phase"] = np.asarray(cols["phase"], dtype=np.int64)  # type: ignore[assignment]
+    return OpParams(**arrays)  # type: ignore[arg-type]

@@ -1,0 +1,108 @@
+"""GPU type specification: the public figures the performance model needs."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from energyopt.spec.base import Spec
+
+
+class MigProfile(Spec):
+    """A Multi-Instance GPU profile (for example ``1g.10gb``)."""
+
+    name: str
+    compute_slices: int = Field(gt=0, description="compute slices out of the GPU's total")
+    memory_gb: float = Field(gt=0, description="memory of the instance, GB")
+    sm_count: int = Field(gt=0, description="SMs of the instance")
+    max_instances: int = Field(gt=0, description="how many fit on one GPU")
+
+
+class PowerParams(Spec):
+    """Shape of the power model (fitted constants; see docs/performance-model.md)."""
+
+    sm_fraction: float = Field(
+        default=0.85, gt=0, le=1, description="part of (TDP - idle) drawn by SMs at full load"
+    )
+    memory_bound_sm_activity: float = Field(
+        default=0.45, ge=0, le=1, description="SM activity of a memory-bound kernel, 0..1"
+    )
+    voltage_floor: float = Field(
+        default=0.7, gt=0, le=1, description="V(f)/V(f_max) at and below the knee clock"
+    )
+    knee_fraction: float = Field(
+        default=0.55, gt=0, lt=1, description="knee clock as a fraction of the max SM clock"
+    )
+    locked_clock_w: float = Field(
+        default=0.0, ge=0, description="extra static power at the max clock when on (W)"
+    )
+
+
+class Efficiency(Spec):
+    """Achieved fractions of the roofline peaks (fitted on measured tables)."""
+
+    compute: float = Field(default=0.7, gt=0, le=1, description="achieved / peak FLOP/s")
+    memory: float = Field(default=0.8, gt=0, le=1, description="achieved / peak bandwidth")
+    step_overhead_ms: float = Field(
+        default=0.0, ge=0, description="fixed cost per forward pass at the max clock (ms)"
+    )
+
+
+class GpuType(Spec):
+    """A GPU model with its public specifications. Units are in the field names."""
+
+    name: str
+    sm_count: int = Field(gt=0)
+    memory_gb: float = Field(gt=0, description="device memory, GB (1e9 bytes)")
+    memory_bandwidth_gbps: float = Field(gt=0, description="peak memory bandwidth, GB/s")
+    peak_bf16_tflops: float = Field(gt=0, description="dense BF16 tensor peak at max clock")
+    max_sm_clock_mhz: int = Field(gt=0)
+    min_sm_clock_mhz: int = Field(gt=0)
+    default_sm_clock_mhz: int = Field(gt=0, description="clock the tables were measured at")
+    sm_clock_step_mhz: int = Field(gt=0, description="spacing of supported clocks, MHz")
+    supported_sm_clocks_mhz: tuple[int, ...] | None = Field(
+        default=None, description="explicit NVML list; else min..max by step"
+    )
+    tdp_w: float = Field(gt=0)
+    idle_w: float = Field(gt=0)
+    power_limit_min_w: float = Field(gt=0)
+    power_limit_max_w: float = Field(gt=0)
+    nvlink_gbps: float = Field(default=0.0, ge=0, description="per-GPU NVLink bandwidth, GB/s")
+    mig_profiles: tuple[MigProfile, ...] = ()
+    mig_total_slices: int = Field(default=7, gt=0)
+    power: PowerParams = PowerParams()
+    efficiency: Efficiency = Efficiency()
+    sources: dict[str, str] = Field(default_factory=dict, description="field -> citation")
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> GpuType:
+        if self.min_sm_clock_mhz > self.max_sm_clock_mhz:
+            raise ValueError("min_sm_clock_mhz exceeds max_sm_clock_mhz")
+        if not self.min_sm_clock_mhz <= self.default_sm_clock_mhz <= self.max_sm_clock_mhz:
+            raise ValueError("default_sm_clock_mhz is outside [min, max]")
+        if self.idle_w >= self.tdp_w:
+            raise ValueError("idle_w must be below tdp_w")
+        if self.power_limit_min_w > self.power_limit_max_w:
+            raise ValueError("power_limit_min_w exceeds power_limit_max_w")
+        return self
+
+    def sm_clocks_mhz(self) -> tuple[int, ...]:
+        """Every SM clock the device accepts, ascending (MHz)."""
+        if self.supported_sm_clocks_mhz:
+            return tuple(sorted(set(self.supported_sm_clocks_mhz)))
+        step = self.sm_clock_step_mhz
+        clocks = list(range(self.min_sm_clock_mhz, self.max_sm_clock_mhz + 1, step))
+        if clocks[-1] != self.max_sm_clock_mhz:
+            clocks.append(self.max_sm_clock_mhz)
+        return tuple(clocks)
+
+    def nearest_clocks_mhz(self, clock_mhz: float, count: int = 2) -> tuple[int, ...]:
+        """The supported clocks closest to ``clock_mhz`` (for error messages)."""
+        ranked = sorted(self.sm_clocks_mhz(), key=lambda c: (abs(c - clock_mhz), c))
+        return tuple(sorted(ranked[:count]))
+
+    def mig_profile(self, name: str) -> MigProfile:
+        """The MIG profile called ``name``; KeyError if this GPU has none by that name."""
+        for profile in self.mig_profiles:
+            if profile.name == name:
+                return profile
+        raise KeyError(name)

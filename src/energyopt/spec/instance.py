@@ -1,0 +1,94 @@
+"""Instance: cluster + workloads + options; the input of every solver."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from energyopt.spec.base import Spec
+from energyopt.spec.cluster import Cluster
+from energyopt.spec.hardware import GpuType
+from energyopt.spec.llm import LlmModel
+from energyopt.spec.workload import Workload
+
+Objective = Literal["power", "power_migration", "gpus_on", "edp"]
+SharingMode = Literal["mps", "mig", "exclusive"]
+
+
+class Sharing(Spec):
+    """How SMs of one GPU are split between co-located units."""
+
+    mode: SharingMode = "mps"
+    levels_pct: tuple[int, ...] = Field(
+        default=(25, 50, 75, 100), description="MPS active-thread percentages"
+    )
+    mig_profiles: tuple[str, ...] | None = Field(
+        default=None, description="MIG profiles allowed (mode mig); default all"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Sharing:
+        if not self.levels_pct:
+            raise ValueError("levels_pct is empty")
+        for level in self.levels_pct:
+            if not 0 < level <= 100:
+                raise ValueError(f"share level {level} is outside 1..100")
+        return self
+
+    def levels(self) -> tuple[int, ...]:
+        """Share levels in percent, ascending; exclusive mode means 100 only."""
+        if self.mode == "exclusive":
+            return (100,)
+        return tuple(sorted(set(self.levels_pct)))
+
+
+class Options(Spec):
+    """Decision space and objective."""
+
+    clocks_mhz: dict[str, tuple[int, ...]] | None = Field(
+        default=None, description="candidate SM clocks per GPU type (MHz)"
+    )
+    clock_count: int = Field(
+        default=6, gt=0, description="candidate clocks per type when clocks_mhz is not given"
+    )
+    sharing: Sharing = Sharing()
+    objective: Objective = "power"
+    migration_penalty_w: float = Field(
+        default=0.0, ge=0, description="cost of moving one placement, in W-equivalent"
+    )
+    chunk_tokens: int = Field(default=512, gt=0, description="chunked-prefill token budget")
+    memory_reserve_fraction: float = Field(
+        default=0.1, ge=0, lt=1, description="part of GPU memory kept free (runtime, fragments)"
+    )
+    max_batch: int = Field(default=256, gt=0, description="largest decode batch per placement")
+
+
+class Instance(Spec):
+    """A complete problem: what is there, what must be served, and how to decide."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    catalog: tuple[str, ...] = Field(
+        default=(), description="extra catalog files, relative to the instance file"
+    )
+    gpu_types: tuple[GpuType, ...] = Field(default=(), description="inline catalog GPUs")
+    models: tuple[LlmModel, ...] = Field(default=(), description="inline catalog LLMs")
+    cluster: Cluster
+    workloads: tuple[Workload, ...] = Field(min_length=1)
+    options: Options = Options()
+
+    @model_validator(mode="after")
+    def _check(self) -> Instance:
+        names = [w.name for w in self.workloads]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"duplicate workload names: {sorted(dup)}")
+        return self
+
+    def workload(self, name: str) -> Workload:
+        """The workload called ``name``."""
+        for w in self.workloads:
+            if w.name == name:
+                return w
+        raise KeyError(name)

@@ -1,0 +1,172 @@
+"""Reading and writing spec files (YAML, JSON, TOML) with errors that name file and field."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from energyopt.spec.errors import SpecError
+
+M = TypeVar("M", bound=BaseModel)
+
+MAX_FILE_BYTES = 64 * 1024 * 1024
+MAX_YAML_ALIASES = 256
+SUFFIXES = {".yaml": "yaml", ".yml": "yaml", ".json": "json", ".toml": "toml"}
+
+
+class _GuardedLoader(yaml.SafeLoader):
+    """Safe YAML loader that refuses alias explosions ("billion laughs")."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise yaml.YAMLError(
+                    f"more than {MAX_YAML_ALIASES} aliases: refusing a possible YAML bomb"
+                )
+        return super().compose_node(parent, index)
+
+
+def file_format(path: Path) -> str:
+    """'yaml', 'json' or 'toml' from the suffix; SpecError otherwise."""
+    fmt = SUFFIXES.get(path.suffix.lower())
+    if fmt is None:
+        raise SpecError(
+            [f"{path}: unknown file type {path.suffix!r}; use .yaml, .yml, .json or .toml"]
+        )
+    return fmt
+
+
+def read_data(path: str | Path) -> dict[str, Any]:
+    """Parse a file into a mapping; SpecError naming the file for any problem."""
+    p = Path(path)
+    fmt = file_format(p)
+    try:
+        size = p.stat().st_size
+    except OSError as exc:
+        raise SpecError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
+    if size > MAX_FILE_BYTES:
+        raise SpecError([f"{p}: file is {size} bytes, more than {MAX_FILE_BYTES}"])
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([f"{p}: cannot read as UTF-8 text: {exc}"]) from None
+    if not text.strip():
+        raise SpecError([f"{p}: file is empty"])
+    try:
+        if fmt == "yaml":
+            data: Any = yaml.load(text, Loader=_GuardedLoader)  # noqa: S506 - safe subclass
+        elif fmt == "json":
+            data = json.loads(text)
+        else:
+            data = tomllib.loads(text)
+    except yaml.YAMLError as exc:
+        raise SpecError([f"{p}: malformed YAML: {_one_line(str(exc))}"]) from None
+    except json.JSONDecodeError as exc:
+        raise SpecError([f"{p}: malformed JSON: {exc.msg} at line {exc.lineno}"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError([f"{p}: malformed TOML: {exc}"]) from None
+    if data is None:
+        raise SpecError([f"{p}: file is empty"])
+    if not isinstance(data, dict):
+        raise SpecError([f"{p}: top level must be a mapping, got {type(data).__name__}"])
+    return data
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def field_path(loc: tuple[int | str, ...], data: Any = None) -> str:
+    """Render a pydantic location as ``workloads[0](chat).rate_rps``."""
+    out = ""
+    node = data
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+            if isinstance(node, list) and 0 <= part < len(node):
+                node = node[part]
+                if isinstance(node, dict) and isinstance(node.get("name"), str):
+                    out += f"({node['name']})"
+            else:
+                node = None
+        else:
+            out += f".{part}" if out else str(part)
+            node = node.get(part) if isinstance(node, dict) else None
+    return out or "(top level)"
+
+
+def validation_problems(exc: ValidationError, source: str, data: Any = None) -> list[str]:
+    """One 'source: field: message' line per pydantic error."""
+    lines = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+        lines.append(f"{source}: {field_path(loc, data)}: {err['msg']}")
+    return lines
+
+
+def parse(model: type[M], data: dict[str, Any], source: str) -> M:
+    """Validate ``data`` as ``model``; SpecError naming ``source`` and each field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(validation_problems(exc, source, data)) from None
+
+
+def load(model: type[M], path: str | Path) -> M:
+    """Read and validate a file as ``model``."""
+    return parse(model, read_data(path), str(path))
+
+
+def dump(obj: BaseModel, path: str | Path) -> None:
+    """Write ``obj`` to ``path`` in the format its suffix names (defaults left out)."""
+    p = Path(path)
+    fmt = file_format(p)
+    data = obj.model_dump(mode="json", exclude_none=True)
+    if fmt == "json":
+        text = json.dumps(data, indent=2) + "\n"
+    elif fmt == "yaml":
+        text = yaml.safe_dump(data, sort_keys=False)
+    else:
+        text = _to_toml(data)
+    p.write_text(text, encoding="utf-8")
+
+
+def dumps_json(obj: BaseModel) -> str:
+    """``obj`` as indented JSON."""
+    return json.dumps(obj.model_dump(mode="json", exclude_none=True), indent=2) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items())
+        return "{ " + items + " }"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def _to_toml(data: dict[str, Any]) -> str:
+    """Minimal TOML writer for spec data (inline tables for nested values)."""
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict | list)}
+    lines = [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in scalars.items()]
+    for key, value in data.items():
+        if key in scalars:
+            continue
+        lines.append(f"{json.dumps(key)} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,59 @@
+"""Workloads: a model served at a request rate, with token lengths and latency SLOs."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from energyopt.spec.base import Spec
+
+
+class TokenDist(Spec):
+    """Token-count distribution of prompts or outputs (tokens)."""
+
+    mean: float = Field(gt=0, description="mean tokens per request")
+    max: int | None = Field(default=None, gt=0, description="largest tokens per request")
+
+    @model_validator(mode="after")
+    def _check(self) -> TokenDist:
+        if self.max is not None and self.max < self.mean:
+            raise ValueError("max is below mean")
+        return self
+
+
+class Slo(Spec):
+    """Latency SLO: TTFT and TBT must hold at the stated percentile of requests/tokens."""
+
+    ttft_ms: float = Field(gt=0, description="time to first token, ms")
+    tbt_ms: float = Field(gt=0, description="time between tokens, ms")
+    percentile: float = Field(default=90.0, ge=50.0, lt=100.0, description="e.g. 90 or 99")
+
+    @property
+    def quantile(self) -> float:
+        """The percentile as a fraction in [0.5, 1)."""
+        return self.percentile / 100.0
+
+
+Phase = Literal["both", "prefill", "decode"]
+
+
+class Workload(Spec):
+    """A stream of requests to one model."""
+
+    name: str = Field(min_length=1)
+    model: str = Field(min_length=1, description="name of a catalog LLM")
+    rate_rps: float = Field(gt=0, description="mean arrival rate, requests per second")
+    prompt_tokens: TokenDist
+    output_tokens: TokenDist
+    slo: Slo
+    disaggregated: bool = Field(
+        default=False, description="place prefill and decode as separate units"
+    )
+    tensor_parallel: tuple[int, ...] | None = Field(
+        default=None, description="allowed TP group sizes; default: 1, 2, 4, 8 where needed"
+    )
+
+    def phases(self) -> tuple[Phase, ...]:
+        """The placement units of this workload."""
+        return ("prefill", "decode") if self.disaggregated else ("both",)
