@@ -25,7 +25,9 @@ class Catalog:
     models: dict[str, LlmModel] = field(default_factory=dict)
 
     def merged(
-        self, gpus: tuple[GpuType, ...] | list[GpuType], models: tuple[LlmModel, ...] | list[LlmModel]
+        self,
+        gpus: tuple[GpuType, ...] | list[GpuType],
+        models: tuple[LlmModel, ...] | list[LlmModel],
     ) -> Catalog:
         """A new catalog where ``gpus`` and ``models`` add to or replace entries by name."""
         new_gpus = dict(self.gpus)

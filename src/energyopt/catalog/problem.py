@@ -44,7 +44,9 @@ class Problem:
         return list(seen)
 
 
-def resolve(instance: Instance, source: str = "<instance>", base_dir: Path | None = None) -> Problem:
+def resolve(
+    instance: Instance, source: str = "<instance>", base_dir: Path | None = None
+) -> Problem:
     """Bind ``instance`` to the embedded catalog plus its own catalog files and entries.
 
     Raises SpecError naming ``source`` and the field of every unknown name.
@@ -90,9 +92,7 @@ def resolve(instance: Instance, source: str = "<instance>", base_dir: Path | Non
     if instance.options.clocks_mhz:
         for type_name in instance.options.clocks_mhz:
             if type_name not in catalog.gpus:
-                problems.append(
-                    f"{source}: options.clocks_mhz: unknown GPU type {type_name!r}"
-                )
+                problems.append(f"{source}: options.clocks_mhz: unknown GPU type {type_name!r}")
     if problems:
         raise SpecError(problems)
     return Problem(instance, catalog, source)

@@ -45,9 +45,7 @@ def weights_touched(p: OpParams, tokens: FloatArray) -> FloatArray:
     return np.where(dense, p.weight_bytes, np.minimum(moe, p.weight_bytes))
 
 
-def _finish(
-    p: OpParams, flops: FloatArray, total_bytes: FloatArray, tokens: FloatArray
-) -> Pass:
+def _finish(p: OpParams, flops: FloatArray, total_bytes: FloatArray, tokens: FloatArray) -> Pass:
     """Turn a pass's FLOPs and bytes (whole group) into time and power per GPU."""
     flops_rate = p.peak_flops * p.clock_ratio * p.sm_fraction * p.eff_compute
     bw = p.peak_bw * p.bw_fraction * p.eff_memory

@@ -52,7 +52,9 @@ def candidate_clocks(problem: Problem, gpu: GpuType) -> tuple[int, ...]:
     return tuple(sorted(picked))
 
 
-def share_options(problem: Problem, gpu: GpuType) -> list[tuple[int, str | None, float, float, float]]:
+def share_options(
+    problem: Problem, gpu: GpuType
+) -> list[tuple[int, str | None, float, float, float]]:
     """(share units, MIG profile, SM fraction, bandwidth fraction, memory GB) per option.
 
     MPS shares are in percent of the GPU (capacity 100); MIG shares in compute
@@ -183,7 +185,13 @@ def build_op_table(problem: Problem) -> OpTable:
         clocks[type_name] = candidate_clocks(problem, gpu)
         caps[type_name] = share_capacity(problem, gpu)
         shares = share_options(problem, gpu)
-        full = (caps[type_name], None, 1.0, 1.0, gpu.memory_gb * (1 - problem.instance.options.memory_reserve_fraction))
+        full = (
+            caps[type_name],
+            None,
+            1.0,
+            1.0,
+            gpu.memory_gb * (1 - problem.instance.options.memory_reserve_fraction),
+        )
         per_node = max_gpus_per_node(problem, type_name)
         for unit in units:
             wl = problem.instance.workload(unit.workload)
@@ -238,6 +246,20 @@ def _empty(
     ints = np.zeros(0, dtype=np.int64)
     floats = np.zeros(0, dtype=np.float64)
     return OpTable(
-        units, type_names, clocks, caps, ints, ints, ints, ints, [], ints,
-        floats, floats, floats, floats, floats, on_power,
+        units,
+        type_names,
+        clocks,
+        caps,
+        ints,
+        ints,
+        ints,
+        ints,
+        [],
+        ints,
+        floats,
+        floats,
+        floats,
+        floats,
+        floats,
+        on_power,
     )

@@ -51,7 +51,6 @@ class Metrics:
         )
 
 
-
 def chunk_tokens(p: OpParams) -> FloatArray:
     """Tokens of a prefill chunk (the whole prompt if it fits in one)."""
     return np.asarray(np.minimum(p.prompt_tokens, p.chunk_tokens))

@@ -59,9 +59,11 @@ def assemble_plan(
             continue
         power = table.on_power[(gpu.type, d.clock_mhz)]
         placements: list[Placement] = []
+        current = {(p.workload, p.phase) for p in (gpu.state.placements if gpu.state else ())}
         for op, rate in d.ops:
-            if rate <= MIN_RATE_RPS:
-                continue
+            unit = table.units[int(table.unit[op])]
+            if rate <= MIN_RATE_RPS and (unit.workload, unit.phase) not in current:
+                continue  # an empty slot; kept only where it avoids a migration
             power += float(table.energy_j[op]) * rate
             placements.append(_placement(table, op, rate, None))
         for op, rate, group in d.tp_ops:

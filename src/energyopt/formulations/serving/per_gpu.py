@@ -119,7 +119,9 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
         clocks = table.clocks[gpu.type]
         add(sum(m.y[g, f] for f in clocks) <= 1)
         for f in clocks:
-            share_terms = [int(table.share[o]) * m.x[g, o] for o in x_of_gpu[g] if table.clock_mhz[o] == f]
+            share_terms = [
+                int(table.share[o]) * m.x[g, o] for o in x_of_gpu[g] if table.clock_mhz[o] == f
+            ]
             share_terms += [cap_units * m.z[g, o] for o in z_of_gpu[g] if table.clock_mhz[o] == f]
             if share_terms:
                 add(sum(share_terms) <= cap_units * m.y[g, f])
@@ -183,10 +185,10 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
     if strengthen:
         _break_symmetry(pm)
 
-    objective = sum(
-        costs.on_cost[(gpus[g].type, f)] * m.y[g, f] for g, f in pm.y_keys
-    ) + sum(float(costs.op_cost[o]) * m.r[g, o] for g, o in pm.x_keys) + sum(
-        float(costs.op_cost[o]) * m.r_tp[n, o] for n, o in pm.tp_keys
+    objective = (
+        sum(costs.on_cost[(gpus[g].type, f)] * m.y[g, f] for g, f in pm.y_keys)
+        + sum(float(costs.op_cost[o]) * m.r[g, o] for g, o in pm.x_keys)
+        + sum(float(costs.op_cost[o]) * m.r_tp[n, o] for n, o in pm.tp_keys)
     )
     if costs.migration_penalty > 0:
         objective = objective + _migration_terms(pm)

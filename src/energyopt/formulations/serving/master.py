@@ -1,0 +1,225 @@
+"""The master program over columns: as a sparse LP for HiGHS (column generation)
+and as a Pyomo MILP (the integer solve over the selected columns).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import highspy
+import numpy as np
+import pyomo.environ as pyo
+
+from energyopt.catalog.problem import Problem
+from energyopt.formulations.serving.classes import GpuClass
+from energyopt.formulations.serving.columns import Column, Duals
+from energyopt.formulations.serving.costs import Costs
+from energyopt.perf.oppoints import OpTable
+
+ARTIFICIAL_COST = 1e7
+"""Cost per unserved request/s in the LP, so early masters stay feasible."""
+
+
+@dataclass
+class Master:
+    """Sparse master program: min c'x  s.t.  row_lo <= A x <= row_hi,  lo <= x <= hi."""
+
+    cost: list[float] = field(default_factory=list)
+    lo: list[float] = field(default_factory=list)
+    hi: list[float] = field(default_factory=list)
+    integer: list[bool] = field(default_factory=list)
+    row_lo: list[float] = field(default_factory=list)
+    row_hi: list[float] = field(default_factory=list)
+    entries: list[tuple[int, int, float]] = field(default_factory=list)  # (row, var, coef)
+    z_var: list[int] = field(default_factory=list)  # per column: its count variable
+    r_vars: list[list[int]] = field(default_factory=list)  # per column: rate vars per op
+    artificial: list[int] = field(default_factory=list)  # per unit
+    demand_row: list[int] = field(default_factory=list)
+    count_row: list[int] = field(default_factory=list)
+    class_power_rows: list[list[int]] = field(default_factory=list)  # per class
+    constant: float = 0.0
+
+    def var(self, cost: float, lo: float, hi: float, integer: bool = False) -> int:
+        self.cost.append(cost)
+        self.lo.append(lo)
+        self.hi.append(hi)
+        self.integer.append(integer)
+        return len(self.cost) - 1
+
+    def row(self, lo: float, hi: float) -> int:
+        self.row_lo.append(lo)
+        self.row_hi.append(hi)
+        return len(self.row_lo) - 1
+
+
+def build_master(
+    problem: Problem,
+    table: OpTable,
+    costs: Costs,
+    classes: list[GpuClass],
+    columns: list[Column],
+    *,
+    artificials: bool,
+) -> Master:
+    """Assemble the master over ``columns``."""
+    inst = problem.instance
+    mp = Master()
+    mp.constant = costs.migration_penalty * sum(len(c.state_units) for c in classes)
+    mp.demand_row = [mp.row(u.rate_rps, u.rate_rps) for u in table.units]
+    mp.count_row = [mp.row(-np.inf, c.size) for c in classes]
+    node_row = {
+        n.name: mp.row(-np.inf, n.power_budget_w)
+        for n in inst.cluster.nodes
+        if n.power_budget_w is not None
+    }
+    cluster_row = (
+        mp.row(-np.inf, inst.cluster.power_budget_w)
+        if inst.cluster.power_budget_w is not None
+        else None
+    )
+    for c in classes:
+        rows = []
+        if c.node is not None and c.node in node_row:
+            rows.append(node_row[c.node])
+        if cluster_row is not None:
+            rows.append(cluster_row)
+        mp.class_power_rows.append(rows)
+    if artificials:
+        for u in range(len(table.units)):
+            a = mp.var(ARTIFICIAL_COST, 0.0, np.inf)
+            mp.artificial.append(a)
+            mp.entries.append((mp.demand_row[u], a, 1.0))
+    for col in columns:
+        cls = classes[col.cls]
+        uses = cls.size // col.gpus_per_use
+        z = mp.var(col.on_cost, 0.0, float(uses), integer=True)
+        mp.z_var.append(z)
+        mp.entries.append((mp.count_row[col.cls], z, float(col.gpus_per_use)))
+        for prow in mp.class_power_rows[col.cls]:
+            mp.entries.append((prow, z, col.on_power_w))
+        power_row = mp.row(-np.inf, 0.0) if col.needs_power_row else None
+        if power_row is not None:
+            mp.entries.append((power_row, z, col.on_power_w - cls.power_cap_w))
+        rs = []
+        for op, cap in zip(col.ops, col.capacity, strict=True):
+            r = mp.var(float(costs.op_cost[op]), 0.0, np.inf)
+            rs.append(r)
+            unit = int(table.unit[op])
+            energy = float(table.energy_j[op])
+            mp.entries.append((mp.demand_row[unit], r, 1.0))
+            link = mp.row(-np.inf, 0.0)
+            mp.entries.append((link, r, 1.0))
+            mp.entries.append((link, z, -cap))
+            for prow in mp.class_power_rows[col.cls]:
+                mp.entries.append((prow, r, energy))
+            if power_row is not None:
+                mp.entries.append((power_row, r, energy))
+        mp.r_vars.append(rs)
+    return mp
+
+
+_BANNER_SHOWN = False
+
+
+def quiet_highs() -> highspy.Highs:
+    """A silent HiGHS instance (the first one per process prints a banner to fd 1)."""
+    global _BANNER_SHOWN
+    if _BANNER_SHOWN:
+        h = highspy.Highs()
+    else:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 1)
+            h = highspy.Highs()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+            os.close(devnull)
+        _BANNER_SHOWN = True
+    h.setOptionValue("output_flag", False)
+    return h
+
+
+@dataclass
+class LpSolution:
+    """Optimal LP values and prices."""
+
+    objective: float
+    x: np.ndarray
+    duals: Duals
+    artificial_rps: float
+
+
+def solve_lp(mp: Master, n_units: int, n_classes: int) -> LpSolution:
+    """Solve the LP relaxation with HiGHS; raise RuntimeError if it does not solve."""
+    h = quiet_highs()
+    lp = highspy.HighsLp()
+    n, m = len(mp.cost), len(mp.row_lo)
+    lp.num_col_ = n
+    lp.num_row_ = m
+    lp.col_cost_ = np.asarray(mp.cost, dtype=np.float64)
+    lp.col_lower_ = np.asarray(mp.lo, dtype=np.float64)
+    lp.col_upper_ = np.asarray(mp.hi, dtype=np.float64)
+    lp.row_lower_ = np.asarray(mp.row_lo, dtype=np.float64)
+    lp.row_upper_ = np.asarray(mp.row_hi, dtype=np.float64)
+    ent = np.asarray(mp.entries, dtype=np.float64).reshape(-1, 3)
+    order = np.lexsort((ent[:, 0], ent[:, 1]))
+    ent = ent[order]
+    cols = ent[:, 1].astype(np.int64)
+    start = np.searchsorted(cols, np.arange(n + 1)).astype(np.int32)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = start
+    lp.a_matrix_.index_ = ent[:, 0].astype(np.int32)
+    lp.a_matrix_.value_ = ent[:, 2]
+    h.passModel(lp)
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        raise RuntimeError(f"master LP: {h.modelStatusToString(h.getModelStatus())}")
+    sol = h.getSolution()
+    x = np.asarray(sol.col_value)
+    y = np.asarray(sol.row_dual)
+    power = np.zeros(n_classes)
+    for c, rows in enumerate(mp.class_power_rows):
+        power[c] = float(sum(y[r] for r in rows))
+    duals = Duals(
+        demand=y[mp.demand_row],
+        count=y[mp.count_row] if mp.count_row else np.zeros(n_classes),
+        power=power,
+    )
+    artificial = float(x[mp.artificial].sum()) if mp.artificial else 0.0
+    objective = float(h.getInfo().objective_function_value) + mp.constant
+    return LpSolution(objective, x, duals, artificial)
+
+
+def pyomo_model(mp: Master, name: str) -> Any:
+    """The master as a Pyomo MILP (count variables integer)."""
+    m = pyo.ConcreteModel(name=name)
+    n = len(mp.cost)
+    m.v = pyo.Var(range(n))
+    for i in range(n):
+        var = m.v[i]
+        var.domain = pyo.NonNegativeIntegers if mp.integer[i] else pyo.NonNegativeReals
+        var.setlb(mp.lo[i])
+        var.setub(None if mp.hi[i] == np.inf else mp.hi[i])
+    rows: list[list[tuple[int, float]]] = [[] for _ in mp.row_lo]
+    for r, v, coef in mp.entries:
+        rows[r].append((v, coef))
+    m.rows = pyo.ConstraintList()
+    for r, terms in enumerate(rows):
+        if not terms:
+            continue
+        expr = sum(coef * m.v[v] for v, coef in terms)
+        lo, hi = mp.row_lo[r], mp.row_hi[r]
+        if lo == hi:
+            m.rows.add(expr == lo)
+        elif lo == -np.inf:
+            m.rows.add(expr <= hi)
+        else:
+            m.rows.add(pyo.inequality(lo, expr, hi))
+    m.obj = pyo.Objective(expr=sum(mp.cost[i] * m.v[i] for i in range(n)) + mp.constant)
+    return m

@@ -1,0 +1,141 @@
+"""Solve a linear Pyomo model with OR-Tools CP-SAT.
+
+CP-SAT needs integers, so continuous variables are expressed in steps of
+``resolution`` and every row is scaled and rounded conservatively (<= rows round
+coefficients up and the right-hand side down, >= rows the reverse), so that any
+plan CP-SAT returns is feasible for the exact model. CP-SAT's own bound is for
+that discretized model and is logged, not reported as a bound of the exact one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import pyomo.environ as pyo
+from ortools.sat.python import cp_model
+from pyomo.repn import generate_standard_repn
+
+from energyopt.solvers.highs_backend import MilpOutcome, Progress
+
+ROW_SCALE = 1e6
+MAX_COEF = 1e12
+OBJ_SCALE = 1e6
+MAX_INT = 2**31
+
+
+def solve_cpsat(
+    model: Any,
+    *,
+    time_limit_s: float | None = None,
+    rel_gap: float = 1e-4,
+    threads: int | None = None,
+    resolution: float = 1e-4,
+    progress: Progress | None = None,
+) -> MilpOutcome:
+    """Run CP-SAT on ``model``; loads the solution into the Pyomo variables."""
+    start = time.perf_counter()
+    cp = cp_model.CpModel()
+    step: dict[int, float] = {}
+    ints: dict[int, Any] = {}
+    pyvars: dict[int, Any] = {}
+    for var in model.component_data_objects(pyo.Var, active=True):
+        if var.fixed:
+            continue
+        integral = var.is_integer() or var.is_binary()
+        delta = 1.0 if integral else resolution
+        lb = 0 if var.lb is None else math.ceil(var.lb / delta - 1e-9)
+        ub = MAX_INT if var.ub is None else math.floor(var.ub / delta + 1e-9)
+        ints[id(var)] = cp.NewIntVar(int(lb), int(min(ub, MAX_INT)), var.name)
+        step[id(var)] = delta
+        pyvars[id(var)] = var
+    for con in model.component_data_objects(pyo.Constraint, active=True):
+        repn = generate_standard_repn(con.body)
+        if not repn.is_linear():
+            raise ValueError(f"constraint {con.name} is not linear")
+        const = float(repn.constant)
+        terms = [(id(v), float(c)) for v, c in zip(repn.linear_vars, repn.linear_coefs, strict=True)]
+        if con.has_ub():
+            _add_row(cp, ints, step, terms, float(pyo.value(con.upper)) - const, upper=True,
+                     equal=con.equality)
+        if con.has_lb() and not con.equality:
+            _add_row(cp, ints, step, terms, float(pyo.value(con.lower)) - const, upper=False,
+                     equal=False)
+    obj = next(model.component_data_objects(pyo.Objective, active=True))
+    orepn = generate_standard_repn(obj.expr)
+    cp.Minimize(
+        sum(
+            int(round(float(c) * step[id(v)] * OBJ_SCALE)) * ints[id(v)]
+            for v, c in zip(orepn.linear_vars, orepn.linear_coefs, strict=True)
+        )
+    )
+    solver = cp_model.CpSolver()
+    if time_limit_s is not None:
+        solver.parameters.max_time_in_seconds = max(0.1, time_limit_s)
+    solver.parameters.relative_gap_limit = rel_gap
+    solver.parameters.num_workers = threads or 2
+    log: list[str] = []
+
+    class _Cb(cp_model.CpSolverSolutionCallback):
+        def on_solution_callback(self) -> None:
+            line = (
+                f"cp-sat incumbent {self.ObjectiveValue() / OBJ_SCALE:,.3f} "
+                f"bound {self.BestObjectiveBound() / OBJ_SCALE:,.3f} at {self.WallTime():.1f}s"
+            )
+            log.append(line)
+            if progress is not None:
+                progress(line)
+
+    code = solver.Solve(cp, _Cb())
+    wall = time.perf_counter() - start
+    log.append(f"cp-sat status {solver.StatusName(code)}; discretized bound "
+               f"{solver.BestObjectiveBound() / OBJ_SCALE:,.3f}")
+    if code == cp_model.INFEASIBLE:
+        return MilpOutcome("infeasible", None, None, wall, log)
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return MilpOutcome("no_solution", None, None, wall, log)
+    for key, var in pyvars.items():
+        var.set_value(solver.Value(ints[key]) * step[key], skip_validation=True)
+    objective = float(pyo.value(obj.expr))
+    status = "optimal" if code == cp_model.OPTIMAL else "feasible"
+    return MilpOutcome(status, objective, None, wall, log)
+
+
+def _add_row(
+    cp: cp_model.CpModel,
+    ints: dict[int, Any],
+    step: dict[int, float],
+    terms: list[tuple[int, float]],
+    rhs: float,
+    *,
+    upper: bool,
+    equal: bool,
+) -> None:
+    """Add sum coef*x (<=, >=, ==) rhs, rounded so integer solutions stay feasible."""
+    scaled = [(k, c * step[k]) for k, c in terms if c != 0.0]
+    if not scaled:
+        return
+    biggest = max(abs(c) for _, c in scaled)
+    smallest = min(abs(c) for _, c in scaled)
+    integral = all(abs(c - round(c)) < 1e-9 for _, c in scaled)
+    scale = 1.0 if integral else min(ROW_SCALE / smallest, MAX_COEF / biggest)
+    if equal:
+        coefs = [c * scale for _, c in scaled]
+        target = rhs * scale
+        if all(abs(c - round(c)) < 1e-9 for c in coefs):
+            expr = sum(int(round(c)) * ints[k] for (k, _), c in zip(scaled, coefs, strict=True))
+            if abs(target - round(target)) < 1e-6:
+                cp.Add(expr == int(round(target)))
+            else:
+                cp.Add(expr >= math.ceil(target))
+            return
+        _add_row(cp, ints, step, terms, rhs, upper=True, equal=False)
+        _add_row(cp, ints, step, terms, rhs, upper=False, equal=False)
+        return
+    if upper:
+        expr = sum(math.ceil(c * scale - 1e-12) * ints[k] for k, c in scaled)
+        cp.Add(expr <= math.floor(rhs * scale + 1e-9))
+    else:
+        expr = sum(math.floor(c * scale + 1e-12) * ints[k] for k, c in scaled)
+        cp.Add(expr >= math.ceil(rhs * scale - 1e-9))

@@ -1,0 +1,133 @@
+"""Explain why an instance has no feasible plan, in terms a user can act on."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from energyopt.catalog.problem import Problem
+from energyopt.perf.oppoints import OpTable, max_gpus_per_node, op_spec, units_of
+from energyopt.perf.params import build_params
+from energyopt.perf.queueing import metrics_at
+from energyopt.spec.instance import Instance
+
+
+def unservable_units(problem: Problem, table: OpTable) -> list[str]:
+    """One line per unit that no operating point can serve within its SLO."""
+    lines: list[str] = []
+    served = set(int(u) for u in table.unit)
+    for unit in units_of(problem):
+        if unit.index in served:
+            continue
+        wl = problem.instance.workload(unit.workload)
+        model = problem.model_of(wl)
+        reasons = []
+        for type_name in problem.gpu_types_used():
+            gpu = problem.gpu_type(type_name)
+            per_node = max_gpus_per_node(problem, type_name)
+            usable = gpu.memory_gb * (1 - problem.instance.options.memory_reserve_fraction)
+            k = next((k for k in (1, 2, 4, 8) if k <= per_node and model.weight_bytes / 1e9 / k < usable), None)
+            if k is None:
+                reasons.append(
+                    f"{type_name}: weights {model.weight_bytes / 1e9:.0f} GB do not fit "
+                    f"{per_node} GPU(s) of one node ({usable:.0f} GB usable each)"
+                )
+                continue
+            full = (100, None, 1.0, 1.0, usable)
+            spec = op_spec(problem, wl, unit.phase, gpu, gpu.max_sm_clock_mhz, full, k)
+            met = metrics_at(build_params([spec]), np.asarray([1e-6]))
+            parts = []
+            if unit.phase != "decode":
+                parts.append(f"TTFT {met.ttft_ms[0]:.0f} ms (SLO {wl.slo.ttft_ms:g})")
+            if unit.phase != "prefill":
+                parts.append(f"TBT {met.tbt_ms[0]:.1f} ms (SLO {wl.slo.tbt_ms:g})")
+            reasons.append(
+                f"{type_name} at {gpu.max_sm_clock_mhz} MHz, whole GPU"
+                + (f" x{k} TP" if k > 1 else "")
+                + ", unloaded: " + ", ".join(parts)
+            )
+        lines.append(
+            f"workload {unit.label!r} ({wl.model}): no GPU of the cluster meets its SLO even "
+            f"unloaded; " + "; ".join(reasons) + ". Relax the SLO or add faster GPUs."
+        )
+    return lines
+
+
+def diagnose_infeasible(problem: Problem, table: OpTable) -> list[str]:
+    """Which demand cannot be met, and which limit binds (fleet size or power budgets)."""
+    lines: list[str] = []
+    fleet = problem.gpus
+    total_needed = 0.0
+    for unit in table.units:
+        ops = table.ops_of(unit.index)
+        if len(ops) == 0:
+            continue
+        per_gpu = table.capacity_rps[ops] / table.tp[ops]
+        best = float(per_gpu.max())
+        types = {table.type_names[int(table.gpu_type[o])] for o in ops}
+        count = sum(1 for g in fleet if g.type in types)
+        need = unit.rate_rps / best if best > 0 else float("inf")
+        total_needed += need
+        if count * best < unit.rate_rps:
+            lines.append(
+                f"workload {unit.label!r} needs {unit.rate_rps:g} req/s; all {count} GPUs able "
+                f"to run it serve at most {count * best:.3g} req/s within its SLO"
+            )
+    if total_needed > len(fleet):
+        lines.append(
+            f"the workloads need at least {total_needed:.1f} GPUs at their best operating "
+            f"points; the fleet has {len(fleet)}"
+        )
+    floor_w = _minimum_power_w(problem, table)
+    inst = problem.instance
+    if inst.cluster.power_budget_w is not None and floor_w > inst.cluster.power_budget_w:
+        lines.append(
+            f"cluster power budget {inst.cluster.power_budget_w:g} W is below the least power "
+            f"that serves the load ({floor_w:.0f} W)"
+        )
+    if not lines:
+        budgets = [n.name for n in inst.cluster.nodes if n.power_budget_w is not None]
+        if budgets or inst.cluster.power_budget_w is not None:
+            if _feasible_without_budgets(problem):
+                lines.append(
+                    "the load fits the fleet only without the power budgets: raise the budget "
+                    f"of {'the cluster' if not budgets else ', '.join(budgets)} or move load"
+                )
+        if not lines:
+            lines.append(
+                "no single limit explains it: the combination of SM shares, memory and "
+                "tensor-parallel groups per node cannot host all workloads together"
+            )
+    return lines
+
+
+def _minimum_power_w(problem: Problem, table: OpTable) -> float:
+    """A lower bound on power: each unit at its cheapest watts per request/s, no static power."""
+    total = 0.0
+    for unit in table.units:
+        ops = table.ops_of(unit.index)
+        if len(ops) == 0:
+            continue
+        per_rps = table.energy_j[ops] + np.asarray(
+            [table.on_power[(table.type_names[int(table.gpu_type[o])], int(table.clock_mhz[o]))] for o in ops]
+        ) * table.tp[ops] / table.capacity_rps[ops]
+        total += unit.rate_rps * float(per_rps.min())
+    return total
+
+
+def _feasible_without_budgets(problem: Problem) -> bool:
+    """Whether dropping node and cluster budgets makes the instance solvable."""
+    from energyopt.catalog.problem import Problem as _Problem
+    from energyopt.formulations.serving import pattern as pat
+    from energyopt.perf.oppoints import build_op_table
+
+    inst = problem.instance
+    nodes = tuple(n.model_copy(update={"power_budget_w": None}) for n in inst.cluster.nodes)
+    cluster = inst.cluster.model_copy(update={"nodes": nodes, "power_budget_w": None})
+    relaxed = _Problem(Instance.model_validate(inst.model_copy(update={"cluster": cluster}).model_dump()), problem.catalog, problem.source)
+    table = build_op_table(relaxed)
+    try:
+        prog = pat.prepare(relaxed, table)
+        pat.generate_columns(prog)
+    except (pat.PatternNotApplicable, RuntimeError):
+        return False
+    return prog.lp is not None and prog.lp.artificial_rps <= 1e-6

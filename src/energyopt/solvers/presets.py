@@ -1,0 +1,65 @@
+"""Named solver presets: TOML files in the top-level ``solvers/`` folder."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError
+
+from energyopt.spec.base import Spec
+from energyopt.spec.errors import SpecError
+from energyopt.spec.io import validation_problems
+
+Backend = Literal["highs", "cpsat"]
+Formulation = Literal["auto", "pattern", "per_gpu", "plain"]
+
+
+class SolverPreset(Spec):
+    """A solver backend and its options."""
+
+    name: str
+    description: str = ""
+    backend: Backend = "highs"
+    formulation: Formulation = "auto"
+    time_limit_s: float = Field(default=60.0, gt=0)
+    rel_gap: float = Field(default=1e-4, ge=0, lt=1)
+    threads: int | None = Field(default=None, gt=0)
+
+
+def presets_dir() -> Path:
+    """Folder of the shipped presets (package data, or ``solvers/`` of a checkout)."""
+    packaged = resources.files("energyopt") / "_solvers"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[3] / "solvers"
+
+
+def available_presets() -> dict[str, Path]:
+    """Preset name -> file."""
+    return {p.stem: p for p in sorted(presets_dir().glob("*.toml"))}
+
+
+def load_preset(name_or_path: str) -> SolverPreset:
+    """A preset by name (``highs-exact``) or by TOML file path."""
+    presets = available_presets()
+    path = presets.get(name_or_path)
+    if path is None:
+        candidate = Path(name_or_path)
+        if candidate.suffix == ".toml" and candidate.exists():
+            path = candidate
+        else:
+            raise SpecError(
+                [f"--solver: unknown solver {name_or_path!r}; available: {', '.join(presets)}"]
+            )
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SpecError([f"{path}: cannot read preset: {exc}"]) from None
+    data.setdefault("name", path.stem)
+    try:
+        return SolverPreset.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(validation_problems(exc, str(path), data)) from None

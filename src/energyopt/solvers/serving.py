@@ -1,0 +1,242 @@
+"""Solve a serving problem: build the operating points, pick a formulation, run the
+backend, assemble the plan, verify it, and explain infeasibility.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pyomo.environ as pyo
+
+from energyopt.catalog.problem import Problem
+from energyopt.formulations.serving import pattern as pat
+from energyopt.formulations.serving.assemble import assemble_plan
+from energyopt.formulations.serving.per_gpu import build_per_gpu
+from energyopt.perf.oppoints import OpTable, build_op_table
+from energyopt.solvers.cpsat_backend import solve_cpsat
+from energyopt.solvers.diagnose import diagnose_infeasible, unservable_units
+from energyopt.solvers.highs_backend import MilpOutcome, solve_milp
+from energyopt.solvers.presets import SolverPreset
+from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Result, relative_gap
+from energyopt.verify.serving import verify_plan
+
+Progress = Callable[[str], None]
+
+
+class PlanVerificationError(RuntimeError):
+    """A solver produced a plan the independent verifier rejects (a bug)."""
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+def _bnb_filter(progress: Progress) -> Progress:
+    """Forward only HiGHS branch-and-bound table rows (the lines with a gap column)."""
+
+    def sink(line: str) -> None:
+        if "%" in line and any(ch.isdigit() for ch in line):
+            progress("highs: " + " ".join(line.split()))
+
+    return sink
+
+
+def run_backend(
+    model: Any,
+    preset: SolverPreset,
+    *,
+    time_limit_s: float,
+    rel_gap: float,
+    progress: Progress,
+) -> MilpOutcome:
+    """Solve a Pyomo model with the preset's backend."""
+    if preset.backend == "cpsat":
+        return solve_cpsat(
+            model, time_limit_s=time_limit_s, rel_gap=rel_gap, threads=preset.threads,
+            progress=progress,
+        )
+    return solve_milp(
+        model, time_limit_s=time_limit_s, rel_gap=rel_gap, threads=preset.threads,
+        progress=_bnb_filter(progress),
+    )
+
+
+def choose_formulation(preset: SolverPreset, problem: Problem, table: OpTable) -> str:
+    """The formulation the preset asks for; ``auto`` prefers the pattern one."""
+    if preset.formulation != "auto":
+        return preset.formulation
+    try:
+        pat.check_applicable(problem, table)
+    except pat.PatternNotApplicable:
+        return "per_gpu"
+    return "pattern"
+
+
+def solve(
+    problem: Problem,
+    preset: SolverPreset,
+    *,
+    time_limit_s: float | None = None,
+    rel_gap: float | None = None,
+    progress: Progress | None = None,
+) -> Result:
+    """Minimum-objective plan for ``problem``, verified, with its bound and gap."""
+    say = progress or _quiet
+    start = time.perf_counter()
+    limit = time_limit_s if time_limit_s is not None else preset.time_limit_s
+    gap = rel_gap if rel_gap is not None else preset.rel_gap
+    log: list[str] = []
+
+    def note(line: str) -> None:
+        log.append(line)
+        say(line)
+
+    table = build_op_table(problem)
+    note(f"operating points: {len(table)} with positive SLO capacity "
+         f"({time.perf_counter() - start:.1f} s)")
+    missing = unservable_units(problem, table)
+    if missing:
+        return Result(INFEASIBLE, None, None, time.perf_counter() - start, None,
+                      preset.name, log, missing)
+    formulation = choose_formulation(preset, problem, table)
+    note(f"formulation: {formulation}, backend: {preset.backend}, time limit {limit:g} s, "
+         f"gap {gap:g}")
+    deadline = start + limit
+    try:
+        if formulation == "pattern":
+            result = _solve_pattern(problem, table, preset, deadline, gap, note)
+        else:
+            result = _solve_per_gpu(problem, table, preset, deadline, gap, note,
+                                    strengthen=formulation == "per_gpu")
+    except pat.PatternNotApplicable as exc:
+        note(f"pattern formulation not applicable ({exc}); using per-GPU")
+        result = _solve_per_gpu(problem, table, preset, deadline, gap, note, strengthen=True)
+    result.log = log + [line for line in result.log if line not in log]
+    result.solver = preset.name
+    result.wall_s = time.perf_counter() - start
+    if result.status == INFEASIBLE:
+        result.diagnosis = diagnose_infeasible(problem, table)
+    if result.plan is not None:
+        violations = verify_plan(problem, result.plan)
+        if violations:
+            raise PlanVerificationError(
+                "solver plan fails verification:\n" + "\n".join(str(v) for v in violations)
+            )
+    return result
+
+
+def _status(outcome_status: str, objective: float | None, bound: float | None, gap: float) -> str:
+    if objective is None:
+        return NO_SOLUTION if outcome_status != INFEASIBLE else INFEASIBLE
+    if bound is not None and relative_gap(objective, bound) <= gap + 1e-12:
+        return OPTIMAL
+    return FEASIBLE
+
+
+def _finish(
+    problem: Problem,
+    table: OpTable,
+    decisions: dict[str, Any],
+    status: str,
+    objective: float,
+    bound: float | None,
+    name: str,
+) -> Any:
+    gap = relative_gap(objective, bound) if bound is not None else None
+    return assemble_plan(problem, table, decisions, solver=name, status=status,
+                         objective=objective, bound=bound, gap=gap)
+
+
+def _solve_per_gpu(
+    problem: Problem,
+    table: OpTable,
+    preset: SolverPreset,
+    deadline: float,
+    gap: float,
+    note: Progress,
+    *,
+    strengthen: bool,
+) -> Result:
+    t0 = time.perf_counter()
+    pm = build_per_gpu(problem, table, strengthen=strengthen)
+    note(f"per-GPU model: {pm.model.nvariables()} variables, {pm.model.nconstraints()} "
+         f"constraints ({time.perf_counter() - t0:.1f} s)")
+    left = max(1.0, deadline - time.perf_counter())
+    out = run_backend(pm.model, preset, time_limit_s=left, rel_gap=gap, progress=note)
+    bound = out.bound
+    if preset.backend == "cpsat" and out.status != INFEASIBLE:
+        bound = lp_relaxation_bound(pm.model)
+        note(f"LP relaxation bound {bound:,.3f}")
+    if out.status == INFEASIBLE:
+        return Result(INFEASIBLE, None, bound, out.wall_s, None, preset.name, out.log)
+    if out.objective is None:
+        return Result(NO_SOLUTION, None, bound, out.wall_s, None, preset.name, out.log)
+    status = _status(out.status, out.objective, bound, gap)
+    plan = _finish(problem, table, pm.decisions(), status, out.objective, bound, preset.name)
+    return Result(status, out.objective, bound, out.wall_s, plan, preset.name, out.log)
+
+
+def lp_relaxation_bound(model: Any) -> float:
+    """Optimal value of the LP relaxation of a Pyomo MILP (HiGHS); a valid lower bound."""
+    relaxed = model.clone()
+    pyo.TransformationFactory("core.relax_integer_domains").apply_to(relaxed)
+    out = solve_milp(relaxed, time_limit_s=60.0)
+    if out.objective is None:
+        return float("-inf")
+    return float(out.objective)
+
+
+def _solve_pattern(
+    problem: Problem,
+    table: OpTable,
+    preset: SolverPreset,
+    deadline: float,
+    gap: float,
+    note: Progress,
+) -> Result:
+    t0 = time.perf_counter()
+    prog = pat.prepare(problem, table, note)
+    pat.generate_columns(prog, note)
+    assert prog.lp is not None
+    if prog.lp.artificial_rps > 1e-6:
+        note(f"LP relaxation cannot serve {prog.lp.artificial_rps:.3g} req/s: infeasible")
+        return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
+    lower = prog.lower_bound
+    note(f"LP bound {lower:,.3f} after {prog.rounds} rounds, {len(prog.columns)} columns "
+         f"({time.perf_counter() - t0:.1f} s)")
+    best: tuple[float, dict[str, Any]] | None = None
+    bound = lower
+    im = pat.integer_model(prog)
+    left = max(0.5, (deadline - time.perf_counter()) * 0.5)
+    out = run_backend(im.model, preset, time_limit_s=left, rel_gap=gap, progress=note)
+    restricted = out.bound if preset.backend == "highs" else None
+    if out.objective is not None:
+        best = (out.objective, pat.decisions(prog, im))
+        note(f"integer plan over generated columns: {out.objective:,.3f} "
+             f"(gap to LP bound {relative_gap(out.objective, lower):.3%})")
+    if best is None or relative_gap(best[0], lower) > gap:
+        # Any plan better than `best` uses only columns whose reduced cost is below
+        # best - lower; add them all, and the integer solve over them is exact.
+        slack = best[0] - lower if best is not None else 0.02 * abs(lower) + 1.0
+        extra = pat.columns_within(prog, slack)
+        for col in extra:
+            prog.add(col)
+        note(f"reduced-cost filter: {len(extra)} more columns within {slack:,.3f} of the bound")
+        if extra:
+            im = pat.integer_model(prog)
+            left = max(0.5, deadline - time.perf_counter())
+            out = run_backend(im.model, preset, time_limit_s=left, rel_gap=gap, progress=note)
+            restricted = out.bound if preset.backend == "highs" else None
+            if out.objective is not None and (best is None or out.objective < best[0] - 1e-9):
+                best = (out.objective, pat.decisions(prog, im))
+        if best is not None and restricted is not None and best[0] - lower <= slack + 1e-9:
+            bound = max(lower, min(restricted, best[0]))
+    wall = time.perf_counter() - t0
+    if best is None:
+        return Result(NO_SOLUTION, None, bound, wall, None, preset.name, [])
+    objective, decisions = best
+    status = _status(FEASIBLE, objective, bound, gap)
+    plan = _finish(problem, table, decisions, status, objective, bound, preset.name)
+    return Result(status, objective, bound, wall, plan, preset.name, [])

@@ -1,0 +1,409 @@
+"""Check a serving plan against the instance using the performance model directly.
+
+Nothing here reads a solver's model: capacities, latencies, memory and power are
+recomputed from the plan's own settings (GPU type, clock, share, rate, TP size).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from energyopt.catalog.problem import Problem
+from energyopt.formulations.serving.assemble import power_cap_w
+from energyopt.perf.energy import design_batch, energy_per_request_j
+from energyopt.perf.oppoints import op_spec, share_options
+from energyopt.perf.params import OpSpec, build_params
+from energyopt.perf.power import gpu_on_power_w
+from energyopt.perf.queueing import metrics_at
+from energyopt.spec.cluster import Gpu
+from energyopt.spec.plan import GpuPlan, Placement, Plan
+
+REL_TOL = 1e-6
+ABS_RATE_TOL = 1e-6
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken constraint: its kind, where, and a sentence a user can act on."""
+
+    kind: str
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.kind}] {self.where}: {self.message}"
+
+
+Report = Callable[[Violation], None]
+
+
+@dataclass
+class PlacementCheck:
+    """A placement (a TP group counted once) and the GPUs it occupies."""
+
+    gpus: list[Gpu]
+    plan: GpuPlan
+    placement: Placement
+    spec: OpSpec | None = None
+
+
+@dataclass
+class PlanEvaluation:
+    """Recomputed figures of a plan."""
+
+    violations: list[Violation] = field(default_factory=list)
+    gpu_power_w: dict[str, float] = field(default_factory=dict)
+    total_power_w: float = 0.0
+    gpus_on: int = 0
+    served_rps: dict[str, float] = field(default_factory=dict)
+    headroom: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    """(GPU, workload:phase) -> (TTFT, TBT) at the planned rate as fractions of the SLO."""
+
+
+def verify_plan(problem: Problem, plan: Plan) -> list[Violation]:
+    """Every constraint the plan breaks; empty when it is feasible."""
+    return evaluate_plan(problem, plan).violations
+
+
+def evaluate_plan(problem: Problem, plan: Plan) -> PlanEvaluation:
+    """Recompute power, service and SLO headroom, and list violations."""
+    ev = PlanEvaluation()
+    bad = ev.violations.append
+    gpus = {g.id: g for g in problem.gpus}
+    seen: set[str] = set()
+    plans: dict[str, GpuPlan] = {}
+    for gp in plan.gpus:
+        if gp.gpu not in gpus:
+            bad(Violation("unknown-gpu", gp.gpu, "the cluster has no GPU with this id"))
+            continue
+        if gp.gpu in seen:
+            bad(Violation("duplicate-gpu", gp.gpu, "the plan lists this GPU twice"))
+            continue
+        seen.add(gp.gpu)
+        plans[gp.gpu] = gp
+        if gp.type != gpus[gp.gpu].type:
+            bad(
+                Violation(
+                    "gpu-type", gp.gpu, f"plan says {gp.type}, cluster has {gpus[gp.gpu].type}"
+                )
+            )
+    checks = _collect_placements(problem, plans, gpus, bad)
+    _check_gpu_settings(problem, plans, gpus, bad)
+    _check_shares(problem, plans, bad)
+    if checks:
+        _check_performance(problem, checks, plans, gpus, ev)
+    _check_demand(problem, checks, ev)
+    _check_budgets(problem, ev)
+    ev.gpus_on = sum(1 for gp in plans.values() if gp.on)
+    ev.total_power_w = sum(ev.gpu_power_w.values())
+    return ev
+
+
+def _collect_placements(
+    problem: Problem, plans: dict[str, GpuPlan], gpus: dict[str, Gpu], report: Report
+) -> list[PlacementCheck]:
+    units = {(w.name, ph) for w in problem.instance.workloads for ph in w.phases()}
+    checks: list[PlacementCheck] = []
+    groups: dict[str, list[tuple[GpuPlan, Placement]]] = defaultdict(list)
+    for gp in plans.values():
+        if not gp.on:
+            if gp.placements:
+                report(Violation("off-gpu-work", gp.gpu, "GPU is off but has placements"))
+            continue
+        for pl in gp.placements:
+            if (pl.workload, pl.phase) not in units:
+                report(
+                    Violation(
+                        "unknown-unit", gp.gpu, f"no unit {pl.workload}:{pl.phase} in the instance"
+                    )
+                )
+                continue
+            if pl.tp_group is None:
+                if pl.tp_size != 1:
+                    report(
+                        Violation(
+                            "tp-group",
+                            gp.gpu,
+                            f"{pl.workload}: tp_size {pl.tp_size} without a tp_group",
+                        )
+                    )
+                    continue
+                checks.append(PlacementCheck([gpus[gp.gpu]], gp, pl))
+            else:
+                groups[pl.tp_group].append((gp, pl))
+    for gid, members in groups.items():
+        first_gp, first = members[0]
+        size = first.tp_size
+        problems = []
+        if len(members) != size:
+            problems.append(f"has {len(members)} GPUs but tp_size {size}")
+        if len({gpus[gp.gpu].node for gp, _ in members}) > 1:
+            problems.append("spans more than one node")
+        if len({gp.type for gp, _ in members}) > 1 or len({gp.clock_mhz for gp, _ in members}) > 1:
+            problems.append("mixes GPU types or clocks")
+        if len({(p.workload, p.phase, round(p.rate_rps, 9), p.tp_size) for _, p in members}) > 1:
+            problems.append("members disagree on workload, rate or size")
+        for gp, _ in members:
+            if len(gp.placements) > 1:
+                problems.append(f"member {gp.gpu} runs other work (TP GPUs are whole)")
+        if problems:
+            for text in problems:
+                report(Violation("tp-group", gid, text))
+            continue
+        checks.append(PlacementCheck([gpus[gp.gpu] for gp, _ in members], first_gp, first))
+    return checks
+
+
+def _check_gpu_settings(
+    problem: Problem, plans: dict[str, GpuPlan], gpus: dict[str, Gpu], report: Report
+) -> None:
+    for gp in plans.values():
+        if not gp.on:
+            continue
+        gtype = problem.gpu_type(gpus[gp.gpu].type)
+        if gp.clock_mhz is None or gp.clock_mhz not in gtype.sm_clocks_mhz():
+            near = gtype.nearest_clocks_mhz(gp.clock_mhz or 0)
+            report(
+                Violation(
+                    "clock",
+                    gp.gpu,
+                    f"{gp.clock_mhz} MHz is not a supported clock of {gtype.name}; nearest: {near}",
+                )
+            )
+        cap = power_cap_w(problem, gpus[gp.gpu])
+        limit = gp.power_limit_w
+        if limit is None or not gtype.power_limit_min_w - 1e-9 <= limit <= cap + 1e-9:
+            report(
+                Violation(
+                    "power-limit",
+                    gp.gpu,
+                    f"power limit {limit} W outside [{gtype.power_limit_min_w}, {cap}] W",
+                )
+            )
+
+
+def _check_shares(problem: Problem, plans: dict[str, GpuPlan], report: Report) -> None:
+    sharing = problem.instance.options.sharing
+    for gp in plans.values():
+        if not gp.on or not gp.placements:
+            continue
+        gtype = problem.gpu_type(gp.type)
+        if (
+            sharing.mode == "mig"
+            and gtype.mig_profiles
+            and all(p.tp_group is None for p in gp.placements)
+        ):
+            slices = 0
+            count: dict[str, int] = defaultdict(int)
+            for pl in gp.placements:
+                try:
+                    prof = gtype.mig_profile(pl.mig_profile or "")
+                except KeyError:
+                    report(
+                        Violation(
+                            "mig", gp.gpu, f"{pl.workload}: unknown MIG profile {pl.mig_profile!r}"
+                        )
+                    )
+                    continue
+                slices += prof.compute_slices
+                count[prof.name] += 1
+                if count[prof.name] > prof.max_instances:
+                    report(
+                        Violation(
+                            "mig",
+                            gp.gpu,
+                            f"more than {prof.max_instances} instances of {prof.name}",
+                        )
+                    )
+            if slices > gtype.mig_total_slices:
+                report(
+                    Violation(
+                        "share", gp.gpu, f"MIG slices {slices} exceed {gtype.mig_total_slices}"
+                    )
+                )
+        else:
+            total = sum(pl.share_pct for pl in gp.placements)
+            if total > 100:
+                report(Violation("share", gp.gpu, f"SM shares add up to {total}% (> 100%)"))
+            units = [(pl.workload, pl.phase) for pl in gp.placements]
+            if len(set(units)) != len(units):
+                report(Violation("share", gp.gpu, "a unit is placed twice on one GPU"))
+
+
+def _share_of(
+    problem: Problem, gp: GpuPlan, pl: Placement
+) -> tuple[int, str | None, float, float, float] | None:
+    gtype = problem.gpu_type(gp.type)
+    usable = 1.0 - problem.instance.options.memory_reserve_fraction
+    if pl.tp_size > 1:
+        return (100, None, 1.0, 1.0, gtype.memory_gb * usable)
+    if pl.mig_profile is not None:
+        for option in share_options(problem, gtype):
+            if option[1] == pl.mig_profile:
+                return option
+        return None
+    frac = pl.share_pct / 100.0
+    return (pl.share_pct, None, frac, frac, gtype.memory_gb * usable)
+
+
+def _check_performance(
+    problem: Problem,
+    checks: list[PlacementCheck],
+    plans: dict[str, GpuPlan],
+    gpus: dict[str, Gpu],
+    ev: PlanEvaluation,
+) -> None:
+    bad = ev.violations.append
+    valid: list[PlacementCheck] = []
+    for c in checks:
+        share = _share_of(problem, c.plan, c.placement)
+        if share is None or c.plan.clock_mhz is None:
+            continue
+        wl = problem.instance.workload(c.placement.workload)
+        c.spec = op_spec(
+            problem,
+            wl,
+            c.placement.phase,
+            problem.gpu_type(c.plan.type),
+            c.plan.clock_mhz,
+            share,
+            c.placement.tp_size,
+        )
+        valid.append(c)
+    power: dict[str, float] = {}
+    for gp in plans.values():
+        if gp.on and gp.clock_mhz is not None:
+            power[gp.gpu] = gpu_on_power_w(problem.gpu_type(gp.type), gp.clock_mhz)
+    memory: dict[str, float] = defaultdict(float)
+    if valid:
+        params = build_params([c.spec for c in valid if c.spec is not None])
+        rates = np.asarray([c.placement.rate_rps for c in valid], dtype=np.float64)
+        met = metrics_at(params, rates)
+        energy = energy_per_request_j(params, design_batch(params))
+        for i, c in enumerate(valid):
+            pl = c.placement
+            where = f"{'+'.join(g.id for g in c.gpus)} {pl.workload}:{pl.phase}"
+            slo = problem.instance.workload(pl.workload).slo
+            tol = 1.0 + REL_TOL
+            if not met.stable[i]:
+                bad(
+                    Violation(
+                        "capacity",
+                        where,
+                        f"{pl.rate_rps:.4g} req/s overloads this operating point (queue grows without bound)",
+                    )
+                )
+            elif met.ttft_ms[i] > slo.ttft_ms * tol:
+                bad(
+                    Violation(
+                        "ttft",
+                        where,
+                        f"p{slo.percentile:g} TTFT {met.ttft_ms[i]:.1f} ms > SLO {slo.ttft_ms:g} ms at {pl.rate_rps:.4g} req/s",
+                    )
+                )
+            elif met.tbt_ms[i] > slo.tbt_ms * tol:
+                bad(
+                    Violation(
+                        "tbt",
+                        where,
+                        f"p{slo.percentile:g} TBT {met.tbt_ms[i]:.1f} ms > SLO {slo.tbt_ms:g} ms at {pl.rate_rps:.4g} req/s",
+                    )
+                )
+            if met.batch[i] > problem.instance.options.max_batch * tol:
+                bad(Violation("batch", where, f"decode batch {met.batch[i]:.0f} exceeds max_batch"))
+            ttft_frac = met.ttft_ms[i] / slo.ttft_ms if pl.phase != "decode" else 0.0
+            tbt_frac = met.tbt_ms[i] / slo.tbt_ms if pl.phase != "prefill" else 0.0
+            for g in c.gpus:
+                ev.headroom[(g.id, f"{pl.workload}:{pl.phase}")] = (
+                    float(ttft_frac),
+                    float(tbt_frac),
+                )
+                memory[g.id] += float(met.memory_bytes[i]) / 1e9
+                if g.id in power:
+                    power[g.id] += float(energy[i]) * pl.rate_rps / len(c.gpus)
+            if pl.mig_profile is not None and c.spec is not None:
+                if met.memory_bytes[i] / 1e9 > c.spec.memory_gb * tol:
+                    bad(
+                        Violation(
+                            "memory",
+                            where,
+                            f"needs {met.memory_bytes[i] / 1e9:.1f} GB, MIG instance has {c.spec.memory_gb:.1f} GB usable",
+                        )
+                    )
+    usable_frac = 1.0 - problem.instance.options.memory_reserve_fraction
+    for gid, used in memory.items():
+        gp = plans[gid]
+        if any(p.mig_profile for p in gp.placements):
+            continue
+        usable = problem.gpu_type(gp.type).memory_gb * usable_frac
+        if used > usable * (1.0 + REL_TOL):
+            bad(Violation("memory", gid, f"placements need {used:.1f} GB, {usable:.1f} GB usable"))
+    for gid, watts in power.items():
+        gp = plans[gid]
+        cap = power_cap_w(problem, gpus[gid])
+        if watts > cap * (1.0 + REL_TOL):
+            bad(
+                Violation(
+                    "power-cap", gid, f"predicted {watts:.0f} W exceeds the GPU cap {cap:.0f} W"
+                )
+            )
+        elif gp.power_limit_w is not None and watts > gp.power_limit_w * (1.0 + REL_TOL):
+            bad(
+                Violation(
+                    "power-limit",
+                    gid,
+                    f"predicted {watts:.0f} W exceeds its power limit {gp.power_limit_w:.0f} W",
+                )
+            )
+    ev.gpu_power_w = power
+
+
+def _check_demand(problem: Problem, checks: list[PlacementCheck], ev: PlanEvaluation) -> None:
+    served: dict[str, float] = defaultdict(float)
+    for c in checks:
+        served[f"{c.placement.workload}:{c.placement.phase}"] += c.placement.rate_rps
+    for wl in problem.instance.workloads:
+        for phase in wl.phases():
+            key = f"{wl.name}:{phase}"
+            got = served.get(key, 0.0)
+            ev.served_rps[key] = got
+            if abs(got - wl.rate_rps) > max(ABS_RATE_TOL, REL_TOL * wl.rate_rps):
+                ev.violations.append(
+                    Violation(
+                        "demand",
+                        key,
+                        f"plan routes {got:.6g} req/s, workload arrives at {wl.rate_rps:g} req/s",
+                    )
+                )
+
+
+def _check_budgets(problem: Problem, ev: PlanEvaluation) -> None:
+    cluster = problem.instance.cluster
+    node_of = {g.id: g.node for g in problem.gpus}
+    per_node: dict[str, float] = defaultdict(float)
+    for gid, watts in ev.gpu_power_w.items():
+        per_node[node_of[gid]] += watts
+    for node in cluster.nodes:
+        if node.power_budget_w is not None and per_node[node.name] > node.power_budget_w * (
+            1.0 + REL_TOL
+        ):
+            ev.violations.append(
+                Violation(
+                    "node-budget",
+                    node.name,
+                    f"GPUs draw {per_node[node.name]:.0f} W, budget {node.power_budget_w:.0f} W",
+                )
+            )
+    total = sum(per_node.values())
+    if cluster.power_budget_w is not None and total > cluster.power_budget_w * (1.0 + REL_TOL):
+        ev.violations.append(
+            Violation(
+                "cluster-budget",
+                "cluster",
+                f"GPUs draw {total:.0f} W, budget {cluster.power_budget_w:.0f} W",
+            )
+        )
