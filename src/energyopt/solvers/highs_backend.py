@@ -22,6 +22,16 @@ class _LineStream(io.TextIOBase):
         self._buf = ""
         self._sink = sink
 
+    def close(self) -> None:  # the solver closes its streams; keep collecting
+        return None
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
     def write(self, text: str) -> int:
         self._buf += text
         while "\n" in self._buf:

@@ -37,8 +37,13 @@ def _bnb_filter(progress: Progress) -> Progress:
     """Forward only HiGHS branch-and-bound table rows (the lines with a gap column)."""
 
     def sink(line: str) -> None:
-        if "%" in line and any(ch.isdigit() for ch in line):
-            progress("highs: " + " ".join(line.split()))
+        tokens = line.split()
+        gaps = [i for i, t in enumerate(tokens) if t.endswith("%") or t in ("inf", "Large")]
+        if len(gaps) < 2 or "restarting" in line or not tokens[-1].endswith("s"):
+            return
+        g = gaps[-1]
+        bound, incumbent, gap = tokens[g - 2], tokens[g - 1], tokens[g]
+        progress(f"highs: bound {bound}, incumbent {incumbent}, gap {gap}, {tokens[-1]}")
 
     return sink
 

@@ -1,0 +1,216 @@
+"""The ``energyopt`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from energyopt import __version__
+from energyopt.catalog.problem import Problem, load_problem
+from energyopt.spec.errors import SpecError
+
+EXIT_OK = 0
+EXIT_VIOLATION = 1
+EXIT_BAD_INPUT = 2
+EXIT_INFEASIBLE = 3
+EXIT_INTERNAL = 4
+
+
+def _err(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _progress(quiet: bool) -> Callable[[str], None]:
+    """Progress lines on the terminal's stderr, even while a solver captures output."""
+    start = time.perf_counter()
+    stream = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1) if not quiet else None
+
+    def say(line: str) -> None:
+        if stream is not None:
+            stream.write(f"[{time.perf_counter() - start:6.1f}s] {line}\n")
+
+    return say
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from energyopt.spec import Instance, Plan
+    from energyopt.spec.hardware import GpuType
+    from energyopt.spec.llm import LlmModel
+
+    models = {"instance": Instance, "plan": Plan, "gpu": GpuType, "model": LlmModel}
+    print(json.dumps(models[args.kind].model_json_schema(), indent=2))
+    return EXIT_OK
+
+
+def _load(path: str, check_slos: bool = True) -> Problem:
+    from energyopt.perf.reachability import unreachable_slos
+
+    problem = load_problem(path)
+    if check_slos:
+        problems = unreachable_slos(problem)
+        if problems:
+            raise SpecError([f"{path}: {p}" for p in problems])
+    return problem
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    failed = 0
+    for path in args.files:
+        try:
+            problem = _load(path)
+        except SpecError as exc:
+            failed += 1
+            for line in exc.problems:
+                _err(line)
+            continue
+        inst = problem.instance
+        print(f"{path}: ok ({len(problem.gpus)} GPUs, {len(inst.workloads)} workloads)")
+    return EXIT_BAD_INPUT if failed else EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from energyopt.perf.oppoints import build_op_table
+    from energyopt.report import format_problem
+
+    problem = _load(args.file)
+    print("\n".join(format_problem(problem, build_op_table(problem))))
+    return EXIT_OK
+
+
+def cmd_solve(args: argparse.Namespace) -> int:
+    from energyopt.report import format_plan, format_totals
+    from energyopt.solvers.presets import load_preset
+    from energyopt.solvers.result import INFEASIBLE
+    from energyopt.solvers.serving import solve
+    from energyopt.spec.io import dump
+    from energyopt.verify.serving import evaluate_plan
+
+    preset = load_preset(args.solver)
+    problem = _load(args.file)
+    say = _progress(args.quiet)
+    say(f"solving {args.file} with {preset.name}")
+    result = solve(problem, preset, time_limit_s=args.time_limit, rel_gap=args.gap,
+                   progress=say)
+    if result.status == INFEASIBLE or result.plan is None:
+        _err(f"{args.file}: no plan ({result.status}) after {result.wall_s:.1f} s")
+        for line in result.diagnosis:
+            _err(f"  - {line}")
+        return EXIT_INFEASIBLE
+    plan = result.plan
+    ev = evaluate_plan(problem, plan)
+    print(f"plan for {problem.instance.name} ({args.file})")
+    print("\n".join(format_plan(problem, plan, ev)))
+    print("\n".join(format_totals(problem, plan, ev, result)))
+    if args.output:
+        dump(plan, args.output)
+        print(f"plan written to {args.output}")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from energyopt.report import format_totals
+    from energyopt.spec import Plan
+    from energyopt.spec.io import load
+    from energyopt.verify.serving import evaluate_plan
+
+    problem = _load(args.instance, check_slos=False)
+    plan = load(Plan, args.plan)
+    ev = evaluate_plan(problem, plan)
+    if ev.violations:
+        _err(f"{args.plan}: {len(ev.violations)} violation(s) of {args.instance}:")
+        for v in ev.violations:
+            _err(f"  - {v}")
+        return EXIT_VIOLATION
+    print(f"{args.plan}: feasible for {args.instance}")
+    print("\n".join(format_totals(problem, plan, ev, None)))
+    return EXIT_OK
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from energyopt.catalog import builtin_catalog
+
+    cat = builtin_catalog()
+    for g in cat.gpus.values():
+        print(f"gpu   {g.name:<16} {g.sm_count} SMs, {g.memory_gb:g} GB, "
+              f"{g.memory_bandwidth_gbps:g} GB/s, {g.peak_bf16_tflops:g} TFLOP/s, "
+              f"{g.min_sm_clock_mhz}-{g.max_sm_clock_mhz} MHz, TDP {g.tdp_w:g} W")
+    for m in cat.models.values():
+        print(f"model {m.name:<16} {m.params_total_b:g}B params ({m.params_active_b:g}B active), "
+              f"{m.layers} layers, {m.weight_bytes / 1e9:.1f} GB")
+    return EXIT_OK
+
+
+def cmd_solvers(args: argparse.Namespace) -> int:
+    from energyopt.solvers.presets import available_presets, load_preset
+
+    for name in available_presets():
+        p = load_preset(name)
+        print(f"{name:<16} {p.description}")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="energyopt",
+        description="Energy-optimal placement, SM partitioning and clocks for GPU fleets.",
+    )
+    parser.add_argument("--version", action="version", version=f"energyopt {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of a file kind")
+    p.add_argument("kind", nargs="?", default="instance", choices=["instance", "plan", "gpu", "model"])
+    p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("validate", help="check instance files")
+    p.add_argument("files", nargs="+")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("show", help="print an instance and its operating points")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("solve", help="find the minimum-energy plan of an instance")
+    p.add_argument("file")
+    p.add_argument("--solver", default="highs-exact", help="preset name or TOML file")
+    p.add_argument("--time-limit", type=float, default=None, help="seconds")
+    p.add_argument("--gap", type=float, default=None, help="relative gap to stop at, e.g. 0.005")
+    p.add_argument("-o", "--output", help="write the plan (JSON, YAML or TOML by suffix)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_solve)
+
+    p = sub.add_parser("verify", help="check a plan against an instance")
+    p.add_argument("instance")
+    p.add_argument("plan")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("catalog", help="list the embedded GPU types and models")
+    p.set_defaults(func=cmd_catalog)
+
+    p = sub.add_parser("solvers", help="list the solver presets")
+    p.set_defaults(func=cmd_solvers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SpecError as exc:
+        for line in exc.problems:
+            _err(line)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the command never ends in a traceback
+        _err(f"energyopt: internal error: {type(exc).__name__}: {exc}")
+        _err("please report it with the input file")
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

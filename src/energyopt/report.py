@@ -1,0 +1,96 @@
+"""Plans and instances as text a person can read."""
+
+from __future__ import annotations
+
+from energyopt.catalog.problem import Problem
+from energyopt.perf.oppoints import OpTable
+from energyopt.solvers.result import Result
+from energyopt.spec.plan import Plan
+from energyopt.verify.serving import PlanEvaluation
+
+
+def _table(rows: list[list[str]], header: list[str]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*header).rstrip(), *(fmt.format(*r).rstrip() for r in rows)]
+
+
+def format_plan(problem: Problem, plan: Plan, ev: PlanEvaluation) -> list[str]:
+    """Per GPU: clock, power, limit, placements with share, rate and SLO use."""
+    rows: list[list[str]] = []
+    for gp in plan.gpus:
+        if not gp.on:
+            rows.append([gp.gpu, gp.type, "off", "", "", ""])
+            continue
+        parts = []
+        for pl in gp.placements:
+            share = pl.mig_profile or (f"TP{pl.tp_size}" if pl.tp_size > 1 else f"{pl.share_pct}%")
+            name = pl.workload if pl.phase == "both" else f"{pl.workload}:{pl.phase}"
+            ttft, tbt = ev.headroom.get((gp.gpu, f"{pl.workload}:{pl.phase}"), (0.0, 0.0))
+            slo = []
+            if pl.phase != "decode":
+                slo.append(f"TTFT {ttft:.0%}")
+            if pl.phase != "prefill":
+                slo.append(f"TBT {tbt:.0%}")
+            parts.append(f"{name} {share} {pl.rate_rps:.2f} req/s ({' '.join(slo)} of SLO)")
+        power = ev.gpu_power_w.get(gp.gpu, gp.predicted_power_w)
+        rows.append(
+            [
+                gp.gpu,
+                gp.type,
+                f"{gp.clock_mhz} MHz",
+                f"{power:.0f} W",
+                f"{gp.power_limit_w:.0f} W" if gp.power_limit_w else "",
+                "; ".join(parts) if parts else "(idle)",
+            ]
+        )
+    return _table(rows, ["GPU", "type", "clock", "power", "limit", "placements"])
+
+
+def format_totals(problem: Problem, plan: Plan, ev: PlanEvaluation, result: Result | None) -> list[str]:
+    """Totals: power, GPUs on, objective, bound, gap, time."""
+    lines = [
+        f"GPUs on: {ev.gpus_on} of {len(problem.gpus)}; predicted power {ev.total_power_w:,.1f} W "
+        f"({ev.total_power_w * 3.6:,.0f} kJ per hour)"
+    ]
+    if plan.objective is not None:
+        bound = f"{plan.bound:,.3f}" if plan.bound is not None else "none"
+        gap = f"{plan.gap:.3%}" if plan.gap is not None else "unknown"
+        lines.append(f"objective {plan.objective:,.3f}, bound {bound}, gap {gap}, status {plan.status}")
+    if result is not None:
+        lines.append(f"solver {result.solver}, {result.wall_s:.2f} s")
+    return lines
+
+
+def format_problem(problem: Problem, table: OpTable) -> list[str]:
+    """Instance summary and, per unit, its best operating point per GPU type."""
+    inst = problem.instance
+    lines = [f"instance {inst.name}: {len(problem.gpus)} GPUs in {len(inst.cluster.nodes)} nodes, "
+             f"{len(inst.workloads)} workloads, objective {inst.options.objective}"]
+    for type_name in problem.gpu_types_used():
+        n = sum(1 for g in problem.gpus if g.type == type_name)
+        clocks = ", ".join(str(c) for c in table.clocks[type_name])
+        lines.append(f"  {n} x {type_name}; candidate clocks {clocks} MHz")
+    rows: list[list[str]] = []
+    for unit in table.units:
+        ops = table.ops_of(unit.index)
+        for t, type_name in enumerate(table.type_names):
+            mine = [o for o in ops if table.gpu_type[o] == t]
+            if not mine:
+                rows.append([unit.label, f"{unit.rate_rps:g}", type_name, "none meets the SLO", "", ""])
+                continue
+            best = max(mine, key=lambda o: table.capacity_rps[o] / table.tp[o])
+            share = table.mig_profile[best] or f"{table.share[best]}%"
+            rows.append(
+                [
+                    unit.label,
+                    f"{unit.rate_rps:g}",
+                    type_name,
+                    f"{table.clock_mhz[best]} MHz {share} TP{table.tp[best]}",
+                    f"{table.capacity_rps[best]:.2f} req/s",
+                    f"{table.energy_j[best]:.1f} J/req",
+                ]
+            )
+    lines.append(f"operating points: {len(table)} with positive SLO capacity; highest capacity per type:")
+    lines += ["  " + r for r in _table(rows, ["unit", "req/s", "GPU type", "op. point", "capacity", "energy"])]
+    return lines
