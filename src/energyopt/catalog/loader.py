@@ -99,7 +99,9 @@ def load_catalog_file(path: str | Path) -> tuple[list[GpuType], list[LlmModel]]:
                 out.append(cls.model_validate(entry))  # type: ignore[arg-type]
             except ValidationError as exc:
                 for line in validation_problems(exc, str(path), entry):
-                    problems.append(line.replace(f"{path}: ", f"{path}: {key}[{i}].", 1))
+                    field = line.removeprefix(f"{path}: ").removeprefix("(top level)")
+                    sep = "" if field.startswith(":") else "."
+                    problems.append(f"{path}: {key}[{i}]{sep}{field}")
     if problems:
         raise SpecError(problems)
     return gpus, models

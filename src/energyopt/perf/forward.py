@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from energyopt.perf.params import ALLREDUCE_LATENCY_MS, FloatArray, OpParams
+from energyopt.perf.params import FloatArray, OpParams
 from energyopt.perf.power import clock_power_factor
 
 
@@ -55,10 +55,12 @@ def _finish(p: OpParams, flops: FloatArray, total_bytes: FloatArray, tokens: Flo
     # Two all-reduces per layer of the activations (ring: 2(k-1)/k of the message).
     msg = tokens * p.hidden * 2.0
     ring = 2.0 * (p.tp - 1.0) / p.tp * msg / p.link_bw * 1e3
-    comm_ms = np.where(p.tp > 1, 2.0 * p.layers * (ALLREDUCE_LATENCY_MS + ring), 0.0)
+    comm_ms = np.where(p.tp > 1, 2.0 * p.layers * (p.allreduce_ms + ring), 0.0)
     busy_ms = np.maximum(compute_ms, memory_ms) + overhead_ms
     ms = busy_ms + comm_ms
+    # Collectives keep SMs and links busy about as much as memory-bound kernels.
     sm_active_ms = np.maximum(compute_ms, p.mem_bound_activity * busy_ms)
+    sm_active_ms = sm_active_ms + p.mem_bound_activity * comm_ms
     sm_activity = sm_active_ms / ms
     bytes_per_gpu = total_bytes / p.tp
     mem_util = np.minimum(bytes_per_gpu / (ms / 1e3) / p.peak_bw, 1.0)
@@ -70,11 +72,12 @@ def _finish(p: OpParams, flops: FloatArray, total_bytes: FloatArray, tokens: Flo
     return Pass(ms, compute_ms, memory_ms, bytes_per_gpu, np.asarray(power))
 
 
-def prefill_pass(p: OpParams, tokens: FloatArray) -> Pass:
-    """Prefill of one prompt of ``tokens`` tokens (causal attention)."""
-    flops = 2.0 * p.active_params * tokens + 2.0 * p.layers * tokens**2 * p.attn_dim
-    total_bytes = weights_touched(p, tokens) + tokens * p.kv_bytes_per_token
-    return _finish(p, flops, total_bytes, tokens)
+def prefill_pass(p: OpParams, tokens: FloatArray, seqs: FloatArray | float = 1.0) -> Pass:
+    """Prefill of ``seqs`` prompts of ``tokens`` tokens each, batched (causal attention)."""
+    total = tokens * seqs
+    flops = 2.0 * p.active_params * total + 2.0 * p.layers * tokens**2 * p.attn_dim * seqs
+    total_bytes = weights_touched(p, total) + total * p.kv_bytes_per_token
+    return _finish(p, flops, total_bytes, total)
 
 
 def decode_pass(p: OpParams, batch: FloatArray, context: FloatArray) -> Pass:

@@ -21,8 +21,6 @@ BoolArray = NDArray[np.bool_]
 PHASE_CODE: dict[Phase, int] = {"both": 0, "prefill": 1, "decode": 2}
 PCIE_GBPS = 32.0
 """Bandwidth used between GPUs that have no NVLink (PCIe 4.0 x16), GB/s."""
-ALLREDUCE_LATENCY_MS = 0.01
-"""Fixed latency of one all-reduce inside a node, ms."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,8 @@ class OpParams:
     bw_fraction: FloatArray
     memory_bytes: FloatArray  # usable memory of the slice per GPU, bytes
     tp: FloatArray
-    link_bw: FloatArray  # B/s between GPUs of a TP group
+    link_bw: FloatArray  # achieved B/s between GPUs of a TP group
+    allreduce_ms: FloatArray  # fixed cost of one all-reduce
     tdp_w: FloatArray
     idle_w: FloatArray
     sm_power_fraction: FloatArray
@@ -128,7 +127,8 @@ def build_params(specs: list[OpSpec]) -> OpParams:
             "bw_fraction": s.bw_fraction,
             "memory_bytes": s.memory_gb * 1e9,
             "tp": float(s.tp),
-            "link_bw": (g.nvlink_gbps or PCIE_GBPS) * 1e9,
+            "link_bw": (g.nvlink_gbps or PCIE_GBPS) * 1e9 * g.efficiency.link,
+            "allreduce_ms": g.efficiency.allreduce_latency_ms,
             "tdp_w": g.tdp_w,
             "idle_w": g.idle_w,
             "sm_power_fraction": g.power.sm_fraction,

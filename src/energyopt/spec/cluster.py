@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import networkx as nx
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from energyopt.spec.base import Spec
 from energyopt.spec.workload import Phase
@@ -77,16 +77,23 @@ class Cluster(Spec):
     power_budget_w: float | None = Field(default=None, gt=0)
     links: tuple[Link, ...] = ()
 
+    @field_validator("links")
+    @classmethod
+    def _link_ends(cls, links: tuple[Link, ...], info: ValidationInfo) -> tuple[Link, ...]:
+        nodes: tuple[Node, ...] = info.data.get("nodes", ())
+        names = {n.name for n in nodes}
+        for i, link in enumerate(links):
+            for end in (link.a, link.b):
+                if nodes and end not in names:
+                    raise ValueError(f"link {i}: end {end!r} is not a node")
+        return links
+
     @model_validator(mode="after")
     def _check(self) -> Cluster:
         names = [n.name for n in self.nodes]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"duplicate node names: {sorted(dup)}")
-        for link in self.links:
-            for end in (link.a, link.b):
-                if end not in names:
-                    raise ValueError(f"link end {end!r} is not a node")
         ids = [g.id for g in self.gpus()]
         dup_ids = {i for i in ids if ids.count(i) > 1}
         if dup_ids:

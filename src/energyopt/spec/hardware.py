@@ -45,6 +45,10 @@ class Efficiency(Spec):
     step_overhead_ms: float = Field(
         default=0.0, ge=0, description="fixed cost per forward pass at the max clock (ms)"
     )
+    allreduce_latency_ms: float = Field(
+        default=0.01, ge=0, description="fixed cost of one tensor-parallel all-reduce (ms)"
+    )
+    link: float = Field(default=0.7, gt=0, le=1, description="achieved / peak GPU-GPU bandwidth")
 
 
 class GpuType(Spec):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from energyopt.spec.base import Spec
 from energyopt.spec.cluster import Cluster
@@ -78,13 +78,14 @@ class Instance(Spec):
     workloads: tuple[Workload, ...] = Field(min_length=1)
     options: Options = Options()
 
-    @model_validator(mode="after")
-    def _check(self) -> Instance:
-        names = [w.name for w in self.workloads]
+    @field_validator("workloads")
+    @classmethod
+    def _unique_names(cls, workloads: tuple[Workload, ...]) -> tuple[Workload, ...]:
+        names = [w.name for w in workloads]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"duplicate workload names: {sorted(dup)}")
-        return self
+        return workloads
 
     def workload(self, name: str) -> Workload:
         """The workload called ``name``."""

@@ -75,6 +75,8 @@ def read_data(path: str | Path) -> dict[str, Any]:
         raise SpecError([f"{p}: malformed JSON: {exc.msg} at line {exc.lineno}"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError([f"{p}: malformed TOML: {exc}"]) from None
+    except RecursionError:
+        raise SpecError([f"{p}: malformed {fmt.upper()}: nested too deeply"]) from None
     if data is None:
         raise SpecError([f"{p}: file is empty"])
     if not isinstance(data, dict):
@@ -107,9 +109,18 @@ def field_path(loc: tuple[int | str, ...], data: Any = None) -> str:
 
 def validation_problems(exc: ValidationError, source: str, data: Any = None) -> list[str]:
     """One 'source: field: message' line per pydantic error."""
+    errors = [
+        (tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p)), err)
+        for err in exc.errors()
+    ]
     lines = []
-    for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+    for loc, err in errors:
+        # pydantic also reports a list as too short when its only items were invalid;
+        # that follows from the item errors and is false about the file, so leave it out
+        if err["type"] == "too_short" and any(
+            len(other) > len(loc) and other[: len(loc)] == loc for other, _ in errors
+        ):
+            continue
         lines.append(f"{source}: {field_path(loc, data)}: {err['msg']}")
     return lines
 
@@ -152,11 +163,13 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)
+        # not ensure_ascii: JSON's surrogate-pair escapes are not valid in TOML,
+        # but TOML needs DEL escaped where JSON leaves it raw
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        items = ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items())
+        items = ", ".join(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in value.items())
         return "{ " + items + " }"
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
@@ -164,9 +177,9 @@ def _toml_value(value: Any) -> str:
 def _to_toml(data: dict[str, Any]) -> str:
     """Minimal TOML writer for spec data (inline tables for nested values)."""
     scalars = {k: v for k, v in data.items() if not isinstance(v, dict | list)}
-    lines = [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in scalars.items()]
+    lines = [f"{_toml_value(k)} = {_toml_value(v)}" for k, v in scalars.items()]
     for key, value in data.items():
         if key in scalars:
             continue
-        lines.append(f"{json.dumps(key)} = {_toml_value(value)}")
+        lines.append(f"{_toml_value(key)} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"

@@ -43,7 +43,9 @@ class Workload(Spec):
 
     name: str = Field(min_length=1)
     model: str = Field(min_length=1, description="name of a catalog LLM")
-    rate_rps: float = Field(gt=0, description="mean arrival rate, requests per second")
+    rate_rps: float = Field(
+        gt=0, allow_inf_nan=False, description="mean arrival rate, requests per second"
+    )
     prompt_tokens: TokenDist
     output_tokens: TokenDist
     slo: Slo
