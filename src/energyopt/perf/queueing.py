@@ -24,6 +24,9 @@ from energyopt.perf.forward import Pass, decode_pass, prefill_pass
 from energyopt.perf.params import BoolArray, FloatArray, OpParams
 
 BISECTION_STEPS = 48
+CAPACITY_MARGIN = 1e-5
+"""Capacity is reported this fraction below the threshold: the TBT percentile is a
+step function of the rate, and solvers' feasibility tolerances are ~1e-7."""
 MEM_PEAK_SIGMAS = 2.0
 """Concurrent requests held in memory: mean + 2 standard deviations (Poisson)."""
 
@@ -152,4 +155,4 @@ def slo_capacity(p: OpParams) -> FloatArray:
         ok = metrics_at(p, mid).meets_slo(p)
         lo = np.where(ok, mid, lo)
         hi = np.where(ok, hi, mid)
-    return np.asarray(np.where(tiny, lo, 0.0))
+    return np.asarray(np.where(tiny, lo * (1.0 - CAPACITY_MARGIN), 0.0))

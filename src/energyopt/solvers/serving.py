@@ -23,6 +23,9 @@ from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL,
 from energyopt.verify.serving import verify_plan
 
 Progress = Callable[[str], None]
+FIRST_STAGE_SHARE = 0.3
+FIRST_STAGE_MAX_S = 20.0
+MAX_FILTERED_COLUMNS = 20_000
 
 
 class PlanVerificationError(RuntimeError):
@@ -203,7 +206,7 @@ def _solve_pattern(
 ) -> Result:
     t0 = time.perf_counter()
     prog = pat.prepare(problem, table, note)
-    pat.generate_columns(prog, note)
+    pat.generate_columns(prog, note, deadline=t0 + 0.5 * (deadline - t0))
     assert prog.lp is not None
     if prog.lp.artificial_rps > 1e-6:
         note(f"LP relaxation cannot serve {prog.lp.artificial_rps:.3g} req/s: infeasible")
@@ -214,30 +217,38 @@ def _solve_pattern(
     best: tuple[float, dict[str, Any]] | None = None
     bound = lower
     im = pat.integer_model(prog)
-    left = max(0.5, (deadline - time.perf_counter()) * 0.5)
+    left = max(0.5, min(FIRST_STAGE_SHARE * (deadline - time.perf_counter()), FIRST_STAGE_MAX_S))
     out = run_backend(im.model, preset, time_limit_s=left, rel_gap=gap, progress=note)
-    restricted = out.bound if preset.backend == "highs" else None
+    restricted = out.bound if preset.backend == "highs" and out.status == OPTIMAL else None
     if out.objective is not None:
         best = (out.objective, pat.decisions(prog, im))
         note(f"integer plan over generated columns: {out.objective:,.3f} "
              f"(gap to LP bound {relative_gap(out.objective, lower):.3%})")
     if best is None or relative_gap(best[0], lower) > gap:
         # Any plan better than `best` uses only columns whose reduced cost is below
-        # best - lower; add them all, and the integer solve over them is exact.
-        slack = best[0] - lower if best is not None else 0.02 * abs(lower) + 1.0
-        extra = pat.columns_within(prog, slack)
+        # best - lower; with all of them added, the integer solve is exact.
+        slack = best[0] - lower if best is not None else float("inf")
+        extra = pat.columns_within(prog, slack, limit=MAX_FILTERED_COLUMNS)
+        complete = extra is not None
+        extra = extra or []
         for col in extra:
             prog.add(col)
-        note(f"reduced-cost filter: {len(extra)} more columns within {slack:,.3f} of the bound")
-        if extra:
+        note(f"reduced-cost filter: {len(extra)} more columns within {slack:,.3f} of the bound"
+             + ("" if complete else " (limit reached: bound stays the LP bound)"))
+        if extra or best is None:
             im = pat.integer_model(prog)
             left = max(0.5, deadline - time.perf_counter())
             out = run_backend(im.model, preset, time_limit_s=left, rel_gap=gap, progress=note)
+            if out.status == INFEASIBLE and complete and best is None:
+                return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None,
+                              preset.name, [])
             restricted = out.bound if preset.backend == "highs" else None
             if out.objective is not None and (best is None or out.objective < best[0] - 1e-9):
                 best = (out.objective, pat.decisions(prog, im))
-        if best is not None and restricted is not None and best[0] - lower <= slack + 1e-9:
-            bound = max(lower, min(restricted, best[0]))
+        if not complete:
+            restricted = None
+    if best is not None and restricted is not None:
+        bound = max(lower, min(restricted, best[0]))
     wall = time.perf_counter() - t0
     if best is None:
         return Result(NO_SOLUTION, None, bound, wall, None, preset.name, [])

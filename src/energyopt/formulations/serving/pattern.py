@@ -18,7 +18,7 @@ import pyomo.environ as pyo
 
 from energyopt.catalog.problem import Problem
 from energyopt.formulations.serving.assemble import GpuDecision
-from energyopt.formulations.serving.classes import GpuClass, gpu_classes
+from energyopt.formulations.serving.classes import GpuClass, gpu_classes, split_tp_groups
 from energyopt.formulations.serving.columns import Column, price_configs, shared_column, tp_column
 from energyopt.formulations.serving.configs import ConfigSet, enumerate_configs
 from energyopt.formulations.serving.costs import Costs, objective_costs
@@ -46,14 +46,14 @@ class PatternProgram:
     columns: list[Column] = field(default_factory=list)
     keys: set[tuple[int, int, tuple[int, ...]]] = field(default_factory=set)
     lp: LpSolution | None = None
+    bound: float = float("-inf")
     rounds: int = 0
     log: list[str] = field(default_factory=list)
 
     @property
     def lower_bound(self) -> float:
-        """LP bound; valid once column generation has converged with no unserved rate."""
-        assert self.lp is not None
-        return self.lp.objective
+        """Valid lower bound on the integer optimum (once no rate is left unserved)."""
+        return self.bound
 
     def add(self, col: Column) -> bool:
         if col.key in self.keys:
@@ -93,42 +93,58 @@ def prepare(problem: Problem, table: OpTable, log: Callable[[str], None] | None 
             configs[(type_name, clock)] = cs
     prog = PatternProgram(problem, table, costs, classes, configs)
     for cls in classes:
-        for (type_name, clock), cs in configs.items():
-            if type_name != cls.type_name:
+        top = max(table.clocks[cls.type_name])
+        cs = configs[(cls.type_name, top)]
+        best: dict[int, tuple[float, tuple[int, ...]]] = {}
+        for j in range(len(cs)):
+            ops = tuple(int(o) for o in cs.ops(j))
+            if len(ops) != 1:
                 continue
-            singles = {}
-            for j in range(len(cs)):
-                ops = tuple(int(o) for o in cs.ops(j))
-                for o in ops:
-                    u = int(table.unit[o])
-                    best = singles.get(u)
-                    if best is None or table.capacity_rps[o] > table.capacity_rps[best[0]]:
-                        singles[u] = (o, ops)
-            for _, ops in singles.values():
-                prog.add(shared_column(cls, table, costs, clock, ops))
-        if cls.node is not None:
-            for o in np.flatnonzero((table.tp > 1) & (table.gpu_type == table.type_names.index(cls.type_name))):
-                if int(table.tp[o]) <= cls.size:
-                    prog.add(tp_column(cls, table, costs, int(o)))
+            u = int(table.unit[ops[0]])
+            cap = float(table.capacity_rps[ops[0]])
+            if u not in best or cap > best[u][0]:
+                best[u] = (cap, ops)
+        for _, ops in best.values():
+            prog.add(shared_column(cls, table, costs, top, ops))
+        tp_ops = (table.tp > 1) & (table.gpu_type == table.type_names.index(cls.type_name))
+        for o in np.flatnonzero(tp_ops):
+            if int(table.tp[o]) <= max(_node_counts(cls).values()):
+                prog.add(tp_column(cls, table, costs, int(o)))
     if log:
         total = sum(len(c) for c in configs.values())
         log(f"pattern: {len(classes)} GPU classes, {total} maximal configurations, {len(prog.columns)} initial columns")
     return prog
 
 
-def generate_columns(prog: PatternProgram, log: Callable[[str], None] | None = None) -> None:
-    """Column generation to LP optimality over all maximal configurations."""
+def _node_counts(cls: GpuClass) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for gpu in cls.gpus:
+        counts[gpu.node] = counts.get(gpu.node, 0) + 1
+    return counts
+
+
+def generate_columns(
+    prog: PatternProgram, log: Callable[[str], None] | None = None, deadline: float | None = None
+) -> None:
+    """Column generation to LP optimality over all maximal configurations.
+
+    Sets ``prog.bound``: the LP value corrected by the most negative reduced
+    cost per class (a Lagrangian bound, valid even if pricing stopped early).
+    """
     table, costs = prog.table, prog.costs
     for rnd in range(MAX_ROUNDS):
         mp = prog.master(artificials=True)
         prog.lp = solve_lp(mp, len(table.units), len(prog.classes))
         added = 0
         best = 0.0
+        correction = 0.0
         for cls in prog.classes:
+            class_min = 0.0
             for (type_name, clock), cs in prog.configs.items():
                 if type_name != cls.type_name or len(cs) == 0:
                     continue
                 rc = price_configs(cls, cs, table, costs, prog.lp.duals)
+                class_min = min(class_min, float(rc.min()))
                 order = np.argsort(rc)[:COLUMNS_PER_ROUND]
                 for j in order:
                     if rc[j] >= -RC_TOL * max(1.0, abs(prog.lp.objective)):
@@ -136,7 +152,9 @@ def generate_columns(prog: PatternProgram, log: Callable[[str], None] | None = N
                     best = min(best, float(rc[j]))
                     ops = tuple(int(o) for o in cs.ops(int(j)))
                     added += prog.add(shared_column(cls, table, costs, clock, ops))
+            correction += cls.size * class_min
         prog.rounds = rnd + 1
+        prog.bound = prog.lp.objective + correction
         if log and (rnd % 5 == 0 or added == 0):
             log(
                 f"colgen round {rnd + 1}: LP {prog.lp.objective:,.2f}, "
@@ -144,11 +162,19 @@ def generate_columns(prog: PatternProgram, log: Callable[[str], None] | None = N
             )
         if added == 0:
             return
-    raise RuntimeError("column generation did not converge")
+        if deadline is not None and time.perf_counter() > deadline:
+            if log:
+                log("column generation stopped at the time limit; bound is the Lagrangian one")
+            return
+    if log:
+        log(f"column generation stopped after {MAX_ROUNDS} rounds; bound is the Lagrangian one")
 
 
-def columns_within(prog: PatternProgram, slack: float) -> list[Column]:
-    """Every configuration column whose reduced cost is at most ``slack``."""
+def columns_within(prog: PatternProgram, slack: float, limit: int | None = None) -> list[Column] | None:
+    """Every new configuration column whose reduced cost is at most ``slack``.
+
+    None when there are more than ``limit`` of them.
+    """
     assert prog.lp is not None
     out: list[Column] = []
     for cls in prog.classes:
@@ -161,6 +187,8 @@ def columns_within(prog: PatternProgram, slack: float) -> list[Column]:
                 col = shared_column(cls, prog.table, prog.costs, clock, ops)
                 if col.key not in prog.keys:
                     out.append(col)
+                    if limit is not None and len(out) > limit:
+                        return None
     return out
 
 
@@ -180,26 +208,33 @@ def integer_model(prog: PatternProgram) -> IntegerModel:
 
 
 def decisions(prog: PatternProgram, im: IntegerModel) -> dict[str, GpuDecision]:
-    """Hand each class's GPUs to the columns chosen, splitting rates evenly."""
+    """Hand each class's GPUs to the columns chosen, splitting rates evenly.
+
+    TP groups are placed inside nodes first (largest first), then single GPUs.
+    """
     m, mp = im.model, im.master
-    pools = {c.index: list(c.gpus) for c in prog.classes}
+    uses_of: list[int] = [int(round(float(pyo.value(m.v[z])))) for z in mp.z_var]
     out: dict[str, GpuDecision] = {g.id: GpuDecision() for g in prog.problem.gpus}
-    for j, col in enumerate(im.columns):
-        uses = int(round(float(pyo.value(m.v[mp.z_var[j]]))))
-        if uses <= 0:
-            continue
-        rates = [max(0.0, float(pyo.value(m.v[r]))) / uses for r in mp.r_vars[j]]
-        for use in range(uses):
-            members = [pools[col.cls].pop(0) for _ in range(col.gpus_per_use)]
-            group = f"{members[0].node}:tp{col.ops[0]}.{use}" if col.gpus_per_use > 1 else None
+    for cls in prog.classes:
+        mine = [j for j, col in enumerate(im.columns) if col.cls == cls.index and uses_of[j] > 0]
+        tp_uses = [(j, u) for j in mine if im.columns[j].gpus_per_use > 1 for u in range(uses_of[j])]
+        groups, rest = split_tp_groups(cls, [im.columns[j].gpus_per_use for j, _ in tp_uses])
+        for (j, use), members in zip(tp_uses, groups, strict=True):
+            col = im.columns[j]
+            rate = max(0.0, float(pyo.value(m.v[mp.r_vars[j][0]]))) / uses_of[j]
+            gid = f"{members[0].node}:tp{col.ops[0]}.{use}"
             for gpu in members:
-                d = out[gpu.id]
-                d.clock_mhz = col.clock_mhz
-                for op, rate in zip(col.ops, rates, strict=True):
-                    if group is not None:
-                        d.tp_ops.append((op, rate, group))
-                    else:
-                        d.ops.append((op, rate))
+                out[gpu.id].clock_mhz = col.clock_mhz
+                out[gpu.id].tp_ops.append((col.ops[0], rate, gid))
+        for j in mine:
+            col = im.columns[j]
+            if col.gpus_per_use > 1:
+                continue
+            rates = [max(0.0, float(pyo.value(m.v[r]))) / uses_of[j] for r in mp.r_vars[j]]
+            for _ in range(uses_of[j]):
+                gpu = rest.pop(0)
+                out[gpu.id].clock_mhz = col.clock_mhz
+                out[gpu.id].ops.extend(zip(col.ops, rates, strict=True))
     return out
 
 
