@@ -93,8 +93,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     problem = _load(args.file)
     say = _progress(args.quiet)
     say(f"solving {args.file} with {preset.name}")
-    result = solve(problem, preset, time_limit_s=args.time_limit, rel_gap=args.gap,
-                   progress=say)
+    result = solve(problem, preset, time_limit_s=args.time_limit, rel_gap=args.gap, progress=say)
     if result.status == INFEASIBLE or result.plan is None:
         _err(f"{args.file}: no plan ({result.status}) after {result.wall_s:.1f} s")
         for line in result.diagnosis:
@@ -135,12 +134,16 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
     cat = builtin_catalog()
     for g in cat.gpus.values():
-        print(f"gpu   {g.name:<16} {g.sm_count} SMs, {g.memory_gb:g} GB, "
-              f"{g.memory_bandwidth_gbps:g} GB/s, {g.peak_bf16_tflops:g} TFLOP/s, "
-              f"{g.min_sm_clock_mhz}-{g.max_sm_clock_mhz} MHz, TDP {g.tdp_w:g} W")
+        print(
+            f"gpu   {g.name:<16} {g.sm_count} SMs, {g.memory_gb:g} GB, "
+            f"{g.memory_bandwidth_gbps:g} GB/s, {g.peak_bf16_tflops:g} TFLOP/s, "
+            f"{g.min_sm_clock_mhz}-{g.max_sm_clock_mhz} MHz, TDP {g.tdp_w:g} W"
+        )
     for m in cat.models.values():
-        print(f"model {m.name:<16} {m.params_total_b:g}B params ({m.params_active_b:g}B active), "
-              f"{m.layers} layers, {m.weight_bytes / 1e9:.1f} GB")
+        print(
+            f"model {m.name:<16} {m.params_total_b:g}B params ({m.params_active_b:g}B active), "
+            f"{m.layers} layers, {m.weight_bytes / 1e9:.1f} GB"
+        )
     return EXIT_OK
 
 
@@ -162,7 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("schema", help="print the JSON Schema of a file kind")
-    p.add_argument("kind", nargs="?", default="instance", choices=["instance", "plan", "gpu", "model"])
+    p.add_argument(
+        "kind", nargs="?", default="instance", choices=["instance", "plan", "gpu", "model"]
+    )
     p.set_defaults(func=cmd_schema)
 
     p = sub.add_parser("validate", help="check instance files")
@@ -206,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted")
         return 130
-    except Exception as exc:  # noqa: BLE001 - the command never ends in a traceback
+    except Exception as exc:
         _err(f"energyopt: internal error: {type(exc).__name__}: {exc}")
         _err("please report it with the input file")
         return EXIT_INTERNAL

@@ -47,7 +47,9 @@ def format_plan(problem: Problem, plan: Plan, ev: PlanEvaluation) -> list[str]:
     return _table(rows, ["GPU", "type", "clock", "power", "limit", "placements"])
 
 
-def format_totals(problem: Problem, plan: Plan, ev: PlanEvaluation, result: Result | None) -> list[str]:
+def format_totals(
+    problem: Problem, plan: Plan, ev: PlanEvaluation, result: Result | None
+) -> list[str]:
     """Totals: power, GPUs on, objective, bound, gap, time."""
     lines = [
         f"GPUs on: {ev.gpus_on} of {len(problem.gpus)}; predicted power {ev.total_power_w:,.1f} W "
@@ -56,7 +58,9 @@ def format_totals(problem: Problem, plan: Plan, ev: PlanEvaluation, result: Resu
     if plan.objective is not None:
         bound = f"{plan.bound:,.3f}" if plan.bound is not None else "none"
         gap = f"{plan.gap:.3%}" if plan.gap is not None else "unknown"
-        lines.append(f"objective {plan.objective:,.3f}, bound {bound}, gap {gap}, status {plan.status}")
+        lines.append(
+            f"objective {plan.objective:,.3f}, bound {bound}, gap {gap}, status {plan.status}"
+        )
     if result is not None:
         lines.append(f"solver {result.solver}, {result.wall_s:.2f} s")
     return lines
@@ -65,8 +69,10 @@ def format_totals(problem: Problem, plan: Plan, ev: PlanEvaluation, result: Resu
 def format_problem(problem: Problem, table: OpTable) -> list[str]:
     """Instance summary and, per unit, its best operating point per GPU type."""
     inst = problem.instance
-    lines = [f"instance {inst.name}: {len(problem.gpus)} GPUs in {len(inst.cluster.nodes)} nodes, "
-             f"{len(inst.workloads)} workloads, objective {inst.options.objective}"]
+    lines = [
+        f"instance {inst.name}: {len(problem.gpus)} GPUs in {len(inst.cluster.nodes)} nodes, "
+        f"{len(inst.workloads)} workloads, objective {inst.options.objective}"
+    ]
     for type_name in problem.gpu_types_used():
         n = sum(1 for g in problem.gpus if g.type == type_name)
         clocks = ", ".join(str(c) for c in table.clocks[type_name])
@@ -77,7 +83,9 @@ def format_problem(problem: Problem, table: OpTable) -> list[str]:
         for t, type_name in enumerate(table.type_names):
             mine = [o for o in ops if table.gpu_type[o] == t]
             if not mine:
-                rows.append([unit.label, f"{unit.rate_rps:g}", type_name, "none meets the SLO", "", ""])
+                rows.append(
+                    [unit.label, f"{unit.rate_rps:g}", type_name, "none meets the SLO", "", ""]
+                )
                 continue
             best = max(mine, key=lambda o: table.capacity_rps[o] / table.tp[o])
             share = table.mig_profile[best] or f"{table.share[best]}%"
@@ -91,6 +99,11 @@ def format_problem(problem: Problem, table: OpTable) -> list[str]:
                     f"{table.energy_j[best]:.1f} J/req",
                 ]
             )
-    lines.append(f"operating points: {len(table)} with positive SLO capacity; highest capacity per type:")
-    lines += ["  " + r for r in _table(rows, ["unit", "req/s", "GPU type", "op. point", "capacity", "energy"])]
+    lines.append(
+        f"operating points: {len(table)} with positive SLO capacity; highest capacity per type:"
+    )
+    lines += [
+        "  " + r
+        for r in _table(rows, ["unit", "req/s", "GPU type", "op. point", "capacity", "energy"])
+    ]
     return lines

@@ -79,15 +79,18 @@ def resolve(
                 catalog.model(wl.model)
             except KeyError as exc:
                 problems.append(f"{source}: {field}.model: {exc.args[0]}")
-    names = {w.name for w in instance.workloads}
+    phases = {w.name: w.phases() for w in instance.workloads}
     for gpu in instance.cluster.gpus():
         if gpu.state is None:
             continue
         for placement in gpu.state.placements:
-            if placement.workload not in names:
+            where = f"{source}: GPU {gpu.id} state.placements"
+            if placement.workload not in phases:
+                problems.append(f"{where}: unknown workload {placement.workload!r}")
+            elif placement.phase not in phases[placement.workload]:
                 problems.append(
-                    f"{source}: GPU {gpu.id} state.placements: unknown workload "
-                    f"{placement.workload!r}"
+                    f"{where}: workload {placement.workload!r} has phases "
+                    f"{', '.join(phases[placement.workload])}, not {placement.phase!r}"
                 )
     if instance.options.clocks_mhz:
         for type_name in instance.options.clocks_mhz:

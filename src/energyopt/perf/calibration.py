@@ -94,7 +94,9 @@ def params_for(gpu: GpuType, model: LlmModel, tp: list[int]) -> OpParams:
     """Whole-GPU, default-clock parameters for each TP degree in ``tp``."""
     wl = _placeholder_workload(model.name)
     specs = [
-        OpSpec(gpu, model, wl, "both", gpu.default_sm_clock_mhz, 1.0, 1.0, gpu.memory_gb, k, Options())
+        OpSpec(
+            gpu, model, wl, "both", gpu.default_sm_clock_mhz, 1.0, 1.0, gpu.memory_gb, k, Options()
+        )
         for k in tp
     ]
     return build_params(specs)
@@ -115,8 +117,9 @@ class SplitwiseRows:
 
 def read_splitwise(path: Path, hardware: str, model: str) -> SplitwiseRows:
     """Rows of ``perf_model.csv`` for one hardware and model name (Splitwise spelling)."""
-    cols: dict[str, list[float]] = {k: [] for k in
-                                    ("tp", "prompt", "batch", "tokens", "pt", "tt", "pw")}
+    cols: dict[str, list[float]] = {
+        k: [] for k in ("tp", "prompt", "batch", "tokens", "pt", "tt", "pw")
+    }
     with path.open(newline="") as fh:
         for row in csv.DictReader(fh):
             if row["hardware"] != hardware or row["model"] != model:
@@ -129,8 +132,15 @@ def read_splitwise(path: Path, hardware: str, model: str) -> SplitwiseRows:
             cols["tt"].append(float(row["token_time"]))
             cols["pw"].append(float(row["average_power"]))
     arr = {k: np.asarray(v, dtype=np.float64) for k, v in cols.items()}
-    return SplitwiseRows([int(t) for t in cols["tp"]], arr["prompt"], arr["batch"],
-                         arr["tokens"], arr["pt"], arr["tt"], arr["pw"])
+    return SplitwiseRows(
+        [int(t) for t in cols["tp"]],
+        arr["prompt"],
+        arr["batch"],
+        arr["tokens"],
+        arr["pt"],
+        arr["tt"],
+        arr["pw"],
+    )
 
 
 def predict_splitwise(gpu: GpuType, model: LlmModel, rows: SplitwiseRows) -> tuple[Pass, Pass]:

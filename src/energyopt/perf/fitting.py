@@ -84,15 +84,27 @@ def power_errors(catalog: Catalog, tables: Tables, gpu: GpuType) -> list[ErrorSt
         return stats
     const = read_power_constants(tables.power, hw)
     prompt_w, token_w = phase_power_w(gpu, catalog.model("Llama-2-70B"))
-    stats.append(error_stats(f"splitwise {hw} prompt power", np.asarray([prompt_w]), np.asarray([const.prompt_w])))
-    stats.append(error_stats(f"splitwise {hw} token power", np.asarray([token_w]), np.asarray([const.token_w])))
+    stats.append(
+        error_stats(
+            f"splitwise {hw} prompt power", np.asarray([prompt_w]), np.asarray([const.prompt_w])
+        )
+    )
+    stats.append(
+        error_stats(
+            f"splitwise {hw} token power", np.asarray([token_w]), np.asarray([const.token_w])
+        )
+    )
     for mname, cname in SPLITWISE_MODELS.items():
         rows = read_splitwise(tables.splitwise, hw, mname)
         keep = rows.avg_power_frac > 0
         if not keep.any():
             continue
         pred = splitwise_average_power(gpu, catalog.model(cname), rows)
-        stats.append(error_stats(f"splitwise {hw} {mname} average power", pred[keep], rows.avg_power_frac[keep]))
+        stats.append(
+            error_stats(
+                f"splitwise {hw} {mname} average power", pred[keep], rows.avg_power_frac[keep]
+            )
+        )
     return stats
 
 
@@ -100,8 +112,13 @@ def fit_latency(catalog: Catalog, tables: Tables, gpu: GpuType) -> Efficiency:
     """Least squares on log latency over every table of ``gpu``."""
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        eff = Efficiency(compute=float(x[0]), memory=float(x[1]), step_overhead_ms=float(x[2]),
-                         allreduce_latency_ms=float(x[3]), link=float(x[4]))
+        eff = Efficiency(
+            compute=float(x[0]),
+            memory=float(x[1]),
+            step_overhead_ms=float(x[2]),
+            allreduce_latency_ms=float(x[3]),
+            link=float(x[4]),
+        )
         trial = gpu.model_copy(update={"efficiency": eff})
         res: list[np.ndarray] = []
         for hw, gname in SPLITWISE_HARDWARE.items():
@@ -122,10 +139,16 @@ def fit_latency(catalog: Catalog, tables: Tables, gpu: GpuType) -> Efficiency:
         return np.concatenate(res)
 
     e = gpu.efficiency
-    x0 = np.asarray([e.compute, e.memory, max(e.step_overhead_ms, 0.5), e.allreduce_latency_ms, e.link])
-    sol = least_squares(residuals, x0, bounds=([0.05, 0.05, 0.0, 0.0, 0.01], [1.0, 1.0, 50.0, 5.0, 1.0]))
+    x0 = np.asarray(
+        [e.compute, e.memory, max(e.step_overhead_ms, 0.5), e.allreduce_latency_ms, e.link]
+    )
+    sol = least_squares(
+        residuals, x0, bounds=([0.05, 0.05, 0.0, 0.0, 0.01], [1.0, 1.0, 50.0, 5.0, 1.0])
+    )
     x = [round(float(v), 4) for v in sol.x]
-    return Efficiency(compute=x[0], memory=x[1], step_overhead_ms=x[2], allreduce_latency_ms=x[3], link=x[4])
+    return Efficiency(
+        compute=x[0], memory=x[1], step_overhead_ms=x[2], allreduce_latency_ms=x[3], link=x[4]
+    )
 
 
 def fit_power(catalog: Catalog, gpu: GpuType, const: PowerConstants) -> PowerParams:
@@ -133,14 +156,20 @@ def fit_power(catalog: Catalog, gpu: GpuType, const: PowerConstants) -> PowerPar
     model = catalog.model("Llama-2-70B")
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        power = gpu.power.model_copy(update={"sm_fraction": float(x[0]), "memory_bound_sm_activity": float(x[1])})
+        power = gpu.power.model_copy(
+            update={"sm_fraction": float(x[0]), "memory_bound_sm_activity": float(x[1])}
+        )
         trial = gpu.model_copy(update={"power": power})
         prompt_w, token_w = phase_power_w(trial, model)
         return np.asarray([prompt_w / const.prompt_w - 1.0, token_w / const.token_w - 1.0])
 
     sol = least_squares(residuals, np.asarray([0.85, 0.45]), bounds=([0.3, 0.0], [1.0, 1.0]))
-    return gpu.power.model_copy(update={"sm_fraction": round(float(sol.x[0]), 4),
-                                        "memory_bound_sm_activity": round(float(sol.x[1]), 4)})
+    return gpu.power.model_copy(
+        update={
+            "sm_fraction": round(float(sol.x[0]), 4),
+            "memory_bound_sm_activity": round(float(sol.x[1]), 4),
+        }
+    )
 
 
 def fit_gpu(catalog: Catalog, tables: Tables, name: str) -> GpuType:
@@ -149,5 +178,7 @@ def fit_gpu(catalog: Catalog, tables: Tables, name: str) -> GpuType:
     gpu = gpu.model_copy(update={"efficiency": fit_latency(catalog, tables, gpu)})
     hw = next((k for k, v in SPLITWISE_HARDWARE.items() if v == name), None)
     if hw is not None:
-        gpu = gpu.model_copy(update={"power": fit_power(catalog, gpu, read_power_constants(tables.power, hw))})
+        gpu = gpu.model_copy(
+            update={"power": fit_power(catalog, gpu, read_power_constants(tables.power, hw))}
+        )
     return gpu

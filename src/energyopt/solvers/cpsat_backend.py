@@ -2,9 +2,13 @@
 
 CP-SAT needs integers, so continuous variables are expressed in steps of
 ``resolution`` and every row is scaled and rounded conservatively (<= rows round
-coefficients up and the right-hand side down, >= rows the reverse), so that any
-plan CP-SAT returns is feasible for the exact model. CP-SAT's own bound is for
-that discretized model and is logged, not reported as a bound of the exact one.
+coefficients up and the right-hand side down, >= rows the reverse; equality rows
+become >= rows). CP-SAT so chooses every integer decision; the continuous values
+are then recomputed exactly by an LP (HiGHS) with those decisions fixed, which is
+feasible because lowering rates from CP-SAT's only loosens the rows that hold
+them. CP-SAT's own bound is for the discretized model: it is logged, never
+reported as a bound of the exact one, and an infeasible discretized model is
+reported as "no solution", not as a proof of infeasibility.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import pyomo.environ as pyo
 from ortools.sat.python import cp_model
 from pyomo.repn import generate_standard_repn
 
-from energyopt.solvers.highs_backend import MilpOutcome, Progress
+from energyopt.solvers.highs_backend import MilpOutcome, Progress, solve_milp
 
 ROW_SCALE = 1e6
 MAX_COEF = 1e12
-OBJ_SCALE = 1e6
+OBJ_RESOLUTION = 1e3
+MAX_OBJ_COEF = 1e9
 MAX_INT = 2**31
 
 
@@ -55,21 +60,34 @@ def solve_cpsat(
         if not repn.is_linear():
             raise ValueError(f"constraint {con.name} is not linear")
         const = float(repn.constant)
-        terms = [(id(v), float(c)) for v, c in zip(repn.linear_vars, repn.linear_coefs, strict=True)]
+        terms = [
+            (id(v), float(c)) for v, c in zip(repn.linear_vars, repn.linear_coefs, strict=True)
+        ]
         if con.has_ub():
-            _add_row(cp, ints, step, terms, float(pyo.value(con.upper)) - const, upper=True,
-                     equal=con.equality)
+            _add_row(
+                cp,
+                ints,
+                step,
+                terms,
+                float(pyo.value(con.upper)) - const,
+                upper=True,
+                equal=con.equality,
+            )
         if con.has_lb() and not con.equality:
-            _add_row(cp, ints, step, terms, float(pyo.value(con.lower)) - const, upper=False,
-                     equal=False)
+            _add_row(
+                cp, ints, step, terms, float(pyo.value(con.lower)) - const, upper=False, equal=False
+            )
     obj = next(model.component_data_objects(pyo.Objective, active=True))
     orepn = generate_standard_repn(obj.expr)
-    cp.Minimize(
-        sum(
-            int(round(float(c) * step[id(v)] * OBJ_SCALE)) * ints[id(v)]
-            for v, c in zip(orepn.linear_vars, orepn.linear_coefs, strict=True)
-        )
-    )
+    pairs = [
+        (id(v), float(c) * step[id(v)])
+        for v, c in zip(orepn.linear_vars, orepn.linear_coefs, strict=True)
+        if c != 0
+    ]
+    smallest = min((abs(c) for _, c in pairs), default=1.0)
+    biggest = max((abs(c) for _, c in pairs), default=1.0)
+    obj_scale = min(OBJ_RESOLUTION / smallest, MAX_OBJ_COEF / biggest)
+    cp.Minimize(sum(int(round(c * obj_scale)) * ints[k] for k, c in pairs))
     solver = cp_model.CpSolver()
     if time_limit_s is not None:
         solver.parameters.max_time_in_seconds = max(0.1, time_limit_s)
@@ -80,8 +98,8 @@ def solve_cpsat(
     class _Cb(cp_model.CpSolverSolutionCallback):
         def on_solution_callback(self) -> None:
             line = (
-                f"cp-sat incumbent {self.ObjectiveValue() / OBJ_SCALE:,.3f} "
-                f"bound {self.BestObjectiveBound() / OBJ_SCALE:,.3f} at {self.WallTime():.1f}s"
+                f"cp-sat incumbent {self.ObjectiveValue() / obj_scale:,.3f} "
+                f"bound {self.BestObjectiveBound() / obj_scale:,.3f} at {self.WallTime():.1f}s"
             )
             log.append(line)
             if progress is not None:
@@ -89,17 +107,36 @@ def solve_cpsat(
 
     code = solver.Solve(cp, _Cb())
     wall = time.perf_counter() - start
-    log.append(f"cp-sat status {solver.StatusName(code)}; discretized bound "
-               f"{solver.BestObjectiveBound() / OBJ_SCALE:,.3f}")
-    if code == cp_model.INFEASIBLE:
-        return MilpOutcome("infeasible", None, None, wall, log)
+    log.append(
+        f"cp-sat status {solver.StatusName(code)}; discretized bound "
+        f"{solver.BestObjectiveBound() / obj_scale:,.3f}"
+    )
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return MilpOutcome("no_solution", None, None, wall, log)
     for key, var in pyvars.items():
         var.set_value(solver.Value(ints[key]) * step[key], skip_validation=True)
+    if not _polish(model, log):
+        return MilpOutcome("no_solution", None, None, time.perf_counter() - start, log)
     objective = float(pyo.value(obj.expr))
-    status = "optimal" if code == cp_model.OPTIMAL else "feasible"
-    return MilpOutcome(status, objective, None, wall, log)
+    return MilpOutcome("feasible", objective, None, time.perf_counter() - start, log)
+
+
+def _polish(model: Any, log: list[str]) -> bool:
+    """Fix the integer decisions and recompute the continuous values exactly (LP)."""
+    fixed = [
+        v
+        for v in model.component_data_objects(pyo.Var, active=True)
+        if not v.fixed and (v.is_integer() or v.is_binary())
+    ]
+    for v in fixed:
+        v.fix(round(float(v.value)))
+    try:
+        out = solve_milp(model, time_limit_s=60.0)
+    finally:
+        for v in fixed:
+            v.unfix()
+    log.append(f"rates recomputed by LP with the integer decisions fixed: {out.status}")
+    return out.objective is not None
 
 
 def _add_row(
@@ -121,17 +158,10 @@ def _add_row(
     integral = all(abs(c - round(c)) < 1e-9 for _, c in scaled)
     scale = 1.0 if integral else min(ROW_SCALE / smallest, MAX_COEF / biggest)
     if equal:
-        coefs = [c * scale for _, c in scaled]
-        target = rhs * scale
-        if all(abs(c - round(c)) < 1e-9 for c in coefs):
-            expr = sum(int(round(c)) * ints[k] for (k, _), c in zip(scaled, coefs, strict=True))
-            if abs(target - round(target)) < 1e-6:
-                cp.Add(expr == int(round(target)))
-            else:
-                cp.Add(expr >= math.ceil(target))
-            return
-        _add_row(cp, ints, step, terms, rhs, upper=True, equal=False)
-        _add_row(cp, ints, step, terms, rhs, upper=False, equal=False)
+        if integral and all(step[k] == 1.0 for k, _ in scaled) and abs(rhs - round(rhs)) < 1e-9:
+            cp.Add(sum(int(round(c)) * ints[k] for k, c in scaled) == int(round(rhs)))
+        else:
+            _add_row(cp, ints, step, terms, rhs, upper=False, equal=False)
         return
     if upper:
         expr = sum(math.ceil(c * scale - 1e-12) * ints[k] for k, c in scaled)

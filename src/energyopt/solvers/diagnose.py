@@ -25,7 +25,15 @@ def unservable_units(problem: Problem, table: OpTable) -> list[str]:
             gpu = problem.gpu_type(type_name)
             per_node = max_gpus_per_node(problem, type_name)
             usable = gpu.memory_gb * (1 - problem.instance.options.memory_reserve_fraction)
-            k = next((k for k in (1, 2, 4, 8) if k <= per_node and model.weight_bytes / 1e9 / k < usable), None)
+            sizes = wl.tensor_parallel or (1, 2, 4, 8)
+            k = next(
+                (
+                    k
+                    for k in sorted(sizes)
+                    if k <= per_node and model.weight_bytes / 1e9 / k < usable
+                ),
+                None,
+            )
             if k is None:
                 reasons.append(
                     f"{type_name}: weights {model.weight_bytes / 1e9:.0f} GB do not fit "
@@ -43,7 +51,8 @@ def unservable_units(problem: Problem, table: OpTable) -> list[str]:
             reasons.append(
                 f"{type_name} at {gpu.max_sm_clock_mhz} MHz, whole GPU"
                 + (f" x{k} TP" if k > 1 else "")
-                + ", unloaded: " + ", ".join(parts)
+                + ", unloaded: "
+                + ", ".join(parts)
             )
         lines.append(
             f"workload {unit.label!r} ({wl.model}): no GPU of the cluster meets its SLO even "
@@ -61,7 +70,16 @@ def diagnose_infeasible(problem: Problem, table: OpTable) -> list[str]:
         ops = table.ops_of(unit.index)
         if len(ops) == 0:
             continue
-        per_gpu = table.capacity_rps[ops] / table.tp[ops]
+        frac = np.asarray(
+            [
+                int(table.tp[o])
+                if table.tp[o] > 1
+                else int(table.share[o])
+                / table.share_capacity[table.type_names[int(table.gpu_type[o])]]
+                for o in ops
+            ]
+        )
+        per_gpu = table.capacity_rps[ops] / frac  # per whole-GPU equivalent
         best = float(per_gpu.max())
         types = {table.type_names[int(table.gpu_type[o])] for o in ops}
         count = sum(1 for g in fleet if g.type in types)
@@ -74,23 +92,24 @@ def diagnose_infeasible(problem: Problem, table: OpTable) -> list[str]:
             )
     if total_needed > len(fleet):
         lines.append(
-            f"the workloads need at least {total_needed:.1f} GPUs at their best operating "
-            f"points; the fleet has {len(fleet)}"
+            f"the workloads need at least {total_needed:.1f} GPUs even at their most "
+            f"efficient operating points; the fleet has {len(fleet)}"
         )
     floor_w = _minimum_power_w(problem, table)
     inst = problem.instance
     if inst.cluster.power_budget_w is not None and floor_w > inst.cluster.power_budget_w:
         lines.append(
-            f"cluster power budget {inst.cluster.power_budget_w:g} W is below the least power "
-            f"that serves the load ({floor_w:.0f} W)"
+            f"cluster power budget {inst.cluster.power_budget_w:g} W is below the dynamic power "
+            f"alone of serving the load at its most efficient ({floor_w:.0f} W)"
         )
     if not lines:
         budgets = [n.name for n in inst.cluster.nodes if n.power_budget_w is not None]
         if budgets or inst.cluster.power_budget_w is not None:
             if _feasible_without_budgets(problem):
                 lines.append(
-                    "the load fits the fleet only without the power budgets: raise the budget "
-                    f"of {'the cluster' if not budgets else ', '.join(budgets)} or move load"
+                    "without the power budgets even the relaxed (fractional) problem is "
+                    "feasible, so the budgets bind: raise the budget of "
+                    f"{'the cluster' if not budgets else ', '.join(budgets)} or move load"
                 )
         if not lines:
             lines.append(
@@ -101,16 +120,12 @@ def diagnose_infeasible(problem: Problem, table: OpTable) -> list[str]:
 
 
 def _minimum_power_w(problem: Problem, table: OpTable) -> float:
-    """A lower bound on power: each unit at its cheapest watts per request/s, no static power."""
+    """A lower bound on power: each unit at its cheapest energy per request, no static power."""
     total = 0.0
     for unit in table.units:
         ops = table.ops_of(unit.index)
-        if len(ops) == 0:
-            continue
-        per_rps = table.energy_j[ops] + np.asarray(
-            [table.on_power[(table.type_names[int(table.gpu_type[o])], int(table.clock_mhz[o]))] for o in ops]
-        ) * table.tp[ops] / table.capacity_rps[ops]
-        total += unit.rate_rps * float(per_rps.min())
+        if len(ops) > 0:
+            total += unit.rate_rps * float(table.energy_j[ops].min())
     return total
 
 
@@ -123,7 +138,11 @@ def _feasible_without_budgets(problem: Problem) -> bool:
     inst = problem.instance
     nodes = tuple(n.model_copy(update={"power_budget_w": None}) for n in inst.cluster.nodes)
     cluster = inst.cluster.model_copy(update={"nodes": nodes, "power_budget_w": None})
-    relaxed = _Problem(Instance.model_validate(inst.model_copy(update={"cluster": cluster}).model_dump()), problem.catalog, problem.source)
+    relaxed = _Problem(
+        Instance.model_validate(inst.model_copy(update={"cluster": cluster}).model_dump()),
+        problem.catalog,
+        problem.source,
+    )
     table = build_op_table(relaxed)
     try:
         prog = pat.prepare(relaxed, table)

@@ -14,18 +14,27 @@ from energyopt.catalog.problem import Problem
 from energyopt.formulations.serving import pattern as pat
 from energyopt.formulations.serving.assemble import assemble_plan
 from energyopt.formulations.serving.per_gpu import build_per_gpu
+from energyopt.formulations.serving.unit_bound import unit_decomposition_bound
 from energyopt.perf.oppoints import OpTable, build_op_table
 from energyopt.solvers.cpsat_backend import solve_cpsat
 from energyopt.solvers.diagnose import diagnose_infeasible, unservable_units
 from energyopt.solvers.highs_backend import MilpOutcome, solve_milp
 from energyopt.solvers.presets import SolverPreset
-from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Result, relative_gap
+from energyopt.solvers.result import (
+    FEASIBLE,
+    INFEASIBLE,
+    NO_SOLUTION,
+    OPTIMAL,
+    Result,
+    relative_gap,
+)
 from energyopt.verify.serving import verify_plan
 
 Progress = Callable[[str], None]
 FIRST_STAGE_SHARE = 0.3
 FIRST_STAGE_MAX_S = 20.0
 MAX_FILTERED_COLUMNS = 20_000
+SLACK_STEPS = (0.05, 0.2, 1.0)
 
 
 class PlanVerificationError(RuntimeError):
@@ -62,11 +71,17 @@ def run_backend(
     """Solve a Pyomo model with the preset's backend."""
     if preset.backend == "cpsat":
         return solve_cpsat(
-            model, time_limit_s=time_limit_s, rel_gap=rel_gap, threads=preset.threads,
+            model,
+            time_limit_s=time_limit_s,
+            rel_gap=rel_gap,
+            threads=preset.threads,
             progress=progress,
         )
     return solve_milp(
-        model, time_limit_s=time_limit_s, rel_gap=rel_gap, threads=preset.threads,
+        model,
+        time_limit_s=time_limit_s,
+        rel_gap=rel_gap,
+        threads=preset.threads,
         progress=_bnb_filter(progress),
     )
 
@@ -102,24 +117,30 @@ def solve(
         say(line)
 
     table = build_op_table(problem)
-    note(f"operating points: {len(table)} with positive SLO capacity "
-         f"({time.perf_counter() - start:.1f} s)")
+    note(
+        f"operating points: {len(table)} with positive SLO capacity "
+        f"({time.perf_counter() - start:.1f} s)"
+    )
     missing = unservable_units(problem, table)
     if missing:
-        return Result(INFEASIBLE, None, None, time.perf_counter() - start, None,
-                      preset.name, log, missing)
+        return Result(
+            INFEASIBLE, None, None, time.perf_counter() - start, None, preset.name, log, missing
+        )
     formulation = choose_formulation(preset, problem, table)
-    note(f"formulation: {formulation}, backend: {preset.backend}, time limit {limit:g} s, "
-         f"gap {gap:g}")
+    note(
+        f"formulation: {formulation}, backend: {preset.backend}, time limit {limit:g} s, "
+        f"gap {gap:g}"
+    )
     deadline = start + limit
     try:
         if formulation == "pattern":
             result = _solve_pattern(problem, table, preset, deadline, gap, note)
         else:
-            result = _solve_per_gpu(problem, table, preset, deadline, gap, note,
-                                    strengthen=formulation == "per_gpu")
-    except pat.PatternNotApplicable as exc:
-        note(f"pattern formulation not applicable ({exc}); using per-GPU")
+            result = _solve_per_gpu(
+                problem, table, preset, deadline, gap, note, strengthen=formulation == "per_gpu"
+            )
+    except (pat.PatternNotApplicable, RuntimeError) as exc:
+        note(f"pattern formulation not used ({exc}); using per-GPU")
         result = _solve_per_gpu(problem, table, preset, deadline, gap, note, strengthen=True)
     result.log = log + [line for line in result.log if line not in log]
     result.solver = preset.name
@@ -153,8 +174,16 @@ def _finish(
     name: str,
 ) -> Any:
     gap = relative_gap(objective, bound) if bound is not None else None
-    return assemble_plan(problem, table, decisions, solver=name, status=status,
-                         objective=objective, bound=bound, gap=gap)
+    return assemble_plan(
+        problem,
+        table,
+        decisions,
+        solver=name,
+        status=status,
+        objective=objective,
+        bound=bound,
+        gap=gap,
+    )
 
 
 def _solve_per_gpu(
@@ -169,14 +198,18 @@ def _solve_per_gpu(
 ) -> Result:
     t0 = time.perf_counter()
     pm = build_per_gpu(problem, table, strengthen=strengthen)
-    note(f"per-GPU model: {pm.model.nvariables()} variables, {pm.model.nconstraints()} "
-         f"constraints ({time.perf_counter() - t0:.1f} s)")
+    note(
+        f"per-GPU model: {pm.model.nvariables()} variables, {pm.model.nconstraints()} "
+        f"constraints ({time.perf_counter() - t0:.1f} s)"
+    )
     left = max(1.0, deadline - time.perf_counter())
     out = run_backend(pm.model, preset, time_limit_s=left, rel_gap=gap, progress=note)
     bound = out.bound
-    if preset.backend == "cpsat" and out.status != INFEASIBLE:
+    if preset.backend == "cpsat":
         bound = lp_relaxation_bound(pm.model)
         note(f"LP relaxation bound {bound:,.3f}")
+        if bound == float("-inf") and out.objective is None:
+            return Result(INFEASIBLE, None, None, out.wall_s, None, preset.name, out.log)
     if out.status == INFEASIBLE:
         return Result(INFEASIBLE, None, bound, out.wall_s, None, preset.name, out.log)
     if out.objective is None:
@@ -189,9 +222,9 @@ def _solve_per_gpu(
 def lp_relaxation_bound(model: Any) -> float:
     """Optimal value of the LP relaxation of a Pyomo MILP (HiGHS); a valid lower bound."""
     relaxed = model.clone()
-    pyo.TransformationFactory("core.relax_integer_domains").apply_to(relaxed)
+    pyo.TransformationFactory("core.relax_integer_vars").apply_to(relaxed)
     out = solve_milp(relaxed, time_limit_s=60.0)
-    if out.objective is None:
+    if out.status != OPTIMAL or out.objective is None:
         return float("-inf")
     return float(out.objective)
 
@@ -211,44 +244,64 @@ def _solve_pattern(
     if prog.lp.artificial_rps > 1e-6:
         note(f"LP relaxation cannot serve {prog.lp.artificial_rps:.3g} req/s: infeasible")
         return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
-    lower = prog.lower_bound
-    note(f"LP bound {lower:,.3f} after {prog.rounds} rounds, {len(prog.columns)} columns "
-         f"({time.perf_counter() - t0:.1f} s)")
+    lp_bound = prog.lower_bound
+    unit_bound = unit_decomposition_bound(
+        table, prog.costs, prog.classes, prog.lp.duals, prog.lp.budgets_w, prog.lp.budget_duals
+    )
+    lower = max(lp_bound, unit_bound)
+    note(
+        f"bounds: LP {lp_bound:,.3f} after {prog.rounds} rounds ({len(prog.columns)} columns), "
+        f"unit decomposition {unit_bound:,.3f} ({time.perf_counter() - t0:.1f} s)"
+    )
     best: tuple[float, dict[str, Any]] | None = None
     bound = lower
-    im = pat.integer_model(prog)
-    left = max(0.5, min(FIRST_STAGE_SHARE * (deadline - time.perf_counter()), FIRST_STAGE_MAX_S))
-    out = run_backend(im.model, preset, time_limit_s=left, rel_gap=gap, progress=note)
-    restricted = out.bound if preset.backend == "highs" and out.status == OPTIMAL else None
-    if out.objective is not None:
-        best = (out.objective, pat.decisions(prog, im))
-        note(f"integer plan over generated columns: {out.objective:,.3f} "
-             f"(gap to LP bound {relative_gap(out.objective, lower):.3%})")
-    if best is None or relative_gap(best[0], lower) > gap:
-        # Any plan better than `best` uses only columns whose reduced cost is below
-        # best - lower; with all of them added, the integer solve is exact.
-        slack = best[0] - lower if best is not None else float("inf")
+
+    def integer_solve(limit_s: float) -> MilpOutcome:
+        nonlocal best
+        im = pat.integer_model(prog)
+        out = run_backend(
+            im.model, preset, time_limit_s=max(0.5, limit_s), rel_gap=gap, progress=note
+        )
+        if out.objective is not None and (best is None or out.objective < best[0] - 1e-9):
+            best = (out.objective, pat.decisions(prog, im))
+        return out
+
+    out = integer_solve(
+        min(FIRST_STAGE_SHARE * (deadline - time.perf_counter()), FIRST_STAGE_MAX_S)
+    )
+    if best is not None:
+        note(
+            f"integer plan over {len(prog.columns)} generated columns: {best[0]:,.3f} "
+            f"(gap {relative_gap(best[0], lower):.3%})"
+        )
+    # Any plan better than `best` uses only columns whose reduced cost is at most
+    # best - LP bound. Widen the column set towards that slack; once all of them
+    # are in and the integer solve is optimal, its bound holds for the whole problem.
+    for frac in SLACK_STEPS:
+        if best is not None and relative_gap(best[0], lower) <= gap:
+            break
+        if time.perf_counter() > deadline - 0.5:
+            break
+        full = best[0] - lp_bound if best is not None else float("inf")
+        slack = frac * full if frac < 1.0 and best is not None else full
         extra = pat.columns_within(prog, slack, limit=MAX_FILTERED_COLUMNS)
-        complete = extra is not None
-        extra = extra or []
-        for col in extra:
+        complete = extra is not None and frac >= 1.0
+        for col in extra or []:
             prog.add(col)
-        note(f"reduced-cost filter: {len(extra)} more columns within {slack:,.3f} of the bound"
-             + ("" if complete else " (limit reached: bound stays the LP bound)"))
-        if extra or best is None:
-            im = pat.integer_model(prog)
-            left = max(0.5, deadline - time.perf_counter())
-            out = run_backend(im.model, preset, time_limit_s=left, rel_gap=gap, progress=note)
-            if out.status == INFEASIBLE and complete and best is None:
-                return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None,
-                              preset.name, [])
-            restricted = out.bound if preset.backend == "highs" else None
-            if out.objective is not None and (best is None or out.objective < best[0] - 1e-9):
-                best = (out.objective, pat.decisions(prog, im))
-        if not complete:
-            restricted = None
-    if best is not None and restricted is not None:
-        bound = max(lower, min(restricted, best[0]))
+        note(
+            f"reduced-cost filter: {len(extra or [])} more columns within {slack:,.3f}"
+            + ("" if extra is not None else " (over the limit: skipped)")
+        )
+        if extra is None:
+            break
+        share = 1.0 if frac >= 1.0 else 0.5
+        out = integer_solve(share * (deadline - time.perf_counter()))
+        if complete and out.status == INFEASIBLE and best is None:
+            return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
+        if complete and preset.backend == "highs" and out.bound is not None and best is not None:
+            bound = max(lower, min(out.bound, best[0]))
+        if best is not None:
+            note(f"best plan {best[0]:,.3f} (gap {relative_gap(best[0], bound):.3%})")
     wall = time.perf_counter() - t0
     if best is None:
         return Result(NO_SOLUTION, None, bound, wall, None, preset.name, [])

@@ -74,7 +74,9 @@ def gpu_classes(problem: Problem, table: OpTable) -> list[GpuClass]:
         for i, ((node, type_name, cap, _), members) in enumerate(groups.items())
     ]
     for gpu in solo:
-        classes.append(GpuClass(len(classes), gpu.type, gpu.node, power_cap_w(problem, gpu), (gpu,)))
+        classes.append(
+            GpuClass(len(classes), gpu.type, gpu.node, power_cap_w(problem, gpu), (gpu,))
+        )
     return classes
 
 

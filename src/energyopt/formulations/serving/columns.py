@@ -136,7 +136,7 @@ def price_configs(
         for o in configs.items:
             u = table.units[int(table.unit[o])]
             if (u.workload, u.phase) in current:
-                bonus[o] = costs.migration_penalty
+                bonus[o] += costs.migration_penalty
     per_item = gain[configs.flat] - bonus[configs.flat]
     starts = configs.ptr[:-1]
     sums = np.add.reduceat(per_item, starts) if per_item.size else np.zeros(len(configs))
@@ -147,8 +147,15 @@ def price_configs(
     over = np.flatnonzero(full > cls.power_cap_w * (1 + 1e-9))
     for j in over:
         ops = configs.ops(int(j))
-        rc[j] = base - bonus[ops].sum() + _knapsack_gain(
-            rc_item[ops], table.energy_j[ops], table.capacity_rps[ops], cls.power_cap_w - on_power
+        rc[j] = (
+            base
+            - bonus[ops].sum()
+            + _knapsack_gain(
+                rc_item[ops],
+                table.energy_j[ops],
+                table.capacity_rps[ops],
+                cls.power_cap_w - on_power,
+            )
         )
     return np.asarray(rc)
 

@@ -39,7 +39,11 @@ class ConfigSet:
 
 
 def enumerate_configs(
-    problem: Problem, table: OpTable, type_name: str, clock_mhz: int, limit: int = DEFAULT_MAX_CONFIGS
+    problem: Problem,
+    table: OpTable,
+    type_name: str,
+    clock_mhz: int,
+    limit: int = DEFAULT_MAX_CONFIGS,
 ) -> ConfigSet:
     """Every maximal set of placements that fits one GPU at this clock (up to ``limit``)."""
     t = table.type_names.index(type_name)
@@ -59,13 +63,22 @@ def enumerate_configs(
     found: list[list[int]] = []
     complete = True
 
-    def fits(i: int, used_units: set[int], share_left: int, mem_left: float, counts: dict[str, int]) -> bool:
+    def fits(
+        i: int, used_units: set[int], share_left: int, mem_left: float, counts: dict[str, int]
+    ) -> bool:
         if unit[i] in used_units or share[i] > share_left or mem[i] > mem_left + 1e-9:
             return False
         p = prof[i]
         return p is None or counts.get(p, 0) < prof_limit.get(p, 1)
 
-    def dfs(start: int, chosen: list[int], used: set[int], share_left: int, mem_left: float, counts: dict[str, int]) -> None:
+    def dfs(
+        start: int,
+        chosen: list[int],
+        used: set[int],
+        share_left: int,
+        mem_left: float,
+        counts: dict[str, int],
+    ) -> None:
         nonlocal complete
         if len(found) >= limit:
             complete = False

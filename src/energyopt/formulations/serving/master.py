@@ -40,6 +40,7 @@ class Master:
     demand_row: list[int] = field(default_factory=list)
     count_row: list[int] = field(default_factory=list)
     class_power_rows: list[list[int]] = field(default_factory=list)  # per class
+    budget_rows: list[tuple[int, float]] = field(default_factory=list)  # (row, budget W)
     constant: float = 0.0
 
     def var(self, cost: float, lo: float, hi: float, integer: bool = False) -> int:
@@ -80,6 +81,9 @@ def build_master(
         if inst.cluster.power_budget_w is not None
         else None
     )
+    mp.budget_rows = [(r, float(mp.row_hi[r])) for r in node_row.values()]
+    if cluster_row is not None:
+        mp.budget_rows.append((cluster_row, float(mp.row_hi[cluster_row])))
     for c in classes:
         rows = []
         if c.node is not None and c.node in node_row:
@@ -153,6 +157,8 @@ class LpSolution:
     x: np.ndarray
     duals: Duals
     artificial_rps: float
+    budget_duals: list[float]
+    budgets_w: list[float]
 
 
 def solve_lp(mp: Master, n_units: int, n_classes: int) -> LpSolution:
@@ -193,7 +199,14 @@ def solve_lp(mp: Master, n_units: int, n_classes: int) -> LpSolution:
     )
     artificial = float(x[mp.artificial].sum()) if mp.artificial else 0.0
     objective = float(h.getInfo().objective_function_value) + mp.constant
-    return LpSolution(objective, x, duals, artificial)
+    return LpSolution(
+        objective,
+        x,
+        duals,
+        artificial,
+        [float(y[r]) for r, _ in mp.budget_rows],
+        [b for _, b in mp.budget_rows],
+    )
 
 
 def pyomo_model(mp: Master, name: str) -> Any:

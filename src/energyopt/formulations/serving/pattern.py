@@ -22,7 +22,13 @@ from energyopt.formulations.serving.classes import GpuClass, gpu_classes, split_
 from energyopt.formulations.serving.columns import Column, price_configs, shared_column, tp_column
 from energyopt.formulations.serving.configs import ConfigSet, enumerate_configs
 from energyopt.formulations.serving.costs import Costs, objective_costs
-from energyopt.formulations.serving.master import LpSolution, Master, build_master, pyomo_model, solve_lp
+from energyopt.formulations.serving.master import (
+    LpSolution,
+    Master,
+    build_master,
+    pyomo_model,
+    solve_lp,
+)
 from energyopt.perf.oppoints import OpTable
 
 RC_TOL = 1e-6
@@ -64,7 +70,12 @@ class PatternProgram:
 
     def master(self, artificials: bool) -> Master:
         return build_master(
-            self.problem, self.table, self.costs, self.classes, self.columns, artificials=artificials
+            self.problem,
+            self.table,
+            self.costs,
+            self.classes,
+            self.columns,
+            artificials=artificials,
         )
 
 
@@ -77,7 +88,9 @@ def check_applicable(problem: Problem, table: OpTable) -> None:
         )
 
 
-def prepare(problem: Problem, table: OpTable, log: Callable[[str], None] | None = None) -> PatternProgram:
+def prepare(
+    problem: Problem, table: OpTable, log: Callable[[str], None] | None = None
+) -> PatternProgram:
     """Classes, enumerated configurations and the initial columns."""
     check_applicable(problem, table)
     costs = objective_costs(problem, table)
@@ -112,7 +125,9 @@ def prepare(problem: Problem, table: OpTable, log: Callable[[str], None] | None 
                 prog.add(tp_column(cls, table, costs, int(o)))
     if log:
         total = sum(len(c) for c in configs.values())
-        log(f"pattern: {len(classes)} GPU classes, {total} maximal configurations, {len(prog.columns)} initial columns")
+        log(
+            f"pattern: {len(classes)} GPU classes, {total} maximal configurations, {len(prog.columns)} initial columns"
+        )
     return prog
 
 
@@ -170,7 +185,9 @@ def generate_columns(
         log(f"column generation stopped after {MAX_ROUNDS} rounds; bound is the Lagrangian one")
 
 
-def columns_within(prog: PatternProgram, slack: float, limit: int | None = None) -> list[Column] | None:
+def columns_within(
+    prog: PatternProgram, slack: float, limit: int | None = None
+) -> list[Column] | None:
     """Every new configuration column whose reduced cost is at most ``slack``.
 
     None when there are more than ``limit`` of them.
@@ -204,7 +221,32 @@ class IntegerModel:
 def integer_model(prog: PatternProgram) -> IntegerModel:
     """Pyomo MILP over the program's current columns."""
     mp = prog.master(artificials=False)
-    return IntegerModel(pyomo_model(mp, f"serving-pattern:{prog.problem.instance.name}"), mp, list(prog.columns))
+    model = pyomo_model(mp, f"serving-pattern:{prog.problem.instance.name}")
+    _add_branching_aggregates(model, mp, prog)
+    return IntegerModel(model, mp, list(prog.columns))
+
+
+def _add_branching_aggregates(model: Any, mp: Master, prog: PatternProgram) -> None:
+    """Integer totals the solver can branch on instead of single columns.
+
+    hosts[u] = configurations holding unit u; gpus_at[c, f] = GPUs of class c at
+    clock f. Both are sums of column counts, so integral in every solution; the
+    branch-and-bound tree on them is far better balanced.
+    """
+    table = prog.table
+    hosts: dict[int, list[int]] = {}
+    at: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for j, col in enumerate(prog.columns):
+        for op in col.ops:
+            hosts.setdefault(int(table.unit[op]), []).append(j)
+        at.setdefault((col.cls, col.clock_mhz), []).append((j, col.gpus_per_use))
+    model.hosts = pyo.Var(list(hosts), domain=pyo.NonNegativeIntegers)
+    model.gpus_at = pyo.Var(list(at), domain=pyo.NonNegativeIntegers)
+    model.aggregates = pyo.ConstraintList()
+    for u, cols in hosts.items():
+        model.aggregates.add(model.hosts[u] == sum(model.v[mp.z_var[j]] for j in cols))
+    for key, cols in at.items():
+        model.aggregates.add(model.gpus_at[key] == sum(k * model.v[mp.z_var[j]] for j, k in cols))
 
 
 def decisions(prog: PatternProgram, im: IntegerModel) -> dict[str, GpuDecision]:
@@ -217,7 +259,9 @@ def decisions(prog: PatternProgram, im: IntegerModel) -> dict[str, GpuDecision]:
     out: dict[str, GpuDecision] = {g.id: GpuDecision() for g in prog.problem.gpus}
     for cls in prog.classes:
         mine = [j for j, col in enumerate(im.columns) if col.cls == cls.index and uses_of[j] > 0]
-        tp_uses = [(j, u) for j in mine if im.columns[j].gpus_per_use > 1 for u in range(uses_of[j])]
+        tp_uses = [
+            (j, u) for j in mine if im.columns[j].gpus_per_use > 1 for u in range(uses_of[j])
+        ]
         groups, rest = split_tp_groups(cls, [im.columns[j].gpus_per_use for j, _ in tp_uses])
         for (j, use), members in zip(tp_uses, groups, strict=True):
             col = im.columns[j]

@@ -52,7 +52,7 @@ class PerGpuModel:
         members: dict[tuple[str, int], list[int]] = defaultdict(list)
         for g, o in self.z_keys:
             if pyo.value(m.z[g, o]) > ON:
-                members[(self.gpus[g].node, o)].append(g)
+                members[(tp_key(self, g), o)].append(g)
         for node, o in self.tp_keys:
             groups = round(float(pyo.value(m.groups[node, o])))
             if groups <= 0:
@@ -61,7 +61,7 @@ class PerGpuModel:
             k = int(self.table.tp[o])
             gs = members[(node, o)]
             for j in range(groups):
-                gid = f"{node}:tp{o}.{j}"
+                gid = f"{node.split('@')[0]}:tp{o}.{j}"
                 for g in gs[j * k : (j + 1) * k]:
                     out[self.gpus[g].id].tp_ops.append((o, rate, gid))
         return out
@@ -87,13 +87,14 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
         t = type_index[gpu.type]
         pm.y_keys.extend((g, f) for f in table.clocks[gpu.type])
         pm.x_keys.extend((g, o) for o in by_type[t])
-    nodes_types: dict[tuple[str, int], list[int]] = defaultdict(list)
+    # TP groups are formed of GPUs of one node, type and power cap.
+    nodes_types: dict[tuple[str, int, float], list[int]] = defaultdict(list)
     for g, gpu in enumerate(gpus):
-        nodes_types[(gpu.node, type_index[gpu.type])].append(g)
-    for (node, t), members in nodes_types.items():
+        nodes_types[(gpu.node, type_index[gpu.type], power_cap_w(problem, gpu))].append(g)
+    for (node, t, cap), members in nodes_types.items():
         for o in tp_by_type[t]:
             if int(table.tp[o]) <= len(members):
-                pm.tp_keys.append((node, o))
+                pm.tp_keys.append((f"{node}@{cap:g}", o))
                 pm.z_keys.extend((g, o) for g in members)
 
     m.y = pyo.Var(pm.y_keys, domain=pyo.Binary)
@@ -145,7 +146,7 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
             if len(ops) > 1:
                 add(sum(m.x[g, o] for o in ops) <= 1)
         usable = gtype.memory_gb * usable_frac
-        if not mig and x_of_gpu[g]:
+        if not (mig and gtype.mig_profiles) and x_of_gpu[g]:
             add(
                 sum(float(table.memory_gb[o]) * m.x[g, o] for o in x_of_gpu[g])
                 + sum(usable * m.z[g, o] for o in z_of_gpu[g])
@@ -163,7 +164,7 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
         add(gpu_power(pm, g) <= power_cap_w(problem, gpu))
 
     for node, o in pm.tp_keys:
-        members = [g for g, oo in pm.z_keys if oo == o and gpus[g].node == node]
+        members = [g for g, oo in pm.z_keys if oo == o and tp_key(pm, g) == node]
         k = int(table.tp[o])
         add(sum(m.z[g, o] for g in members) == k * m.groups[node, o])
         cap = tp_capacity(problem, table, o, [gpus[g] for g in members])
@@ -196,6 +197,12 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
     return pm
 
 
+def tp_key(pm: PerGpuModel, g: int) -> str:
+    """Node and power cap of GPU g: the pool its TP groups are drawn from."""
+    gpu = pm.gpus[g]
+    return f"{gpu.node}@{power_cap_w(pm.problem, gpu):g}"
+
+
 def gpu_power(pm: PerGpuModel, g: int) -> Any:
     """Predicted power of GPU g from shared placements (TP members: see tp_capacity)."""
     m, table, gpu = pm.model, pm.table, pm.gpus[g]
@@ -208,7 +215,9 @@ def node_power(pm: PerGpuModel, node: str) -> Any:
     """Predicted power of all GPUs of a node, TP groups included (W)."""
     m, table = pm.model, pm.table
     terms = [gpu_power(pm, g) for g, gpu in enumerate(pm.gpus) if gpu.node == node]
-    terms += [float(table.energy_j[o]) * m.r_tp[n, o] for n, o in pm.tp_keys if n == node]
+    terms += [
+        float(table.energy_j[o]) * m.r_tp[n, o] for n, o in pm.tp_keys if n.split("@")[0] == node
+    ]
     return sum(terms)
 
 
@@ -247,9 +256,10 @@ def _migration_terms(pm: PerGpuModel) -> Any:
     for g, gpu in enumerate(pm.gpus):
         if gpu.state is None:
             continue
-        for current in gpu.state.placements:
+        current_units = dict.fromkeys((p.workload, p.phase) for p in gpu.state.placements)
+        for workload, phase in current_units:
             for u, unit in enumerate(table.units):
-                if unit.workload == current.workload and unit.phase == current.phase:
+                if unit.workload == workload and unit.phase == phase:
                     keys.append((g, u))
                     kept[(g, u)] = [
                         m.x[gg, o] for gg, o in pm.x_keys if gg == g and table.unit[o] == u

@@ -1,0 +1,95 @@
+"""A second lower bound: relax the fleet into one small integer problem per unit.
+
+Charge every placement its share of its GPU's on-power (shares on a GPU add up
+to at most 100 %, so this never exceeds the true on-power), drop memory, per-GPU
+caps and migration costs, and move GPU counts and power budgets into the
+objective with the master LP's prices (Lagrangian multipliers >= 0). What is left
+splits by unit: cover the unit's rate with whole placements, each with a fixed
+cost per use and a cost per request/s. Each small MILP is solved by HiGHS; the
+sum of their proven bounds, less the multipliers' constant, is a valid lower
+bound. It sees what the LP cannot: a unit's rate comes in whole placements.
+"""
+
+from __future__ import annotations
+
+import highspy
+import numpy as np
+
+from energyopt.formulations.serving.classes import GpuClass
+from energyopt.formulations.serving.columns import Duals
+from energyopt.formulations.serving.costs import Costs
+from energyopt.formulations.serving.master import quiet_highs
+from energyopt.perf.oppoints import OpTable
+
+
+def unit_decomposition_bound(
+    table: OpTable,
+    costs: Costs,
+    classes: list[GpuClass],
+    duals: Duals,
+    budgets_w: list[float],
+    budget_duals: list[float],
+    time_limit_s: float = 5.0,
+) -> float:
+    """Lower bound on the integer optimum (see module docstring)."""
+    mu_count = np.maximum(0.0, -np.asarray(duals.count))
+    mu_power = np.maximum(0.0, -np.asarray(duals.power))
+    total = -float(np.dot(mu_count, [c.size for c in classes]))
+    total -= float(sum(max(0.0, -y) * b for y, b in zip(budget_duals, budgets_w, strict=True)))
+    for unit in table.units:
+        fixed: list[float] = []
+        per_rps: list[float] = []
+        cap: list[float] = []
+        for o in table.ops_of(unit.index):
+            type_name = table.type_names[int(table.gpu_type[o])]
+            clock = int(table.clock_mhz[o])
+            k = int(table.tp[o])
+            frac = k if k > 1 else int(table.share[o]) / table.share_capacity[type_name]
+            for cls in classes:
+                if cls.type_name != type_name or (k > 1 and cls.size < k):
+                    continue
+                on = table.on_power[(type_name, clock)]
+                fixed.append(
+                    frac
+                    * (
+                        costs.on_cost[(type_name, clock)]
+                        + mu_count[cls.index]
+                        + mu_power[cls.index] * on
+                    )
+                )
+                per_rps.append(float(costs.op_cost[o] + mu_power[cls.index] * table.energy_j[o]))
+                cap.append(float(table.capacity_rps[o]))
+        if not cap:
+            return float("-inf")
+        total += _cover_bound(
+            unit.rate_rps, np.asarray(fixed), np.asarray(per_rps), np.asarray(cap), time_limit_s
+        )
+    return total
+
+
+def _cover_bound(
+    rate: float, fixed: np.ndarray, per_rps: np.ndarray, cap: np.ndarray, time_limit_s: float
+) -> float:
+    """min fixed.n + per_rps.r  s.t. sum r = rate, r <= cap n, n integer (HiGHS bound)."""
+    m = len(cap)
+    h: highspy.Highs = quiet_highs()
+    h.setOptionValue("time_limit", time_limit_s)
+    h.setOptionValue("mip_rel_gap", 1e-6)
+    inf = highspy.kHighsInf
+    uses = np.ceil(rate / cap) + 1
+    # columns: n_0..n_{m-1}, r_0..r_{m-1}
+    h.addVars(2 * m, np.zeros(2 * m), np.concatenate([uses, np.full(m, inf)]))
+    h.changeColsCost(2 * m, np.arange(2 * m, dtype=np.int32), np.concatenate([fixed, per_rps]))
+    h.changeColsIntegrality(
+        m, np.arange(m, dtype=np.int32), np.full(m, highspy.HighsVarType.kInteger)
+    )
+    h.addRow(rate, rate, m, np.arange(m, 2 * m, dtype=np.int32), np.ones(m))
+    for i in range(m):
+        h.addRow(-inf, 0.0, 2, np.asarray([m + i, i], dtype=np.int32), np.asarray([1.0, -cap[i]]))
+    h.run()
+    info = h.getInfo()
+    status = h.getModelStatus()
+    if status == highspy.HighsModelStatus.kOptimal:
+        return float(min(info.objective_function_value, info.mip_dual_bound))
+    bound = float(info.mip_dual_bound)
+    return bound if np.isfinite(bound) else float("-inf")
