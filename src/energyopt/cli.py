@@ -37,11 +37,18 @@ def _progress(quiet: bool) -> Callable[[str], None]:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    from pydantic import BaseModel
+
     from energyopt.spec import Instance, Plan
     from energyopt.spec.hardware import GpuType
     from energyopt.spec.llm import LlmModel
 
-    models = {"instance": Instance, "plan": Plan, "gpu": GpuType, "model": LlmModel}
+    models: dict[str, type[BaseModel]] = {
+        "instance": Instance,
+        "plan": Plan,
+        "gpu": GpuType,
+        "model": LlmModel,
+    }
     print(json.dumps(models[args.kind].model_json_schema(), indent=2))
     return EXIT_OK
 

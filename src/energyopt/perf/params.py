@@ -5,7 +5,8 @@ Every array has one entry per operating point. Units are in the names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -36,7 +37,7 @@ class OpSpec:
     bw_fraction: float
     memory_gb: float
     tp: int = 1
-    options: Options = Options()
+    options: Options = field(default_factory=Options)
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,6 @@ def build_params(specs: list[OpSpec]) -> OpParams:
         }
         for key, value in row.items():
             cols[key].append(value)
-    arrays = {k: np.asarray(v, dtype=np.float64) for k, v in cols.items()}
-    arrays["phase"] = np.asarray(cols["phase"], dtype=np.int64)  # type: ignore[assignment]
-    return OpParams(**arrays)  # type: ignore[arg-type]
+    arrays: dict[str, NDArray[Any]] = {k: np.asarray(v, dtype=np.float64) for k, v in cols.items()}
+    arrays["phase"] = np.asarray(cols["phase"], dtype=np.int64)
+    return OpParams(**arrays)

@@ -52,7 +52,7 @@ def solve_cpsat(
         delta = 1.0 if integral else resolution
         lb = 0 if var.lb is None else math.ceil(var.lb / delta - 1e-9)
         ub = MAX_INT if var.ub is None else math.floor(var.ub / delta + 1e-9)
-        ints[id(var)] = cp.NewIntVar(int(lb), int(min(ub, MAX_INT)), var.name)
+        ints[id(var)] = cp.new_int_var(int(lb), int(min(ub, MAX_INT)), var.name)
         step[id(var)] = delta
         pyvars[id(var)] = var
     for con in model.component_data_objects(pyo.Constraint, active=True):
@@ -87,7 +87,7 @@ def solve_cpsat(
     smallest = min((abs(c) for _, c in pairs), default=1.0)
     biggest = max((abs(c) for _, c in pairs), default=1.0)
     obj_scale = min(OBJ_RESOLUTION / smallest, MAX_OBJ_COEF / biggest)
-    cp.Minimize(sum(int(round(c * obj_scale)) * ints[k] for k, c in pairs))
+    cp.minimize(sum(round(c * obj_scale) * ints[k] for k, c in pairs))
     solver = cp_model.CpSolver()
     if time_limit_s is not None:
         solver.parameters.max_time_in_seconds = max(0.1, time_limit_s)
@@ -159,13 +159,13 @@ def _add_row(
     scale = 1.0 if integral else min(ROW_SCALE / smallest, MAX_COEF / biggest)
     if equal:
         if integral and all(step[k] == 1.0 for k, _ in scaled) and abs(rhs - round(rhs)) < 1e-9:
-            cp.Add(sum(int(round(c)) * ints[k] for k, c in scaled) == int(round(rhs)))
+            cp.add(sum(round(c) * ints[k] for k, c in scaled) == round(rhs))
         else:
             _add_row(cp, ints, step, terms, rhs, upper=False, equal=False)
         return
     if upper:
         expr = sum(math.ceil(c * scale - 1e-12) * ints[k] for k, c in scaled)
-        cp.Add(expr <= math.floor(rhs * scale + 1e-9))
+        cp.add(expr <= math.floor(rhs * scale + 1e-9))
     else:
         expr = sum(math.floor(c * scale + 1e-12) * ints[k] for k, c in scaled)
-        cp.Add(expr >= math.ceil(rhs * scale - 1e-9))
+        cp.add(expr >= math.ceil(rhs * scale - 1e-9))

@@ -104,13 +104,13 @@ def diagnose_infeasible(problem: Problem, table: OpTable) -> list[str]:
         )
     if not lines:
         budgets = [n.name for n in inst.cluster.nodes if n.power_budget_w is not None]
-        if budgets or inst.cluster.power_budget_w is not None:
-            if _feasible_without_budgets(problem):
-                lines.append(
-                    "without the power budgets even the relaxed (fractional) problem is "
-                    "feasible, so the budgets bind: raise the budget of "
-                    f"{'the cluster' if not budgets else ', '.join(budgets)} or move load"
-                )
+        has_budget = bool(budgets) or inst.cluster.power_budget_w is not None
+        if has_budget and _feasible_without_budgets(problem):
+            lines.append(
+                "without the power budgets even the relaxed (fractional) problem is "
+                "feasible, so the budgets bind: raise the budget of "
+                f"{'the cluster' if not budgets else ', '.join(budgets)} or move load"
+            )
         if not lines:
             lines.append(
                 "no single limit explains it: the combination of SM shares, memory and "

@@ -28,6 +28,7 @@ __all__ = [
     "Phase",
     "Placement",
     "Plan",
+    "PowerParams",
     "Sharing",
     "Slo",
     "SpecError",

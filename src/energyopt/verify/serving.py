@@ -294,7 +294,8 @@ def _check_performance(
                     Violation(
                         "capacity",
                         where,
-                        f"{pl.rate_rps:.4g} req/s overloads this operating point (queue grows without bound)",
+                        f"{pl.rate_rps:.4g} req/s overloads this operating point "
+                        "(queue grows without bound)",
                     )
                 )
             elif met.ttft_ms[i] > slo.ttft_ms * tol:
@@ -302,7 +303,8 @@ def _check_performance(
                     Violation(
                         "ttft",
                         where,
-                        f"p{slo.percentile:g} TTFT {met.ttft_ms[i]:.1f} ms > SLO {slo.ttft_ms:g} ms at {pl.rate_rps:.4g} req/s",
+                        f"p{slo.percentile:g} TTFT {met.ttft_ms[i]:.1f} ms > "
+                        f"SLO {slo.ttft_ms:g} ms at {pl.rate_rps:.4g} req/s",
                     )
                 )
             elif met.tbt_ms[i] > slo.tbt_ms * tol:
@@ -310,7 +312,8 @@ def _check_performance(
                     Violation(
                         "tbt",
                         where,
-                        f"p{slo.percentile:g} TBT {met.tbt_ms[i]:.1f} ms > SLO {slo.tbt_ms:g} ms at {pl.rate_rps:.4g} req/s",
+                        f"p{slo.percentile:g} TBT {met.tbt_ms[i]:.1f} ms > "
+                        f"SLO {slo.tbt_ms:g} ms at {pl.rate_rps:.4g} req/s",
                     )
                 )
             if met.batch[i] > problem.instance.options.max_batch * tol:
@@ -325,15 +328,19 @@ def _check_performance(
                 memory[g.id] += float(met.memory_bytes[i]) / 1e9
                 if g.id in power:
                     power[g.id] += float(energy[i]) * pl.rate_rps / len(c.gpus)
-            if pl.mig_profile is not None and c.spec is not None:
-                if met.memory_bytes[i] / 1e9 > c.spec.memory_gb * tol:
-                    bad(
-                        Violation(
-                            "memory",
-                            where,
-                            f"needs {met.memory_bytes[i] / 1e9:.1f} GB, MIG instance has {c.spec.memory_gb:.1f} GB usable",
-                        )
+            if (
+                pl.mig_profile is not None
+                and c.spec is not None
+                and met.memory_bytes[i] / 1e9 > c.spec.memory_gb * tol
+            ):
+                bad(
+                    Violation(
+                        "memory",
+                        where,
+                        f"needs {met.memory_bytes[i] / 1e9:.1f} GB, "
+                        f"MIG instance has {c.spec.memory_gb:.1f} GB usable",
                     )
+                )
     usable_frac = 1.0 - problem.instance.options.memory_reserve_fraction
     for gid, used in memory.items():
         gp = plans[gid]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,19 +128,22 @@ def build_master(
 
 _BANNER_SHOWN = False
 
+_new_highs: Callable[[], highspy.Highs] = highspy.Highs
+"""``highspy.Highs`` with a typed signature (its ``__init__`` is unannotated)."""
+
 
 def quiet_highs() -> highspy.Highs:
     """A silent HiGHS instance (the first one per process prints a banner to fd 1)."""
     global _BANNER_SHOWN
     if _BANNER_SHOWN:
-        h = highspy.Highs()
+        h = _new_highs()
     else:
         sys.stdout.flush()
         saved = os.dup(1)
         devnull = os.open(os.devnull, os.O_WRONLY)
         try:
             os.dup2(devnull, 1)
-            h = highspy.Highs()
+            h = _new_highs()
         finally:
             os.dup2(saved, 1)
             os.close(saved)

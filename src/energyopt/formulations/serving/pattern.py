@@ -126,7 +126,8 @@ def prepare(
     if log:
         total = sum(len(c) for c in configs.values())
         log(
-            f"pattern: {len(classes)} GPU classes, {total} maximal configurations, {len(prog.columns)} initial columns"
+            f"pattern: {len(classes)} GPU classes, {total} maximal configurations, "
+            f"{len(prog.columns)} initial columns"
         )
     return prog
 
@@ -245,8 +246,10 @@ def _add_branching_aggregates(model: Any, mp: Master, prog: PatternProgram) -> N
     model.aggregates = pyo.ConstraintList()
     for u, cols in hosts.items():
         model.aggregates.add(model.hosts[u] == sum(model.v[mp.z_var[j]] for j in cols))
-    for key, cols in at.items():
-        model.aggregates.add(model.gpus_at[key] == sum(k * model.v[mp.z_var[j]] for j, k in cols))
+    for key, weighted in at.items():
+        model.aggregates.add(
+            model.gpus_at[key] == sum(k * model.v[mp.z_var[j]] for j, k in weighted)
+        )
 
 
 def decisions(prog: PatternProgram, im: IntegerModel) -> dict[str, GpuDecision]:
@@ -255,7 +258,7 @@ def decisions(prog: PatternProgram, im: IntegerModel) -> dict[str, GpuDecision]:
     TP groups are placed inside nodes first (largest first), then single GPUs.
     """
     m, mp = im.model, im.master
-    uses_of: list[int] = [int(round(float(pyo.value(m.v[z])))) for z in mp.z_var]
+    uses_of: list[int] = [round(float(pyo.value(m.v[z]))) for z in mp.z_var]
     out: dict[str, GpuDecision] = {g.id: GpuDecision() for g in prog.problem.gpus}
     for cls in prog.classes:
         mine = [j for j, col in enumerate(im.columns) if col.cls == cls.index and uses_of[j] > 0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import pyomo.environ as pyo
@@ -177,9 +178,9 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
             continue
         add(sum(served) == unit.rate_rps)
 
-    for node in inst.cluster.nodes:
-        if node.power_budget_w is not None:
-            add(node_power(pm, node.name) <= node.power_budget_w)
+    for spec_node in inst.cluster.nodes:
+        if spec_node.power_budget_w is not None:
+            add(node_power(pm, spec_node.name) <= spec_node.power_budget_w)
     if inst.cluster.power_budget_w is not None:
         add(sum(node_power(pm, n.name) for n in inst.cluster.nodes) <= inst.cluster.power_budget_w)
 
@@ -242,7 +243,7 @@ def _break_symmetry(pm: PerGpuModel) -> None:
             groups[(gpu.node, gpu.type, gpu.power_cap_w)].append(g)
     for (_, type_name, _), members in groups.items():
         clocks = table.clocks[type_name]
-        for a, b in zip(members, members[1:], strict=False):
+        for a, b in pairwise(members):
             level_a = sum((i + 1) * m.y[a, f] for i, f in enumerate(clocks))
             level_b = sum((i + 1) * m.y[b, f] for i, f in enumerate(clocks))
             m.cons.add(level_a >= level_b)

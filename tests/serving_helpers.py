@@ -1,0 +1,115 @@
+"""Tiny serving instances and an independent brute-force optimum for them."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+from scipy.optimize import linprog
+
+from energyopt.catalog import Problem, resolve
+from energyopt.perf.oppoints import OpTable, build_op_table
+from energyopt.spec import Instance
+
+
+def tiny_instance(
+    gpus: list[str],
+    workloads: list[tuple[str, float, float, float]],
+    *,
+    clocks: dict[str, list[int]],
+    shares: list[int] = [50, 100],  # noqa: B006 - read only
+    cap_w: float | None = None,
+    node_budget_w: float | None = None,
+) -> Problem:
+    """GPUs of the given types in one node; workloads (model, rate, ttft, tbt)."""
+    data: dict[str, Any] = {
+        "name": "tiny",
+        "cluster": {
+            "nodes": [
+                {
+                    "name": "n0",
+                    "gpus": [{"type": t, "power_cap_w": cap_w} if cap_w else {"type": t} for t in gpus],
+                    **({"power_budget_w": node_budget_w} if node_budget_w else {}),
+                }
+            ]
+        },
+        "workloads": [
+            {
+                "name": f"w{i}",
+                "model": model,
+                "rate_rps": rate,
+                "prompt_tokens": {"mean": 512},
+                "output_tokens": {"mean": 128},
+                "slo": {"ttft_ms": ttft, "tbt_ms": tbt},
+            }
+            for i, (model, rate, ttft, tbt) in enumerate(workloads)
+        ],
+        "options": {"clocks_mhz": clocks, "sharing": {"mode": "mps", "levels_pct": shares}},
+    }
+    return resolve(Instance.model_validate(data), "tiny")
+
+
+def brute_force_power(problem: Problem) -> float | None:
+    """Least total power over every per-GPU choice (off, or a clock and a set of
+    single-GPU placements), with rates by LP. None if nothing is feasible.
+
+    Independent of the formulations: it reads only the operating-point table.
+    """
+    table: OpTable = build_op_table(problem)
+    single = [o for o in range(len(table)) if table.tp[o] == 1]
+    gpus = problem.gpus
+    options: list[list[tuple[int, tuple[int, ...]] | None]] = []
+    for gpu in gpus:
+        gtype = problem.gpu_type(gpu.type)
+        usable = gtype.memory_gb * (1 - problem.instance.options.memory_reserve_fraction)
+        mine = [o for o in single if table.type_names[table.gpu_type[o]] == gpu.type]
+        opts: list[tuple[int, tuple[int, ...]] | None] = [None]
+        for clock in table.clocks[gpu.type]:
+            at = [o for o in mine if table.clock_mhz[o] == clock]
+            for size in range(1, len(table.units) + 1):
+                for combo in itertools.combinations(at, size):
+                    units = [int(table.unit[o]) for o in combo]
+                    if len(set(units)) != len(units):
+                        continue
+                    if sum(int(table.share[o]) for o in combo) > 100:
+                        continue
+                    if sum(float(table.memory_gb[o]) for o in combo) > usable:
+                        continue
+                    opts.append((clock, combo))
+        options.append(opts)
+    caps = [
+        min(g.power_cap_w or problem.gpu_type(g.type).power_limit_max_w,
+            problem.gpu_type(g.type).power_limit_max_w)
+        for g in gpus
+    ]
+    budget = problem.instance.cluster.nodes[0].power_budget_w
+    best: float | None = None
+    for choice in itertools.product(*options):
+        static = sum(table.on_power[(gpus[i].type, c[0])] for i, c in enumerate(choice) if c)
+        var: list[tuple[int, int]] = [(i, o) for i, c in enumerate(choice) if c for o in c[1]]
+        served = {int(table.unit[o]) for _, o in var}
+        if served != set(range(len(table.units))):
+            continue
+        cost = np.asarray([table.energy_j[o] for _, o in var])
+        a_eq = np.asarray([[1.0 if table.unit[o] == u else 0.0 for _, o in var]
+                           for u in range(len(table.units))])
+        b_eq = np.asarray([u.rate_rps for u in table.units])
+        a_ub, b_ub = [], []
+        for i, c in enumerate(choice):
+            if c:
+                a_ub.append([table.energy_j[o] if j == i else 0.0 for j, o in var])
+                b_ub.append(caps[i] - table.on_power[(gpus[i].type, c[0])])
+        if budget is not None:
+            a_ub.append(list(cost))
+            b_ub.append(budget - static)
+        bounds = [(0.0, float(table.capacity_rps[o])) for _, o in var]
+        res = linprog(cost, A_ub=np.asarray(a_ub) if a_ub else None,
+                      b_ub=np.asarray(b_ub) if b_ub else None, A_eq=a_eq, b_eq=b_eq,
+                      bounds=bounds, method="highs")
+        if res.status != 0:
+            continue
+        total = static + float(res.fun)
+        if best is None or total < best:
+            best = total
+    return best

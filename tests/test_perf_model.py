@@ -1,0 +1,135 @@
+"""Properties of the performance model that every formulation relies on."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from energyopt.catalog import builtin_catalog
+from energyopt.perf.energy import design_batch, energy_per_request_j
+from energyopt.perf.forward import decode_pass, prefill_pass
+from energyopt.perf.params import OpSpec, build_params
+from energyopt.perf.power import gpu_on_power_w
+from energyopt.perf.queueing import metrics_at, slo_capacity
+from energyopt.spec import Options, Slo, TokenDist, Workload
+
+GPUS = ["A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "L40S", "L4"]
+MODELS = ["Llama-3.1-8B", "Mistral-7B", "Qwen2.5-14B"]
+
+cases = st.fixed_dictionaries(
+    {
+        "gpu": st.sampled_from(GPUS),
+        "model": st.sampled_from(MODELS),
+        "prompt": st.integers(64, 4096),
+        "output": st.integers(16, 1024),
+        "ttft": st.floats(100, 5000),
+        "tbt": st.floats(20, 200),
+        "pct": st.sampled_from([50.0, 90.0, 99.0]),
+        "phase": st.sampled_from(["both", "prefill", "decode"]),
+        "clock_frac": st.floats(0.3, 1.0),
+        "share": st.sampled_from([0.25, 0.5, 0.75, 1.0]),
+    }
+)
+
+
+def spec(case: dict, clock_frac: float | None = None, share: float | None = None,
+         ttft: float | None = None, tbt: float | None = None) -> OpSpec:
+    cat = builtin_catalog()
+    gpu = cat.gpu(case["gpu"])
+    model = cat.model(case["model"])
+    wl = Workload(
+        name="w",
+        model=model.name,
+        rate_rps=1.0,
+        prompt_tokens=TokenDist(mean=case["prompt"]),
+        output_tokens=TokenDist(mean=case["output"]),
+        slo=Slo(ttft_ms=ttft or case["ttft"], tbt_ms=tbt or case["tbt"], percentile=case["pct"]),
+    )
+    frac = share if share is not None else case["share"]
+    clock = (clock_frac if clock_frac is not None else case["clock_frac"]) * gpu.max_sm_clock_mhz
+    return OpSpec(gpu, model, wl, case["phase"], clock, frac, frac, gpu.memory_gb * 0.9, 1,
+                  Options())
+
+
+def lower_clock(case: dict) -> float:
+    return case["clock_frac"] * 0.8
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases)
+def test_latency_never_falls_when_clock_or_share_falls(case: dict) -> None:
+    base = build_params([spec(case)])
+    slower = build_params([spec(case, clock_frac=lower_clock(case))])
+    smaller = build_params([spec(case, share=case["share"] / 2)])
+    tokens = np.asarray([float(case["prompt"])])
+    for p in (slower, smaller):
+        assert prefill_pass(p, tokens).ms[0] >= prefill_pass(base, tokens).ms[0] * (1 - 1e-12)
+        for batch in (1.0, 16.0, 128.0):
+            b = np.asarray([batch])
+            assert decode_pass(p, b, tokens).ms[0] >= decode_pass(base, b, tokens).ms[0] * (1 - 1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(cases)
+def test_slo_capacity_is_monotone_in_clock_share_and_slo(case: dict) -> None:
+    specs = [
+        spec(case),
+        spec(case, clock_frac=lower_clock(case)),
+        spec(case, share=case["share"] / 2),
+        spec(case, ttft=case["ttft"] * 1.5, tbt=case["tbt"] * 1.5),
+    ]
+    cap = slo_capacity(build_params(specs))
+    base, slower_clock, smaller_share, looser_slo = cap
+    tol = 1e-6 * max(base, 1e-9)
+    assert slower_clock <= base + tol
+    assert smaller_share <= base + tol
+    assert looser_slo >= base - tol
+
+
+@settings(max_examples=40, deadline=None)
+@given(cases, st.floats(0.05, 0.95))
+def test_rates_below_capacity_meet_the_slo(case: dict, fraction: float) -> None:
+    p = build_params([spec(case)])
+    cap = slo_capacity(p)
+    if cap[0] <= 0:
+        return
+    met = metrics_at(p, cap * fraction)
+    assert met.meets_slo(p)[0]
+    assert not metrics_at(p, cap * 1.01).meets_slo(p)[0]
+    at_cap = metrics_at(p, cap)
+    assert met.memory_bytes[0] <= at_cap.memory_bytes[0]
+    assert met.ttft_ms[0] <= at_cap.ttft_ms[0] and met.tbt_ms[0] <= at_cap.tbt_ms[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(cases, st.floats(0.1, 20.0), st.floats(1.05, 3.0))
+def test_power_is_monotone_in_clock_and_rate(case: dict, rate: float, more: float) -> None:
+    hi = build_params([spec(case)])
+    lo = build_params([spec(case, clock_frac=lower_clock(case))])
+    e_hi = energy_per_request_j(hi, design_batch(hi))[0]
+    e_lo = energy_per_request_j(lo, design_batch(lo))[0]
+    gpu = builtin_catalog().gpu(case["gpu"])
+    f_hi = case["clock_frac"] * gpu.max_sm_clock_mhz
+    f_lo = lower_clock(case) * gpu.max_sm_clock_mhz
+    power_hi = gpu_on_power_w(gpu, f_hi) + rate * e_hi
+    power_lo = gpu_on_power_w(gpu, f_lo) + rate * e_lo
+    assert power_lo <= power_hi * (1 + 1e-9)
+    assert gpu_on_power_w(gpu, f_hi) + rate * more * e_hi >= power_hi
+    assert e_hi > 0
+
+
+def test_memory_bound_decode_barely_moves_with_clock() -> None:
+    """Published behaviour: decode is largely insensitive to the SM clock."""
+    case = {"gpu": "H100-SXM5-80GB", "model": "Llama-3.1-8B", "prompt": 1024, "output": 256,
+            "ttft": 1000.0, "tbt": 100.0, "pct": 90.0, "phase": "decode", "clock_frac": 1.0,
+            "share": 1.0}
+    fast = build_params([spec(case)])
+    slow = build_params([spec(case, clock_frac=0.6)])
+    b, ctx = np.asarray([8.0]), np.asarray([1024.0])
+    ratio = decode_pass(slow, b, ctx).ms[0] / decode_pass(fast, b, ctx).ms[0]
+    assert 1.0 <= ratio < 1.35
+    pre_ratio = prefill_pass(slow, ctx).ms[0] / prefill_pass(fast, ctx).ms[0]
+    assert pre_ratio > 1.4  # compute-bound prefill scales close to 1/f
+    energy_ratio = (decode_pass(slow, b, ctx).energy_j[0] / decode_pass(fast, b, ctx).energy_j[0])
+    assert energy_ratio < 0.8  # a lower clock saves decode energy

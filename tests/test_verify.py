@@ -1,0 +1,127 @@
+"""The verifier catches every kind of broken plan, and the CLI reports it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from energyopt.catalog import load_problem
+from energyopt.cli import main
+from energyopt.solvers.presets import load_preset
+from energyopt.solvers.serving import solve
+from energyopt.spec import GpuPlan, Placement, Plan
+from energyopt.verify import verify_plan
+
+from .conftest import INSTANCES
+
+QUICKSTART = INSTANCES / "quickstart.yaml"
+
+
+@pytest.fixture(scope="module")
+def solved() -> tuple:
+    problem = load_problem(QUICKSTART)
+    result = solve(problem, load_preset("highs-exact"))
+    assert result.plan is not None
+    return problem, result.plan
+
+
+def replace_gpu(plan: Plan, gpu_id: str, **changes) -> Plan:
+    gpus = tuple(g.model_copy(update=changes) if g.gpu == gpu_id else g for g in plan.gpus)
+    return plan.model_copy(update={"gpus": gpus})
+
+
+def first_busy(plan: Plan) -> GpuPlan:
+    return next(g for g in plan.gpus if g.on and g.placements)
+
+
+def kinds(problem, plan) -> set[str]:
+    return {v.kind for v in verify_plan(problem, plan)}
+
+
+def test_solver_plan_is_clean(solved) -> None:
+    problem, plan = solved
+    assert verify_plan(problem, plan) == []
+
+
+def test_over_subscribed_share_fails(solved) -> None:
+    problem, plan = solved
+    g = first_busy(plan)
+    extra = Placement(workload=g.placements[0].workload, phase="both", share_pct=100, rate_rps=0.0)
+    other = next(p for p in plan.gpus if p.gpu != g.gpu and p.on and p.placements)
+    moved = other.placements[0].model_copy(update={"share_pct": 75})
+    bad = replace_gpu(plan, g.gpu, placements=(*g.placements, moved))
+    assert "share" in kinds(problem, bad) or "demand" in kinds(problem, bad)
+    bad2 = replace_gpu(plan, g.gpu, placements=(g.placements[0].model_copy(update={"share_pct": 100}), extra.model_copy(update={"workload": "summarize-qwen", "share_pct": 50})))
+    assert "share" in kinds(problem, bad2)
+
+
+def test_exceeded_power_limit_fails(solved) -> None:
+    problem, plan = solved
+    g = first_busy(plan)
+    low = problem.gpu_type(g.type).power_limit_min_w
+    bad = replace_gpu(plan, g.gpu, power_limit_w=low)
+    if g.predicted_power_w > low:
+        assert "power-limit" in kinds(problem, bad)
+    too_high = replace_gpu(plan, g.gpu, power_limit_w=10_000.0)
+    assert "power-limit" in kinds(problem, too_high)
+
+
+def test_unserved_rate_fails(solved) -> None:
+    problem, plan = solved
+    g = first_busy(plan)
+    pl = g.placements[0]
+    bad = replace_gpu(plan, g.gpu, placements=(pl.model_copy(update={"rate_rps": pl.rate_rps / 2}),
+                                               *g.placements[1:]))
+    assert "demand" in kinds(problem, bad)
+
+
+def test_rate_beyond_slo_capacity_fails(solved) -> None:
+    problem, plan = solved
+    g = first_busy(plan)
+    pl = g.placements[0]
+    bad = replace_gpu(plan, g.gpu, placements=(pl.model_copy(update={"rate_rps": pl.rate_rps * 5}),
+                                               *g.placements[1:]))
+    assert kinds(problem, bad) & {"ttft", "tbt", "capacity", "batch"}
+
+
+def test_unsupported_clock_and_off_gpu_with_work_fail(solved) -> None:
+    problem, plan = solved
+    g = first_busy(plan)
+    assert "clock" in kinds(problem, replace_gpu(plan, g.gpu, clock_mhz=1234))
+    assert "off-gpu-work" in kinds(problem, replace_gpu(plan, g.gpu, on=False))
+
+
+def test_budget_violation_fails(solved) -> None:
+    problem, plan = solved
+    node = problem.instance.cluster.nodes[0]
+    tight = problem.instance.model_copy(
+        update={"cluster": problem.instance.cluster.model_copy(
+            update={"nodes": (node.model_copy(update={"power_budget_w": 100.0}),)})}
+    )
+    from energyopt.catalog import resolve
+
+    assert "node-budget" in kinds(resolve(tight), plan)
+
+
+def test_cli_solve_then_verify_round_trip(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "plan.json"
+    assert main(["solve", str(QUICKSTART), "-q", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "GPUs on:" in text and "gap" in text and "MHz" in text
+    assert main(["verify", str(QUICKSTART), str(out)]) == 0
+    data = json.loads(out.read_text())
+    data["gpus"][0]["clock_mhz"] = 1234
+    data["gpus"][0]["on"] = True
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    assert main(["verify", str(QUICKSTART), str(broken)]) == 1
+    err = capsys.readouterr().err
+    assert "violation" in err and "Traceback" not in err
+
+
+def test_cli_infeasible_exit_code_and_diagnosis(capsys) -> None:
+    assert main(["solve", str(INSTANCES / "infeasible.yaml"), "-q"]) == 3
+    err = capsys.readouterr().err
+    assert "chat" in err and "req/s" in err
