@@ -31,8 +31,12 @@ def main() -> None:
             print("  " + s.line())
         fitted = fit_gpu(catalog, tables, name)
         print(f"== {name}: fitted")
-        print(yaml.safe_dump({"efficiency": fitted.efficiency.model_dump(),
-                              "power": fitted.power.model_dump()}, sort_keys=False))
+        print(
+            yaml.safe_dump(
+                {"efficiency": fitted.efficiency.model_dump(), "power": fitted.power.model_dump()},
+                sort_keys=False,
+            )
+        )
         for s in latency_errors(catalog, tables, fitted) + power_errors(catalog, tables, fitted):
             print("  " + s.line())
 

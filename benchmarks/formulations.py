@@ -31,10 +31,14 @@ def main() -> None:
     parser.add_argument("--limit", type=float, default=60.0, help="seconds for pattern")
     parser.add_argument("--baseline-limit", type=float, default=120.0)
     args = parser.parse_args()
-    print(f"target gap {args.gap:.2%}; limits: pattern {args.limit:g} s, others "
-          f"{args.baseline_limit:g} s")
-    header = f"{'instance':<10} {'contender':<9} {'status':<9} {'objective':>11} {'bound':>11} " \
-             f"{'gap':>8} {'time s':>8} {'verified':>8}"
+    print(
+        f"target gap {args.gap:.2%}; limits: pattern {args.limit:g} s, others "
+        f"{args.baseline_limit:g} s"
+    )
+    header = (
+        f"{'instance':<10} {'contender':<9} {'status':<9} {'objective':>11} {'bound':>11} "
+        f"{'gap':>8} {'time s':>8} {'verified':>8}"
+    )
     print(header)
     for name in args.instances:
         problem = load_problem(ROOT / "instances" / f"{name}.yaml")
@@ -50,8 +54,11 @@ def main() -> None:
             obj = f"{res.objective:,.1f}" if res.objective is not None else "-"
             bnd = f"{res.bound:,.1f}" if res.bound is not None else "-"
             gtxt = f"{gap:.2%}" if gap is not None else "-"
-            print(f"{name:<10} {label:<9} {res.status:<9} {obj:>11} {bnd:>11} {gtxt:>8} "
-                  f"{wall:>8.1f} {str(ok):>8}", flush=True)
+            print(
+                f"{name:<10} {label:<9} {res.status:<9} {obj:>11} {bnd:>11} {gtxt:>8} "
+                f"{wall:>8.1f} {ok!s:>8}",
+                flush=True,
+            )
         p_wall, p_gap = rows["pattern"]
         for other in ("per-GPU", "plain"):
             o_wall, o_gap = rows[other]
@@ -59,11 +66,15 @@ def main() -> None:
             p_reached = p_gap is not None and p_gap <= args.gap
             if p_reached:
                 speed = f"{o_wall / p_wall:.1f}x" if reached else f">{o_wall / p_wall:.1f}x"
-                print(f"{name:<10} time to {args.gap:.2%} gap, {other} / pattern: {speed}"
-                      + ("" if reached else f" ({other} stopped at {_pct(o_gap)})"))
+                print(
+                    f"{name:<10} time to {args.gap:.2%} gap, {other} / pattern: {speed}"
+                    + ("" if reached else f" ({other} stopped at {_pct(o_gap)})")
+                )
             else:
-                print(f"{name:<10} pattern stopped at {_pct(p_gap)} after {p_wall:.1f} s; "
-                      f"{other} at {_pct(o_gap)} after {o_wall:.1f} s")
+                print(
+                    f"{name:<10} pattern stopped at {_pct(p_gap)} after {p_wall:.1f} s; "
+                    f"{other} at {_pct(o_gap)} after {o_wall:.1f} s"
+                )
 
 
 def _pct(gap: float | None) -> str:

@@ -29,7 +29,9 @@ def tiny_instance(
             "nodes": [
                 {
                     "name": "n0",
-                    "gpus": [{"type": t, "power_cap_w": cap_w} if cap_w else {"type": t} for t in gpus],
+                    "gpus": [
+                        {"type": t, "power_cap_w": cap_w} if cap_w else {"type": t} for t in gpus
+                    ],
                     **({"power_budget_w": node_budget_w} if node_budget_w else {}),
                 }
             ]
@@ -79,8 +81,10 @@ def brute_force_power(problem: Problem) -> float | None:
                     opts.append((clock, combo))
         options.append(opts)
     caps = [
-        min(g.power_cap_w or problem.gpu_type(g.type).power_limit_max_w,
-            problem.gpu_type(g.type).power_limit_max_w)
+        min(
+            g.power_cap_w or problem.gpu_type(g.type).power_limit_max_w,
+            problem.gpu_type(g.type).power_limit_max_w,
+        )
         for g in gpus
     ]
     budget = problem.instance.cluster.nodes[0].power_budget_w
@@ -92,8 +96,9 @@ def brute_force_power(problem: Problem) -> float | None:
         if served != set(range(len(table.units))):
             continue
         cost = np.asarray([table.energy_j[o] for _, o in var])
-        a_eq = np.asarray([[1.0 if table.unit[o] == u else 0.0 for _, o in var]
-                           for u in range(len(table.units))])
+        a_eq = np.asarray(
+            [[1.0 if table.unit[o] == u else 0.0 for _, o in var] for u in range(len(table.units))]
+        )
         b_eq = np.asarray([u.rate_rps for u in table.units])
         a_ub, b_ub = [], []
         for i, c in enumerate(choice):
@@ -104,9 +109,15 @@ def brute_force_power(problem: Problem) -> float | None:
             a_ub.append(list(cost))
             b_ub.append(budget - static)
         bounds = [(0.0, float(table.capacity_rps[o])) for _, o in var]
-        res = linprog(cost, A_ub=np.asarray(a_ub) if a_ub else None,
-                      b_ub=np.asarray(b_ub) if b_ub else None, A_eq=a_eq, b_eq=b_eq,
-                      bounds=bounds, method="highs")
+        res = linprog(
+            cost,
+            A_ub=np.asarray(a_ub) if a_ub else None,
+            b_ub=np.asarray(b_ub) if b_ub else None,
+            A_eq=a_eq,
+            b_eq=b_eq,
+            bounds=bounds,
+            method="highs",
+        )
         if res.status != 0:
             continue
         total = static + float(res.fun)

@@ -13,7 +13,7 @@ from energyopt.catalog import builtin_catalog, load_catalog_file, load_problem
 from energyopt.spec import GpuType, LlmModel, SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = ROOT / "instances" / "quickstart.yaml"
+QUICKSTART = ROOT / "tests" / "data" / "sample-instance.yaml"
 
 REQUIRED_GPUS = ["A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM-141GB", "L40S", "L4"]
 REQUIRED_MODELS = ["Llama-3.1-8B", "Llama-3.1-70B", "Mistral-7B", "Qwen2.5-14B", "Mixtral-8x7B"]

@@ -15,7 +15,7 @@ import yaml
 from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, main
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = ROOT / "instances" / "quickstart.yaml"
+QUICKSTART = ROOT / "tests" / "data" / "sample-instance.yaml"
 
 
 def quick_data() -> dict[str, Any]:
@@ -55,7 +55,7 @@ def test_console_script() -> None:
     exe = Path(sys.executable).parent / "energyopt"
     assert exe.exists(), exe
     proc = subprocess.run(
-        [str(exe), "validate", "instances/quickstart.yaml"],
+        [str(exe), "validate", "tests/data/sample-instance.yaml"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -63,7 +63,7 @@ def test_console_script() -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "instances/quickstart.yaml: ok (8 GPUs, 3 workloads)"
+    assert proc.stdout.strip() == "tests/data/sample-instance.yaml: ok (8 GPUs, 3 workloads)"
     assert "Traceback" not in proc.stderr
 
 

@@ -33,8 +33,13 @@ cases = st.fixed_dictionaries(
 )
 
 
-def spec(case: dict, clock_frac: float | None = None, share: float | None = None,
-         ttft: float | None = None, tbt: float | None = None) -> OpSpec:
+def spec(
+    case: dict,
+    clock_frac: float | None = None,
+    share: float | None = None,
+    ttft: float | None = None,
+    tbt: float | None = None,
+) -> OpSpec:
     cat = builtin_catalog()
     gpu = cat.gpu(case["gpu"])
     model = cat.model(case["model"])
@@ -48,8 +53,9 @@ def spec(case: dict, clock_frac: float | None = None, share: float | None = None
     )
     frac = share if share is not None else case["share"]
     clock = (clock_frac if clock_frac is not None else case["clock_frac"]) * gpu.max_sm_clock_mhz
-    return OpSpec(gpu, model, wl, case["phase"], clock, frac, frac, gpu.memory_gb * 0.9, 1,
-                  Options())
+    return OpSpec(
+        gpu, model, wl, case["phase"], clock, frac, frac, gpu.memory_gb * 0.9, 1, Options()
+    )
 
 
 def lower_clock(case: dict) -> float:
@@ -67,7 +73,9 @@ def test_latency_never_falls_when_clock_or_share_falls(case: dict) -> None:
         assert prefill_pass(p, tokens).ms[0] >= prefill_pass(base, tokens).ms[0] * (1 - 1e-12)
         for batch in (1.0, 16.0, 128.0):
             b = np.asarray([batch])
-            assert decode_pass(p, b, tokens).ms[0] >= decode_pass(base, b, tokens).ms[0] * (1 - 1e-12)
+            assert decode_pass(p, b, tokens).ms[0] >= decode_pass(base, b, tokens).ms[0] * (
+                1 - 1e-12
+            )
 
 
 @settings(max_examples=40, deadline=None)
@@ -121,9 +129,18 @@ def test_power_is_monotone_in_clock_and_rate(case: dict, rate: float, more: floa
 
 def test_memory_bound_decode_barely_moves_with_clock() -> None:
     """Published behaviour: decode is largely insensitive to the SM clock."""
-    case = {"gpu": "H100-SXM5-80GB", "model": "Llama-3.1-8B", "prompt": 1024, "output": 256,
-            "ttft": 1000.0, "tbt": 100.0, "pct": 90.0, "phase": "decode", "clock_frac": 1.0,
-            "share": 1.0}
+    case = {
+        "gpu": "H100-SXM5-80GB",
+        "model": "Llama-3.1-8B",
+        "prompt": 1024,
+        "output": 256,
+        "ttft": 1000.0,
+        "tbt": 100.0,
+        "pct": 90.0,
+        "phase": "decode",
+        "clock_frac": 1.0,
+        "share": 1.0,
+    }
     fast = build_params([spec(case)])
     slow = build_params([spec(case, clock_frac=0.6)])
     b, ctx = np.asarray([8.0]), np.asarray([1024.0])
@@ -131,5 +148,5 @@ def test_memory_bound_decode_barely_moves_with_clock() -> None:
     assert 1.0 <= ratio < 1.35
     pre_ratio = prefill_pass(slow, ctx).ms[0] / prefill_pass(fast, ctx).ms[0]
     assert pre_ratio > 1.4  # compute-bound prefill scales close to 1/f
-    energy_ratio = (decode_pass(slow, b, ctx).energy_j[0] / decode_pass(fast, b, ctx).energy_j[0])
+    energy_ratio = decode_pass(slow, b, ctx).energy_j[0] / decode_pass(fast, b, ctx).energy_j[0]
     assert energy_ratio < 0.8  # a lower clock saves decode energy

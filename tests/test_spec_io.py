@@ -33,7 +33,7 @@ from energyopt.spec import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICKSTART = ROOT / "instances" / "quickstart.yaml"
+QUICKSTART = ROOT / "tests" / "data" / "sample-instance.yaml"
 SUFFIXES = [".yaml", ".yml", ".json", ".toml"]
 
 

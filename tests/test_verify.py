@@ -53,7 +53,14 @@ def test_over_subscribed_share_fails(solved) -> None:
     moved = other.placements[0].model_copy(update={"share_pct": 75})
     bad = replace_gpu(plan, g.gpu, placements=(*g.placements, moved))
     assert "share" in kinds(problem, bad) or "demand" in kinds(problem, bad)
-    bad2 = replace_gpu(plan, g.gpu, placements=(g.placements[0].model_copy(update={"share_pct": 100}), extra.model_copy(update={"workload": "summarize-qwen", "share_pct": 50})))
+    bad2 = replace_gpu(
+        plan,
+        g.gpu,
+        placements=(
+            g.placements[0].model_copy(update={"share_pct": 100}),
+            extra.model_copy(update={"workload": "summarize-qwen", "share_pct": 50}),
+        ),
+    )
     assert "share" in kinds(problem, bad2)
 
 
@@ -72,8 +79,11 @@ def test_unserved_rate_fails(solved) -> None:
     problem, plan = solved
     g = first_busy(plan)
     pl = g.placements[0]
-    bad = replace_gpu(plan, g.gpu, placements=(pl.model_copy(update={"rate_rps": pl.rate_rps / 2}),
-                                               *g.placements[1:]))
+    bad = replace_gpu(
+        plan,
+        g.gpu,
+        placements=(pl.model_copy(update={"rate_rps": pl.rate_rps / 2}), *g.placements[1:]),
+    )
     assert "demand" in kinds(problem, bad)
 
 
@@ -81,8 +91,11 @@ def test_rate_beyond_slo_capacity_fails(solved) -> None:
     problem, plan = solved
     g = first_busy(plan)
     pl = g.placements[0]
-    bad = replace_gpu(plan, g.gpu, placements=(pl.model_copy(update={"rate_rps": pl.rate_rps * 5}),
-                                               *g.placements[1:]))
+    bad = replace_gpu(
+        plan,
+        g.gpu,
+        placements=(pl.model_copy(update={"rate_rps": pl.rate_rps * 5}), *g.placements[1:]),
+    )
     assert kinds(problem, bad) & {"ttft", "tbt", "capacity", "batch"}
 
 
@@ -97,8 +110,11 @@ def test_budget_violation_fails(solved) -> None:
     problem, plan = solved
     node = problem.instance.cluster.nodes[0]
     tight = problem.instance.model_copy(
-        update={"cluster": problem.instance.cluster.model_copy(
-            update={"nodes": (node.model_copy(update={"power_budget_w": 100.0}),)})}
+        update={
+            "cluster": problem.instance.cluster.model_copy(
+                update={"nodes": (node.model_copy(update={"power_budget_w": 100.0}),)}
+            )
+        }
     )
     from energyopt.catalog import resolve
 

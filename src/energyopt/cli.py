@@ -53,10 +53,10 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _load(path: str, check_slos: bool = True) -> Problem:
+def _load(path: str, catalogs: list[str] | None = None, check_slos: bool = True) -> Problem:
     from energyopt.perf.reachability import unreachable_slos
 
-    problem = load_problem(path)
+    problem = load_problem(path, catalogs or ())
     if check_slos:
         problems = unreachable_slos(problem)
         if problems:
@@ -68,7 +68,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     failed = 0
     for path in args.files:
         try:
-            problem = _load(path)
+            problem = _load(path, args.catalog)
         except SpecError as exc:
             failed += 1
             for line in exc.problems:
@@ -83,7 +83,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from energyopt.perf.oppoints import build_op_table
     from energyopt.report import format_problem
 
-    problem = _load(args.file)
+    problem = _load(args.file, args.catalog)
     print("\n".join(format_problem(problem, build_op_table(problem))))
     return EXIT_OK
 
@@ -97,7 +97,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     from energyopt.verify.serving import evaluate_plan
 
     preset = load_preset(args.solver)
-    problem = _load(args.file)
+    problem = _load(args.file, args.catalog)
     say = _progress(args.quiet)
     say(f"solving {args.file} with {preset.name}")
     result = solve(problem, preset, time_limit_s=args.time_limit, rel_gap=args.gap, progress=say)
@@ -123,7 +123,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from energyopt.spec.io import load
     from energyopt.verify.serving import evaluate_plan
 
-    problem = _load(args.instance, check_slos=False)
+    problem = _load(args.instance, args.catalog, check_slos=False)
     plan = load(Plan, args.plan)
     ev = evaluate_plan(problem, plan)
     if ev.violations:
@@ -204,6 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("solvers", help="list the solver presets")
     p.set_defaults(func=cmd_solvers)
+    for name in ("validate", "show", "solve", "verify"):
+        sub.choices[name].add_argument(
+            "--catalog",
+            action="append",
+            default=[],
+            metavar="FILE",
+            help="extra catalog file (gpus:/models: lists); overrides entries by name",
+        )
     return parser
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,11 +46,17 @@ class Problem:
 
 
 def resolve(
-    instance: Instance, source: str = "<instance>", base_dir: Path | None = None
+    instance: Instance,
+    source: str = "<instance>",
+    base_dir: Path | None = None,
+    extra_catalogs: Sequence[str | Path] = (),
 ) -> Problem:
     """Bind ``instance`` to the embedded catalog plus its own catalog files and entries.
 
-    Raises SpecError naming ``source`` and the field of every unknown name.
+    Later sources override earlier ones by name: the embedded catalog, the
+    instance's ``catalog:`` files, its inline ``gpu_types``/``models``, then
+    ``extra_catalogs`` (the command line's ``--catalog``). Raises SpecError
+    naming ``source`` and the field of every unknown name.
     """
     catalog = builtin_catalog()
     problems: list[str] = []
@@ -64,6 +71,13 @@ def resolve(
             continue
         catalog = catalog.merged(gpus, models)
     catalog = catalog.merged(instance.gpu_types, instance.models)
+    for extra in extra_catalogs:
+        try:
+            gpus, models = load_catalog_file(extra)
+        except SpecError as exc:
+            problems.extend(f"--catalog {extra}: {p}" for p in exc.problems)
+            continue
+        catalog = catalog.merged(gpus, models)
     for n, node in enumerate(instance.cluster.nodes):
         for e, entry in enumerate(node.gpus):
             if entry.type not in catalog.gpus:
@@ -101,8 +115,8 @@ def resolve(
     return Problem(instance, catalog, source)
 
 
-def load_problem(path: str | Path) -> Problem:
-    """Read, validate and resolve an instance file."""
+def load_problem(path: str | Path, extra_catalogs: Sequence[str | Path] = ()) -> Problem:
+    """Read, validate and resolve an instance file (see ``resolve`` for catalogs)."""
     p = Path(path)
     instance = load(Instance, p)
-    return resolve(instance, str(p), p.parent)
+    return resolve(instance, str(p), p.parent, extra_catalogs)

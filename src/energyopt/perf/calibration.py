@@ -188,7 +188,6 @@ def predict_vidur_layer_ms(gpu: GpuType, model: LlmModel, rows: VidurRows) -> Fl
     all-reduces, divided by the number of layers.
     """
     p = params_for(gpu, model, rows.tp)
-    p = p.replace(attn_dim=np.zeros_like(p.attn_dim), kv_bytes_per_token=np.zeros_like(p.attn_dim))
     flops = 2.0 * p.active_params * rows.tokens
     compute_ms = flops / (p.peak_flops * p.clock_ratio * p.eff_compute * p.tp) * 1e3
     memory_ms = p.weight_bytes / (p.peak_bw * p.eff_memory * p.tp) * 1e3

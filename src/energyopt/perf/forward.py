@@ -26,7 +26,7 @@ class Pass:
 
     @property
     def energy_j(self) -> FloatArray:
-        """Dynamic energy of the pass summed over the TP group (J)."""
+        """Dynamic energy of the pass on one GPU of the group (J); multiply by TP size."""
         return self.power_w * self.ms / 1e3
 
 

@@ -128,7 +128,8 @@ def build_params(specs: list[OpSpec]) -> OpParams:
             "bw_fraction": s.bw_fraction,
             "memory_bytes": s.memory_gb * 1e9,
             "tp": float(s.tp),
-            "link_bw": (g.nvlink_gbps or PCIE_GBPS) * 1e9 * g.efficiency.link,
+            # the fitted link efficiency is an NVLink figure; PCIe is taken at face value
+            "link_bw": (g.nvlink_gbps * g.efficiency.link if g.nvlink_gbps else PCIE_GBPS) * 1e9,
             "allreduce_ms": g.efficiency.allreduce_latency_ms,
             "tdp_w": g.tdp_w,
             "idle_w": g.idle_w,

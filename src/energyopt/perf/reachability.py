@@ -22,13 +22,14 @@ def unreachable_slos(problem: Problem) -> list[str]:
         labels: list[str] = []
         for gpu in problem.catalog.gpus.values():
             usable = gpu.memory_gb * (1 - inst.options.memory_reserve_fraction)
-            k = next((k for k in TP_CANDIDATES if model.weight_bytes / 1e9 / k < usable), None)
-            if k is None:
-                continue
-            for phase in wl.phases():
-                full = (100, None, 1.0, 1.0, usable)
-                specs.append(op_spec(problem, wl, phase, gpu, gpu.max_sm_clock_mhz, full, k))
-                labels.append(gpu.name)
+            sizes = wl.tensor_parallel or TP_CANDIDATES
+            for k in sorted(sizes):
+                if model.weight_bytes / 1e9 / k >= usable:
+                    continue
+                for phase in wl.phases():
+                    full = (100, None, 1.0, 1.0, usable)
+                    specs.append(op_spec(problem, wl, phase, gpu, gpu.max_sm_clock_mhz, full, k))
+                    labels.append(f"{gpu.name} TP{k}" if k > 1 else gpu.name)
         if not specs:
             lines.append(
                 f"workloads[{w}]({wl.name}).model: {wl.model} "

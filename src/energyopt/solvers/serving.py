@@ -8,17 +8,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pyomo.environ as pyo
 
 from energyopt.catalog.problem import Problem
 from energyopt.formulations.serving import pattern as pat
 from energyopt.formulations.serving.assemble import assemble_plan
 from energyopt.formulations.serving.per_gpu import build_per_gpu
-from energyopt.formulations.serving.unit_bound import unit_decomposition_bound
+from energyopt.formulations.serving.unit_bound import best_unit_bound
 from energyopt.perf.oppoints import OpTable, build_op_table
 from energyopt.solvers.cpsat_backend import solve_cpsat
 from energyopt.solvers.diagnose import diagnose_infeasible, unservable_units
 from energyopt.solvers.highs_backend import MilpOutcome, solve_milp
+from energyopt.solvers.highs_direct import solve_master_mip
 from energyopt.solvers.presets import SolverPreset
 from energyopt.solvers.result import (
     FEASIBLE,
@@ -32,9 +34,9 @@ from energyopt.verify.serving import verify_plan
 
 Progress = Callable[[str], None]
 FIRST_STAGE_SHARE = 0.3
-FIRST_STAGE_MAX_S = 20.0
+FIRST_STAGE_MAX_S = 10.0
 MAX_FILTERED_COLUMNS = 20_000
-SLACK_STEPS = (0.05, 0.2, 1.0)
+SLACK_STEPS = (0.2, 1.0)
 
 
 class PlanVerificationError(RuntimeError):
@@ -245,25 +247,43 @@ def _solve_pattern(
         note(f"LP relaxation cannot serve {prog.lp.artificial_rps:.3g} req/s: infeasible")
         return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
     lp_bound = prog.lower_bound
-    unit_bound = unit_decomposition_bound(
+    unit_bound, mix = best_unit_bound(
         table, prog.costs, prog.classes, prog.lp.duals, prog.lp.budgets_w, prog.lp.budget_duals
     )
     lower = max(lp_bound, unit_bound)
     note(
         f"bounds: LP {lp_bound:,.3f} after {prog.rounds} rounds ({len(prog.columns)} columns), "
-        f"unit decomposition {unit_bound:,.3f} ({time.perf_counter() - t0:.1f} s)"
+        f"unit decomposition {unit_bound:,.3f} (share charge mix {mix:.2f}; "
+        f"{time.perf_counter() - t0:.1f} s)"
     )
     best: tuple[float, dict[str, Any]] | None = None
     bound = lower
 
+    start: np.ndarray | None = None
+
     def integer_solve(limit_s: float) -> MilpOutcome:
-        nonlocal best
-        im = pat.integer_model(prog)
-        out = run_backend(
-            im.model, preset, time_limit_s=max(0.5, limit_s), rel_gap=gap, progress=note
-        )
+        nonlocal best, start
+        if preset.backend == "highs":
+            im = pat.integer_model(prog, pyomo=False)
+            out, values = solve_master_mip(
+                im.master,
+                time_limit_s=max(0.5, limit_s),
+                rel_gap=gap,
+                threads=preset.threads,
+                start=start,
+                progress=note,
+                stop_at=lower / (1.0 - gap) if gap < 1 else None,
+            )
+            im.values = values
+        else:
+            im = pat.integer_model(prog)
+            out = run_backend(
+                im.model, preset, time_limit_s=max(0.5, limit_s), rel_gap=gap, progress=note
+            )
         if out.objective is not None and (best is None or out.objective < best[0] - 1e-9):
             best = (out.objective, pat.decisions(prog, im))
+            if im.values is not None:
+                start = im.values
         return out
 
     out = integer_solve(
@@ -294,7 +314,7 @@ def _solve_pattern(
         )
         if extra is None:
             break
-        share = 1.0 if frac >= 1.0 else 0.5
+        share = 1.0 if frac >= 1.0 else 0.8
         out = integer_solve(share * (deadline - time.perf_counter()))
         if complete and out.status == INFEASIBLE and best is None:
             return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pyomo.environ as pyo
+from numpy.typing import NDArray
 
 from energyopt.catalog.problem import Problem
 from energyopt.formulations.serving.assemble import GpuDecision
@@ -212,16 +213,29 @@ def columns_within(
 
 @dataclass
 class IntegerModel:
-    """A Pyomo MILP over a column set, with the maps to read the plan back."""
+    """The integer master over a column set (as Pyomo model, or solved directly from
+    the sparse master), with the maps to read the plan back."""
 
-    model: Any
+    model: Any | None
     master: Master
     columns: list[Column]
+    values: NDArray[np.float64] | None = None
+
+    def value(self, var: int) -> float:
+        """Solution value of master variable ``var``."""
+        if self.values is not None:
+            return float(self.values[var])
+        if self.model is None:
+            raise ValueError("integer model has no solution loaded")
+        return float(pyo.value(self.model.v[var]))
 
 
-def integer_model(prog: PatternProgram) -> IntegerModel:
-    """Pyomo MILP over the program's current columns."""
+def integer_model(prog: PatternProgram, *, pyomo: bool = True) -> IntegerModel:
+    """Integer master over the program's current columns (Pyomo model unless
+    ``pyomo`` is False, for solvers that read the sparse master directly)."""
     mp = prog.master(artificials=False)
+    if not pyomo:
+        return IntegerModel(None, mp, list(prog.columns))
     model = pyomo_model(mp, f"serving-pattern:{prog.problem.instance.name}")
     _add_branching_aggregates(model, mp, prog)
     return IntegerModel(model, mp, list(prog.columns))
@@ -257,8 +271,8 @@ def decisions(prog: PatternProgram, im: IntegerModel) -> dict[str, GpuDecision]:
 
     TP groups are placed inside nodes first (largest first), then single GPUs.
     """
-    m, mp = im.model, im.master
-    uses_of: list[int] = [round(float(pyo.value(m.v[z]))) for z in mp.z_var]
+    mp = im.master
+    uses_of: list[int] = [round(im.value(z)) for z in mp.z_var]
     out: dict[str, GpuDecision] = {g.id: GpuDecision() for g in prog.problem.gpus}
     for cls in prog.classes:
         mine = [j for j, col in enumerate(im.columns) if col.cls == cls.index and uses_of[j] > 0]
@@ -268,7 +282,7 @@ def decisions(prog: PatternProgram, im: IntegerModel) -> dict[str, GpuDecision]:
         groups, rest = split_tp_groups(cls, [im.columns[j].gpus_per_use for j, _ in tp_uses])
         for (j, use), members in zip(tp_uses, groups, strict=True):
             col = im.columns[j]
-            rate = max(0.0, float(pyo.value(m.v[mp.r_vars[j][0]]))) / uses_of[j]
+            rate = max(0.0, im.value(mp.r_vars[j][0])) / uses_of[j]
             gid = f"{members[0].node}:tp{col.ops[0]}.{use}"
             for gpu in members:
                 out[gpu.id].clock_mhz = col.clock_mhz
@@ -277,7 +291,7 @@ def decisions(prog: PatternProgram, im: IntegerModel) -> dict[str, GpuDecision]:
             col = im.columns[j]
             if col.gpus_per_use > 1:
                 continue
-            rates = [max(0.0, float(pyo.value(m.v[r]))) / uses_of[j] for r in mp.r_vars[j]]
+            rates = [max(0.0, im.value(r)) / uses_of[j] for r in mp.r_vars[j]]
             for _ in range(uses_of[j]):
                 gpu = rest.pop(0)
                 out[gpu.id].clock_mhz = col.clock_mhz

@@ -1,7 +1,8 @@
 """A second lower bound: relax the fleet into one small integer problem per unit.
 
-Charge every placement its share of its GPU's on-power (shares on a GPU add up
-to at most 100 %, so this never exceeds the true on-power), drop memory, per-GPU
+Charge every placement a part of its GPU's on-power given by a dual-feasible
+function of its share (the parts of placements that fit one GPU add up to at
+most 1, so this never exceeds the true on-power), drop memory, per-GPU
 caps and migration costs, and move GPU counts and power budgets into the
 objective with the master LP's prices (Lagrangian multipliers >= 0). What is left
 splits by unit: cover the unit's rate with whole placements, each with a fixed
@@ -21,6 +22,59 @@ from energyopt.formulations.serving.costs import Costs
 from energyopt.formulations.serving.master import quiet_highs
 from energyopt.perf.oppoints import OpTable
 
+SEARCH_STEPS = 5
+
+
+def share_weight(share: int, capacity: int, alpha: float) -> float:
+    """Part of a GPU's on-power charged to a placement of ``share`` units (of ``capacity``).
+
+    A dual-feasible function: the weights of shares that fit one GPU add up to at
+    most 1. It mixes the proportional charge share/capacity (weight ``alpha``)
+    with the threshold charge (1 above half the GPU, 1/2 at exactly half, 0
+    below), which is also dual-feasible since at most one share exceeds half.
+    """
+    frac = share / capacity
+    threshold = 1.0 if frac > 0.5 + 1e-12 else (0.5 if abs(frac - 0.5) <= 1e-12 else 0.0)
+    return alpha * frac + (1.0 - alpha) * threshold
+
+
+def best_unit_bound(
+    table: OpTable,
+    costs: Costs,
+    classes: list[GpuClass],
+    duals: Duals,
+    budgets_w: list[float],
+    budget_duals: list[float],
+) -> tuple[float, float]:
+    """(bound, alpha): the unit bound maximised over the mixing weight alpha in [0, 1].
+
+    Every alpha gives a valid bound; the bound is concave in alpha, so a golden
+    section search over a few evaluations finds (close to) the best one.
+    """
+
+    def at(alpha: float) -> float:
+        return unit_decomposition_bound(
+            table, costs, classes, duals, budgets_w, budget_duals, alpha=alpha
+        )
+
+    lo, hi = 0.0, 1.0
+    ratio = (5**0.5 - 1) / 2
+    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    fa, fb = at(a), at(b)
+    best = max((at(1.0), 1.0), (fa, a), (fb, b))
+    for _ in range(SEARCH_STEPS):
+        if fa >= fb:
+            hi, b, fb = b, a, fa
+            a = hi - ratio * (hi - lo)
+            fa = at(a)
+            best = max(best, (fa, a))
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + ratio * (hi - lo)
+            fb = at(b)
+            best = max(best, (fb, b))
+    return best
+
 
 def unit_decomposition_bound(
     table: OpTable,
@@ -30,8 +84,10 @@ def unit_decomposition_bound(
     budgets_w: list[float],
     budget_duals: list[float],
     time_limit_s: float = 5.0,
+    alpha: float = 1.0,
 ) -> float:
-    """Lower bound on the integer optimum (see module docstring)."""
+    """Lower bound on the integer optimum (see module docstring); ``alpha`` picks the
+    share charge (see ``share_weight``)."""
     mu_count = np.maximum(0.0, -np.asarray(duals.count))
     mu_power = np.maximum(0.0, -np.asarray(duals.power))
     total = -float(np.dot(mu_count, [c.size for c in classes]))
@@ -44,7 +100,8 @@ def unit_decomposition_bound(
             type_name = table.type_names[int(table.gpu_type[o])]
             clock = int(table.clock_mhz[o])
             k = int(table.tp[o])
-            frac = k if k > 1 else int(table.share[o]) / table.share_capacity[type_name]
+            cap_units = table.share_capacity[type_name]
+            frac = k if k > 1 else share_weight(int(table.share[o]), cap_units, alpha)
             for cls in classes:
                 if cls.type_name != type_name or (k > 1 and cls.size < k):
                     continue

@@ -1,0 +1,101 @@
+"""Solve the sparse configuration master as a MIP with highspy, with a warm start.
+
+The Pyomo interface to HiGHS cannot pass a starting solution; the staged solve
+of the configuration formulation re-solves growing column sets and gains most
+from starting at the best plan found so far (HiGHS' neighbourhood heuristics
+need an incumbent).
+"""
+
+from __future__ import annotations
+
+import time
+
+import highspy
+import numpy as np
+from numpy.typing import NDArray
+
+from energyopt.formulations.serving.master import Master, quiet_highs
+from energyopt.solvers.highs_backend import MilpOutcome, Progress
+
+
+def solve_master_mip(
+    mp: Master,
+    *,
+    time_limit_s: float,
+    rel_gap: float,
+    threads: int | None = None,
+    start: NDArray[np.float64] | None = None,
+    progress: Progress | None = None,
+    stop_at: float | None = None,
+) -> tuple[MilpOutcome, NDArray[np.float64] | None]:
+    """(outcome, variable values) of the integer master; values None without a plan.
+
+    ``stop_at``: stop as soon as a plan with at most this objective is found (the
+    caller holds a bound that makes such a plan good enough).
+    """
+    h = quiet_highs()
+    n = len(mp.cost)
+    lp = highspy.HighsLp()
+    lp.num_col_ = n
+    lp.num_row_ = len(mp.row_lo)
+    lp.col_cost_ = np.asarray(mp.cost, dtype=np.float64)
+    lp.col_lower_ = np.asarray(mp.lo, dtype=np.float64)
+    lp.col_upper_ = np.asarray(mp.hi, dtype=np.float64)
+    lp.row_lower_ = np.asarray(mp.row_lo, dtype=np.float64)
+    lp.row_upper_ = np.asarray(mp.row_hi, dtype=np.float64)
+    ent = np.asarray(mp.entries, dtype=np.float64).reshape(-1, 3)
+    ent = ent[np.lexsort((ent[:, 0], ent[:, 1]))]
+    cols = ent[:, 1].astype(np.int64)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = np.searchsorted(cols, np.arange(n + 1)).astype(np.int32)
+    lp.a_matrix_.index_ = ent[:, 0].astype(np.int32)
+    lp.a_matrix_.value_ = ent[:, 2]
+    lp.integrality_ = [
+        highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in mp.integer
+    ]
+    lp.offset_ = mp.constant
+    h.passModel(lp)
+    h.setOptionValue("time_limit", max(0.5, time_limit_s))
+    h.setOptionValue("mip_rel_gap", rel_gap)
+    if threads:
+        h.setOptionValue("threads", threads)
+    if progress is not None:
+
+        def improving(event: object) -> None:
+            d = event.data_out  # type: ignore[attr-defined]
+            progress(
+                f"highs: incumbent {d.objective_function_value:,.3f}, bound "
+                f"{d.mip_dual_bound:,.3f}, {d.running_time:.1f} s"
+            )
+
+        h.cbMipImprovingSolution.subscribe(improving)
+    if stop_at is not None:
+
+        def interrupt(event: object) -> None:
+            d = event.data_out  # type: ignore[attr-defined]
+            if d.objective_function_value <= stop_at:
+                event.data_in.user_interrupt = True  # type: ignore[attr-defined]
+
+        h.cbMipInterrupt.subscribe(interrupt)
+    if start is not None:
+        sol = highspy.HighsSolution()
+        padded = np.zeros(n)
+        padded[: min(n, len(start))] = start[:n]
+        sol.col_value = list(padded)
+        h.setSolution(sol)
+    t0 = time.perf_counter()
+    h.run()
+    wall = time.perf_counter() - t0
+    status = h.getModelStatus()
+    info = h.getInfo()
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return MilpOutcome("infeasible", None, None, wall), None
+    has = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    values = np.asarray(h.getSolution().col_value) if has else None
+    bound = float(info.mip_dual_bound)
+    bound_value = bound if np.isfinite(bound) else None
+    if values is None:
+        return MilpOutcome("no_solution", None, bound_value, wall), None
+    done = status == highspy.HighsModelStatus.kOptimal
+    objective = float(info.objective_function_value)
+    return MilpOutcome("optimal" if done else "feasible", objective, bound_value, wall), values
