@@ -30,6 +30,12 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=0.005)
     parser.add_argument("--limit", type=float, default=60.0, help="seconds for pattern")
     parser.add_argument("--baseline-limit", type=float, default=120.0)
+    parser.add_argument(
+        "--contenders",
+        nargs="+",
+        default=[c for c, _ in CONTENDERS],
+        choices=[c for c, _ in CONTENDERS],
+    )
     args = parser.parse_args()
     print(
         f"target gap {args.gap:.2%}; limits: pattern {args.limit:g} s, others "
@@ -44,6 +50,8 @@ def main() -> None:
         problem = load_problem(ROOT / "instances" / f"{name}.yaml")
         rows: dict[str, tuple[float, float | None]] = {}
         for label, preset in CONTENDERS:
+            if label not in args.contenders:
+                continue
             limit = args.limit if label == "pattern" else args.baseline_limit
             start = time.perf_counter()
             res = solve(problem, load_preset(preset), time_limit_s=limit, rel_gap=args.gap)
@@ -59,8 +67,10 @@ def main() -> None:
                 f"{wall:>8.1f} {ok!s:>8}",
                 flush=True,
             )
+        if "pattern" not in rows:
+            continue
         p_wall, p_gap = rows["pattern"]
-        for other in ("per-GPU", "plain"):
+        for other in (c for c in ("per-GPU", "plain") if c in rows):
             o_wall, o_gap = rows[other]
             reached = o_gap is not None and o_gap <= args.gap
             p_reached = p_gap is not None and p_gap <= args.gap

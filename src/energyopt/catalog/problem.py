@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from energyopt.catalog.loader import Catalog, builtin_catalog, load_catalog_file
+from energyopt.catalog.profiles import MeasuredProfile, read_profile
 from energyopt.spec.cluster import Gpu
 from energyopt.spec.errors import SpecError
 from energyopt.spec.hardware import GpuType
@@ -23,6 +24,7 @@ class Problem:
     instance: Instance
     catalog: Catalog
     source: str
+    profiles: dict[tuple[str, str], MeasuredProfile] = field(default_factory=dict)
 
     @property
     def gpus(self) -> list[Gpu]:
@@ -110,9 +112,23 @@ def resolve(
         for type_name in instance.options.clocks_mhz:
             if type_name not in catalog.gpus:
                 problems.append(f"{source}: options.clocks_mhz: unknown GPU type {type_name!r}")
+    profiles: dict[tuple[str, str], MeasuredProfile] = {}
+    for i, ref in enumerate(instance.profiles):
+        where = f"{source}: profiles[{i}]"
+        if ref.gpu not in catalog.gpus or ref.model not in catalog.models:
+            problems.append(f"{where}: unknown GPU type {ref.gpu!r} or model {ref.model!r}")
+            continue
+        path = Path(ref.file)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        clock = ref.clock_mhz or catalog.gpus[ref.gpu].default_sm_clock_mhz
+        try:
+            profiles[(ref.gpu, ref.model)] = read_profile(path, ref.gpu, ref.model, clock)
+        except SpecError as exc:
+            problems.extend(f"{where}: {p}" for p in exc.problems)
     if problems:
         raise SpecError(problems)
-    return Problem(instance, catalog, source)
+    return Problem(instance, catalog, source, profiles)
 
 
 def load_problem(path: str | Path, extra_catalogs: Sequence[str | Path] = ()) -> Problem:

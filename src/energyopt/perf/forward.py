@@ -6,6 +6,7 @@ with the memory bandwidth the slice gets. See docs/performance-model.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,16 +73,72 @@ def _finish(p: OpParams, flops: FloatArray, total_bytes: FloatArray, tokens: Flo
     return Pass(ms, compute_ms, memory_ms, bytes_per_gpu, np.asarray(power))
 
 
-def prefill_pass(p: OpParams, tokens: FloatArray, seqs: FloatArray | float = 1.0) -> Pass:
-    """Prefill of ``seqs`` prompts of ``tokens`` tokens each, batched (causal attention)."""
+def _prefill(p: OpParams, tokens: FloatArray, seqs: FloatArray | float) -> Pass:
     total = tokens * seqs
     flops = 2.0 * p.active_params * total + 2.0 * p.layers * tokens**2 * p.attn_dim * seqs
     total_bytes = weights_touched(p, total) + total * p.kv_bytes_per_token
     return _finish(p, flops, total_bytes, total)
 
 
-def decode_pass(p: OpParams, batch: FloatArray, context: FloatArray) -> Pass:
-    """One decode step for ``batch`` sequences of mean ``context`` tokens."""
+def _decode(p: OpParams, batch: FloatArray, context: FloatArray) -> Pass:
     flops = 2.0 * p.active_params * batch + 4.0 * p.layers * batch * context * p.attn_dim
     total_bytes = weights_touched(p, batch) + batch * context * p.kv_bytes_per_token
     return _finish(p, flops, total_bytes, batch)
+
+
+def prefill_pass(p: OpParams, tokens: FloatArray, seqs: FloatArray | float = 1.0) -> Pass:
+    """Prefill of ``seqs`` prompts of ``tokens`` tokens each, batched (causal attention)."""
+    out = _prefill(p, tokens, seqs)
+    return _measured(p, out, lambda q: _prefill(q, tokens, seqs), "prefill", tokens, seqs)
+
+
+def decode_pass(p: OpParams, batch: FloatArray, context: FloatArray) -> Pass:
+    """One decode step for ``batch`` sequences of mean ``context`` tokens."""
+    out = _decode(p, batch, context)
+    return _measured(p, out, lambda q: _decode(q, batch, context), "decode", batch, context)
+
+
+def _measured(
+    p: OpParams,
+    out: Pass,
+    analytic: Callable[[OpParams], Pass],
+    kind: str,
+    a: FloatArray | float,
+    b: FloatArray | float,
+) -> Pass:
+    """Scale the analytic pass by measured / analytic at the profile's reference point.
+
+    The reference is the profile's clock on whole GPUs; the analytic model then
+    carries only the clock and share dependence (see catalog/profiles.py).
+    """
+    has = np.asarray([prof is not None for prof in p.profile], dtype=bool)
+    if not has.any():
+        return out
+    ref = analytic(
+        p.replace(
+            clock_ratio=p.profile_clock_ratio,
+            sm_fraction=np.ones_like(p.sm_fraction),
+            bw_fraction=np.ones_like(p.bw_fraction),
+        )
+    )
+    aa = np.broadcast_to(np.asarray(a, dtype=np.float64), p.clock_ratio.shape)
+    bb = np.broadcast_to(np.asarray(b, dtype=np.float64), p.clock_ratio.shape)
+    factor = np.ones_like(out.ms)
+    for i in np.flatnonzero(has):
+        prof = p.profile[i]
+        tp = int(p.tp[i])
+        if kind == "prefill":
+            measured = prof.prefill_ms(float(aa[i]), tp)
+            if measured is not None:
+                measured *= float(bb[i])  # seqs prompts measured one at a time
+        else:
+            measured = prof.decode_ms(float(aa[i]), float(bb[i]), tp)
+        if measured is not None:
+            factor[i] = measured / float(ref.ms[i])
+    return Pass(
+        out.ms * factor,
+        out.compute_ms * factor,
+        out.memory_ms * factor,
+        out.bytes_per_gpu,
+        out.power_w,  # activity is the analytic estimate; energy follows the measured time
+    )

@@ -138,6 +138,7 @@ def op_spec(
         memory_gb=memory_gb,
         tp=tp,
         options=problem.instance.options,
+        profile=problem.profiles.get((gpu.name, workload.model)),
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from energyopt.catalog.profiles import MeasuredProfile
 from energyopt.spec.hardware import GpuType
 from energyopt.spec.instance import Options
 from energyopt.spec.llm import LlmModel
@@ -38,6 +39,7 @@ class OpSpec:
     memory_gb: float
     tp: int = 1
     options: Options = field(default_factory=Options)
+    profile: MeasuredProfile | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,9 @@ class OpParams:
     tbt_slo_ms: FloatArray
     phase: NDArray[np.int64]
     max_batch: FloatArray
+    # measured profile of the (GPU, model) pair, or None (object array)
+    profile: NDArray[np.object_]
+    profile_clock_ratio: FloatArray  # clock the profile was measured at / f_max
 
     def __len__(self) -> int:
         return int(self.clock_ratio.shape[0])
@@ -157,9 +162,18 @@ def build_params(specs: list[OpSpec]) -> OpParams:
             "tbt_slo_ms": w.slo.tbt_ms,
             "phase": PHASE_CODE[s.phase],
             "max_batch": s.options.max_batch,
+            "profile_clock_ratio": (
+                s.profile.clock_mhz / g.max_sm_clock_mhz if s.profile is not None else 1.0
+            ),
         }
         for key, value in row.items():
             cols[key].append(value)
-    arrays: dict[str, NDArray[Any]] = {k: np.asarray(v, dtype=np.float64) for k, v in cols.items()}
+    arrays: dict[str, NDArray[Any]] = {
+        k: np.asarray(v, dtype=np.float64) for k, v in cols.items() if k != "profile"
+    }
     arrays["phase"] = np.asarray(cols["phase"], dtype=np.int64)
+    profiles = np.empty(len(specs), dtype=object)
+    for i, s in enumerate(specs):
+        profiles[i] = s.profile
+    arrays["profile"] = profiles
     return OpParams(**arrays)

@@ -43,6 +43,17 @@ class Sharing(Spec):
         return tuple(sorted(set(self.levels_pct)))
 
 
+class ProfileRef(Spec):
+    """A measured latency profile (CSV) for one GPU type and model."""
+
+    gpu: str = Field(min_length=1, description="catalog GPU type")
+    model: str = Field(min_length=1, description="catalog LLM")
+    file: str = Field(min_length=1, description="CSV path, relative to the instance file")
+    clock_mhz: int | None = Field(
+        default=None, gt=0, description="clock it was measured at; default: the GPU's default"
+    )
+
+
 class Options(Spec):
     """Decision space and objective."""
 
@@ -74,6 +85,9 @@ class Instance(Spec):
     )
     gpu_types: tuple[GpuType, ...] = Field(default=(), description="inline catalog GPUs")
     models: tuple[LlmModel, ...] = Field(default=(), description="inline catalog LLMs")
+    profiles: tuple[ProfileRef, ...] = Field(
+        default=(), description="measured profiles that override the analytic latency model"
+    )
     cluster: Cluster
     workloads: tuple[Workload, ...] = Field(min_length=1)
     options: Options = Options()
