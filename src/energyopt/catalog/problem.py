@@ -66,20 +66,10 @@ def resolve(
         path = Path(rel)
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
-        try:
-            gpus, models = load_catalog_file(path)
-        except SpecError as exc:
-            problems.extend(f"{source}: catalog[{i}]: {p}" for p in exc.problems)
-            continue
-        catalog = catalog.merged(gpus, models)
+        catalog = _merge_file(catalog, path, f"{source}: catalog[{i}]", problems)
     catalog = catalog.merged(instance.gpu_types, instance.models)
     for extra in extra_catalogs:
-        try:
-            gpus, models = load_catalog_file(extra)
-        except SpecError as exc:
-            problems.extend(f"--catalog {extra}: {p}" for p in exc.problems)
-            continue
-        catalog = catalog.merged(gpus, models)
+        catalog = _merge_file(catalog, Path(extra), f"--catalog {extra}", problems)
     for n, node in enumerate(instance.cluster.nodes):
         for e, entry in enumerate(node.gpus):
             if entry.type not in catalog.gpus:
@@ -129,6 +119,16 @@ def resolve(
     if problems:
         raise SpecError(problems)
     return Problem(instance, catalog, source, profiles)
+
+
+def _merge_file(catalog: Catalog, path: Path, label: str, problems: list[str]) -> Catalog:
+    """``catalog`` with the entries of a catalog file; its errors go to ``problems``."""
+    try:
+        gpus, models = load_catalog_file(path)
+    except SpecError as exc:
+        problems.extend(f"{label}: {p}" for p in exc.problems)
+        return catalog
+    return catalog.merged(gpus, models)
 
 
 def load_problem(path: str | Path, extra_catalogs: Sequence[str | Path] = ()) -> Problem:

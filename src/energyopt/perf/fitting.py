@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from energyopt.perf.calibration import (
     VIDUR_MODELS,
     ErrorStats,
     PowerConstants,
+    SplitwiseRows,
     error_stats,
     phase_power_w,
     predict_splitwise,
@@ -26,6 +28,7 @@ from energyopt.perf.calibration import (
     splitwise_average_power,
 )
 from energyopt.spec.hardware import Efficiency, GpuType, PowerParams
+from energyopt.spec.llm import LlmModel
 
 
 @dataclass(frozen=True)
@@ -53,20 +56,26 @@ class Tables:
         return out
 
 
-def latency_errors(catalog: Catalog, tables: Tables, gpu: GpuType) -> list[ErrorStats]:
-    """Error of the latency model of ``gpu`` on every table that measured it."""
-    stats: list[ErrorStats] = []
+def splitwise_tables(
+    catalog: Catalog, tables: Tables, gpu: GpuType
+) -> Iterator[tuple[str, str, LlmModel, SplitwiseRows]]:
+    """(hardware, model name, catalog model, rows) of every Splitwise table of ``gpu``."""
     for hw, gname in SPLITWISE_HARDWARE.items():
         if gname != gpu.name:
             continue
         for mname, cname in SPLITWISE_MODELS.items():
             rows = read_splitwise(tables.splitwise, hw, mname)
-            if not rows.tp:
-                continue
-            model = catalog.model(cname)
-            pre, dec = predict_splitwise(gpu, model, rows)
-            stats.append(error_stats(f"splitwise {hw} {mname} prompt", pre.ms, rows.prompt_ms))
-            stats.append(error_stats(f"splitwise {hw} {mname} token", dec.ms, rows.token_ms))
+            if rows.tp:
+                yield hw, mname, catalog.model(cname), rows
+
+
+def latency_errors(catalog: Catalog, tables: Tables, gpu: GpuType) -> list[ErrorStats]:
+    """Error of the latency model of ``gpu`` on every table that measured it."""
+    stats: list[ErrorStats] = []
+    for hw, mname, model, rows in splitwise_tables(catalog, tables, gpu):
+        pre, dec = predict_splitwise(gpu, model, rows)
+        stats.append(error_stats(f"splitwise {hw} {mname} prompt", pre.ms, rows.prompt_ms))
+        stats.append(error_stats(f"splitwise {hw} {mname} token", dec.ms, rows.token_ms))
     for gname, cname, path in tables.vidur():
         if gname != gpu.name:
             continue
@@ -121,16 +130,10 @@ def fit_latency(catalog: Catalog, tables: Tables, gpu: GpuType) -> Efficiency:
         )
         trial = gpu.model_copy(update={"efficiency": eff})
         res: list[np.ndarray] = []
-        for hw, gname in SPLITWISE_HARDWARE.items():
-            if gname != gpu.name:
-                continue
-            for mname, cname in SPLITWISE_MODELS.items():
-                rows = read_splitwise(tables.splitwise, hw, mname)
-                if not rows.tp:
-                    continue
-                pre, dec = predict_splitwise(trial, catalog.model(cname), rows)
-                res.append(np.log(pre.ms / rows.prompt_ms))
-                res.append(np.log(dec.ms / rows.token_ms))
+        for _, _, model, rows in splitwise_tables(catalog, tables, gpu):
+            pre, dec = predict_splitwise(trial, model, rows)
+            res.append(np.log(pre.ms / rows.prompt_ms))
+            res.append(np.log(dec.ms / rows.token_ms))
         for gname, cname, path in tables.vidur():
             if gname == gpu.name:
                 rows_v = read_vidur(path)

@@ -14,7 +14,7 @@ import highspy
 import numpy as np
 from numpy.typing import NDArray
 
-from energyopt.formulations.serving.master import Master, quiet_highs
+from energyopt.formulations.serving.master import Master, quiet_highs, to_highs_lp
 from energyopt.solvers.highs_backend import MilpOutcome, Progress
 
 
@@ -35,25 +35,7 @@ def solve_master_mip(
     """
     h = quiet_highs()
     n = len(mp.cost)
-    lp = highspy.HighsLp()
-    lp.num_col_ = n
-    lp.num_row_ = len(mp.row_lo)
-    lp.col_cost_ = np.asarray(mp.cost, dtype=np.float64)
-    lp.col_lower_ = np.asarray(mp.lo, dtype=np.float64)
-    lp.col_upper_ = np.asarray(mp.hi, dtype=np.float64)
-    lp.row_lower_ = np.asarray(mp.row_lo, dtype=np.float64)
-    lp.row_upper_ = np.asarray(mp.row_hi, dtype=np.float64)
-    ent = np.asarray(mp.entries, dtype=np.float64).reshape(-1, 3)
-    ent = ent[np.lexsort((ent[:, 0], ent[:, 1]))]
-    cols = ent[:, 1].astype(np.int64)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = np.searchsorted(cols, np.arange(n + 1)).astype(np.int32)
-    lp.a_matrix_.index_ = ent[:, 0].astype(np.int32)
-    lp.a_matrix_.value_ = ent[:, 2]
-    lp.integrality_ = [
-        highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in mp.integer
-    ]
-    lp.offset_ = mp.constant
+    lp = to_highs_lp(mp, integer=True)
     h.passModel(lp)
     h.setOptionValue("time_limit", max(0.5, time_limit_s))
     h.setOptionValue("mip_rel_gap", rel_gap)

@@ -165,27 +165,37 @@ class LpSolution:
     budgets_w: list[float]
 
 
-def solve_lp(mp: Master, n_units: int, n_classes: int) -> LpSolution:
-    """Solve the LP relaxation with HiGHS; raise RuntimeError if it does not solve."""
-    h = quiet_highs()
+def to_highs_lp(mp: Master, *, integer: bool) -> highspy.HighsLp:
+    """The master in HiGHS' column-wise form (count variables integer if ``integer``)."""
+    n = len(mp.cost)
     lp = highspy.HighsLp()
-    n, m = len(mp.cost), len(mp.row_lo)
     lp.num_col_ = n
-    lp.num_row_ = m
+    lp.num_row_ = len(mp.row_lo)
     lp.col_cost_ = np.asarray(mp.cost, dtype=np.float64)
     lp.col_lower_ = np.asarray(mp.lo, dtype=np.float64)
     lp.col_upper_ = np.asarray(mp.hi, dtype=np.float64)
     lp.row_lower_ = np.asarray(mp.row_lo, dtype=np.float64)
     lp.row_upper_ = np.asarray(mp.row_hi, dtype=np.float64)
     ent = np.asarray(mp.entries, dtype=np.float64).reshape(-1, 3)
-    order = np.lexsort((ent[:, 0], ent[:, 1]))
-    ent = ent[order]
+    ent = ent[np.lexsort((ent[:, 0], ent[:, 1]))]
     cols = ent[:, 1].astype(np.int64)
-    start = np.searchsorted(cols, np.arange(n + 1)).astype(np.int32)
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = start
+    lp.a_matrix_.start_ = np.searchsorted(cols, np.arange(n + 1)).astype(np.int32)
     lp.a_matrix_.index_ = ent[:, 0].astype(np.int32)
     lp.a_matrix_.value_ = ent[:, 2]
+    if integer:
+        lp.integrality_ = [
+            highspy.HighsVarType.kInteger if flag else highspy.HighsVarType.kContinuous
+            for flag in mp.integer
+        ]
+        lp.offset_ = mp.constant
+    return lp
+
+
+def solve_lp(mp: Master, n_units: int, n_classes: int) -> LpSolution:
+    """Solve the LP relaxation with HiGHS; raise RuntimeError if it does not solve."""
+    h = quiet_highs()
+    lp = to_highs_lp(mp, integer=False)
     h.passModel(lp)
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
