@@ -665,3 +665,12 @@ def test_specs_are_hashable_where_all_fields_are() -> None:
     entry = GpuEntry(type="L4", count=2)
     assert {slo: 1}[Slo(ttft_ms=500.0, tbt_ms=50.0)] == 1
     assert hash(entry) == hash(GpuEntry(type="L4", count=2))
+
+
+def test_duplicate_yaml_keys_are_rejected_naming_file_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "dup.yaml"
+    path.write_text("name: a\nname: b\ncluster: {nodes: []}\n")
+    with pytest.raises(SpecError) as err:
+        load(Instance, path)
+    text = str(err.value)
+    assert str(path) in text and "duplicate key 'name'" in text and "line 2" in text

@@ -20,7 +20,8 @@ SUFFIXES = {".yaml": "yaml", ".yml": "yaml", ".json": "json", ".toml": "toml"}
 
 
 class _GuardedLoader(yaml.SafeLoader):
-    """Safe YAML loader that refuses alias explosions ("billion laughs")."""
+    """Safe YAML loader that refuses alias explosions ("billion laughs") and
+    duplicate keys (a repeated key would silently keep only its last value)."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
@@ -34,6 +35,18 @@ class _GuardedLoader(yaml.SafeLoader):
                     f"more than {MAX_YAML_ALIASES} aliases: refusing a possible YAML bomb"
                 )
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, str) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark
+                    )
+                seen.add(key)
+        return dict(super().construct_mapping(node, deep=deep))
 
 
 def file_format(path: Path) -> str:
