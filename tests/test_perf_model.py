@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -150,3 +151,28 @@ def test_memory_bound_decode_barely_moves_with_clock() -> None:
     assert pre_ratio > 1.4  # compute-bound prefill scales close to 1/f
     energy_ratio = decode_pass(slow, b, ctx).energy_j[0] / decode_pass(fast, b, ctx).energy_j[0]
     assert energy_ratio < 0.8  # a lower clock saves decode energy
+
+
+def test_placement_power_and_energy_per_token_follow_energy_per_request() -> None:
+    from energyopt.perf.energy import (
+        energy_per_output_token_j,
+        energy_per_request_j,
+        placement_power_w,
+    )
+
+    case = {
+        "gpu": "H100-SXM5-80GB",
+        "model": "Llama-3.1-8B",
+        "prompt": 1024,
+        "output": 256,
+        "ttft": 1000.0,
+        "tbt": 100.0,
+        "pct": 90.0,
+        "phase": "both",
+        "clock_frac": 1.0,
+        "share": 1.0,
+    }
+    p = build_params([spec(case)])
+    per_request = energy_per_request_j(p)[0]
+    assert placement_power_w(p, np.asarray([3.0]))[0] == pytest.approx(3.0 * per_request)
+    assert energy_per_output_token_j(p)[0] == pytest.approx(per_request / 256)

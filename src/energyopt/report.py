@@ -84,10 +84,12 @@ def format_problem(problem: Problem, table: OpTable) -> list[str]:
             mine = [o for o in ops if table.gpu_type[o] == t]
             if not mine:
                 rows.append(
-                    [unit.label, f"{unit.rate_rps:g}", type_name, "none meets the SLO", "", ""]
+                    [unit.label, f"{unit.rate_rps:g}", type_name, "none meets the SLO", "", "", ""]
                 )
                 continue
             best = max(mine, key=lambda o: table.capacity_rps[o] / table.tp[o])
+            wl = problem.instance.workload(unit.workload)
+            tokens = 1.0 if unit.phase == "prefill" else wl.output_tokens.mean
             share = table.mig_profile[best] or f"{table.share[best]}%"
             rows.append(
                 [
@@ -97,6 +99,7 @@ def format_problem(problem: Problem, table: OpTable) -> list[str]:
                     f"{table.clock_mhz[best]} MHz {share} TP{table.tp[best]}",
                     f"{table.capacity_rps[best]:.2f} req/s",
                     f"{table.energy_j[best]:.1f} J/req",
+                    f"{table.energy_j[best] / tokens:.3f} J/token",
                 ]
             )
     lines.append(
@@ -104,6 +107,8 @@ def format_problem(problem: Problem, table: OpTable) -> list[str]:
     )
     lines += [
         "  " + r
-        for r in _table(rows, ["unit", "req/s", "GPU type", "op. point", "capacity", "energy"])
+        for r in _table(
+            rows, ["unit", "req/s", "GPU type", "op. point", "capacity", "energy", "per token"]
+        )
     ]
     return lines

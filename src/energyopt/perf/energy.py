@@ -41,3 +41,15 @@ def service_latency_ms(p: OpParams, batch: FloatArray) -> FloatArray:
     return np.asarray(
         np.where(p.phase == 1, prefill, np.where(p.phase == 2, decode, prefill + decode))
     )
+
+
+def placement_power_w(p: OpParams, rate_rps: FloatArray) -> FloatArray:
+    """Dynamic power of each placement at its rate, summed over its TP group (W)."""
+    return np.asarray(np.asarray(rate_rps, dtype=np.float64) * energy_per_request_j(p))
+
+
+def energy_per_output_token_j(p: OpParams) -> FloatArray:
+    """Dynamic energy per generated token (J): per request over output tokens
+    (a prefill-only unit produces the first token)."""
+    tokens = np.where(p.phase == 1, 1.0, p.output_tokens)
+    return np.asarray(energy_per_request_j(p) / tokens)
