@@ -1,0 +1,353 @@
+"""A simulated NVML with the real constraints of each catalog GPU type, for tests.
+
+It enforces the supported clock list, the power-limit range, MIG support, MIG slice
+counts and per-profile instance limits, and can refuse writes (no permission),
+fail at the k-th write (fault injection) or silently drop a kind of write (to test
+read-back). The energy counter advances with simulated time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from energyopt.nvml.backend import LockedClocks
+from energyopt.nvml.errors import (
+    ClockNotSupported,
+    DeviceMapError,
+    MigLayoutError,
+    MpsError,
+    NoPermission,
+    NotSupported,
+    PowerLimitOutOfRange,
+)
+from energyopt.nvml.names import nvml_name
+from energyopt.perf.power import clock_power_factor, gpu_on_power_w
+from energyopt.spec.hardware import GpuType
+
+
+@dataclass
+class SimDevice:
+    """Settable state of one simulated GPU (plus its energy counter and load)."""
+
+    type_name: str
+    uuid: str
+    persistence: bool = False
+    locked: tuple[int, int] | None = None
+    power_limit_mw: int = 0
+    mig_mode: bool = False
+    instances: list[str] = field(default_factory=list)
+    energy_mj: float = 0.0
+    load: float = 0.0
+
+
+@dataclass
+class SimMpsDaemon:
+    """A fake MPS control daemon."""
+
+    device_uuid: str
+    log_dir: str
+    default_pct: int = 100
+
+
+class SimulatedNvml:
+    """In-memory NVML. ``writes`` logs every write call, in order."""
+
+    kind = "sim"
+
+    def __init__(self, gpus: list[GpuType], privileged: bool = True) -> None:
+        self.types = list(gpus)
+        self.devices = [
+            SimDevice(
+                type_name=g.name,
+                uuid=f"GPU-00000000-0000-0000-0000-{i:012d}",
+                power_limit_mw=round(_default_limit_w(g) * 1000),
+            )
+            for i, g in enumerate(gpus)
+        ]
+        self.privileged = privileged
+        self.time_s = 0.0
+        self.writes: list[str] = []
+        self.mps_daemons: dict[str, SimMpsDaemon] = {}
+        self.ignored_ops: set[str] = set()
+        self._faults: dict[int, BaseException] = {}
+
+    # fault injection -------------------------------------------------------
+    def fail_at_write(self, k: int, error: BaseException) -> None:
+        """Make the ``k``-th write from now (0-based) raise ``error`` instead of writing."""
+        self._faults[len(self.writes) + k] = error
+
+    def ignore(self, op: str) -> None:
+        """Accept writes of ``op`` (a method name) without changing anything."""
+        self.ignored_ops.add(op)
+
+    def _write(self, op: str, index: int) -> bool:
+        """Account for a write; True when it should take effect."""
+        n = len(self.writes)
+        self.writes.append(f"{op}[{index}]")
+        fault = self._faults.pop(n, None)
+        if fault is not None:
+            raise fault
+        if not self.privileged:
+            raise NoPermission(self._label(index), op.removeprefix("set_").replace("_", " "))
+        return op not in self.ignored_ops
+
+    def _label(self, index: int) -> str:
+        return f"GPU {index} ({self.name(index)}, {self.devices[index].uuid})"
+
+    def _dev(self, index: int) -> SimDevice:
+        if not 0 <= index < len(self.devices):
+            raise DeviceMapError(f"no GPU with index {index} (this host has {len(self.devices)})")
+        return self.devices[index]
+
+    # state -----------------------------------------------------------------
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every settable value of every GPU and MPS daemon (not energy or time)."""
+        out: list[dict[str, Any]] = []
+        for d in self.devices:
+            row = asdict(d)
+            row.pop("energy_mj")
+            row.pop("load")
+            row["instances"] = sorted(d.instances)
+            out.append(row)
+        out.append({"mps": {k: asdict(v) for k, v in sorted(self.mps_daemons.items())}})
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """State for ``from_json`` (the CLI keeps a simulated host between runs)."""
+        return {
+            "types": [g.name for g in self.types],
+            "devices": [asdict(d) for d in self.devices],
+            "time_s": self.time_s,
+            "privileged": self.privileged,
+            "mps": {k: asdict(v) for k, v in self.mps_daemons.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], catalog: dict[str, GpuType]) -> SimulatedNvml:
+        """Rebuild a simulated host saved by ``to_json``."""
+        sim = cls([catalog[name] for name in data["types"]], bool(data.get("privileged", True)))
+        for dev, row in zip(sim.devices, data["devices"], strict=True):
+            locked = row.get("locked")
+            row = {**row, "locked": tuple(locked) if locked else None}
+            for key, value in row.items():
+                setattr(dev, key, value)
+        sim.time_s = float(data.get("time_s", 0.0))
+        sim.mps_daemons = {k: SimMpsDaemon(**v) for k, v in data.get("mps", {}).items()}
+        return sim
+
+    def save(self, path: str | Path) -> None:
+        """Write the state as JSON."""
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+    # simulated time and power ----------------------------------------------
+    def set_load(self, index: int, load: float) -> None:
+        """SM activity of the work running on GPU ``index``, 0..1."""
+        self._dev(index).load = min(max(load, 0.0), 1.0)
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` of simulated time pass; energy counters advance."""
+        for i, d in enumerate(self.devices):
+            d.energy_mj += self.get_power_usage(i) * seconds
+        self.time_s += seconds
+
+    # Backend ---------------------------------------------------------------
+    def device_count(self) -> int:
+        return len(self.devices)
+
+    def index_of_uuid(self, uuid: str) -> int:
+        for i, d in enumerate(self.devices):
+            if d.uuid == uuid:
+                return i
+        raise DeviceMapError(f"no GPU with UUID {uuid} on this host (see `energyopt status`)")
+
+    def name(self, index: int) -> str:
+        return nvml_name(self._dev(index).type_name)
+
+    def uuid(self, index: int) -> str:
+        return self._dev(index).uuid
+
+    def gpu_type(self, index: int) -> GpuType:
+        """Catalog type of the simulated GPU."""
+        self._dev(index)
+        return self.types[index]
+
+    def get_persistence(self, index: int) -> bool:
+        return self._dev(index).persistence
+
+    def set_persistence(self, index: int, enabled: bool) -> None:
+        dev = self._dev(index)
+        if self._write("set_persistence", index):
+            dev.persistence = enabled
+
+    def supported_sm_clocks(self, index: int) -> tuple[int, ...]:
+        return self.gpu_type(index).sm_clocks_mhz()
+
+    def get_locked_clocks(self, index: int) -> LockedClocks:
+        return self._dev(index).locked
+
+    def set_locked_clocks(self, index: int, min_mhz: int, max_mhz: int) -> None:
+        dev = self._dev(index)
+        clocks = self.supported_sm_clocks(index)
+        for c in (min_mhz, max_mhz):
+            if c not in clocks:
+                near = self.gpu_type(index).nearest_clocks_mhz(c)
+                raise ClockNotSupported(self._label(index), c, near)
+        if self._write("set_locked_clocks", index):
+            dev.locked = (min_mhz, max_mhz)
+
+    def reset_locked_clocks(self, index: int) -> None:
+        dev = self._dev(index)
+        if self._write("reset_locked_clocks", index):
+            dev.locked = None
+
+    def get_power_limit(self, index: int) -> int:
+        return self._dev(index).power_limit_mw
+
+    def get_power_limit_constraints(self, index: int) -> tuple[int, int]:
+        g = self.gpu_type(index)
+        return round(g.power_limit_min_w * 1000), round(g.power_limit_max_w * 1000)
+
+    def set_power_limit(self, index: int, limit_mw: int) -> None:
+        dev = self._dev(index)
+        lo, hi = self.get_power_limit_constraints(index)
+        if not lo <= limit_mw <= hi:
+            raise PowerLimitOutOfRange(self._label(index), limit_mw, lo, hi)
+        if self._write("set_power_limit", index):
+            dev.power_limit_mw = limit_mw
+
+    def get_sm_clock(self, index: int) -> int:
+        dev = self._dev(index)
+        g = self.gpu_type(index)
+        if dev.locked is not None:
+            return dev.locked[1]
+        return g.default_sm_clock_mhz if dev.load > 0 else g.min_sm_clock_mhz
+
+    def get_power_usage(self, index: int) -> int:
+        """Model power: on-power at the clock plus SM activity times dynamic power (mW)."""
+        dev = self._dev(index)
+        g = self.gpu_type(index)
+        clock = self.get_sm_clock(index)
+        factor = clock_power_factor(
+            np.asarray([clock / g.max_sm_clock_mhz]),
+            np.asarray([g.power.voltage_floor]),
+            np.asarray([g.power.knee_fraction]),
+        )[0]
+        dynamic = dev.load * g.power.sm_fraction * (g.tdp_w - g.idle_w) * float(factor)
+        watts = min(gpu_on_power_w(g, clock) + dynamic, dev.power_limit_mw / 1000)
+        return round(watts * 1000)
+
+    def get_total_energy(self, index: int) -> int:
+        return int(self._dev(index).energy_mj)
+
+    def mig_supported(self, index: int) -> bool:
+        return bool(self.gpu_type(index).mig_profiles)
+
+    def get_mig_mode(self, index: int) -> bool:
+        return self._dev(index).mig_mode
+
+    def set_mig_mode(self, index: int, enabled: bool) -> None:
+        dev = self._dev(index)
+        if not self.mig_supported(index):
+            raise NotSupported(self._label(index), "MIG mode")
+        if not enabled and dev.instances:
+            raise MigLayoutError(
+                f"{self._label(index)}: destroy the MIG instances before disabling MIG"
+            )
+        if self._write("set_mig_mode", index):
+            dev.mig_mode = enabled
+
+    def list_gpu_instances(self, index: int) -> tuple[str, ...]:
+        return tuple(sorted(self._dev(index).instances))
+
+    def create_gpu_instance(self, index: int, profile: str) -> None:
+        dev = self._dev(index)
+        g = self.gpu_type(index)
+        if not dev.mig_mode:
+            raise MigLayoutError(f"{self._label(index)}: MIG mode is off; enable it first")
+        try:
+            p = g.mig_profile(profile)
+        except KeyError:
+            known = ", ".join(m.name for m in g.mig_profiles)
+            raise MigLayoutError(
+                f"{self._label(index)}: no MIG profile {profile!r} (known: {known})"
+            ) from None
+        used = sum(g.mig_profile(name).compute_slices for name in dev.instances)
+        if used + p.compute_slices > g.mig_total_slices:
+            raise MigLayoutError(
+                f"{self._label(index)}: no room for {profile}: {used} of "
+                f"{g.mig_total_slices} compute slices in use"
+            )
+        if dev.instances.count(profile) + 1 > p.max_instances:
+            raise MigLayoutError(
+                f"{self._label(index)}: at most {p.max_instances} instance(s) of {profile}"
+            )
+        if self._write("create_gpu_instance", index):
+            dev.instances.append(profile)
+
+    def destroy_gpu_instances(self, index: int) -> None:
+        dev = self._dev(index)
+        if not dev.instances:
+            return
+        if self._write("destroy_gpu_instances", index):
+            dev.instances.clear()
+
+
+class SimMps:
+    """Fake MPS control: daemons live in the simulated host; writes count there too."""
+
+    def __init__(self, sim: SimulatedNvml) -> None:
+        self.sim = sim
+
+    def _index(self, pipe_dir: str) -> int:
+        d = self.sim.mps_daemons.get(pipe_dir)
+        return self.sim.index_of_uuid(d.device_uuid) if d else -1
+
+    def is_running(self, pipe_dir: str) -> bool:
+        return pipe_dir in self.sim.mps_daemons
+
+    def start(self, pipe_dir: str, log_dir: str, device_uuid: str) -> None:
+        if pipe_dir in self.sim.mps_daemons:
+            raise MpsError(f"an MPS control daemon already runs on {pipe_dir}")
+        if self.sim._write("mps_start", self.sim.index_of_uuid(device_uuid)):
+            self.sim.mps_daemons[pipe_dir] = SimMpsDaemon(device_uuid, log_dir)
+
+    def stop(self, pipe_dir: str) -> None:
+        if pipe_dir not in self.sim.mps_daemons:
+            return
+        if self.sim._write("mps_stop", self._index(pipe_dir)):
+            del self.sim.mps_daemons[pipe_dir]
+
+    def get_default_percentage(self, pipe_dir: str) -> int:
+        d = self.sim.mps_daemons.get(pipe_dir)
+        if d is None:
+            raise MpsError(f"no MPS control daemon on {pipe_dir}")
+        return d.default_pct
+
+    def set_default_percentage(self, pipe_dir: str, pct: int) -> None:
+        d = self.sim.mps_daemons.get(pipe_dir)
+        if d is None:
+            raise MpsError(f"no MPS control daemon on {pipe_dir}")
+        if self.sim._write("mps_set_default_percentage", self._index(pipe_dir)):
+            d.default_pct = pct
+
+
+class SimClock:
+    """Simulated time: ``sleep`` advances the simulated host instantly."""
+
+    def __init__(self, sim: SimulatedNvml) -> None:
+        self.sim = sim
+
+    def now(self) -> float:
+        return self.sim.time_s
+
+    def sleep(self, seconds: float) -> None:
+        self.sim.advance(seconds)
+
+
+def _default_limit_w(g: GpuType) -> float:
+    return min(max(g.tdp_w, g.power_limit_min_w), g.power_limit_max_w)
