@@ -6,6 +6,7 @@ Units: clocks in MHz, power limits in mW, MPS shares in percent of SMs.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -25,33 +26,38 @@ class Ctx:
 
 
 @dataclass(frozen=True)
-class Action:
-    """A setting of GPU ``index`` (``uuid``), named ``gpu`` in the plan."""
+class Action(abc.ABC):
+    """A setting of GPU ``index`` (``uuid``), named ``gpu`` in the plan (abstract)."""
 
     kind: ClassVar[str] = ""
     gpu: str
     index: int
     uuid: str
 
+    @abc.abstractmethod
     def target(self) -> Json:
         """The value this action sets."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def read(self, ctx: Ctx) -> Json:
         """The current value."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def apply(self, ctx: Ctx) -> None:
         """Write the target."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def undo(self, ctx: Ctx, original: Json) -> None:
         """Put the setting back to ``original`` (only writes what differs)."""
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def describe(self) -> str:
         """What the action does, for people."""
-        raise NotImplementedError
+        ...
 
     def show(self, value: Json) -> str:
         """A value of this setting, for people."""

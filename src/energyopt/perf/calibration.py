@@ -79,7 +79,7 @@ def error_stats(table: str, predicted: FloatArray, measured: FloatArray) -> Erro
     )
 
 
-def _placeholder_workload(model: str) -> Workload:
+def _calibration_workload(model: str) -> Workload:
     return Workload(
         name="calibration",
         model=model,
@@ -92,7 +92,7 @@ def _placeholder_workload(model: str) -> Workload:
 
 def params_for(gpu: GpuType, model: LlmModel, tp: list[int]) -> OpParams:
     """Whole-GPU, default-clock parameters for each TP degree in ``tp``."""
-    wl = _placeholder_workload(model.name)
+    wl = _calibration_workload(model.name)
     specs = [
         OpSpec(
             gpu, model, wl, "both", gpu.default_sm_clock_mhz, 1.0, 1.0, gpu.memory_gb, k, Options()
