@@ -150,3 +150,28 @@ def test_bundled_instances_solve_to_verified_optimal_plans(instance: str) -> Non
         assert groups, "the 70B model must run as a TP group"
     if instance == "mig-a100":
         assert all(p.mig_profile for g in result.plan.gpus for p in g.placements)
+
+
+def test_model_that_fits_no_gpu_gets_a_memory_diagnosis(tmp_path) -> None:
+    from energyopt.catalog import resolve
+    from energyopt.spec import Instance
+
+    data = {
+        "name": "nofit",
+        "cluster": {"nodes": [{"name": "edge", "gpus": [{"type": "L4", "count": 2}]}]},
+        "workloads": [
+            {
+                "name": "big",
+                "model": "Llama-3.1-70B",
+                "rate_rps": 0.5,
+                "prompt_tokens": {"mean": 512},
+                "output_tokens": {"mean": 128},
+                "slo": {"ttft_ms": 5000, "tbt_ms": 200},
+            }
+        ],
+    }
+    problem = resolve(Instance.model_validate(data), "nofit")
+    result = solve(problem, load_preset("highs-exact"))
+    assert result.status == INFEASIBLE
+    text = " ".join(result.diagnosis)
+    assert "'big'" in text and "do not fit" in text and "more memory" in text

@@ -54,9 +54,15 @@ def unservable_units(problem: Problem, table: OpTable) -> list[str]:
                 + ", unloaded: "
                 + ", ".join(parts)
             )
+        memory_only = all("do not fit" in r for r in reasons)
+        advice = (
+            "Add GPUs with more memory, or more GPUs of one node for tensor parallelism."
+            if memory_only
+            else "Relax the SLO or add faster GPUs."
+        )
         lines.append(
-            f"workload {unit.label!r} ({wl.model}): no GPU of the cluster meets its SLO even "
-            f"unloaded; " + "; ".join(reasons) + ". Relax the SLO or add faster GPUs."
+            f"workload {unit.label!r} ({wl.model}): no GPU of the cluster can serve it even "
+            f"unloaded; " + "; ".join(reasons) + ". " + advice
         )
     return lines
 
