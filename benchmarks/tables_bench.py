@@ -1,0 +1,148 @@
+"""Lookup tables: scalar latency, vectorized throughput, and compile parallel efficiency.
+
+    python benchmarks/tables_bench.py [--keys 1000000] [--skip-compile]
+
+Compares the numpy ``Table`` (``lookup`` and the one-column ``getter``), the
+standard-library reader, a Python dict keyed by grid point, and one online
+``solve`` of the base instance. Targets (issue 5): median scalar lookup <= 1 us,
+>= 10 M vectorized lookups/s, parallel efficiency >= 80 % on 2 workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from bisect import bisect_left
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from energyopt.catalog.problem import load_problem
+from energyopt.solvers.presets import load_preset
+from energyopt.solvers.serving import solve
+from energyopt.tables import Table, compile_table
+from energyopt.tables.stdlib_reader import StdlibTable
+
+ROOT = Path(__file__).resolve().parents[1]
+OPS_SPEC = ROOT / "instances" / "compile-quickstart-oppoints.yaml"
+PLAN_SPEC = ROOT / "instances" / "compile-quickstart.yaml"
+
+
+def median_ns(fn: Callable[[], Any], calls: int = 200_000, repeats: int = 7) -> float:
+    """Median over ``repeats`` batches of the mean time per call (ns)."""
+    per_call = []
+    for _ in range(repeats):
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter_ns() - start) / calls)
+    return statistics.median(per_call)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--skip-compile", action="store_true")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="eot-bench-"))
+    try:
+        ops = tmp / "ops.eot"
+        compile_table(OPS_SPEC, ops)
+        table = Table.open(ops)
+        std = StdlibTable(ops)
+        wls = table.axes["workload"].values
+        gpu = table.axes["gpu_type"].values[0]
+        grid = [float(v) for v in table.axes["load"].values]
+        best = table.array("best_clock_mhz")
+        as_dict = {
+            (w, gpu, g): int(best[i, 0, k]) for i, w in enumerate(wls) for k, g in enumerate(grid)
+        }
+        wl, load = wls[0], 7.3
+        getter = table.getter("best_clock_mhz", "workload", "gpu_type", "load")
+
+        def dict_lookup() -> int:
+            k = bisect_left(grid, load)
+            return as_dict.get((wl, gpu, grid[k]), -1) if k < len(grid) else -1
+
+        assert (
+            getter(wl, gpu, load)
+            == dict_lookup()
+            == table.lookup(workload=wl, gpu_type=gpu, load=load)["best_clock_mhz"]
+        )
+        rows = [
+            ("dict + bisect (baseline)", median_ns(dict_lookup)),
+            ("Table.getter (1 column)", median_ns(lambda: getter(wl, gpu, load))),
+            (
+                "Table.lookup (4 columns)",
+                median_ns(lambda: table.lookup(workload=wl, gpu_type=gpu, load=load), 50_000),
+            ),
+            (
+                "StdlibTable.lookup",
+                median_ns(lambda: std.lookup(workload=wl, gpu_type=gpu, load=load), 50_000),
+            ),
+        ]
+        problem = load_problem(ROOT / "instances" / "quickstart.yaml")
+        start = time.perf_counter()
+        solve(problem, load_preset("highs-exact"))
+        rows.append(("online solve (quickstart)", (time.perf_counter() - start) * 1e9))
+        base = rows[0][1]
+        print("scalar lookup latency (median; target <= 1000 ns)")
+        for name, ns in rows:
+            print(f"  {name:<28} {ns:>14,.0f} ns   x{ns / base:,.2f} of dict")
+        rng = np.random.default_rng(0)
+        n = args.keys
+        keys = {
+            "workload": rng.integers(0, len(wls), n),
+            "gpu_type": np.zeros(n, dtype=np.int64),
+            "load": rng.uniform(0, grid[-1] * 1.05, n),
+        }
+        table.lookup_many(keys)
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            table.lookup_many(keys)
+            times.append(time.perf_counter() - start)
+        vec = n / statistics.median(times)
+        one = table.getter("best_clock_mhz")
+        start = time.perf_counter()
+        col = table.array("best_clock_mhz")
+        for _ in range(3):
+            idx = table.axis_index("load", keys["load"])
+            np.where(idx >= 0, col[keys["workload"], 0, idx], -1)
+        single = 3 * n / (time.perf_counter() - start)
+        m = 100_000
+        start = time.perf_counter()
+        for w, x in zip(keys["workload"][:m].tolist(), keys["load"][:m].tolist(), strict=True):
+            one(wls[w], gpu, x)
+        loop = m / (time.perf_counter() - start)
+        print(f"vectorized throughput ({n:,} keys; target >= 10 M/s)")
+        print(f"  Table.lookup_many (4 columns)  {vec / 1e6:8.2f} M lookups/s")
+        print(f"  one column, axis_index + take  {single / 1e6:8.2f} M lookups/s")
+        print(f"  Python loop of getter          {loop / 1e6:8.2f} M lookups/s")
+        print(f"  ratio lookup_many / loop       x{vec / loop:,.1f}")
+        if not args.skip_compile:
+            walls = {}
+            for workers in (1, 2):
+                out = tmp / f"plans-{workers}.eot"
+                start = time.perf_counter()
+                compile_table(PLAN_SPEC, out, workers=workers)
+                walls[workers] = time.perf_counter() - start
+            eff = walls[1] / (2 * walls[2])
+            print(f"compile {PLAN_SPEC.name} (4 cells; target efficiency >= 80 %)")
+            print(f"  1 worker  {walls[1]:6.2f} s")
+            print(
+                f"  2 workers {walls[2]:6.2f} s   speed-up x{walls[1] / walls[2]:.2f}, "
+                f"parallel efficiency {100 * eff:.0f} %"
+            )
+        std.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

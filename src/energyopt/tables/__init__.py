@@ -1,0 +1,44 @@
+"""Lookup compiler: solved instances into constant-time tables for online schedulers.
+
+See docs/tables.md for the file format and the lookup semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from energyopt.catalog.problem import load_problem
+from energyopt.tables.format import Axis, ColumnData, Table, TableError, write_table
+from energyopt.tables.oppoints import build_oppoint_columns
+from energyopt.tables.plans import build_plan_columns, solve_cells
+from energyopt.tables.spec import CompileSpec, load_compile_spec
+
+__all__ = [
+    "Axis",
+    "ColumnData",
+    "CompileSpec",
+    "Table",
+    "TableError",
+    "compile_table",
+    "load_compile_spec",
+    "write_table",
+]
+
+
+def compile_table(
+    spec_path: str | Path,
+    output: str | Path,
+    workers: int = 1,
+    say: Callable[[str], None] | None = None,
+) -> str:
+    """Compile the table a spec file describes into ``output``; returns its kind."""
+    spec, base = load_compile_spec(spec_path)
+    if spec.kind == "oppoints":
+        problem = load_problem(base)
+        axes, columns, meta = build_oppoint_columns(problem, spec.load_points, spec.load_max_rps)
+    else:
+        problem, cells, records = solve_cells(spec, base, output, workers, say)
+        axes, columns, meta = build_plan_columns(spec, problem, cells, records)
+    write_table(output, spec.kind, axes, columns, meta)
+    return spec.kind

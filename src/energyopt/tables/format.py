@@ -1,0 +1,366 @@
+"""Writer of the table file format (docs/tables.md) and the numpy ``Table`` reader."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from bisect import bisect_left
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from energyopt.spec.errors import SpecError
+from energyopt.tables.stdlib_reader import (
+    ALIGN,
+    FORMAT_VERSION,
+    MAGIC,
+    PREFIX,
+    Axis,
+    Column,
+    Layout,
+    TableFormatError,
+    parse_layout,
+)
+
+__all__ = ["Axis", "ColumnData", "Table", "TableError", "write_table"]
+
+
+class TableError(SpecError):
+    """A table file that cannot be used (or a bad lookup key); names the file."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__([f"{path}: {reason}"])
+        self.path = path
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ColumnData:
+    """A column to write: its array (shape = sizes of ``axes``), axes and fallback."""
+
+    values: NDArray[Any]
+    axes: tuple[str, ...]
+    dtype: str  # one of stdlib_reader.DTYPES
+    fallback: float | int
+    unit: str = ""
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def write_table(
+    path: str | Path,
+    kind: str,
+    axes: Sequence[Axis],
+    columns: Mapping[str, ColumnData],
+    meta: Mapping[str, Any] | None = None,
+) -> None:
+    """Write a table file atomically (temporary file, then rename)."""
+    by_name = {a.name: a for a in axes}
+    col_headers: list[dict[str, Any]] = []
+    blobs: list[tuple[int, bytes]] = []
+    offset = 0
+    for name, col in columns.items():
+        shape = tuple(len(by_name[a].values) for a in col.axes)
+        arr = np.ascontiguousarray(np.asarray(col.values).astype(np.dtype(col.dtype)))
+        if arr.shape != shape:
+            raise ValueError(f"column {name}: shape {arr.shape}, axes give {shape}")
+        data = arr.tobytes(order="C")
+        fallback: float | int | None = col.fallback
+        if isinstance(fallback, float) and math.isnan(fallback):
+            fallback = None
+        col_headers.append(
+            {
+                "name": name,
+                "dtype": col.dtype,
+                "axes": list(col.axes),
+                "offset": offset,
+                "nbytes": len(data),
+                "fallback": fallback,
+                "unit": col.unit,
+            }
+        )
+        blobs.append((offset, data))
+        offset = _align(offset + len(data))
+    data_bytes = blobs[-1][0] + len(blobs[-1][1]) if blobs else 0
+    header = {
+        "kind": kind,
+        "axes": [{"name": a.name, "kind": a.kind, "values": list(a.values)} for a in axes],
+        "columns": col_headers,
+        "data_bytes": data_bytes,
+        "meta": dict(meta or {}),
+    }
+    head = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    prefix = PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(head)) + head
+    body = bytearray(_align(len(prefix)) + data_bytes)
+    body[: len(prefix)] = prefix
+    start = _align(len(prefix))
+    for off, data in blobs:
+        body[start + off : start + off + len(data)] = data
+    digest = hashlib.sha256(body).digest()
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(body)
+            fh.write(digest)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise TableError(str(path), f"cannot write: {exc.strerror or exc}") from None
+
+
+def _axis_indexer(axis: Axis) -> Callable[[Any], int]:
+    """Scalar key -> index, -1 outside the grid (fast path of Axis.index)."""
+    if axis.kind == "category":
+        table = {v: i for i, v in enumerate(axis.values)}
+        return lambda key: table.get(key, -1)
+    if axis.kind == "exact":
+        exact = {float(v): i for i, v in enumerate(axis.values)}
+
+        def find(key: Any) -> int:
+            try:
+                return exact.get(float(key), -1)
+            except (TypeError, ValueError):
+                return -1
+
+        return find
+    grid = [float(v) for v in axis.values]
+    top = len(grid)
+
+    def ceil(key: Any) -> int:
+        try:
+            i = bisect_left(grid, key)
+        except TypeError:
+            return -1
+        return i if i < top and key == key else -1  # key != key: NaN
+
+    return ceil
+
+
+class Table:
+    """A table file, memory-mapped; numpy views of its columns."""
+
+    def __init__(self, path: str, layout: Layout, buffer: Any) -> None:
+        self.path = path
+        self.layout = layout
+        self.kind: str = layout.header.get("kind", "")
+        self.meta: dict[str, Any] = layout.header.get("meta", {})
+        self.axes: dict[str, Axis] = layout.axes
+        self.columns: dict[str, Column] = layout.columns
+        self._arrays: dict[str, NDArray[Any]] = {}
+        for col in self.columns.values():
+            arr = np.frombuffer(
+                buffer,
+                dtype=np.dtype(col.dtype),
+                count=math.prod(col.shape),
+                offset=layout.data_start + col.offset,
+            )
+            self._arrays[col.name] = arr.reshape(col.shape)
+        self._indexers = {name: _axis_indexer(a) for name, a in self.axes.items()}
+        self._grids: dict[str, NDArray[Any]] = {
+            name: np.asarray(a.values, dtype=object if a.kind == "category" else np.float64)
+            for name, a in self.axes.items()
+        }
+        self._flat = {name: arr.reshape(-1) for name, arr in self._arrays.items()}
+        self._plans: dict[frozenset[str], list[tuple[str, Any, list[Any], Any]]] = {}
+        self._strides = {
+            col.name: tuple(math.prod(col.shape[k + 1 :]) for k in range(len(col.shape)))
+            for col in self.columns.values()
+        }
+
+    @classmethod
+    def open(cls, path: str | Path, verify: bool = True) -> Table:
+        """Map ``path`` read-only; TableError if it is truncated, corrupted or of
+        another format version (``verify`` checks the SHA-256 of the whole file)."""
+        name = str(path)
+        try:
+            buffer = np.memmap(name, dtype=np.uint8, mode="r")
+        except (OSError, ValueError) as exc:
+            reason = "truncated: empty file" if isinstance(exc, ValueError) else str(exc)
+            raise TableError(name, reason) from None
+        try:
+            layout = parse_layout(buffer, name, verify)
+        except TableFormatError as exc:
+            raise TableError(name, exc.reason) from None
+        return cls(name, layout, buffer)
+
+    def array(self, column: str) -> NDArray[Any]:
+        """Read-only view of a column, shaped by its axes."""
+        return self._arrays[column]
+
+    def _check_keys(self, names: Any) -> None:
+        unknown = set(names) - set(self.axes)
+        if unknown:
+            raise TableError(
+                self.path, f"unknown key(s) {sorted(unknown)}; axes are {', '.join(self.axes)}"
+            )
+
+    def lookup(self, **key: Any) -> dict[str, Any]:
+        """Values of every column whose axes are all in ``key``, plus ``in_grid``.
+
+        Out-of-grid values never raise: the column's fallback is returned and
+        ``in_grid`` is False. Unknown key names raise TableError.
+        """
+        names = frozenset(key)
+        plan = self._plans.get(names)
+        if plan is None:
+            self._check_keys(names)
+            plan = self._plans[names] = [
+                (
+                    col.name,
+                    tuple(zip(col.axes, self._strides[col.name], strict=True)),
+                    self._flat[col.name].tolist(),
+                    col.fallback,
+                )
+                for col in self.columns.values()
+                if set(col.axes) <= names
+            ]
+        indexers = self._indexers
+        index = {name: indexers[name](v) for name, v in key.items()}
+        out: dict[str, Any] = {}
+        in_grid = True
+        for name, axes, values, fallback in plan:
+            flat = 0
+            for a, s in axes:
+                i = index[a]
+                if i < 0:
+                    break
+                flat += i * s
+            else:
+                out[name] = values[flat]
+                continue
+            in_grid = False
+            out[name] = fallback
+        out["in_grid"] = in_grid
+        return out
+
+    def getter(self, column: str, *axes: str) -> Callable[..., Any]:
+        """A fast scalar lookup of one column: ``f(*keys)`` with keys in the order
+        of ``axes`` (default: the column's own axes); returns the fallback outside
+        the grid. This is the path for latency-critical callers."""
+        col = self.columns[column]
+        order = axes or col.axes
+        if sorted(order) != sorted(col.axes):
+            raise TableError(self.path, f"column {column} is keyed by {', '.join(col.axes)}")
+        pos = [order.index(a) for a in col.axes]
+        finders = [self._indexers[a] for a in col.axes]
+        strides = self._strides[column]
+        values = self._flat[column].tolist() if self._flat[column].size <= 1 << 22 else None
+        flat_arr = self._flat[column]
+        fallback = col.fallback
+        if len(pos) == 3 and values is not None:
+            (p0, p1, p2), (f0, f1, f2), (s0, s1, _) = pos, finders, strides
+
+            def get3(*k: Any) -> Any:
+                i0, i1, i2 = f0(k[p0]), f1(k[p1]), f2(k[p2])
+                if i0 < 0 or i1 < 0 or i2 < 0:
+                    return fallback
+                return values[i0 * s0 + i1 * s1 + i2]
+
+            return get3
+
+        def get(*k: Any) -> Any:
+            flat = 0
+            for p, f, s in zip(pos, finders, strides, strict=True):
+                i = f(k[p])
+                if i < 0:
+                    return fallback
+                flat += i * s
+            return values[flat] if values is not None else flat_arr[flat].item()
+
+        return get
+
+    def axis_index(self, name: str, keys: ArrayLike) -> NDArray[np.int64]:
+        """Vectorized axis positions of ``keys`` (-1 outside the grid).
+
+        For a category axis, ``keys`` may be strings or integer codes (positions
+        on the axis, as ``axes[name].values.index`` gives).
+        """
+        axis = self.axes[name]
+        arr = np.asarray(keys)
+        n = len(axis.values)
+        if axis.kind == "category":
+            if arr.dtype.kind in "iu":
+                codes = arr.astype(np.int64)
+                return np.where((codes >= 0) & (codes < n), codes, -1)
+            table = {v: i for i, v in enumerate(axis.values)}
+            return np.fromiter(
+                (table.get(str(v), -1) for v in arr.reshape(-1)), np.int64, arr.size
+            ).reshape(arr.shape)
+        grid = self._grids[name]
+        x = arr.astype(np.float64, copy=False)
+        i = np.searchsorted(grid, x, side="left")
+        if axis.kind == "exact":
+            ic = np.minimum(i, n - 1)
+            ok = (i < n) & (grid[ic] == x)
+        else:
+            ok = (i < n) & ~np.isnan(x)
+        return np.where(ok, i, -1).astype(np.int64, copy=False)
+
+    def lookup_many(self, keys: Mapping[str, ArrayLike]) -> dict[str, NDArray[Any]]:
+        """Vectorized ``lookup``: arrays of keys (broadcast together) -> arrays of
+        values for every column whose axes are all in ``keys``, plus ``in_grid``."""
+        self._check_keys(keys)
+        index = {name: self.axis_index(name, v) for name, v in keys.items()}
+        shape = np.broadcast_shapes(*(i.shape for i in index.values())) if index else ()
+        out: dict[str, NDArray[Any]] = {}
+        in_grid = np.ones(shape, dtype=bool)
+        for col in self.columns.values():
+            if not all(a in index for a in col.axes):
+                continue
+            flat = np.zeros(shape, dtype=np.int64)
+            ok = np.ones(shape, dtype=bool)
+            for a, s in zip(col.axes, self._strides[col.name], strict=True):
+                i = index[a]
+                ok &= i >= 0
+                flat += i * s
+            values = self._flat[col.name][np.where(ok, flat, 0)]
+            fb = np.asarray(col.fallback).astype(values.dtype) if values.size else values
+            out[col.name] = np.where(ok, values, fb)
+            in_grid &= ok
+        out["in_grid"] = in_grid
+        return out
+
+    @property
+    def checksum(self) -> str:
+        """The stored SHA-256 (hex)."""
+        return _stored_digest(self.path)
+
+    def describe(self) -> list[str]:
+        """Lines for ``energyopt inspect``: format, axes, columns, sizes."""
+        lines = [
+            f"{self.path}: energyopt table, format version {self.layout.version}, kind {self.kind}",
+            f"checksum sha256 {_stored_digest(self.path)} ok",
+            f"data {self.layout.data_bytes} bytes at offset {self.layout.data_start}",
+            "axes:",
+        ]
+        for a in self.axes.values():
+            vals = list(a.values)
+            shown = ", ".join(str(v) for v in vals[:6]) + (", ..." if len(vals) > 6 else "")
+            lines.append(f"  {a.name:<20} {a.kind:<8} {len(vals):>5} values: {shown}")
+        lines.append("columns:")
+        for c in self.columns.values():
+            unit = self.layout.header["columns"]
+            u = next((h.get("unit", "") for h in unit if h["name"] == c.name), "")
+            lines.append(
+                f"  {c.name:<20} {c.dtype:<4} [{', '.join(c.axes)}] "
+                f"{'x'.join(map(str, c.shape)) or 'scalar'} {c.nbytes} bytes"
+                f"{f' ({u})' if u else ''}, fallback {c.fallback}"
+            )
+        for k, v in self.meta.items():
+            text = json.dumps(v)
+            lines.append(f"meta {k}: {text if len(text) < 200 else text[:200] + '...'}")
+        return lines
+
+
+def _stored_digest(path: str) -> str:
+    with open(path, "rb") as fh:
+        fh.seek(-32, os.SEEK_END)
+        return fh.read(32).hex()

@@ -1,0 +1,280 @@
+"""Reader of energyopt lookup tables (``.eot`` files) using only the standard library.
+
+This module imports nothing from energyopt or numpy, so it can be copied into a
+scheduler as is. The format is described byte by byte in docs/tables.md:
+
+* 24-byte prefix: magic ``b"EOTABLE\\0"``, u32 format version, u32 flags (0),
+  u64 header length H (all little-endian)
+* H bytes of UTF-8 JSON header (axes, columns, metadata)
+* zero padding up to the next multiple of 64 bytes: the data section starts there
+* columns: fixed-width little-endian arrays, C order, each at a 64-byte aligned
+  offset relative to the data section start
+* 32 bytes: SHA-256 of every byte before them
+
+Lookup semantics: a ``category`` axis matches a string exactly, an ``exact`` axis
+matches a number exactly, and a ``ceil`` axis rounds the key UP to the next grid
+value (conservative). A key outside an axis (unknown name, or above the top grid
+value) never raises: the column's ``fallback`` value is returned and
+``in_grid`` is False.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import mmap
+import struct
+import sys
+from bisect import bisect_left
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MAGIC = b"EOTABLE\x00"
+FORMAT_VERSION = 1
+PREFIX = struct.Struct("<8sIIQ")
+"""magic, format version, flags, header length (bytes)."""
+ALIGN = 64
+DIGEST_BYTES = 32
+MAX_HEADER_BYTES = 64 * 1024 * 1024
+
+DTYPES: dict[str, tuple[str, int]] = {
+    "<f8": ("d", 8),
+    "<f4": ("f", 4),
+    "<i8": ("q", 8),
+    "<i4": ("i", 4),
+    "<u1": ("B", 1),
+}
+"""Column dtype (numpy spelling) -> (struct/memoryview format code, bytes per item)."""
+AXIS_KINDS = ("category", "exact", "ceil")
+
+
+class TableFormatError(ValueError):
+    """A table file that cannot be used: truncated, corrupted, wrong magic or version."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One key of the table: its name, matching rule and grid values."""
+
+    name: str
+    kind: str  # category | exact | ceil
+    values: tuple[Any, ...]
+
+    def index(self, key: Any) -> int:
+        """Position of ``key`` on this axis, or -1 when it is outside the grid."""
+        if self.kind == "category":
+            try:
+                return self.values.index(str(key))
+            except ValueError:
+                return -1
+        try:
+            x = float(key)
+        except (TypeError, ValueError):
+            return -1
+        if math.isnan(x):
+            return -1
+        if self.kind == "exact":
+            try:
+                return self.values.index(x)
+            except ValueError:
+                return -1
+        i = bisect_left(self.values, x)
+        return i if i < len(self.values) else -1
+
+
+@dataclass(frozen=True)
+class Column:
+    """One data array: dtype, the axes it is indexed by (C order) and where it lies."""
+
+    name: str
+    dtype: str
+    axes: tuple[str, ...]
+    shape: tuple[int, ...]
+    offset: int  # bytes from the data section start
+    nbytes: int
+    fallback: float | int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Everything the header says, checked against the file size."""
+
+    version: int
+    header: dict[str, Any]
+    axes: dict[str, Axis]
+    columns: dict[str, Column]
+    data_start: int
+    data_bytes: int
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def parse_layout(buf: Any, path: str, verify: bool = True) -> Layout:
+    """Check magic, version, sizes and (if ``verify``) the SHA-256; parse the header.
+
+    ``buf`` is any bytes-like object holding the whole file (bytes or an mmap).
+    Raises TableFormatError naming ``path``.
+    """
+    size = len(buf)
+    if size < PREFIX.size:
+        raise TableFormatError(path, f"truncated: {size} bytes, shorter than the prefix")
+    magic, version, flags, header_len = PREFIX.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise TableFormatError(path, f"not an energyopt table (magic {bytes(magic)!r})")
+    if version != FORMAT_VERSION:
+        raise TableFormatError(
+            path, f"format version {version}; this reader reads version {FORMAT_VERSION}"
+        )
+    if flags != 0:
+        raise TableFormatError(path, f"unknown flags {flags:#x}")
+    if header_len > MAX_HEADER_BYTES or PREFIX.size + header_len > size:
+        raise TableFormatError(path, f"truncated: header of {header_len} bytes does not fit")
+    try:
+        header = json.loads(bytes(buf[PREFIX.size : PREFIX.size + header_len]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TableFormatError(path, f"corrupted header: {exc}") from None
+    if not isinstance(header, dict):
+        raise TableFormatError(path, "corrupted header: not a JSON object")
+    data_start = _align(PREFIX.size + header_len)
+    data_bytes = header.get("data_bytes")
+    if not isinstance(data_bytes, int) or data_bytes < 0:
+        raise TableFormatError(path, "corrupted header: data_bytes missing")
+    expected = data_start + data_bytes + DIGEST_BYTES
+    if size != expected:
+        what = "truncated" if size < expected else "trailing bytes"
+        raise TableFormatError(path, f"{what}: {size} bytes, the header says {expected}")
+    if verify:
+        digest = hashlib.sha256(memoryview(buf)[: size - DIGEST_BYTES]).digest()
+        if digest != bytes(buf[size - DIGEST_BYTES :]):
+            raise TableFormatError(path, "checksum mismatch: the file is corrupted")
+    try:
+        axes = {a["name"]: Axis(a["name"], a["kind"], tuple(a["values"])) for a in header["axes"]}
+        columns: dict[str, Column] = {}
+        for c in header["columns"]:
+            names = tuple(c["axes"])
+            shape = tuple(len(axes[n].values) for n in names)
+            fallback = c["fallback"]
+            col = Column(
+                c["name"],
+                c["dtype"],
+                names,
+                shape,
+                int(c["offset"]),
+                int(c["nbytes"]),
+                math.nan if fallback is None else fallback,
+            )
+            columns[col.name] = col
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TableFormatError(path, f"corrupted header: {exc!r}") from None
+    for axis in axes.values():
+        if axis.kind not in AXIS_KINDS:
+            raise TableFormatError(path, f"axis {axis.name!r}: unknown kind {axis.kind!r}")
+    for col in columns.values():
+        if col.dtype not in DTYPES:
+            raise TableFormatError(path, f"column {col.name!r}: unknown dtype {col.dtype!r}")
+        count = math.prod(col.shape)
+        if col.nbytes != count * DTYPES[col.dtype][1] or col.offset % ALIGN:
+            raise TableFormatError(path, f"column {col.name!r}: size or offset is inconsistent")
+        if col.offset + col.nbytes > data_bytes:
+            raise TableFormatError(path, f"column {col.name!r}: runs past the data section")
+    return Layout(version, header, axes, columns, data_start, data_bytes)
+
+
+class StdlibTable:
+    """A table file, memory-mapped, read with ``memoryview`` (no numpy)."""
+
+    def __init__(self, path: str | Path, verify: bool = True) -> None:
+        self.path = str(path)
+        try:
+            with open(self.path, "rb") as fh:
+                if fh.seek(0, 2) == 0:
+                    raise TableFormatError(self.path, "truncated: empty file")
+                self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as exc:
+            raise TableFormatError(self.path, f"cannot read: {exc.strerror or exc}") from None
+        try:
+            self.layout = parse_layout(self._mm, self.path, verify)
+        except TableFormatError:
+            self._mm.close()
+            raise
+        self.axes = self.layout.axes
+        self.columns = self.layout.columns
+        self._views: dict[str, memoryview] = {}
+        base = memoryview(self._mm)
+        for col in self.columns.values():
+            start = self.layout.data_start + col.offset
+            raw = base[start : start + col.nbytes]
+            code = DTYPES[col.dtype][0]
+            # memoryview reads in native byte order; the file is little-endian
+            if sys.byteorder == "little":
+                raw = raw.cast(code)  # type: ignore[call-overload]
+            self._views[col.name] = raw
+        self._base = base
+
+    @property
+    def header(self) -> dict[str, Any]:
+        """The parsed JSON header."""
+        return self.layout.header
+
+    def value(self, column: str, flat: int) -> float | int:
+        """Item ``flat`` (C-order position) of ``column``."""
+        view = self._views[column]
+        if sys.byteorder == "little":
+            return view[flat]  # type: ignore[no-any-return,unused-ignore]
+        col = self.columns[column]
+        code, width = DTYPES[col.dtype]
+        return struct.unpack_from("<" + code, view, flat * width)[0]  # type: ignore[no-any-return]
+
+    def lookup(self, **key: Any) -> dict[str, Any]:
+        """Values of every column whose axes are all in ``key``, plus ``in_grid``.
+
+        Unknown key names raise KeyError; out-of-grid key values never raise
+        (the column fallbacks are returned with ``in_grid`` False).
+        """
+        unknown = set(key) - set(self.axes)
+        if unknown:
+            raise KeyError(f"unknown key(s) {sorted(unknown)}; axes are {list(self.axes)}")
+        index = {name: self.axes[name].index(v) for name, v in key.items()}
+        out: dict[str, Any] = {}
+        in_grid = True
+        for col in self.columns.values():
+            if not all(a in index for a in col.axes):
+                continue
+            flat = 0
+            ok = True
+            for a, n in zip(col.axes, col.shape, strict=True):
+                i = index[a]
+                if i < 0:
+                    ok = False
+                    break
+                flat = flat * n + i
+            if ok:
+                out[col.name] = self.value(col.name, flat)
+            else:
+                in_grid = False
+                out[col.name] = col.fallback
+        out["in_grid"] = in_grid
+        return out
+
+    def close(self) -> None:
+        """Release the views and the map."""
+        for view in self._views.values():
+            view.release()
+        self._views.clear()
+        self._base.release()
+        self._mm.close()
+
+    def __enter__(self) -> StdlibTable:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,138 @@
+"""Table file format: round trip (numpy and stdlib readers agree), corruption cases."""
+
+from __future__ import annotations
+
+import math
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from energyopt.cli import main
+from energyopt.tables import Axis, ColumnData, Table, TableError, write_table
+from energyopt.tables.stdlib_reader import PREFIX, StdlibTable, TableFormatError
+
+
+def _write(path: Path) -> None:
+    rng = np.random.default_rng(0)
+    axes = [
+        Axis("wl", "category", ("a", "b", "c")),
+        Axis("clock", "exact", (900, 1200, 1500, 1980)),
+        Axis("load", "ceil", (0.0, 0.5, 1.0, 2.5, 4.0)),
+    ]
+    columns = {
+        "x": ColumnData(rng.normal(size=(3, 4, 5)), ("wl", "clock", "load"), "<f8", math.nan),
+        "n": ColumnData(rng.integers(-9, 9, size=(3, 5)), ("wl", "load"), "<i8", -1),
+        "flag": ColumnData(rng.integers(0, 2, size=(3, 4)), ("wl", "clock"), "<u1", 0),
+        "f4": ColumnData(rng.normal(size=(4,)), ("clock",), "<f4", 0.0),
+    }
+    write_table(path, "test", axes, columns, {"note": "unit test"})
+
+
+@pytest.fixture
+def table_file(tmp_path: Path) -> Path:
+    path = tmp_path / "t.eot"
+    _write(path)
+    return path
+
+
+def test_round_trip_readers_agree_on_every_cell(table_file: Path) -> None:
+    t = Table.open(table_file)
+    assert t.kind == "test" and t.meta == {"note": "unit test"}
+    with StdlibTable(table_file) as s:
+        for w in ("a", "b", "c"):
+            for clock in (900, 1200, 1500, 1980):
+                for load in (0.0, 0.5, 1.0, 2.5, 4.0):
+                    a = t.lookup(wl=w, clock=clock, load=load)
+                    b = s.lookup(wl=w, clock=clock, load=load)
+                    assert a == pytest.approx(b) and a["in_grid"]
+                    i = t.axes["wl"].values.index(w)
+                    j = t.axes["clock"].values.index(clock)
+                    k = t.axes["load"].values.index(load)
+                    assert a["x"] == t.array("x")[i, j, k]
+        for col in t.columns:
+            assert [s.value(col, n) for n in range(t.array(col).size)] == pytest.approx(
+                t.array(col).reshape(-1).tolist()
+            )
+    # memory-mapping alignment: every column starts on a 64-byte boundary
+    for col in t.columns.values():
+        assert (t.layout.data_start + col.offset) % 64 == 0
+
+
+def test_ceil_and_fallbacks(table_file: Path) -> None:
+    t = Table.open(table_file)
+    x = t.array("x")
+    assert t.lookup(wl="b", clock=1200, load=0.7)["x"] == x[1, 1, 2]  # 0.7 -> 1.0
+    assert t.lookup(wl="b", clock=1200, load=-3)["x"] == x[1, 1, 0]
+    out = t.lookup(wl="b", clock=1200, load=4.01)
+    assert not out["in_grid"] and math.isnan(out["x"]) and out["n"] == -1
+    assert t.lookup(wl="zz", clock=1200, load=1)["flag"] == 0
+    assert t.lookup(wl="a", clock=1201, load=1)["flag"] == 0
+    assert not t.lookup(wl="a", clock=900, load=float("nan"))["in_grid"]
+    with pytest.raises(TableError):
+        t.lookup(nope=1)
+
+
+def test_lookup_many_matches_scalar(table_file: Path) -> None:
+    t = Table.open(table_file)
+    rng = np.random.default_rng(1)
+    wl = rng.choice(["a", "b", "c", "q"], 200)
+    clock = rng.choice([900, 1200, 1500, 1980, 1000], 200)
+    load = rng.uniform(-1, 5, 200)
+    many = t.lookup_many({"wl": wl, "clock": clock, "load": load})
+    codes = t.lookup_many(
+        {"wl": np.searchsorted(["a", "b", "c"], wl), "clock": clock, "load": load}
+    )
+    get = t.getter("x", "load", "wl", "clock")
+    for n in range(200):
+        one = t.lookup(wl=str(wl[n]), clock=int(clock[n]), load=float(load[n]))
+        for col in ("x", "n", "flag", "in_grid"):
+            assert many[col][n] == pytest.approx(one[col], nan_ok=True)
+        if wl[n] != "q":
+            assert codes["x"][n] == pytest.approx(one["x"], nan_ok=True)
+        assert get(float(load[n]), str(wl[n]), int(clock[n])) == pytest.approx(
+            one["x"], nan_ok=True
+        )
+
+
+def _reject(path: Path, pattern: str) -> None:
+    with pytest.raises(TableError, match=pattern) as numpy_err:
+        Table.open(path)
+    assert str(path) in str(numpy_err.value)
+    with pytest.raises(TableFormatError, match=pattern):
+        StdlibTable(path)
+
+
+def test_truncated(table_file: Path) -> None:
+    data = table_file.read_bytes()
+    for cut in (0, 10, PREFIX.size + 5, len(data) - 1):
+        table_file.write_bytes(data[:cut])
+        _reject(table_file, "truncated")
+
+
+def test_flipped_byte(table_file: Path) -> None:
+    data = bytearray(table_file.read_bytes())
+    data[-100] ^= 0x01
+    table_file.write_bytes(bytes(data))
+    _reject(table_file, "checksum mismatch")
+
+
+def test_wrong_version_and_magic(table_file: Path) -> None:
+    data = bytearray(table_file.read_bytes())
+    struct.pack_into("<I", data, 8, 2)
+    table_file.write_bytes(bytes(data))
+    _reject(table_file, "format version 2")
+    data[:8] = b"PK\x03\x04xxxx"
+    table_file.write_bytes(bytes(data))
+    _reject(table_file, "not an energyopt table")
+
+
+def test_cli_inspect_and_rejects(table_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(table_file)]) == 0
+    assert "ok" in capsys.readouterr().out
+    assert main(["lookup", str(table_file), "wl=b", "clock=900", "load=0.2"]) == 0
+    assert "in_grid = True" in capsys.readouterr().out
+    table_file.write_bytes(table_file.read_bytes()[:-3])
+    assert main(["inspect", str(table_file)]) == 2
+    assert "truncated" in capsys.readouterr().err
