@@ -175,3 +175,9 @@ def test_model_that_fits_no_gpu_gets_a_memory_diagnosis(tmp_path) -> None:
     assert result.status == INFEASIBLE
     text = " ".join(result.diagnosis)
     assert "'big'" in text and "do not fit" in text and "more memory" in text
+
+
+def test_a_thread_count_in_the_preset_never_breaks_highs() -> None:
+    problem = load_problem(INSTANCES / "quickstart.yaml")
+    preset = load_preset("highs-exact").model_copy(update={"threads": 1})
+    assert solve(problem, preset).status == OPTIMAL

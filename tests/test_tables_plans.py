@@ -106,3 +106,32 @@ def test_changed_spec_refuses_stale_cells(spec: Path, tmp_path: Path) -> None:
     (plans_mod.cells_dir(out) / "fingerprint").write_text("something else\n")
     with pytest.raises(SpecError, match="different spec"):
         compile_table(spec, out)
+
+
+def test_dask_local_cluster_gives_the_same_table_as_local_processes(
+    spec: Path, tmp_path: Path
+) -> None:
+    distributed = pytest.importorskip("distributed")
+    local = tmp_path / "local.eot"
+    compile_table(spec, local, workers=2)
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+    ) as cluster:
+        remote = tmp_path / "dask.eot"
+        compile_table(spec, remote, scheduler=cluster.scheduler_address)
+    a, b = Table.open(local), Table.open(remote)
+    for scale in (0.5, 1.0):
+        ra, rb = a.lookup(load_scale=scale), b.lookup(load_scale=scale)
+        assert ra["status"] == rb["status"] == 0
+        assert ra["objective"] == pytest.approx(rb["objective"], rel=1e-9)
+        for gpu in ("n0/0", "n0/1"):
+            ga = a.lookup(load_scale=scale, gpu=gpu, unit="chat")
+            gb = b.lookup(load_scale=scale, gpu=gpu, unit="chat")
+            assert ga["clock_mhz"] == gb["clock_mhz"] and ga["on"] == gb["on"]
+            assert ga["rate_rps"] == pytest.approx(gb["rate_rps"], rel=1e-9)
+
+
+def test_unreachable_scheduler_is_a_clear_error(spec: Path, tmp_path: Path) -> None:
+    pytest.importorskip("distributed")
+    with pytest.raises(SpecError, match="cannot connect"):
+        compile_table(spec, tmp_path / "x.eot", scheduler="tcp://127.0.0.1:9")

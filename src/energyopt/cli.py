@@ -304,7 +304,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     say = _progress(args.quiet)
     say(f"compiling {args.spec} into {args.output} with {args.workers} worker(s)")
-    kind = compile_table(args.spec, args.output, workers=args.workers, say=say)
+    kind = compile_table(
+        args.spec, args.output, workers=args.workers, say=say, scheduler=args.scheduler
+    )
     print(f"{kind} table written to {args.output}")
     return EXIT_OK
 
@@ -433,6 +435,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="table file to write")
     p.add_argument("--workers", type=int, default=1, help="local solver processes")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="solve cells on a Dask distributed cluster (needs energyopt[dask])",
+    )
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("lookup", help="look a key up in a table file")

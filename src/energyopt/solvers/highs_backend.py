@@ -66,8 +66,9 @@ def solve_milp(
     solver = SolverFactory("highs")
     stream = _LineStream(progress)
     extra: dict[str, Any] = {"mip_rel_gap": rel_gap}
-    if threads:
-        extra["threads"] = threads
+    # HiGHS fixes its thread pool at the first solve of the process: a later
+    # "threads" option makes the run fail, so ``threads`` is not passed on.
+    del threads
     extra.update(options or {})
     start = time.perf_counter()
     res = solver.solve(

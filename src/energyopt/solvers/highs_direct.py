@@ -39,8 +39,9 @@ def solve_master_mip(
     h.passModel(lp)
     h.setOptionValue("time_limit", max(0.5, time_limit_s))
     h.setOptionValue("mip_rel_gap", rel_gap)
-    if threads:
-        h.setOptionValue("threads", threads)
+    # HiGHS fixes its thread pool at the first solve of the process; setting
+    # "threads" afterwards makes the run fail, so ``threads`` is not passed on.
+    del threads
     if progress is not None:
 
         def improving(event: object) -> None:

@@ -26,7 +26,9 @@ class SolverPreset(Spec):
     formulation: Formulation = "auto"
     time_limit_s: float = Field(default=60.0, gt=0)
     rel_gap: float = Field(default=1e-4, ge=0, lt=1)
-    threads: int | None = Field(default=None, gt=0)
+    threads: int | None = Field(
+        default=None, gt=0, description="CP-SAT workers; HiGHS sizes its thread pool itself"
+    )
 
 
 def presets_dir() -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from energyopt.catalog.problem import load_problem
 from energyopt.tables.format import Axis, ColumnData, Table, TableError, write_table
@@ -31,14 +32,19 @@ def compile_table(
     output: str | Path,
     workers: int = 1,
     say: Callable[[str], None] | None = None,
+    scheduler: Any = None,
 ) -> str:
-    """Compile the table a spec file describes into ``output``; returns its kind."""
+    """Compile the table a spec file describes into ``output``; returns its kind.
+
+    Plan cells run on ``workers`` local processes, or on the Dask distributed
+    cluster at ``scheduler`` (an address such as ``tcp://host:8786``) when given.
+    """
     spec, base = load_compile_spec(spec_path)
     if spec.kind == "oppoints":
         problem = load_problem(base)
         axes, columns, meta = build_oppoint_columns(problem, spec.load_points, spec.load_max_rps)
     else:
-        problem, cells, records = solve_cells(spec, base, output, workers, say)
+        problem, cells, records = solve_cells(spec, base, output, workers, say, scheduler)
         axes, columns, meta = build_plan_columns(spec, problem, cells, records)
     write_table(output, spec.kind, axes, columns, meta)
     return spec.kind

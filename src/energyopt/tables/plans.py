@@ -10,6 +10,7 @@ base instance and the preset; a mismatch is an error, not a silent mix).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import itertools
 import json
 import math
@@ -85,13 +86,24 @@ def scaled_problem(problem: Problem, scales: dict[str, float]) -> Problem:
 
 
 def solve_cell(
-    base: str, scales: dict[str, float], solver: str, limit: float | None, gap: float | None
+    base: str,
+    scales: dict[str, float],
+    solver: str,
+    limit: float | None,
+    gap: float | None,
+    threads: int | None = None,
 ) -> dict[str, Any]:
-    """Solve one cell (runs in a worker process); a JSON-able record."""
+    """Solve one cell (runs in a worker process); a JSON-able record.
+
+    ``threads`` caps the solver's threads (one per worker when cells run in parallel).
+    """
     from energyopt.solvers.serving import solve
 
     problem = scaled_problem(load_problem(base), scales)
-    result = solve(problem, load_preset(solver), time_limit_s=limit, rel_gap=gap)
+    preset = load_preset(solver)
+    if threads is not None:
+        preset = preset.model_copy(update={"threads": threads})
+    result = solve(problem, preset, time_limit_s=limit, rel_gap=gap)
     return {
         "status": result.status,
         "objective": result.objective,
@@ -155,8 +167,13 @@ def solve_cells(
     output: str | Path,
     workers: int = 1,
     say: Say | None = None,
+    scheduler: Any = None,
 ) -> tuple[Problem, list[Cell], list[dict[str, Any]]]:
-    """Solve every cell not already in the side directory; all records in cell order."""
+    """Solve every cell not already in the side directory; all records in cell order.
+
+    ``scheduler``: a Dask distributed scheduler address (or cluster) to solve the
+    cells on instead of local processes.
+    """
     report = say or (lambda _: None)
     problem = load_problem(base)
     load_preset(spec.solver)  # fail early on an unknown preset
@@ -185,7 +202,9 @@ def solve_cells(
         )
 
     args = (spec.solver, spec.time_limit_s, spec.rel_gap)
-    if workers <= 1 or len(todo) <= 1:
+    if scheduler is not None:
+        _solve_on_dask(scheduler, todo, str(base), args, finish)
+    elif workers <= 1 or len(todo) <= 1:
         for cell in todo:
             finish(cell, solve_cell(str(base), cell.scales, *args))
     else:
@@ -201,6 +220,30 @@ def solve_cells(
                 for fut in done:
                     finish(pending.pop(fut), fut.result())
     return problem, cells, [records[c.number] for c in cells]
+
+
+def _solve_on_dask(
+    scheduler: Any,
+    todo: list[Cell],
+    base: str,
+    args: tuple[str, float | None, float | None],
+    finish: Callable[[Cell, dict[str, Any]], None],
+) -> None:
+    """Solve cells on a Dask distributed cluster; each finished cell is stored at once."""
+    try:
+        dist: Any = importlib.import_module("distributed")  # partly typed: use it as Any
+    except ImportError:
+        raise SpecError(
+            ["--scheduler needs dask.distributed: pip install 'energyopt[dask]'"]
+        ) from None
+    try:
+        client = dist.Client(scheduler, timeout="30s")
+    except OSError as exc:
+        raise SpecError([f"--scheduler {scheduler}: cannot connect: {exc}"]) from None
+    with client:
+        futures = {client.submit(solve_cell, base, c.scales, *args, pure=False): c for c in todo}
+        for fut in dist.as_completed(list(futures)):
+            finish(futures[fut], fut.result())
 
 
 def build_plan_columns(
