@@ -211,7 +211,9 @@ def solve_cells(
         # spawn, not fork: a forked child of a process that already ran HiGHS
         # inherits its thread pool's state and can spin forever
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        with ProcessPoolExecutor(
+            max_workers=workers, mp_context=context, initializer=_single_threaded_highs
+        ) as pool:
             pending: dict[Future[dict[str, Any]], Cell] = {
                 pool.submit(solve_cell, str(base), c.scales, *args): c for c in todo
             }
@@ -220,6 +222,17 @@ def solve_cells(
                 for fut in done:
                     finish(pending.pop(fut), fut.result())
     return problem, cells, [records[c.number] for c in cells]
+
+
+def _single_threaded_highs() -> None:
+    """Fix HiGHS' process-wide thread pool at one thread (worker processes run in
+    parallel already); it must be the first HiGHS run of the process."""
+    from energyopt.formulations.serving.master import quiet_highs
+
+    h = quiet_highs()
+    h.setOptionValue("threads", 1)
+    h.addVars(1, np.zeros(1), np.ones(1))
+    h.run()
 
 
 def _solve_on_dask(
