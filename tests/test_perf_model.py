@@ -59,6 +59,20 @@ def spec(
     )
 
 
+H100_LLAMA = {
+    "gpu": "H100-SXM5-80GB",
+    "model": "Llama-3.1-8B",
+    "prompt": 1024,
+    "output": 256,
+    "ttft": 1000.0,
+    "tbt": 100.0,
+    "pct": 90.0,
+    "phase": "both",
+    "clock_frac": 1.0,
+    "share": 1.0,
+}
+
+
 def lower_clock(case: dict) -> float:
     return case["clock_frac"] * 0.8
 
@@ -130,18 +144,7 @@ def test_power_is_monotone_in_clock_and_rate(case: dict, rate: float, more: floa
 
 def test_memory_bound_decode_barely_moves_with_clock() -> None:
     """Published behaviour: decode is largely insensitive to the SM clock."""
-    case = {
-        "gpu": "H100-SXM5-80GB",
-        "model": "Llama-3.1-8B",
-        "prompt": 1024,
-        "output": 256,
-        "ttft": 1000.0,
-        "tbt": 100.0,
-        "pct": 90.0,
-        "phase": "decode",
-        "clock_frac": 1.0,
-        "share": 1.0,
-    }
+    case = {**H100_LLAMA, "phase": "decode"}
     fast = build_params([spec(case)])
     slow = build_params([spec(case, clock_frac=0.6)])
     b, ctx = np.asarray([8.0]), np.asarray([1024.0])
@@ -160,18 +163,7 @@ def test_placement_power_and_energy_per_token_follow_energy_per_request() -> Non
         placement_power_w,
     )
 
-    case = {
-        "gpu": "H100-SXM5-80GB",
-        "model": "Llama-3.1-8B",
-        "prompt": 1024,
-        "output": 256,
-        "ttft": 1000.0,
-        "tbt": 100.0,
-        "pct": 90.0,
-        "phase": "both",
-        "clock_frac": 1.0,
-        "share": 1.0,
-    }
+    case = {**H100_LLAMA, "phase": "both"}
     p = build_params([spec(case)])
     per_request = energy_per_request_j(p)[0]
     assert placement_power_w(p, np.asarray([3.0]))[0] == pytest.approx(3.0 * per_request)

@@ -32,6 +32,14 @@ def replace_gpu(plan: Plan, gpu_id: str, **changes) -> Plan:
     return plan.model_copy(update={"gpus": gpus})
 
 
+def scale_first_rate(plan: Plan, factor: float) -> Plan:
+    """The plan with the first placement of the first busy GPU at ``factor`` x its rate."""
+    g = first_busy(plan)
+    pl = g.placements[0]
+    scaled = pl.model_copy(update={"rate_rps": pl.rate_rps * factor})
+    return replace_gpu(plan, g.gpu, placements=(scaled, *g.placements[1:]))
+
+
 def first_busy(plan: Plan) -> GpuPlan:
     return next(g for g in plan.gpus if g.on and g.placements)
 
@@ -77,25 +85,12 @@ def test_exceeded_power_limit_fails(solved) -> None:
 
 def test_unserved_rate_fails(solved) -> None:
     problem, plan = solved
-    g = first_busy(plan)
-    pl = g.placements[0]
-    bad = replace_gpu(
-        plan,
-        g.gpu,
-        placements=(pl.model_copy(update={"rate_rps": pl.rate_rps / 2}), *g.placements[1:]),
-    )
-    assert "demand" in kinds(problem, bad)
+    assert "demand" in kinds(problem, scale_first_rate(plan, 0.5))
 
 
 def test_rate_beyond_slo_capacity_fails(solved) -> None:
     problem, plan = solved
-    g = first_busy(plan)
-    pl = g.placements[0]
-    bad = replace_gpu(
-        plan,
-        g.gpu,
-        placements=(pl.model_copy(update={"rate_rps": pl.rate_rps * 5}), *g.placements[1:]),
-    )
+    bad = scale_first_rate(plan, 5.0)
     assert kinds(problem, bad) & {"ttft", "tbt", "capacity", "batch"}
 
 
