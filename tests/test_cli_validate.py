@@ -261,3 +261,17 @@ def test_schema_unknown_kind(capsys: pytest.CaptureFixture[str]) -> None:
     err = capsys.readouterr().err
     assert "invalid choice" in err
     assert "Traceback" not in err
+
+
+def test_output_piped_into_a_closed_reader_is_not_an_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader (say, `head`) has gone away
+    closed = os.fdopen(write_end, "w", buffering=1)
+    monkeypatch.setattr(sys, "stdout", closed)
+    assert main(["schema"]) == 0
+    err = capsys.readouterr().err
+    assert "internal error" not in err and "Traceback" not in err

@@ -473,6 +473,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted")
         return 130
+    except BrokenPipeError:  # output piped into e.g. `head`, which closed early
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     except Exception as exc:
         _err(f"energyopt: internal error: {type(exc).__name__}: {exc}")
         _err("please report it with the input file")
