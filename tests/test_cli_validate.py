@@ -14,6 +14,8 @@ import yaml
 
 from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, main
 
+from .mutations import set_at
+
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "tests" / "data" / "sample-instance.yaml"
 
@@ -67,16 +69,6 @@ def test_console_script() -> None:
     assert "Traceback" not in proc.stderr
 
 
-def _set(*keys: str | int, value: Any) -> Callable[[dict[str, Any]], None]:
-    def mutate(data: dict[str, Any]) -> None:
-        node: Any = data
-        for key in keys[:-1]:
-            node = node[key]
-        node[keys[-1]] = value
-
-    return mutate
-
-
 def _delete_rate(data: dict[str, Any]) -> None:
     del data["workloads"][1]["rate_rps"]
 
@@ -92,45 +84,45 @@ def _bad_link(data: dict[str, Any]) -> None:
 BAD_DATA = [
     (
         "wrong-type",
-        _set("workloads", 0, "rate_rps", value="fast"),
+        set_at("workloads", 0, "rate_rps", value="fast"),
         "workloads[0](chat).rate_rps: Input should be a valid number",
     ),
     (
         "unknown-gpu",
-        _set("cluster", "nodes", 0, "gpus", 0, "type", value="H100"),
+        set_at("cluster", "nodes", 0, "gpus", 0, "type", value="H100"),
         "cluster.nodes[0](n0).gpus[0].type: unknown GPU type 'H100'; did you mean 'H100-SXM5-80GB'",
     ),
     (
         "unknown-model",
-        _set("workloads", 2, "model", value="Llama-3.1-70b"),
+        set_at("workloads", 2, "model", value="Llama-3.1-70b"),
         "workloads[2](big).model: unknown model 'Llama-3.1-70b'",
     ),
     (
         "negative-rate",
-        _set("workloads", 0, "rate_rps", value=-12),
+        set_at("workloads", 0, "rate_rps", value=-12),
         "workloads[0](chat).rate_rps: Input should be greater than 0",
     ),
     ("missing-rate", _delete_rate, "workloads[1](code).rate_rps: Field required"),
     (
         "unreachable-slo",
-        _set("workloads", 0, "slo", "ttft_ms", value=0.001),
+        set_at("workloads", 0, "slo", "ttft_ms", value=0.001),
         "workloads[0](chat).slo: no catalog GPU meets it",
     ),
     (
         "unknown-key",
-        _set("workloads", 0, "slo", "ttft", value=400),
+        set_at("workloads", 0, "slo", "ttft", value=400),
         "workloads[0](chat).slo.ttft: Extra inputs are not permitted",
     ),
     ("duplicate-workload", _duplicate_workload, "workloads: Value error, duplicate workload"),
     ("link-unknown-node", _bad_link, "cluster.links: Value error, link 0: end 'n7'"),
     (
         "state-count",
-        _set("cluster", "nodes", 0, "gpus", 0, "state", value={"on": False}),
+        set_at("cluster", "nodes", 0, "gpus", 0, "state", value={"on": False}),
         "cluster.nodes[0](n0).gpus[0]: Value error, a state can only be given",
     ),
     (
         "ids-count",
-        _set("cluster", "nodes", 0, "gpus", 0, "ids", value=["g0"]),
+        set_at("cluster", "nodes", 0, "gpus", 0, "ids", value=["g0"]),
         "cluster.nodes[0](n0).gpus[0]: Value error, ids has 1 entries but count is 8",
     ),
 ]

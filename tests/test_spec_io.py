@@ -32,6 +32,8 @@ from energyopt.spec import (
     read_data,
 )
 
+from .mutations import delete_at, set_at
+
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "tests" / "data" / "sample-instance.yaml"
 SUFFIXES = [".yaml", ".yml", ".json", ".toml"]
@@ -213,26 +215,6 @@ def test_toml_dump_of_non_bmp_text(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- bad field values
 
 
-def _set(*keys: str | int, value: Any) -> Callable[[dict[str, Any]], None]:
-    def mutate(data: dict[str, Any]) -> None:
-        node: Any = data
-        for key in keys[:-1]:
-            node = node[key]
-        node[keys[-1]] = value
-
-    return mutate
-
-
-def _delete(*keys: str | int) -> Callable[[dict[str, Any]], None]:
-    def mutate(data: dict[str, Any]) -> None:
-        node: Any = data
-        for key in keys[:-1]:
-            node = node[key]
-        del node[keys[-1]]
-
-    return mutate
-
-
 def _rename_workload(data: dict[str, Any]) -> None:
     data["workloads"][1]["name"] = "chat"
 
@@ -241,65 +223,77 @@ def _bad_link(data: dict[str, Any]) -> None:
     data["cluster"]["links"] = [{"a": "n0", "b": "n9", "bandwidth_gbps": 50}]
 
 
+def load_mutated(
+    tmp_path: Path, mutate: Callable[[dict[str, Any]], None]
+) -> tuple[Path, pytest.ExceptionInfo[SpecError]]:
+    """Write the mutated sample instance and load it; the SpecError it must raise."""
+    data = quick_data()
+    mutate(data)
+    path = write_yaml(tmp_path / "bad.yaml", data)
+    with pytest.raises(SpecError) as info:
+        load(Instance, path)
+    return path, info
+
+
 SCHEMA_CASES = [
     # id, mutation, field named in the message, words of the message
     (
         "wrong-type",
-        _set("workloads", 0, "rate_rps", value="fast"),
+        set_at("workloads", 0, "rate_rps", value="fast"),
         "workloads[0](chat).rate_rps",
         "valid number",
     ),
     (
         "negative-rate",
-        _set("workloads", 0, "rate_rps", value=-3),
+        set_at("workloads", 0, "rate_rps", value=-3),
         "workloads[0](chat).rate_rps",
         "greater than 0",
     ),
     (
         "zero-rate",
-        _set("workloads", 2, "rate_rps", value=0),
+        set_at("workloads", 2, "rate_rps", value=0),
         "workloads[2](big).rate_rps",
         "greater than 0",
     ),
     (
         "infinite-rate",
-        _set("workloads", 1, "rate_rps", value=float("inf")),
+        set_at("workloads", 1, "rate_rps", value=float("inf")),
         "workloads[1](code).rate_rps",
         "finite",
     ),
     (
         "missing-rate",
-        _delete("workloads", 0, "rate_rps"),
+        delete_at("workloads", 0, "rate_rps"),
         "workloads[0](chat).rate_rps",
         "Field required",
     ),
     (
         "typo-key",
-        _set("workloads", 0, "rate_rsp", value=5),
+        set_at("workloads", 0, "rate_rsp", value=5),
         "workloads[0](chat).rate_rsp",
         "Extra inputs are not permitted",
     ),
     (
         "typo-top-key",
-        _set("worklods", value=[]),
+        set_at("worklods", value=[]),
         "worklods",
         "Extra inputs are not permitted",
     ),
     (
         "negative-ttft",
-        _set("workloads", 1, "slo", "ttft_ms", value=-1),
+        set_at("workloads", 1, "slo", "ttft_ms", value=-1),
         "workloads[1](code).slo.ttft_ms",
         "greater than 0",
     ),
     (
         "percentile-out-of-range",
-        _set("workloads", 0, "slo", "percentile", value=100),
+        set_at("workloads", 0, "slo", "percentile", value=100),
         "workloads[0](chat).slo.percentile",
         "less than 100",
     ),
     (
         "bad-count",
-        _set("cluster", "nodes", 0, "gpus", 0, "count", value="eight"),
+        set_at("cluster", "nodes", 0, "gpus", 0, "count", value="eight"),
         "cluster.nodes[0](n0).gpus[0].count",
         "valid integer",
     ),
@@ -317,13 +311,13 @@ SCHEMA_CASES = [
     ),
     (
         "state-on-many",
-        _set("cluster", "nodes", 0, "gpus", 0, "state", value={"on": True}),
+        set_at("cluster", "nodes", 0, "gpus", 0, "state", value={"on": True}),
         "cluster.nodes[0](n0).gpus[0]",
         "a state can only be given for a single GPU",
     ),
     (
         "ids-count-mismatch",
-        _set("cluster", "nodes", 0, "gpus", 0, "ids", value=["a", "b"]),
+        set_at("cluster", "nodes", 0, "gpus", 0, "ids", value=["a", "b"]),
         "cluster.nodes[0](n0).gpus[0]",
         "ids has 2 entries but count is 8",
     ),
@@ -337,11 +331,7 @@ SCHEMA_CASES = [
 def test_bad_field_names_file_and_field(
     tmp_path: Path, mutate: Callable[[dict[str, Any]], None], field: str, words: str
 ) -> None:
-    data = quick_data()
-    mutate(data)
-    path = write_yaml(tmp_path / "bad.yaml", data)
-    with pytest.raises(SpecError) as info:
-        load(Instance, path)
+    path, info = load_mutated(tmp_path, mutate)
     lines = info.value.problems
     assert str(info.value) == "\n".join(lines)
     matching = [line for line in lines if line.startswith(f"{path}: {field}: ")]
@@ -352,9 +342,9 @@ def test_bad_field_names_file_and_field(
 @pytest.mark.parametrize(
     "mutate",
     [
-        _set("cluster", "nodes", 0, "gpus", 0, "state", value={"on": True}),
-        _set("cluster", "nodes", 0, "gpus", 0, "ids", value=["a"]),
-        _set("cluster", "nodes", 0, "gpus", 0, "count", value=-1),
+        set_at("cluster", "nodes", 0, "gpus", 0, "state", value={"on": True}),
+        set_at("cluster", "nodes", 0, "gpus", 0, "ids", value=["a"]),
+        set_at("cluster", "nodes", 0, "gpus", 0, "count", value=-1),
     ],
     ids=["state", "ids", "count"],
 )
@@ -362,11 +352,7 @@ def test_one_bad_entry_gives_one_true_line(
     tmp_path: Path, mutate: Callable[[dict[str, Any]], None]
 ) -> None:
     """The only GPU entry of the only node is bad: report that, not 'nodes is empty'."""
-    data = quick_data()
-    mutate(data)
-    path = write_yaml(tmp_path / "bad.yaml", data)
-    with pytest.raises(SpecError) as info:
-        load(Instance, path)
+    _, info = load_mutated(tmp_path, mutate)
     assert len(info.value.problems) == 1, info.value.problems
     assert "at least 1 item" not in str(info.value)
 
