@@ -267,3 +267,28 @@ def test_output_piped_into_a_closed_reader_is_not_an_error(
     assert main(["schema"]) == 0
     err = capsys.readouterr().err
     assert "internal error" not in err and "Traceback" not in err
+
+
+def test_unknown_problem_family_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = quick_data()
+    data["kind"] = "quantum"
+    path = tmp_path / "odd.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    for command in ("validate", "solve"):
+        code, out, err = run(capsys, command, str(path))
+        assert code == EXIT_BAD_INPUT
+        assert err.startswith(f"{path}: kind: unknown problem family 'quantum'; known: serving")
+
+
+def test_explicit_serving_kind_is_accepted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = quick_data()
+    data["kind"] = "serving"
+    path = tmp_path / "serving.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    code, out, _ = run(capsys, "validate", str(path))
+    assert code == EXIT_OK
+    assert out == f"{path}: ok (8 GPUs, 3 workloads)\n"

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from energyopt import __version__
 from energyopt.catalog.loader import Catalog
@@ -65,10 +67,34 @@ def _load(path: str, catalogs: list[str] | None = None, check_slos: bool = True)
     return problem
 
 
+# Problem families other than serving: the top-level ``kind:`` of a file names the
+# family; its module provides ``validate_file(path, catalogs) -> str`` (a one-line
+# summary, or SpecError) and ``solve_file(args) -> int`` (an exit code).
+FAMILY_MODULES: dict[str, str] = {}
+
+
+def _family(path: str) -> Any | None:
+    """The CLI module of the file's problem family, or None for a serving instance."""
+    from energyopt.spec.io import file_kind
+
+    kind = file_kind(path)
+    if kind == "serving":
+        return None
+    module = FAMILY_MODULES.get(kind)
+    if module is None:
+        known = ", ".join(["serving", *FAMILY_MODULES])
+        raise SpecError([f"{path}: kind: unknown problem family {kind!r}; known: {known}"])
+    return importlib.import_module(module)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     failed = 0
     for path in args.files:
         try:
+            family = _family(path)
+            if family is not None:
+                print(f"{path}: ok ({family.validate_file(path, args.catalog)})")
+                continue
             problem = _load(path, args.catalog)
         except SpecError as exc:
             failed += 1
@@ -97,6 +123,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
     from energyopt.spec.io import dump
     from energyopt.verify.serving import evaluate_plan
 
+    family = _family(args.file)
+    if family is not None:
+        return int(family.solve_file(args))
     preset = load_preset(args.solver)
     problem = _load(args.file, args.catalog)
     say = _progress(args.quiet)

@@ -78,6 +78,9 @@ class Options(Spec):
 class Instance(Spec):
     """A complete problem: what is there, what must be served, and how to decide."""
 
+    kind: Literal["serving"] = Field(
+        default="serving", description="problem family; other families have their own files"
+    )
     name: str = Field(min_length=1)
     description: str = ""
     catalog: tuple[str, ...] = Field(

@@ -97,6 +97,15 @@ def read_data(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def file_kind(path: str | Path) -> str:
+    """Problem family of an instance file: its top-level ``kind:``, ``serving`` if absent."""
+    data = read_data(path)
+    kind = data.get("kind", "serving")
+    if not isinstance(kind, str):
+        raise SpecError([f"{path}: kind: should be a string, got {kind!r}"])
+    return kind
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
