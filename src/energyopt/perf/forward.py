@@ -38,6 +38,8 @@ def _clock_factor(p: OpParams) -> FloatArray:
 def weights_touched(p: OpParams, tokens: FloatArray) -> FloatArray:
     """Bytes of weights a pass over ``tokens`` tokens reads (MoE: experts hit)."""
     dense = p.expert_params <= 0
+    if dense.all():
+        return p.weight_bytes
     frac_unused = np.power(
         np.clip(1.0 - p.experts_per_token / p.experts, 0.0, 1.0), np.maximum(tokens, 1.0)
     )
@@ -111,7 +113,7 @@ def _measured(
     The reference is the profile's clock on whole GPUs; the analytic model then
     carries only the clock and share dependence (see catalog/profiles.py).
     """
-    has = np.asarray([prof is not None for prof in p.profile], dtype=bool)
+    has = p.has_profile
     if not has.any():
         return out
     ref = analytic(
@@ -142,3 +144,12 @@ def _measured(
         out.bytes_per_gpu,
         out.power_w,  # activity is the analytic estimate; energy follows the measured time
     )
+
+
+def kernel_pass(p: OpParams, flops: FloatArray, total_bytes: FloatArray) -> Pass:
+    """A generic kernel of ``flops`` FLOPs moving ``total_bytes`` bytes on one GPU.
+
+    The same roofline and power model as a forward pass, without collectives:
+    ``p.tp`` should be 1 and the model fields of ``p`` are unused.
+    """
+    return _finish(p, flops, total_bytes, np.zeros_like(flops))

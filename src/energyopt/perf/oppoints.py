@@ -208,14 +208,20 @@ def build_op_table(problem: Problem) -> OpTable:
             on_power[(type_name, clock)] = gpu_on_power_w(gpu, clock)
     if not specs:
         return _empty(units, type_names, clocks, caps, on_power)
-    params = build_params(specs)
+    all_params = build_params(specs)
+    first, inverse = all_params.distinct()
+    params = all_params.take(first)
     capacity = slo_capacity(params)
     at_cap = metrics_at(params, capacity)
     batch = design_batch(params)
     energy = energy_per_request_j(params, batch)
     latency = service_latency_ms(params, batch)
-    ref_params = build_params(refs)
-    ref_latency = service_latency_ms(ref_params, design_batch(ref_params))
+    capacity, energy, latency = capacity[inverse], energy[inverse], latency[inverse]
+    memory_bytes = at_cap.memory_bytes[inverse]
+    all_refs = build_params(refs)
+    ref_first, ref_inverse = all_refs.distinct()
+    ref_params = all_refs.take(ref_first)
+    ref_latency = service_latency_ms(ref_params, design_batch(ref_params))[ref_inverse]
     keep = np.flatnonzero(capacity > 1e-9)
     return OpTable(
         units=units,
@@ -230,7 +236,7 @@ def build_op_table(problem: Problem) -> OpTable:
         tp=np.asarray([meta[i][5] for i in keep], dtype=np.int64),
         capacity_rps=capacity[keep],
         energy_j=energy[keep],
-        memory_gb=at_cap.memory_bytes[keep] / 1e9,
+        memory_gb=memory_bytes[keep] / 1e9,
         latency_ms=latency[keep],
         ref_latency_ms=ref_latency[keep],
         on_power=on_power,

@@ -89,6 +89,7 @@ class OpParams:
     max_batch: FloatArray
     # measured profile of the (GPU, model) pair, or None (object array)
     profile: NDArray[np.object_]
+    has_profile: NDArray[np.bool_]  # profile is not None (kept apart: checked every pass)
     profile_clock_ratio: FloatArray  # clock the profile was measured at / f_max
 
     def __len__(self) -> int:
@@ -99,6 +100,27 @@ class OpParams:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(changes)
         return OpParams(**values)
+
+    def distinct(self) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """(first, inverse): one representative index per distinct operating point, and
+        for every point the position of its representative in ``first``.
+
+        Fleets with many workloads of one kind repeat the same parameter rows; the
+        model needs to be evaluated once per distinct row (``take(first)``, then
+        index the results with ``inverse``).
+        """
+        columns = [
+            np.asarray(getattr(self, f.name), dtype=np.float64)
+            for f in fields(self)
+            if f.name != "profile"
+        ]
+        ids: dict[int, int] = {}
+        for prof in self.profile:
+            ids.setdefault(id(prof), len(ids))
+        columns.append(np.asarray([ids[id(prof)] for prof in self.profile], dtype=np.float64))
+        rows = np.ascontiguousarray(np.stack(columns, axis=1))
+        _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+        return first.astype(np.int64), inverse.reshape(-1).astype(np.int64)
 
     def take(self, index: NDArray[np.int64]) -> OpParams:
         """The operating points at ``index``."""
@@ -176,4 +198,5 @@ def build_params(specs: list[OpSpec]) -> OpParams:
     for i, s in enumerate(specs):
         profiles[i] = s.profile
     arrays["profile"] = profiles
+    arrays["has_profile"] = np.asarray([s.profile is not None for s in specs], dtype=bool)
     return OpParams(**arrays)
