@@ -480,6 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="header, axes, sizes and checksum of a table file")
     p.add_argument("file")
     p.set_defaults(func=cmd_inspect)
+    p = sub.add_parser("evaluate", help="simulate planners on a trace or synthetic load")
+    importlib.import_module("energyopt.cli_evaluate").configure(p)
     for name in ("validate", "show", "solve", "verify"):
         sub.choices[name].add_argument(
             "--catalog",

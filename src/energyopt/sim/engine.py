@@ -1,0 +1,510 @@
+"""Discrete-event simulation of a GPU fleet serving requests under a changing plan.
+
+Events (a binary heap, plus the sorted arrival arrays merged in): request
+arrivals, iteration ends, GPUs becoming available (after powering on or a clock
+change), instances becoming ready (after loading their weights), and planning
+epochs. See docs/evaluation.md for the model; in short:
+
+* A plan's placements become serving instances (sim/server.py). A request is
+  routed on arrival to an instance of its workload by smooth weighted round
+  robin over the planned rates, preferring instances that are ready and not
+  draining, then ready draining ones, then loading ones.
+* Iteration latencies and energies come from perf/forward.py at the GPU's clock
+  and the instance's SM share (sim/passes.py); an iteration that starts while
+  other instances of the same GPU are mid-iteration lasts ``1 + s x (their SM
+  share)`` times longer (``s`` = ``colocation_slowdown``; same energy).
+* Applying a new plan: unchanged placements keep serving; new ones load their
+  weights (``startup_s`` + weights / ``load_gbps``) before serving; removed ones
+  stop taking requests, hand their unadmitted queue back to the router and
+  finish what they admitted (drain). A GPU that goes off is switched off once
+  drained; one that comes on draws idle power for ``power_on_s`` first; a clock
+  change stops the GPU's instances for ``clock_change_ms``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from energyopt.catalog.problem import Problem
+from energyopt.perf.oppoints import share_options
+from energyopt.perf.power import gpu_on_power_w
+from energyopt.sim.arrivals import Arrivals
+from energyopt.sim.metrics import WorkloadStats, fleet_attainment
+from energyopt.sim.passes import PassTable, PassTables, ShareOption
+from energyopt.sim.power import PowerMeter
+from energyopt.sim.server import Requests, Server
+from energyopt.spec.evaluation import Transitions
+from energyopt.spec.hardware import GpuType
+from energyopt.spec.plan import GpuPlan, Placement, Plan
+
+ITER_END = 0
+GPU_WAKE = 1
+SERVER_WAKE = 2
+EPOCH = 3
+
+Replan = Callable[[float], Plan | None]
+
+
+@dataclass
+class GpuSim:
+    """A simulated GPU."""
+
+    id: str
+    gtype: GpuType
+    on: bool = False
+    clock_mhz: int = 0
+    available_s: float = 0.0  # no iteration starts before this
+    powered_s: float = 0.0  # powered on (weights can load) from this time
+    to_off: bool = False
+    servers: list[Server] = field(default_factory=list)
+
+
+@dataclass
+class SimResult:
+    """What one simulation measured."""
+
+    energy_j: float  # static + dynamic energy inside [0, window_s)
+    energy_total_j: float  # including the drain after the window
+    window_s: float
+    end_s: float
+    stats: list[WorkloadStats]
+    gpus_on: list[tuple[float, int]]  # (time s, GPUs on from then)
+    power_w: list[float]  # fleet power per bin
+    bin_s: float
+    arrived: int
+    completed: int
+    unfinished: int
+    instances_started: int  # instances created after the initial plan (migrations)
+    meter: PowerMeter
+
+    @property
+    def mean_gpus_on(self) -> float:
+        """Time-average number of GPUs on over the window."""
+        total = 0.0
+        for (t0, count), (t1, _) in zip(
+            self.gpus_on, [*self.gpus_on[1:], (self.window_s, 0)], strict=True
+        ):
+            lo, hi = min(t0, self.window_s), min(t1, self.window_s)
+            total += count * max(0.0, hi - lo)
+        return total / self.window_s
+
+    @property
+    def attainment(self) -> tuple[float, float, float]:
+        """(TTFT, TBT, SLO) attainment of the whole fleet (fractions)."""
+        return fleet_attainment(self.stats)
+
+
+def plan_units(plan: Plan) -> list[tuple[list[GpuPlan], Placement]]:
+    """Placements of a plan, a tensor-parallel group counted once with all its GPUs."""
+    out: list[tuple[list[GpuPlan], Placement]] = []
+    groups: dict[str, list[GpuPlan]] = {}
+    first: dict[str, Placement] = {}
+    for gp in plan.gpus:
+        if not gp.on:
+            continue
+        for pl in gp.placements:
+            if pl.tp_group is None:
+                out.append(([gp], pl))
+            else:
+                groups.setdefault(pl.tp_group, []).append(gp)
+                first.setdefault(pl.tp_group, pl)
+    for gid, members in groups.items():
+        out.append((members, first[gid]))
+    return out
+
+
+class Simulator:
+    """Replays arrivals against plans; one instance per run."""
+
+    def __init__(
+        self,
+        problem: Problem,
+        arrivals: Arrivals,
+        *,
+        window_s: float,
+        drain_s: float = 120.0,
+        transitions: Transitions | None = None,
+        colocation_slowdown: float = 0.05,
+        bin_s: float = 10.0,
+        record: bool = False,
+        tables: PassTables | None = None,
+    ) -> None:
+        self.problem = problem
+        self.arrivals = arrivals
+        self.window_s = window_s
+        self.drain_s = drain_s
+        self.tr = transitions or Transitions()
+        self.slowdown = colocation_slowdown
+        self.tables = tables or PassTables(problem)
+        opts = problem.instance.options
+        self.chunk = opts.chunk_tokens
+        self.max_batch = opts.max_batch
+        self.usable_frac = 1.0 - opts.memory_reserve_fraction
+        names = [w.name for w in problem.instance.workloads]
+        if list(arrivals.names) != names:
+            raise ValueError(f"arrivals name workloads {arrivals.names}, instance has {names}")
+        self.stats = [WorkloadStats(w.name, w.slo) for w in problem.instance.workloads]
+        self.req = Requests(
+            arrival_s=arrivals.time_s.tolist(),
+            workload=arrivals.workload.tolist(),
+            prompt=arrivals.prompt_tokens.tolist(),
+            output=arrivals.output_tokens.tolist(),
+        )
+        self.gpus = {g.id: GpuSim(g.id, problem.gpu_type(g.type)) for g in problem.gpus}
+        self.meter = PowerMeter(list(self.gpus), window_s, bin_s, record)
+        self.heap: list[tuple[float, int, int, object]] = []
+        self.seq = 0
+        self.entry: dict[int, list[Server]] = {k: [] for k in range(len(names))}
+        self.decoders: dict[int, list[Server]] = {k: [] for k in range(len(names))}
+        self.next_sid = 0
+        self.slices: dict[int, tuple[ShareOption, int]] = {}
+        self.instances_started = 0
+        self.gpus_on: list[tuple[float, int]] = []
+        self.now = 0.0
+        self.completed = 0
+
+    # -- events -----------------------------------------------------------------------
+
+    def _push(self, t: float, code: int, obj: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, code, obj))
+
+    def run(
+        self, plan: Plan, epoch_s: float | None = None, replan: Replan | None = None
+    ) -> SimResult:
+        """Simulate from ``plan`` (in place at time 0); every ``epoch_s`` ask ``replan``."""
+        self.apply_plan(plan, 0.0, initial=True)
+        if epoch_s is not None and replan is not None:
+            k = 1
+            while k * epoch_s < self.window_s - 1e-9:
+                self._push(k * epoch_s, EPOCH, None)
+                k += 1
+        times = self.req.arrival_s
+        workloads = self.req.workload
+        n_arr = len(times)
+        i = 0
+        heap = self.heap
+        stop = self.window_s + self.drain_s
+        while True:
+            t_arr = times[i] if i < n_arr else math.inf
+            t_ev = heap[0][0] if heap else math.inf
+            if t_arr <= t_ev:
+                if t_arr == math.inf or t_arr > stop:
+                    break
+                self.now = t_arr
+                w = workloads[i]
+                self.stats[w].arrived += 1
+                server = self._route(self.entry[w], t_arr)
+                server.waiting.append(i)
+                if not server.busy:
+                    self._try_start(server, t_arr)
+                i += 1
+                continue
+            if t_ev > stop:
+                break
+            t, _, code, obj = heapq.heappop(heap)
+            self.now = t
+            if code == ITER_END:
+                assert isinstance(obj, Server)
+                self._iteration_end(obj, t)
+            elif code == GPU_WAKE:
+                assert isinstance(obj, GpuSim)
+                self._gpu_wake(obj, t)
+            elif code == SERVER_WAKE:
+                assert isinstance(obj, Server)
+                self._try_start(obj, t)
+            elif code == EPOCH and replan is not None:
+                new = replan(t)
+                if new is not None:
+                    self.apply_plan(new, t)
+        end = max(self.window_s, self.now)
+        self.meter.close(end)
+        arrived = sum(s.arrived for s in self.stats)
+        return SimResult(
+            energy_j=self.meter.window_j,
+            energy_total_j=self.meter.total_j,
+            window_s=self.window_s,
+            end_s=end,
+            stats=self.stats,
+            gpus_on=self.gpus_on,
+            power_w=self.meter.power_series_w(),
+            bin_s=self.meter.bin_s,
+            arrived=arrived,
+            completed=self.completed,
+            unfinished=arrived - self.completed,
+            instances_started=self.instances_started,
+            meter=self.meter,
+        )
+
+    # -- serving ----------------------------------------------------------------------
+
+    def _route(self, pool: list[Server], now: float) -> Server:
+        """Smooth weighted round robin over the best tier of ``pool``."""
+        best: list[Server] = []
+        best_tier = 9
+        for s in pool:
+            ready = now >= s.ready_s
+            tier = (0 if ready else 2) + (1 if s.draining else 0)
+            if tier < best_tier:
+                best_tier = tier
+                best = [s]
+            elif tier == best_tier:
+                best.append(s)
+        if not best:
+            raise RuntimeError("no instance serves this workload")
+        if len(best) == 1:
+            return best[0]
+        total = 0.0
+        chosen = best[0]
+        for s in best:
+            w = s.weight_rps if s.weight_rps > 0 else 1e-9
+            s.wrr += w
+            total += w
+            if s.wrr > chosen.wrr:
+                chosen = s
+        chosen.wrr -= total
+        return chosen
+
+    def _try_start(self, server: Server, now: float) -> None:
+        if server.busy or now < server.ready_s:
+            return
+        busy_share = 0.0
+        for gid in server.gpus:
+            g = self.gpus[gid]
+            if g.available_s > now:
+                return
+            if len(g.servers) > 1:
+                busy = sum(o.share_frac for o in g.servers if o.busy and o is not server)
+                busy_share = max(busy_share, busy)
+        began = server.begin(now)
+        if began is None:
+            if server.draining and server.empty():
+                self._remove(server, now)
+            return
+        dur, joules = began
+        dur *= 1.0 + self.slowdown * busy_share
+        end = now + dur
+        for gid in server.gpus:
+            self.meter.add_iteration(gid, now, end, joules)
+        self._push(end, ITER_END, server)
+
+    def _iteration_end(self, server: Server, now: float) -> None:
+        out = server.end(now)
+        self.completed += out.completed
+        for rid in out.handoffs:
+            target = self._route(self.decoders[server.workload], now)
+            target.joiners.append(rid)
+            if not target.busy:
+                self._try_start(target, now)
+        self._try_start(server, now)
+
+    def _gpu_wake(self, gpu: GpuSim, now: float) -> None:
+        if gpu.on and now >= gpu.powered_s and not gpu.to_off:
+            self.meter.set_level(gpu.id, now, gpu_on_power_w(gpu.gtype, gpu.clock_mhz))
+        for s in list(gpu.servers):
+            self._try_start(s, now)
+
+    def _remove(self, server: Server, now: float) -> None:
+        pool = self.decoders if server.phase == "decode" else self.entry
+        pool[server.workload].remove(server)
+        for gid in server.gpus:
+            g = self.gpus[gid]
+            g.servers.remove(server)
+            if g.to_off and not g.servers:
+                self._switch_off(g, now)
+
+    def _switch_off(self, gpu: GpuSim, now: float) -> None:
+        gpu.on = False
+        gpu.to_off = False
+        self.meter.set_level(gpu.id, now, self.tr.standby_w)
+        self._count_on(now)
+
+    def _count_on(self, now: float) -> None:
+        count = sum(1 for g in self.gpus.values() if g.on)
+        if self.gpus_on and self.gpus_on[-1][0] == now:
+            self.gpus_on[-1] = (now, count)
+        else:
+            self.gpus_on.append((now, count))
+
+    # -- plans ------------------------------------------------------------------------
+
+    def _share(self, gpu: GpuType, pl: Placement) -> ShareOption:
+        if pl.tp_size > 1:
+            return (100, None, 1.0, 1.0, gpu.memory_gb * self.usable_frac)
+        if pl.mig_profile is not None:
+            for option in share_options(self.problem, gpu):
+                if option[1] == pl.mig_profile:
+                    return option
+            raise ValueError(f"unknown MIG profile {pl.mig_profile!r} of {gpu.name}")
+        frac = pl.share_pct / 100.0
+        return (pl.share_pct, None, frac, frac, gpu.memory_gb * self.usable_frac)
+
+    def _kv_budgets(self, units: list[tuple[list[GpuPlan], Placement]]) -> list[float]:
+        """KV-cache tokens of each unit: the GPU memory left after the weights of
+        every unit on it, split by SM share (a MIG instance keeps its own memory)."""
+        weights: dict[str, float] = {}
+        shares: dict[str, float] = {}
+        for gps, pl in units:
+            model = self.problem.model_of(self.problem.instance.workload(pl.workload))
+            for gp in gps:
+                weights[gp.gpu] = weights.get(gp.gpu, 0.0) + model.weight_bytes / pl.tp_size
+                shares[gp.gpu] = shares.get(gp.gpu, 0.0) + pl.share_pct
+        out: list[float] = []
+        for gps, pl in units:
+            model = self.problem.model_of(self.problem.instance.workload(pl.workload))
+            per_token = model.kv_bytes_per_token / pl.tp_size
+            free = math.inf
+            for gp in gps:
+                gtype = self.gpus[gp.gpu].gtype
+                if pl.mig_profile is not None:
+                    mem = self._share(gtype, pl)[4] * 1e9 - model.weight_bytes
+                else:
+                    usable = gtype.memory_gb * self.usable_frac * 1e9
+                    mem = (usable - weights[gp.gpu]) * pl.share_pct / max(shares[gp.gpu], 1.0)
+                free = min(free, mem)
+            out.append(max(free, 0.0) / per_token)
+        return out
+
+    def apply_plan(self, plan: Plan, now: float, initial: bool = False) -> None:
+        """Move the fleet to ``plan`` (see module docs for the transitions)."""
+        tr = self.tr
+        wanted = {gp.gpu: gp for gp in plan.gpus}
+        for gid, g in self.gpus.items():
+            gp = wanted.get(gid)
+            on = gp is not None and gp.on
+            clock = (gp.clock_mhz if gp is not None else None) or g.gtype.max_sm_clock_mhz
+            if initial:
+                g.on = on
+                g.clock_mhz = clock
+                level = gpu_on_power_w(g.gtype, clock) if on else tr.standby_w
+                self.meter.set_level(gid, now, level)
+                continue
+            if on and not g.on:
+                g.on = True
+                g.to_off = False
+                g.clock_mhz = clock
+                g.powered_s = now + tr.power_on_s
+                g.available_s = g.powered_s
+                self.meter.set_level(gid, now, g.gtype.idle_w)
+                self._push(g.powered_s, GPU_WAKE, g)
+            elif on:
+                g.to_off = False
+                if clock != g.clock_mhz:
+                    g.clock_mhz = clock
+                    g.available_s = max(g.available_s, now + tr.clock_change_ms / 1e3)
+                    if now >= g.powered_s:
+                        self.meter.set_level(gid, now, gpu_on_power_w(g.gtype, clock))
+                    for s in g.servers:
+                        s.set_table(self._table(s, g))
+                    self._push(g.available_s, GPU_WAKE, g)
+            elif g.on:
+                g.to_off = True
+        units = plan_units(plan)
+        budgets = self._kv_budgets(units)
+        current = {
+            s.key: s
+            for pool in (self.entry, self.decoders)
+            for ss in pool.values()
+            for s in ss
+            if not s.draining
+        }
+        keep: set[int] = set()
+        created: list[Server] = []
+        for (gps, pl), budget in zip(units, budgets, strict=True):
+            ids = tuple(sorted(gp.gpu for gp in gps))
+            key = (ids, pl.workload, pl.phase, pl.share_pct, pl.mig_profile, pl.tp_size)
+            old = current.get(key)
+            if old is not None and old.sid not in keep:
+                old.weight_rps = pl.rate_rps
+                old.kv_budget = budget
+                keep.add(old.sid)
+                continue
+            created.append(self._new_server(key, list(ids), pl, budget, now, initial))
+        for server in current.values():
+            if server.sid not in keep:
+                self._drain(server, now)
+        for s in created:
+            if s.ready_s > now:
+                self._push(s.ready_s, SERVER_WAKE, s)
+        for pool in (self.entry, self.decoders):
+            for servers in pool.values():
+                for s in servers:
+                    s.wrr = 0.0
+        for g in self.gpus.values():
+            if g.to_off and not g.servers:
+                self._switch_off(g, now)
+        self._count_on(now)
+
+    def _table(self, server: Server, gpu: GpuSim) -> PassTable:
+        """The server's latency tables at the GPU's current clock."""
+        share, tp = self.slices[server.sid]
+        name = self.problem.instance.workloads[server.workload].name
+        return self.tables.get(name, server.phase, gpu.gtype, share, tp, gpu.clock_mhz)
+
+    def _new_server(
+        self,
+        key: tuple[object, ...],
+        ids: list[str],
+        pl: Placement,
+        budget: float,
+        now: float,
+        initial: bool,
+    ) -> Server:
+        gpus = [self.gpus[g] for g in ids]
+        gtype = gpus[0].gtype
+        w = next(
+            k for k, wl in enumerate(self.problem.instance.workloads) if wl.name == pl.workload
+        )
+        model = self.problem.model_of(self.problem.instance.workloads[w])
+        share = self._share(gtype, pl)
+        table = self.tables.get(pl.workload, pl.phase, gtype, share, pl.tp_size, gpus[0].clock_mhz)
+        if initial:
+            ready = now
+        else:
+            load_s = self.tr.startup_s + model.weight_bytes / pl.tp_size / (self.tr.load_gbps * 1e9)
+            ready = max(now, *(g.powered_s for g in gpus)) + load_s
+            self.instances_started += 1
+        server = Server(
+            self.next_sid,
+            key,
+            w,
+            pl.phase,
+            ids,
+            share[2],
+            pl.rate_rps,
+            table,
+            chunk_tokens=self.chunk,
+            max_batch=self.max_batch,
+            kv_budget_tokens=budget,
+            ready_s=ready,
+            stats=self.stats[w],
+            requests=self.req,
+        )
+        server.last_end_s = now
+        self.slices[server.sid] = (share, pl.tp_size)
+        self.next_sid += 1
+        pool = self.decoders if pl.phase == "decode" else self.entry
+        pool[w].append(server)
+        for g in gpus:
+            g.servers.append(server)
+        return server
+
+    def _drain(self, server: Server, now: float) -> None:
+        server.draining = True
+        queued = list(server.waiting) + list(server.joiners)
+        server.waiting.clear()
+        server.joiners.clear()
+        for rid in queued:
+            if server.phase == "decode":
+                target = self._route(self.decoders[server.workload], now)
+                target.joiners.append(rid)
+            else:
+                target = self._route(self.entry[server.workload], now)
+                target.waiting.append(rid)
+            if not target.busy:
+                self._try_start(target, now)
+        if server.empty():
+            self._remove(server, now)

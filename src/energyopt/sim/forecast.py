@@ -1,0 +1,58 @@
+"""Load forecasts for the next epoch, from the arrivals seen so far.
+
+``last``: mean rate over the history; ``peak``: the highest rate of any
+``window_s`` window of the history; ``oracle``: the highest window rate of the
+coming epoch (it looks ahead: a reference, not a deployable rule). The result is
+multiplied by ``headroom``, floored at ``floor`` x the base rate and rounded up to
+a multiple of ``quantum`` x the base rate. At time 0 there is no history: the
+first ``history`` seconds of the load stand in for the traffic that preceded it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from energyopt.sim.arrivals import Arrivals, FloatArray
+from energyopt.spec.evaluation import Forecast
+
+
+def raw_rates_rps(
+    arrivals: Arrivals, now_s: float, epoch_s: float, fc: Forecast, horizon_s: float
+) -> FloatArray:
+    """Forecast rate per workload (req/s) before headroom and rounding."""
+    history = fc.history_s or epoch_s
+    if fc.method == "oracle":
+        start, end = now_s, min(now_s + epoch_s, horizon_s)
+    elif now_s <= 0:
+        start, end = 0.0, min(history, horizon_s)
+    else:
+        start, end = max(0.0, now_s - history), now_s
+    if fc.method == "last":
+        counts = arrivals.count_between(start, end).astype(np.float64)
+        return counts / max(end - start, 1e-9)
+    rates = arrivals.window_rates_rps(start, end, fc.window_s)
+    if rates.shape[0] == 0:
+        return np.zeros(len(arrivals.names))
+    return np.asarray(rates.max(axis=0))
+
+
+def planned_rates_rps(raw: FloatArray, base_rps: FloatArray, fc: Forecast) -> FloatArray:
+    """Headroom, floor and rounding up to the quantum (see module docs)."""
+    scaled = np.maximum(raw * fc.headroom, fc.floor * base_rps)
+    steps = np.ceil(scaled / (fc.quantum * base_rps) - 1e-9)
+    return np.asarray(steps * fc.quantum * base_rps)
+
+
+def peak_rates_rps(arrivals: Arrivals, horizon_s: float, fc: Forecast) -> FloatArray:
+    """Highest window rate of each workload over the whole load (sizing for peak)."""
+    rates = arrivals.window_rates_rps(0.0, horizon_s, fc.window_s)
+    if rates.shape[0] == 0:
+        return np.zeros(len(arrivals.names))
+    return np.asarray(rates.max(axis=0))
+
+
+def epochs(horizon_s: float, epoch_s: float) -> int:
+    """Number of planning epochs in the window."""
+    return max(1, math.ceil(horizon_s / epoch_s - 1e-9))

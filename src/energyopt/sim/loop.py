@@ -1,0 +1,240 @@
+"""The planning loop: every epoch, forecast the load from the recent past, ask the
+planner for a plan, check it, and apply it in the simulator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from energyopt.catalog.problem import Problem, load_problem, resolve
+from energyopt.sim.arrivals import Arrivals
+from energyopt.sim.engine import SimResult, Simulator
+from energyopt.sim.forecast import peak_rates_rps, planned_rates_rps, raw_rates_rps
+from energyopt.sim.passes import PassTables
+from energyopt.sim.planners import Planner, make_planner
+from energyopt.sim.remap import problem_at_plan_rates, stabilize
+from energyopt.sim.synthetic import synthetic_arrivals
+from energyopt.sim.trace import trace_arrivals
+from energyopt.spec.errors import SpecError
+from energyopt.spec.evaluation import Evaluation, TraceLoad, resolve_relative
+from energyopt.spec.plan import Plan
+from energyopt.verify.serving import verify_plan
+
+Say = Callable[[str], None]
+
+
+class PlanningError(RuntimeError):
+    """A planner has no plan for the initial load."""
+
+
+@dataclass
+class Tally:
+    """What a planner did over the run."""
+
+    solver_s: list[float] = field(default_factory=list)  # wall time of each planning call
+    solves: int = 0
+    shortfall_epochs: int = 0  # planned for less than the forecast (fleet too small)
+    unplanned_epochs: int = 0  # no plan: the previous one kept
+    rejected_plans: int = 0  # plans the verifier rejected at their planned load
+    predicted_j: float = 0.0  # the planners' own power figures times epoch lengths
+
+
+@dataclass
+class PlannerRun:
+    """One planner's evaluation: the simulation and the planner's tally."""
+
+    name: str
+    kind: str
+    result: SimResult
+    tally: Tally
+
+    @property
+    def solver_s(self) -> list[float]:
+        """Wall time of each planning call (s)."""
+        return self.tally.solver_s
+
+    @property
+    def solver_s_per_epoch(self) -> float:
+        """Mean planning wall time per epoch (s)."""
+        return float(np.mean(self.solver_s)) if self.solver_s else 0.0
+
+
+@dataclass
+class EvaluationResult:
+    """Every planner's run on one load."""
+
+    evaluation: Evaluation
+    problem: Problem
+    arrivals: Arrivals
+    runs: list[PlannerRun]
+    skipped: list[str]
+    failed: list[str]
+
+
+def _say_nothing(_: str) -> None:
+    return None
+
+
+def build_arrivals(ev: Evaluation, problem: Problem, spec_path: str | Path) -> Arrivals:
+    """The requests of the evaluation's load."""
+    workloads = problem.instance.workloads
+    if isinstance(ev.load, TraceLoad):
+        return trace_arrivals(
+            resolve_relative(spec_path, ev.load.file),
+            workloads,
+            start_s=ev.load.start_s,
+            duration_s=ev.duration_s,
+            load_scale=ev.load.load_scale,
+            tokens=ev.load.tokens,
+            seed=ev.seed,
+        )
+    return synthetic_arrivals(ev.load, workloads, ev.duration_s, ev.seed)
+
+
+def planning_problem(problem: Problem, arrivals: Arrivals) -> Problem:
+    """``problem`` with each workload's mean prompt and output tokens set to those of
+    its requests (a deployment knows its traffic's token statistics)."""
+    prompt, output = arrivals.mean_tokens()
+    workloads = []
+    for k, w in enumerate(problem.instance.workloads):
+        if not np.isfinite(prompt[k]):
+            workloads.append(w)
+            continue
+        workloads.append(
+            w.model_copy(
+                update={
+                    "prompt_tokens": w.prompt_tokens.model_copy(
+                        update={"mean": float(prompt[k]), "max": None}
+                    ),
+                    "output_tokens": w.output_tokens.model_copy(
+                        update={"mean": float(output[k]), "max": None}
+                    ),
+                }
+            )
+        )
+    inst = problem.instance.model_copy(update={"workloads": tuple(workloads)})
+    return resolve(inst, problem.source, Path(problem.source).parent)
+
+
+def run_planner(
+    ev: Evaluation,
+    problem: Problem,
+    arrivals: Arrivals,
+    planner: Planner,
+    tables: PassTables,
+    say: Say = _say_nothing,
+    record: bool = False,
+) -> PlannerRun:
+    """Simulate ``planner`` on ``arrivals`` over the evaluation window."""
+    base = np.asarray([w.rate_rps for w in problem.instance.workloads])
+    names = [w.name for w in problem.instance.workloads]
+    fc = ev.forecast
+    window = ev.duration_s
+    run = Tally()
+    current: list[Plan | None] = [None]
+    since = [0.0]
+
+    def decide(now: float, raw: np.ndarray) -> Plan | None:
+        rates = planned_rates_rps(raw, base, fc)
+        planned = planner.plan(dict(zip(names, rates.tolist(), strict=True)))
+        run.solver_s.append(planned.wall_s)
+        run.solves += planned.solves
+        if planned.plan is None:
+            run.unplanned_epochs += 1
+            say(f"{planner.name}: t={now:.0f} s: no plan; keeping the current one")
+            return None
+        if planned.served_fraction < 1.0 - 1e-9:
+            run.shortfall_epochs += 1
+        at = problem_at_plan_rates(problem, planned.plan)
+        if verify_plan(at, planned.plan):
+            run.rejected_plans += 1
+        plan = stabilize(at, planned.plan, current[0])
+        if current[0] is not None:
+            run.predicted_j += _power_w(current[0]) * (now - since[0])
+        current[0] = plan
+        since[0] = now
+        return plan
+
+    if planner.static:
+        first_raw = peak_rates_rps(arrivals, window, fc)
+    else:
+        first_raw = raw_rates_rps(arrivals, 0.0, ev.epoch_s, fc, window)
+    first = decide(0.0, first_raw)
+    if first is None:
+        raise PlanningError(f"{planner.name}: no plan for the initial load")
+    sim = Simulator(
+        problem,
+        arrivals,
+        window_s=window,
+        drain_s=ev.drain_s,
+        transitions=ev.transitions,
+        colocation_slowdown=ev.colocation_slowdown,
+        bin_s=ev.power_bin_s,
+        record=record,
+        tables=tables,
+    )
+
+    def replan(now: float) -> Plan | None:
+        say(f"{planner.name}: re-planning at t={now:.0f} s")
+        return decide(now, raw_rates_rps(arrivals, now, ev.epoch_s, fc, window))
+
+    result = sim.run(first, None if planner.static else ev.epoch_s, replan)
+    if current[0] is not None:
+        run.predicted_j += _power_w(current[0]) * (window - since[0])
+    return PlannerRun(planner.name, planner.spec.kind, result, run)
+
+
+def _power_w(plan: Plan) -> float:
+    return sum(gp.predicted_power_w for gp in plan.gpus)
+
+
+def evaluate(
+    ev: Evaluation,
+    spec_path: str | Path,
+    *,
+    only: list[str] | None = None,
+    say: Say = _say_nothing,
+    catalogs: list[str] | None = None,
+) -> EvaluationResult:
+    """Run every planner of ``ev`` (or those named in ``only``) on its load."""
+    base_path = resolve_relative(spec_path, ev.base)
+    if not base_path.exists():
+        raise SpecError([f"{spec_path}: base: no such file {base_path}"])
+    problem = load_problem(base_path, catalogs or ())
+    arrivals = build_arrivals(ev, problem, spec_path)
+    say(
+        f"{len(arrivals)} requests over {ev.duration_s:g} s "
+        f"({len(arrivals) / ev.duration_s:.2f} req/s)"
+    )
+    planning = planning_problem(problem, arrivals)
+    tables = PassTables(planning)
+    specs = [p for p in ev.planners if only is None or p.name in only]
+    if only is not None:
+        unknown = sorted(set(only) - {p.name for p in ev.planners})
+        if unknown:
+            names = ", ".join(p.name for p in ev.planners)
+            raise SpecError([f"--planner: unknown planner(s) {unknown}; the spec has {names}"])
+    runs: list[PlannerRun] = []
+    skipped: list[str] = []
+    failed: list[str] = []
+    for i, spec in enumerate(specs):
+        try:
+            planner = make_planner(spec, planning, spec_path)
+        except SpecError as exc:
+            raise SpecError(
+                [f"{spec_path}: planners[{i}]({spec.name}): {p}" for p in exc.problems]
+            ) from None
+        if planner is None:
+            skipped.append(f"{spec.name}: table {spec.table} not found")
+            say(f"{spec.name}: skipped (table {spec.table} not found)")
+            continue
+        say(f"{spec.name}: simulating")
+        try:
+            runs.append(run_planner(ev, planning, arrivals, planner, tables, say))
+        except PlanningError as exc:
+            failed.append(str(exc))
+            say(str(exc))
+    return EvaluationResult(ev, planning, arrivals, runs, skipped, failed)

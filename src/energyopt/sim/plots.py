@@ -1,0 +1,71 @@
+"""PNG plots of an evaluation (matplotlib, the ``[plot]`` extra)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from energyopt.sim.loop import EvaluationResult
+
+PLOT_HINT = "plots need matplotlib: pip install 'energyopt[plot]'"
+
+
+def _pyplot() -> Any | None:
+    try:
+        mpl: Any = importlib.import_module("matplotlib")
+    except ImportError:
+        return None
+    mpl.use("Agg")
+    return importlib.import_module("matplotlib.pyplot")
+
+
+def write_plots(res: EvaluationResult, folder: Path) -> list[Path] | None:
+    """power.png (fleet power over time per planner) and slo.png (attainment per
+    planner and workload); None when matplotlib is missing."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    bin_s = res.evaluation.power_bin_s
+    window = res.evaluation.duration_s
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for run in res.runs:
+        series = run.result.power_w
+        n = min(len(series), int(window / bin_s + 0.999))
+        ax.plot(
+            [(k + 0.5) * bin_s / 60 for k in range(n)],
+            [p / 1e3 for p in series[:n]],
+            label=run.name,
+            linewidth=1.2,
+        )
+    ax.set_xlabel("time (min)")
+    ax.set_ylabel(f"fleet power (kW, {bin_s:g} s mean)")
+    ax.set_title(f"{res.evaluation.name}: power over time")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    power = folder / "power.png"
+    fig.savefig(power, dpi=120)
+    plt.close(fig)
+
+    names = [s.name for s in res.runs[0].result.stats] if res.runs else []
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / max(len(res.runs), 1)
+    for k, run in enumerate(res.runs):
+        xs = [i + k * width for i in range(len(names) + 1)]
+        fleet = run.result.attainment[2]
+        values = [s.slo_attainment * 100 for s in run.result.stats] + [fleet * 100]
+        ax.bar(xs, values, width=width, label=run.name)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names) + 1)])
+    ax.set_xticklabels([*names, "all"], rotation=20, fontsize=8)
+    ax.set_ylabel("SLO attainment (% of requests)")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"{res.evaluation.name}: SLO attainment per planner")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    slo = folder / "slo.png"
+    fig.savefig(slo, dpi=120)
+    plt.close(fig)
+    return [power, slo]

@@ -1,0 +1,181 @@
+"""The evaluation table and its CSV files."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from energyopt.sim.loop import EvaluationResult, PlannerRun
+
+HEADER = (
+    "planner",
+    "energy kWh",
+    "saving",
+    "TTFT att.",
+    "TBT att.",
+    "SLO att.",
+    "GPUs on",
+    "solve s/epoch",
+    "model kWh",
+    "migrations",
+)
+
+
+def _saving(run: PlannerRun, ref: PlannerRun | None) -> float | None:
+    if ref is None or ref.result.energy_j <= 0:
+        return None
+    return 1.0 - run.result.energy_j / ref.result.energy_j
+
+
+def summary_rows(res: EvaluationResult) -> list[dict[str, float | str | int | None]]:
+    """One record per planner (energies in J, attainments as fractions)."""
+    ref = next((r for r in res.runs if r.name == res.evaluation.reference), None)
+    rows: list[dict[str, float | str | int | None]] = []
+    for run in res.runs:
+        r = run.result
+        ttft, tbt, slo = r.attainment
+        rows.append(
+            {
+                "planner": run.name,
+                "kind": run.kind,
+                "energy_j": r.energy_j,
+                "energy_total_j": r.energy_total_j,
+                "saving": _saving(run, ref),
+                "ttft_attainment": ttft,
+                "tbt_attainment": tbt,
+                "slo_attainment": slo,
+                "mean_gpus_on": r.mean_gpus_on,
+                "solver_s_per_epoch": run.solver_s_per_epoch,
+                "solver_s_max": max(run.solver_s, default=0.0),
+                "solves": run.tally.solves,
+                "predicted_j": run.tally.predicted_j,
+                "migrations": r.instances_started,
+                "arrived": r.arrived,
+                "completed": r.completed,
+                "unfinished": r.unfinished,
+                "shortfall_epochs": run.tally.shortfall_epochs,
+                "unplanned_epochs": run.tally.unplanned_epochs,
+                "rejected_plans": run.tally.rejected_plans,
+            }
+        )
+    return rows
+
+
+def format_table(res: EvaluationResult) -> list[str]:
+    """The comparison table, one line per planner, then notes."""
+    ev = res.evaluation
+    rows = summary_rows(res)
+    cells = [list(HEADER)]
+    for row in rows:
+        saving = row["saving"]
+        cells.append(
+            [
+                str(row["planner"]),
+                f"{float(row['energy_j'] or 0) / 3.6e6:.3f}",
+                "-" if saving is None else f"{100 * float(saving):.1f}%",
+                f"{100 * float(row['ttft_attainment'] or 0):.2f}%",
+                f"{100 * float(row['tbt_attainment'] or 0):.2f}%",
+                f"{100 * float(row['slo_attainment'] or 0):.2f}%",
+                f"{float(row['mean_gpus_on'] or 0):.2f}",
+                f"{float(row['solver_s_per_epoch'] or 0):.2f}",
+                f"{float(row['predicted_j'] or 0) / 3.6e6:.3f}",
+                str(row["migrations"]),
+            ]
+        )
+    widths = [max(len(c[i]) for c in cells) for i in range(len(HEADER))]
+    lines = [
+        f"evaluation {ev.name}: {len(res.arrivals)} requests over {ev.duration_s:g} s, "
+        f"epoch {ev.epoch_s:g} s, forecast {ev.forecast.method} x{ev.forecast.headroom:g}, "
+        f"seed {ev.seed}",
+    ]
+    for c in cells:
+        lines.append(
+            "  ".join(
+                c[i].ljust(widths[i]) if i == 0 else c[i].rjust(widths[i]) for i in range(len(c))
+            )
+        )
+    lines.append(
+        f"saving: energy below {ev.reference}; attainment: TTFT and SLO over requests "
+        "(SLO: TTFT and mean TBT both met), TBT over token gaps; model kWh: the plans' "
+        "own power figures"
+    )
+    for row in rows:
+        notes = []
+        if row["unfinished"]:
+            notes.append(f"{row['unfinished']} requests unfinished after the drain")
+        if row["shortfall_epochs"]:
+            notes.append(f"{row['shortfall_epochs']} epochs planned below the forecast")
+        if row["unplanned_epochs"]:
+            notes.append(f"{row['unplanned_epochs']} epochs without a new plan")
+        if row["rejected_plans"]:
+            notes.append(f"{row['rejected_plans']} plans rejected by the verifier")
+        if notes:
+            lines.append(f"note: {row['planner']}: " + "; ".join(notes))
+    for line in res.skipped:
+        lines.append(f"skipped: {line}")
+    for line in res.failed:
+        lines.append(f"failed: {line}")
+    return lines
+
+
+def write_csvs(res: EvaluationResult, folder: Path) -> list[Path]:
+    """summary.csv, workloads.csv and power.csv in ``folder``; their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = summary_rows(res)
+    out = []
+    path = folder / "summary.csv"
+    with path.open("w", newline="") as fh:
+        if rows:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    out.append(path)
+    path = folder / "workloads.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(
+            [
+                "planner",
+                "workload",
+                "arrived",
+                "completed",
+                "ttft_attainment",
+                "tbt_attainment",
+                "slo_attainment",
+                "ttft_p_ms",
+                "tbt_p_ms",
+                "percentile",
+            ]
+        )
+        for run in res.runs:
+            for s in run.result.stats:
+                q = s.slo.quantile
+                w.writerow(
+                    [
+                        run.name,
+                        s.name,
+                        s.arrived,
+                        s.completed,
+                        f"{s.ttft_attainment:.6f}",
+                        f"{s.tbt_attainment:.6f}",
+                        f"{s.slo_attainment:.6f}",
+                        f"{s.ttft_percentile_ms(q):.3f}",
+                        f"{s.tbt_percentile_ms(q):.3f}",
+                        s.slo.percentile,
+                    ]
+                )
+    out.append(path)
+    path = folder / "power.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["time_s", *(run.name for run in res.runs)])
+        length = max((len(run.result.power_w) for run in res.runs), default=0)
+        bin_s = res.evaluation.power_bin_s
+        for k in range(length):
+            values = [
+                f"{run.result.power_w[k]:.1f}" if k < len(run.result.power_w) else ""
+                for run in res.runs
+            ]
+            w.writerow([f"{k * bin_s:g}", *values])
+    out.append(path)
+    return out

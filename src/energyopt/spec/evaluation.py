@@ -1,0 +1,184 @@
+"""Evaluation spec (``kind: evaluate``): a base instance, a load over time, the
+planners to compare, and how the simulator replays them. See docs/evaluation.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from energyopt.spec.base import Spec
+from energyopt.spec.io import load
+
+PlannerKind = Literal[
+    "performance-first",
+    "consolidation-only",
+    "frequency-only",
+    "sharing-only",
+    "energyopt",
+    "table",
+]
+
+
+class TraceLoad(Spec):
+    """Requests replayed from a trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)."""
+
+    kind: Literal["trace"]
+    file: str = Field(min_length=1, description="trace CSV, relative to the spec file")
+    start_s: float = Field(default=0.0, ge=0, description="offset into the trace, s")
+    load_scale: float = Field(
+        default=1.0,
+        gt=0,
+        description="the trace is rescaled so its mean rate is this times the sum of the "
+        "base instance's workload rates (req/s)",
+    )
+    tokens: Literal["trace", "scaled"] = Field(
+        default="trace",
+        description="trace: the trace's token counts; scaled: rescaled per workload so "
+        "their means equal the workload's prompt/output means",
+    )
+
+
+class DiurnalLoad(Spec):
+    """Poisson arrivals whose rate follows a sine: base x load_scale x (1 + a sin)."""
+
+    kind: Literal["diurnal"]
+    load_scale: float = Field(default=1.0, gt=0, description="multiplier of every base rate")
+    amplitude: float = Field(default=0.6, ge=0, lt=1, description="relative swing of the rate")
+    period_s: float | None = Field(
+        default=None, gt=0, description="length of one day, s (default: the duration)"
+    )
+    token_sigma: float = Field(
+        default=0.6, ge=0, le=3, description="log-normal shape of token counts (0: fixed)"
+    )
+
+
+class BurstyLoad(Spec):
+    """Poisson arrivals modulated by on/off bursts (a two-state Markov process)."""
+
+    kind: Literal["bursty"]
+    load_scale: float = Field(
+        default=1.0, gt=0, description="long-run mean rate as a multiple of the base rates"
+    )
+    burst_factor: float = Field(default=3.0, ge=1, description="rate in a burst / rate outside")
+    burst_s: float = Field(default=20.0, gt=0, description="mean burst length, s")
+    gap_s: float = Field(default=180.0, gt=0, description="mean time between bursts, s")
+    token_sigma: float = Field(default=0.6, ge=0, le=3)
+
+
+Load = Annotated[TraceLoad | DiurnalLoad | BurstyLoad, Field(discriminator="kind")]
+
+
+class Forecast(Spec):
+    """How a planner predicts the next epoch's load from the recent past."""
+
+    method: Literal["last", "peak", "oracle"] = Field(
+        default="peak",
+        description="last: mean rate of the history; peak: highest window rate of the "
+        "history; oracle: highest window rate of the coming epoch (an upper reference)",
+    )
+    window_s: float = Field(default=30.0, gt=0, description="rate measurement window, s")
+    history_s: float | None = Field(
+        default=None, gt=0, description="how far back to look, s (default: one epoch)"
+    )
+    headroom: float = Field(default=1.1, ge=1, description="forecast multiplier")
+    quantum: float = Field(
+        default=0.05,
+        gt=0,
+        le=1,
+        description="forecast rates are rounded up to multiples of this fraction of the "
+        "base rate (fewer distinct solves)",
+    )
+    floor: float = Field(
+        default=0.02, gt=0, le=1, description="smallest forecast, as a fraction of the base rate"
+    )
+
+
+class Transitions(Spec):
+    """Latencies and power of changing a GPU's state."""
+
+    power_on_s: float = Field(default=10.0, ge=0, description="off to on, before loading, s")
+    clock_change_ms: float = Field(default=50.0, ge=0, description="no work while it settles")
+    load_gbps: float = Field(default=20.0, gt=0, description="weight loading bandwidth, GB/s")
+    startup_s: float = Field(default=2.0, ge=0, description="fixed start of a serving process")
+    standby_w: float = Field(default=0.0, ge=0, description="power of a GPU that is off, W")
+
+
+class PlannerSpec(Spec):
+    """One contender: a baseline, an energyopt solver preset, or a plan table."""
+
+    name: str = Field(min_length=1, description="label in the report")
+    kind: PlannerKind
+    solver: str = Field(default="highs-exact", description="preset for solver-based planners")
+    table: str | None = Field(default=None, description="plan table file (kind table)")
+    time_limit_s: float = Field(default=20.0, gt=0, description="per solve, s")
+    rel_gap: float = Field(default=0.005, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> PlannerSpec:
+        if self.kind == "table" and self.table is None:
+            raise ValueError("a planner of kind table needs table: FILE")
+        return self
+
+
+DEFAULT_PLANNERS: tuple[PlannerSpec, ...] = (
+    PlannerSpec(name="performance-first", kind="performance-first"),
+    PlannerSpec(name="consolidation-only", kind="consolidation-only"),
+    PlannerSpec(name="frequency-only", kind="frequency-only"),
+    PlannerSpec(name="sharing-only", kind="sharing-only"),
+    PlannerSpec(name="energyopt", kind="energyopt"),
+)
+
+
+class Evaluation(Spec):
+    """An ``energyopt evaluate`` input file."""
+
+    kind: Literal["evaluate"]
+    name: str = Field(min_length=1)
+    description: str = ""
+    base: str = Field(min_length=1, description="serving instance, relative to the spec file")
+    load: Load
+    duration_s: float = Field(gt=0, le=7 * 86400, description="simulated time, s")
+    epoch_s: float = Field(default=300.0, gt=0, description="re-planning period, s")
+    forecast: Forecast = Forecast()
+    planners: tuple[PlannerSpec, ...] = Field(default=DEFAULT_PLANNERS, min_length=1)
+    reference: str = Field(
+        default="performance-first", description="planner the energy saving is measured against"
+    )
+    seed: int = Field(default=0, ge=0)
+    output_dir: str = Field(default="evaluate-out", description="plots and CSV, relative to cwd")
+    colocation_slowdown: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="iteration slowdown when the GPU's other instances are busy, times "
+        "their busy SM share",
+    )
+    transitions: Transitions = Transitions()
+    drain_s: float = Field(
+        default=120.0, ge=0, description="time after the end to finish requests in flight, s"
+    )
+    power_bin_s: float = Field(default=10.0, gt=0, description="power time-series step, s")
+
+    @model_validator(mode="after")
+    def _check(self) -> Evaluation:
+        names = [p.name for p in self.planners]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate planner names: {dup}")
+        if self.reference not in names:
+            raise ValueError(f"reference {self.reference!r} is not a planner; planners: {names}")
+        return self
+
+
+def load_evaluation(path: str | Path) -> Evaluation:
+    """Read and validate an evaluation spec (SpecError naming file and field)."""
+    return load(Evaluation, path)
+
+
+def resolve_relative(spec_path: str | Path, rel: str) -> Path:
+    """``rel`` taken relative to the folder of the spec file (unless absolute)."""
+    p = Path(rel)
+    return p if p.is_absolute() else Path(spec_path).parent / p
