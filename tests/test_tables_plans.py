@@ -88,9 +88,9 @@ def test_resume_skips_finished_cells(
     calls: list[dict[str, float]] = []
     real = plans_mod.solve_cell
 
-    def counting(base: str, scales: dict[str, float], *args: Any) -> dict[str, Any]:
-        calls.append(scales)
-        return real(base, scales, *args)
+    def counting(base: str, change: dict[str, Any], *args: Any) -> dict[str, Any]:
+        calls.append(change["scales"])
+        return real(base, change, *args)
 
     monkeypatch.setattr(plans_mod, "solve_cell", counting)
     lines: list[str] = []
@@ -131,7 +131,10 @@ def test_dask_local_cluster_gives_the_same_table_as_local_processes(
             assert ga["rate_rps"] == pytest.approx(gb["rate_rps"], rel=1e-9)
 
 
-def test_unreachable_scheduler_is_a_clear_error(spec: Path, tmp_path: Path) -> None:
+def test_unreachable_scheduler_is_a_clear_error(
+    spec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("distributed")
+    monkeypatch.setattr(plans_mod, "DASK_CONNECT_TIMEOUT_S", 1.0)
     with pytest.raises(SpecError, match="cannot connect"):
         compile_table(spec, tmp_path / "x.eot", scheduler="tcp://127.0.0.1:9")

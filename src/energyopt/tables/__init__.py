@@ -9,19 +9,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from energyopt.catalog.problem import load_problem
 from energyopt.tables.format import Axis, ColumnData, Table, TableError, write_table
 from energyopt.tables.oppoints import build_oppoint_columns
 from energyopt.tables.plans import build_plan_columns, solve_cells
-from energyopt.tables.spec import CompileSpec, load_compile_spec
+from energyopt.tables.spec import CompileSpec, SloTier, load_checked, load_compile_spec
 
 __all__ = [
     "Axis",
     "ColumnData",
     "CompileSpec",
+    "SloTier",
     "Table",
     "TableError",
     "compile_table",
+    "load_checked",
     "load_compile_spec",
     "write_table",
 ]
@@ -39,12 +40,13 @@ def compile_table(
     Plan cells run on ``workers`` local processes, or on the Dask distributed
     cluster at ``scheduler`` (an address such as ``tcp://host:8786``) when given.
     """
-    spec, base = load_compile_spec(spec_path)
+    spec, base, problem = load_checked(spec_path)
     if spec.kind == "oppoints":
-        problem = load_problem(base)
-        axes, columns, meta = build_oppoint_columns(problem, spec.load_points, spec.load_max_rps)
+        axes, columns, meta = build_oppoint_columns(
+            problem, spec.load_points, spec.load_max_rps, spec.slo_tiers, spec.gpu_types
+        )
     else:
-        problem, cells, records = solve_cells(spec, base, output, workers, say, scheduler)
+        cells, records = solve_cells(spec, base, problem, output, workers, say, scheduler)
         axes, columns, meta = build_plan_columns(spec, problem, cells, records)
     write_table(output, spec.kind, axes, columns, meta)
     return spec.kind

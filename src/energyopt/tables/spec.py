@@ -5,10 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from energyopt.catalog.problem import Problem, load_problem
 from energyopt.spec.base import Spec
+from energyopt.spec.errors import SpecError
 from energyopt.spec.io import load
+
+
+def _no_duplicates(names: list[str]) -> None:
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"duplicate names {dup}")
+
+
+class SloTier(Spec):
+    """A named SLO tier: every workload's TTFT and TBT SLO times a multiplier."""
+
+    name: str = Field(min_length=1, description="the key of the slo_tier axis")
+    ttft_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False, description="x TTFT SLO")
+    tbt_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False, description="x TBT SLO")
 
 
 class CompileSpec(Spec):
@@ -18,6 +34,16 @@ class CompileSpec(Spec):
         description="plans: solve every grid cell; oppoints: performance model only"
     )
     base: str = Field(description="instance file, relative to the spec file")
+    slo_tiers: tuple[SloTier, ...] = Field(
+        default=(), description="SLO tiers (axis slo_tier); none: the base SLOs, no axis"
+    )
+    gpu_types: tuple[str, ...] = Field(
+        default=(),
+        description=(
+            "GPU types (axis gpu_type of a plan table: every GPU of the base fleet is "
+            "of that type; of an oppoints table: the types tabulated); none: the base fleet's"
+        ),
+    )
     # kind plans
     load_scale: tuple[float, ...] = Field(
         default=(1.0,), description="multipliers of every workload's rate (ascending)"
@@ -32,6 +58,18 @@ class CompileSpec(Spec):
     load_points: int = Field(default=65, ge=2, le=100_000, description="load grid points")
     load_max_rps: float | None = Field(default=None, gt=0, description="top of the load grid")
 
+    @field_validator("slo_tiers")
+    @classmethod
+    def _unique_tiers(cls, tiers: tuple[SloTier, ...]) -> tuple[SloTier, ...]:
+        _no_duplicates([t.name for t in tiers])
+        return tiers
+
+    @field_validator("gpu_types")
+    @classmethod
+    def _unique_types(cls, types: tuple[str, ...]) -> tuple[str, ...]:
+        _no_duplicates(list(types))
+        return types
+
     @model_validator(mode="after")
     def _check(self) -> CompileSpec:
         grids = {"load_scale": self.load_scale} | {
@@ -44,6 +82,8 @@ class CompileSpec(Spec):
                 raise ValueError(f"{name}: scales must be positive")
             if list(values) != sorted(set(values)):
                 raise ValueError(f"{name}: values must be strictly ascending")
+        if self.kind == "oppoints" and (self.workload_scale or self.load_scale != (1.0,)):
+            raise ValueError("load_scale and workload_scale are for kind plans")
         return self
 
 
@@ -55,3 +95,34 @@ def load_compile_spec(path: str | Path) -> tuple[CompileSpec, Path]:
     if not base.is_absolute():
         base = p.parent / base
     return spec, base
+
+
+def spec_problems(spec: CompileSpec, problem: Problem, source: str) -> list[str]:
+    """'source: field: message' lines for names the base instance or catalog lacks."""
+    lines = []
+    for i, name in enumerate(spec.gpu_types):
+        try:
+            problem.gpu_type(name)
+        except KeyError as exc:
+            lines.append(f"{source}: gpu_types[{i}]: {exc.args[0]}")
+    names = [w.name for w in problem.instance.workloads]
+    for name in spec.workload_scale:
+        if name not in names:
+            lines.append(
+                f"{source}: workload_scale.{name}: no such workload in the base instance; "
+                f"known: {', '.join(names)}"
+            )
+    return lines
+
+
+def load_checked(path: str | Path) -> tuple[CompileSpec, Path, Problem]:
+    """The spec, its base instance's path and problem; SpecError naming the spec file
+    and the field for a missing base file, an unknown GPU type or workload."""
+    spec, base = load_compile_spec(path)
+    if not base.is_file():
+        raise SpecError([f"{path}: base: {base}: no such file"])
+    problem = load_problem(base)
+    lines = spec_problems(spec, problem, str(path))
+    if lines:
+        raise SpecError(lines)
+    return spec, base, problem
