@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from energyopt.spec.errors import SpecError
+from energyopt.tables.rowlookup import ROW_LIMIT, compile_rows, finder
 from energyopt.tables.stdlib_reader import (
     ALIGN,
     FORMAT_VERSION,
@@ -120,7 +121,8 @@ def _axis_indexer(axis: Axis) -> Callable[[Any], int]:
     """Scalar key -> index, -1 outside the grid (fast path of Axis.index)."""
     if axis.kind == "category":
         table = {v: i for i, v in enumerate(axis.values)}
-        return lambda key: table.get(key, -1)
+        # str() as the standard-library reader does; never raises (unhashable keys too)
+        return lambda key: table.get(key if isinstance(key, str) else str(key), -1)
     if axis.kind == "exact":
         exact = {float(v): i for i, v in enumerate(axis.values)}
 
@@ -169,7 +171,8 @@ class Table:
             for name, a in self.axes.items()
         }
         self._flat = {name: arr.reshape(-1) for name, arr in self._arrays.items()}
-        self._plans: dict[frozenset[str], list[tuple[str, Any, list[Any], Any]]] = {}
+        self._finders = {name: finder(a) for name, a in self.axes.items()}
+        self._fast: dict[tuple[str, ...], Callable[..., dict[str, Any]]] = {}
         self._strides = {
             col.name: tuple(math.prod(col.shape[k + 1 :]) for k in range(len(col.shape)))
             for col in self.columns.values()
@@ -206,76 +209,127 @@ class Table:
         """Values of every column whose axes are all in ``key``, plus ``in_grid``.
 
         Out-of-grid values never raise: the column's fallback is returned and
-        ``in_grid`` is False. Unknown key names raise TableError.
+        ``in_grid`` is False. Unknown key names raise TableError. The first lookup
+        with a set of key names (in that order) precompiles its rows; later ones
+        cost a few dict subscripts (see ``row_getter`` for the fastest path).
         """
-        names = frozenset(key)
-        plan = self._plans.get(names)
-        if plan is None:
-            self._check_keys(names)
-            plan = self._plans[names] = [
-                (
-                    col.name,
-                    tuple(zip(col.axes, self._strides[col.name], strict=True)),
-                    self._flat[col.name].tolist(),
-                    col.fallback,
-                )
-                for col in self.columns.values()
-                if set(col.axes) <= names
-            ]
-        indexers = self._indexers
-        index = {name: indexers[name](v) for name, v in key.items()}
+        fn = self._fast.get(tuple(key))
+        if fn is None:
+            fn = self._compile_lookup(tuple(key))
+        return fn(*key.values()).copy()
+
+    def _compile_lookup(self, names: tuple[str, ...]) -> Callable[..., dict[str, Any]]:
+        self._check_keys(names)
+        if len(set(names)) != len(names):
+            raise TableError(self.path, f"repeated key in {names}")
+        cols = self._columns_within(names)
+        lists = self._rows_by_column(names, cols)
+
+        def slow(*keys: Any) -> dict[str, Any]:
+            return self._slow_lookup(dict(zip(names, keys, strict=True)))
+
+        if lists is None:
+            fn: Callable[..., dict[str, Any]] = slow
+        else:
+            rows = [dict(zip(cols, values, strict=True)) for values in zip(*lists, strict=True)]
+            for row in rows:
+                row["in_grid"] = True
+            fn = compile_rows([self._finders[n] for n in names], self._sizes(names), rows, slow)
+        self._fast[names] = fn
+        return fn
+
+    def row_getter(
+        self, *axes: str, columns: Sequence[str] | None = None
+    ) -> tuple[tuple[str, ...], Callable[..., tuple[Any, ...]]]:
+        """The fastest scalar lookup of several columns: ``(names, f)`` where
+        ``f(*keys)`` (keys in the order of ``axes``) returns a tuple of the values of
+        ``names`` (default: every column keyed within ``axes``) followed by
+        ``in_grid``. Outside the grid it returns the fallbacks (the columns whose keys
+        are in the grid keep their values) and False, never raising."""
+        self._check_keys(axes)
+        names = tuple(columns) if columns is not None else self._columns_within(axes)
+        for name in names:
+            if name not in self.columns or not set(self.columns[name].axes) <= set(axes):
+                raise TableError(self.path, f"column {name} is not keyed within {axes}")
+
+        def slow(*keys: Any) -> tuple[Any, ...]:
+            out = self._slow_lookup(dict(zip(axes, keys, strict=True)))
+            return (*(out[n] for n in names), out["in_grid"])
+
+        lists = self._rows_by_column(axes, names)
+        if lists is None:
+            return names, slow
+        rows = [(*values, True) for values in zip(*lists, strict=True)]
+        return names, compile_rows([self._finders[a] for a in axes], self._sizes(axes), rows, slow)
+
+    def _columns_within(self, names: Sequence[str]) -> tuple[str, ...]:
+        keys = set(names)
+        return tuple(c.name for c in self.columns.values() if set(c.axes) <= keys)
+
+    def _sizes(self, names: Sequence[str]) -> list[int]:
+        return [len(self.axes[n].values) for n in names]
+
+    def _rows_by_column(self, names: Sequence[str], cols: Sequence[str]) -> list[list[Any]] | None:
+        """Per column, its values at every position of the ``names`` axes in C order
+        (Python objects); None when the key space exceeds ROW_LIMIT rows."""
+        shape = self._sizes(names)
+        if math.prod(shape) > ROW_LIMIT:
+            return None
+        lists = []
+        for name in cols:
+            col = self.columns[name]
+            arr = self._arrays[name].transpose([col.axes.index(n) for n in names if n in col.axes])
+            arr = arr.reshape(
+                [s if n in col.axes else 1 for n, s in zip(names, shape, strict=True)]
+            )
+            lists.append(np.broadcast_to(arr, shape).reshape(-1).tolist())
+        return lists
+
+    def _slow_lookup(self, key: Mapping[str, Any]) -> dict[str, Any]:
+        """``lookup`` one column at a time (any key, in or outside the grid)."""
+        index = {name: self._indexers[name](v) for name, v in key.items()}
         out: dict[str, Any] = {}
         in_grid = True
-        for name, axes, values, fallback in plan:
+        for name in self._columns_within(list(key)):
+            col = self.columns[name]
             flat = 0
-            for a, s in axes:
+            for a, s in zip(col.axes, self._strides[name], strict=True):
                 i = index[a]
                 if i < 0:
+                    in_grid = False
+                    out[name] = col.fallback
                     break
                 flat += i * s
             else:
-                out[name] = values[flat]
-                continue
-            in_grid = False
-            out[name] = fallback
+                out[name] = self._flat[name][flat].item()
         out["in_grid"] = in_grid
         return out
 
     def getter(self, column: str, *axes: str) -> Callable[..., Any]:
         """A fast scalar lookup of one column: ``f(*keys)`` with keys in the order
         of ``axes`` (default: the column's own axes); returns the fallback outside
-        the grid. This is the path for latency-critical callers."""
+        the grid."""
         col = self.columns[column]
         order = axes or col.axes
         if sorted(order) != sorted(col.axes):
             raise TableError(self.path, f"column {column} is keyed by {', '.join(col.axes)}")
-        pos = [order.index(a) for a in col.axes]
-        finders = [self._indexers[a] for a in col.axes]
-        strides = self._strides[column]
-        values = self._flat[column].tolist() if self._flat[column].size <= 1 << 22 else None
+        index = self._indexers
         flat_arr = self._flat[column]
-        fallback = col.fallback
-        if len(pos) == 3 and values is not None:
-            (p0, p1, p2), (f0, f1, f2), (s0, s1, _) = pos, finders, strides
+        strides = dict(zip(col.axes, self._strides[column], strict=True))
 
-            def get3(*k: Any) -> Any:
-                i0, i1, i2 = f0(k[p0]), f1(k[p1]), f2(k[p2])
-                if i0 < 0 or i1 < 0 or i2 < 0:
-                    return fallback
-                return values[i0 * s0 + i1 * s1 + i2]
-
-            return get3
-
-        def get(*k: Any) -> Any:
+        def slow(*keys: Any) -> Any:
             flat = 0
-            for p, f, s in zip(pos, finders, strides, strict=True):
-                i = f(k[p])
+            for name, k in zip(order, keys, strict=True):
+                i = index[name](k)
                 if i < 0:
-                    return fallback
-                flat += i * s
-            return values[flat] if values is not None else flat_arr[flat].item()
+                    return col.fallback
+                flat += i * strides[name]
+            return flat_arr[flat].item()
 
-        return get
+        lists = self._rows_by_column(order, (column,))
+        if lists is None:
+            return slow
+        return compile_rows([self._finders[a] for a in order], self._sizes(order), lists[0], slow)
 
     def axis_index(self, name: str, keys: ArrayLike) -> NDArray[np.int64]:
         """Vectorized axis positions of ``keys`` (-1 outside the grid).
