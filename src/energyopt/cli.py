@@ -70,7 +70,10 @@ def _load(path: str, catalogs: list[str] | None = None, check_slos: bool = True)
 # Problem families other than serving: the top-level ``kind:`` of a file names the
 # family; its module provides ``validate_file(path, catalogs) -> str`` (a one-line
 # summary, or SpecError) and ``solve_file(args) -> int`` (an exit code).
-FAMILY_MODULES: dict[str, str] = {}
+FAMILY_MODULES: dict[str, str] = {
+    "plans": "energyopt.cli_compile_spec",
+    "oppoints": "energyopt.cli_compile_spec",
+}
 
 
 def _family(path: str) -> Any | None:
