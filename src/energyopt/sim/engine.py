@@ -269,7 +269,7 @@ class Simulator:
         return chosen
 
     def _try_start(self, server: Server, now: float) -> None:
-        if server.busy or now < server.ready_s:
+        if server.busy or server.removed or now < server.ready_s:
             return
         busy_share = 0.0
         for gid in server.gpus:
@@ -308,6 +308,9 @@ class Simulator:
             self._try_start(s, now)
 
     def _remove(self, server: Server, now: float) -> None:
+        if server.removed:
+            return
+        server.removed = True
         pool = self.decoders if server.phase == "decode" else self.entry
         pool[server.workload].remove(server)
         for gid in server.gpus:

@@ -102,6 +102,7 @@ class Server:
         self.last_end_s = 0.0
         self.kv_used = 0
         self.draining = False
+        self.removed = False
         self.wrr = 0.0  # smooth weighted round-robin state
         # the iteration in flight
         self._n = 0

@@ -1,0 +1,109 @@
+"""``energyopt evaluate``: the spec file, the planners, the table and the files."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import yaml
+
+from energyopt.cli import main
+from energyopt.sim import plots
+
+BASE = {
+    "name": "eval-tiny",
+    "cluster": {"nodes": [{"name": "n0", "gpus": [{"type": "H100-SXM5-80GB", "count": 2}]}]},
+    "workloads": [
+        {
+            "name": "chat",
+            "model": "Llama-3.1-8B",
+            "rate_rps": 6.0,
+            "prompt_tokens": {"mean": 512},
+            "output_tokens": {"mean": 128},
+            "slo": {"ttft_ms": 500, "tbt_ms": 60},
+        }
+    ],
+    "options": {"clocks_mhz": {"H100-SXM5-80GB": [990, 1410, 1980]}},
+}
+
+
+def write_spec(tmp_path: Path, **changes: object) -> Path:
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
+    spec: dict[str, object] = {
+        "kind": "evaluate",
+        "name": "tiny",
+        "base": "base.yaml",
+        "load": {"kind": "diurnal", "amplitude": 0.5},
+        "duration_s": 60,
+        "epoch_s": 30,
+        "planners": [
+            {"name": "performance-first", "kind": "performance-first"},
+            {"name": "frequency-only", "kind": "frequency-only"},
+            {"name": "joint", "kind": "energyopt"},
+            {"name": "lookup", "kind": "table", "table": "absent.eot"},
+        ],
+        "output_dir": str(tmp_path / "out"),
+    }
+    spec.update(changes)
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_evaluate_prints_the_table_and_writes_csv(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(plots, "_pyplot", lambda: None)  # as without matplotlib
+    assert main(["evaluate", str(write_spec(tmp_path)), "-q"]) == 0
+    out = capsys.readouterr().out
+    for name in ("performance-first", "frequency-only", "joint"):
+        assert name in out
+    assert "skipped: lookup: table absent.eot not found" in out
+    assert "pip install 'energyopt[plot]'" in out
+    with (tmp_path / "out" / "summary.csv").open() as fh:
+        rows = {r["planner"]: r for r in csv.DictReader(fh)}
+    assert set(rows) == {"performance-first", "frequency-only", "joint"}
+    for r in rows.values():
+        assert int(r["arrived"]) == int(r["completed"]) > 0
+        assert float(r["energy_j"]) > 0
+        assert int(r["rejected_plans"]) == 0
+    assert float(rows["performance-first"]["saving"]) == 0.0
+    # clock tuning on the same dedicated GPUs cannot cost more modelled power
+    assert float(rows["frequency-only"]["predicted_j"]) <= float(
+        rows["performance-first"]["predicted_j"]
+    ) * (1 + 1e-6)
+
+
+def test_evaluate_writes_plots_when_matplotlib_is_there(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    spec = write_spec(
+        tmp_path, planners=[{"name": "pf", "kind": "performance-first"}], reference="pf"
+    )
+    assert main(["evaluate", str(spec), "-q", "--duration", "20"]) == 0
+    for name in ("power.png", "slo.png"):
+        data = (tmp_path / "out" / name).read_bytes()
+        assert data.startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"colour": "red"}, "eval.yaml: colour: Extra inputs are not permitted"),
+        ({"duration_s": -1}, "eval.yaml: duration_s: Input should be greater than 0"),
+        ({"reference": "nobody"}, "reference 'nobody' is not a planner"),
+        (
+            {"planners": [{"name": "x", "kind": "energyopt", "solver": "nope"}], "reference": "x"},
+            "planners[0](x): --solver: unknown solver 'nope'",
+        ),
+        ({"base": "missing.yaml"}, "base: no such file"),
+        ({"load": {"kind": "trace"}}, "eval.yaml: load.trace.file: Field required"),
+    ],
+)
+def test_bad_specs_name_the_file_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict[str, object], message: str
+) -> None:
+    assert main(["evaluate", str(write_spec(tmp_path, **changes)), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
