@@ -71,6 +71,7 @@ def _load(path: str, catalogs: list[str] | None = None, check_slos: bool = True)
 # family; its module provides ``validate_file(path, catalogs) -> str`` (a one-line
 # summary, or SpecError) and ``solve_file(args) -> int`` (an exit code).
 FAMILY_MODULES: dict[str, str] = {
+    "colocation": "energyopt.cli_colocation",
     "plans": "energyopt.cli_compile_spec",
     "oppoints": "energyopt.cli_compile_spec",
 }

@@ -71,7 +71,11 @@ def solve_exact(
     def improving(event: object) -> None:
         d = event.data_out  # type: ignore[attr-defined]
         inc = model.display_objective(float(d.objective_function_value))
-        bnd = model.display_objective(float(d.mip_dual_bound))
+        raw = float(d.mip_dual_bound)
+        if not np.isfinite(raw):
+            say(f"exact: incumbent {inc:,.3f}, no bound yet")
+            return
+        bnd = model.display_objective(raw)
         gap = abs(inc - bnd) / max(abs(inc), 1e-9)
         say(f"exact: incumbent {inc:,.3f}, bound {bnd:,.3f}, gap {100 * gap:.2f}%")
 
