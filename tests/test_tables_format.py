@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from energyopt.cli import main
 from energyopt.tables import Axis, ColumnData, Table, TableError, write_table
@@ -136,3 +138,55 @@ def test_cli_inspect_and_rejects(table_file: Path, capsys: pytest.CaptureFixture
     table_file.write_bytes(table_file.read_bytes()[:-3])
     assert main(["inspect", str(table_file)]) == 2
     assert "truncated" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def shared_table(tmp_path_factory: pytest.TempPathFactory) -> Table:
+    path = tmp_path_factory.mktemp("fast") / "t.eot"
+    _write(path)
+    return Table.open(path)
+
+
+KEY_VALUES = {
+    "wl": st.sampled_from(["a", "b", "c", "zz", "", None, 3, float("nan")]),
+    "clock": st.sampled_from([900, 1200, 1500.0, 1980, "1200", 1000, None, float("nan"), [1]]),
+    "load": st.one_of(
+        st.floats(-1, 5, allow_nan=False),
+        st.sampled_from([0.0, 2.5, 4.0, float("inf"), float("-inf"), float("nan"), "x", None]),
+    ),
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_precompiled_lookups_equal_the_column_by_column_path(
+    data: st.DataObject, shared_table: Table
+) -> None:
+    t = shared_table
+    names = data.draw(st.permutations(["wl", "clock", "load"]))
+    names = names[: data.draw(st.integers(1, 3))]
+    key = {n: data.draw(KEY_VALUES[n]) for n in names}
+    slow = t._slow_lookup(key)
+    fast = t.lookup(**key)
+    assert fast.keys() == slow.keys()
+    for col, value in slow.items():
+        assert fast[col] == pytest.approx(value, nan_ok=True)
+    columns, get = t.row_getter(*names)
+    row = get(*key.values())
+    assert len(row) == len(columns) + 1 and row[-1] == slow["in_grid"]
+    for col, value in zip(columns, row, strict=False):
+        assert value == pytest.approx(slow[col], nan_ok=True)
+    for col in columns:
+        one = t.getter(col, *[a for a in names if a in t.columns[col].axes])
+        assert one(*[key[a] for a in names if a in t.columns[col].axes]) == pytest.approx(
+            slow[col], nan_ok=True
+        )
+
+
+def test_lookup_results_are_independent_copies(table_file: Path) -> None:
+    t = Table.open(table_file)
+    first = t.lookup(wl="a", clock=900, load=1.0)
+    first["x"] = "changed"
+    assert t.lookup(wl="a", clock=900, load=1.0)["x"] == t.array("x")[0, 0, 2]
+    with pytest.raises(TableError, match="not keyed within"):
+        t.row_getter("wl", columns=["x"])

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from energyopt.catalog.problem import Problem, load_problem
 from energyopt.perf.queueing import metrics_at
-from energyopt.tables import Table, compile_table
+from energyopt.tables import SloTier, Table, compile_table
 from energyopt.tables.oppoints import op_grid
+from energyopt.tables.variants import one_gpu_per_type, variant
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "instances" / "compile-quickstart-oppoints.yaml"
@@ -99,3 +100,80 @@ def test_best_is_least_power(compiled) -> None:  # type: ignore[no-untyped-def]
     with np.errstate(all="ignore"):
         least = np.nanmin(np.where(np.isnan(power), np.inf, power), axis=(2, 3))
     np.testing.assert_allclose(np.where(np.isinf(least), np.nan, least), best)
+
+
+TIERED = """
+kind: oppoints
+base: {base}
+load_points: 17
+slo_tiers:
+  - {{name: strict, ttft_scale: 0.7, tbt_scale: 0.6}}
+  - {{name: standard}}
+gpu_types: [H100-SXM5-80GB, A100-SXM4-80GB]
+"""
+
+
+@pytest.fixture(scope="module")
+def tiered(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    folder = tmp_path_factory.mktemp("tiered")
+    spec = folder / "spec.yaml"
+    spec.write_text(TIERED.format(base=ROOT / "instances" / "quickstart.yaml"))
+    compile_table(spec, folder / "ops.eot")
+    table = Table.open(folder / "ops.eot")
+    base = one_gpu_per_type(
+        load_problem(ROOT / "instances" / "quickstart.yaml"), table.axes["gpu_type"].values
+    )
+    tiers = {t["name"]: SloTier.model_validate(t) for t in table.meta["slo_tiers"]}
+    return table, {name: op_grid(variant(base, tier=t)) for name, t in tiers.items()}
+
+
+def _covers(grid, k: int, load: float) -> bool:  # type: ignore[no-untyped-def]
+    p = grid.params.take(np.asarray([k]))
+    return bool(grid.capacity_rps[k] >= load and metrics_at(p, np.asarray([load])).meets_slo(p)[0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_placing_on_a_busy_gpu_is_safe_at_the_actual_state(tiered, data) -> None:  # type: ignore[no-untyped-def]
+    table, grids = tiered
+    tier = data.draw(st.sampled_from(table.axes["slo_tier"].values))
+    wl = data.draw(st.sampled_from(table.axes["workload"].values))
+    gpu = data.draw(st.sampled_from(table.axes["gpu_type"].values))
+    clock = data.draw(st.sampled_from(table.axes["clock_mhz"].values))
+    used = data.draw(st.floats(0.0, 100.0))
+    load = data.draw(st.floats(0.0, table.axes["load"].values[-1]))
+    out = table.lookup(
+        slo_tier=tier, workload=wl, gpu_type=gpu, clock_mhz=clock, share_used=used, load=load
+    )
+    assert out["in_grid"]
+    g = grids[tier]
+    w, t = g.axes[0].values.index(wl), g.axes[1].values.index(gpu)
+    assert (out["place_share"] >= 0) == (out["raise_clock_mhz"] == clock)
+    for at_clock, share in (
+        (clock, out["place_share"]),
+        (out["raise_clock_mhz"], out["raise_share"]),
+    ):
+        if share < 0:
+            continue
+        assert at_clock >= clock and share + used <= table.meta["share_capacity"][gpu]
+        k = g.cell.index((w, t, g.axes[2].values.index(at_clock), g.axes[3].values.index(share)))
+        assert _covers(g, k, load)
+    if out["raise_clock_mhz"] < 0:
+        # nothing fits at any clock >= this one, at the rounded-up share in use U and
+        # load L: U < used + 25 (the grid's spacing) and L <= load + one step, and an op
+        # that covered load + one step would cover L, so no op with share <= cap - used
+        # - 25 covers load + one step
+        top = table.axes["load"].values[-1]
+        for k, (w2, t2, c2, s2) in enumerate(g.cell):
+            free = g.axes[3].values[s2] + used <= table.meta["share_capacity"][gpu] - 25
+            if (w2, t2) == (w, t) and g.axes[2].values[c2] >= clock and free:
+                assert not _covers(g, k, min(load + table.meta["load_step_rps"], top))
+
+
+def test_a_stricter_tier_never_has_more_capacity(tiered) -> None:  # type: ignore[no-untyped-def]
+    table, _ = tiered
+    tiers = table.axes["slo_tier"].values
+    cap = table.array("capacity_rps")
+    strict, standard = cap[tiers.index("strict")], cap[tiers.index("standard")]
+    assert np.all(strict <= standard * (1 + 1e-9)) and np.any(strict < standard)
+    assert table.axes["gpu_type"].values == ("H100-SXM5-80GB", "A100-SXM4-80GB")
