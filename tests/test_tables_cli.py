@@ -58,6 +58,7 @@ def test_compile_lookup_inspect_of_a_tiered_oppoints_table(
     )
     out = tmp_path / "ops.eot"
     assert main(["compile", str(spec), "-o", str(out), "-q"]) == EXIT_OK
+    assert "table written" in capsys.readouterr().out
     key = ["slo_tier=gold", "workload=chat-llama", "gpu_type=H100-SXM5-80GB"]
     assert main(["lookup", str(out), *key, "clock_mhz=1980", "share_used=30", "load=2"]) == 0
     values = dict(line.split(" = ") for line in capsys.readouterr().out.splitlines())
