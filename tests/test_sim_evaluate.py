@@ -107,3 +107,32 @@ def test_bad_specs_name_the_file_and_field(
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
+
+
+def test_table_planner_replays_plans_of_a_compiled_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from energyopt.tables import compile_table
+
+    spec = write_spec(
+        tmp_path,
+        planners=[
+            {"name": "performance-first", "kind": "performance-first"},
+            {"name": "lookup", "kind": "table", "table": "plans.eot"},
+        ],
+        load={"kind": "diurnal", "amplitude": 0.5, "load_scale": 0.8},
+    )
+    compile_spec = tmp_path / "compile.yaml"
+    compile_spec.write_text(
+        yaml.safe_dump({"kind": "plans", "base": "base.yaml", "load_scale": [0.5, 1.0, 1.5]})
+    )
+    compile_table(compile_spec, tmp_path / "plans.eot")
+    assert main(["evaluate", str(spec), "-q", "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "lookup" in out and "skipped" not in out
+    with (tmp_path / "out" / "summary.csv").open() as fh:
+        rows = {r["planner"]: r for r in csv.DictReader(fh)}
+    lookup = rows["lookup"]
+    assert int(lookup["arrived"]) == int(lookup["completed"]) > 0
+    assert int(lookup["rejected_plans"]) == 0
+    assert int(lookup["solves"]) == 0
