@@ -231,7 +231,11 @@ class Table:
         if lists is None:
             fn: Callable[..., dict[str, Any]] = slow
         else:
-            rows = [dict(zip(cols, values, strict=True)) for values in zip(*lists, strict=True)]
+            count = math.prod(self._sizes(names))
+            rows: list[dict[str, Any]] = [{} for _ in range(count)]
+            for name, values in zip(cols, lists, strict=True):
+                for row, value in zip(rows, values, strict=True):
+                    row[name] = value
             for row in rows:
                 row["in_grid"] = True
             fn = compile_rows([self._finders[n] for n in names], self._sizes(names), rows, slow)
@@ -259,7 +263,10 @@ class Table:
         lists = self._rows_by_column(axes, names)
         if lists is None:
             return names, slow
-        rows = [(*values, True) for values in zip(*lists, strict=True)]
+        count = math.prod(self._sizes(axes))
+        rows = (
+            [(*values, True) for values in zip(*lists, strict=True)] if names else [(True,)] * count
+        )
         return names, compile_rows([self._finders[a] for a in axes], self._sizes(axes), rows, slow)
 
     def _columns_within(self, names: Sequence[str]) -> tuple[str, ...]:
@@ -366,19 +373,27 @@ class Table:
         shape = np.broadcast_shapes(*(i.shape for i in index.values())) if index else ()
         out: dict[str, NDArray[Any]] = {}
         in_grid = np.ones(shape, dtype=bool)
+        # columns keyed by the same axes share one position and one in-grid mask
+        positions: dict[tuple[str, ...], tuple[NDArray[np.int64], NDArray[np.bool_]]] = {}
         for col in self.columns.values():
             if not all(a in index for a in col.axes):
                 continue
-            flat = np.zeros(shape, dtype=np.int64)
-            ok = np.ones(shape, dtype=bool)
-            for a, s in zip(col.axes, self._strides[col.name], strict=True):
-                i = index[a]
-                ok &= i >= 0
-                flat += i * s
-            values = self._flat[col.name][np.where(ok, flat, 0)]
-            fb = np.asarray(col.fallback).astype(values.dtype) if values.size else values
-            out[col.name] = np.where(ok, values, fb)
-            in_grid &= ok
+            if col.axes not in positions:
+                flat = np.zeros(shape, dtype=np.int64)
+                ok = np.ones(shape, dtype=bool)
+                for a, s in zip(col.axes, self._strides[col.name], strict=True):
+                    i = index[a]
+                    ok &= i >= 0
+                    flat += i * s
+                flat[~ok] = 0
+                positions[col.axes] = (flat, ok)
+                in_grid &= ok
+            flat, ok = positions[col.axes]
+            values = self._flat[col.name][flat]
+            if not ok.all():
+                fb = np.asarray(col.fallback).astype(values.dtype) if values.size else values
+                values = np.where(ok, values, fb)
+            out[col.name] = values
         out["in_grid"] = in_grid
         return out
 
