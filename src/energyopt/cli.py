@@ -72,6 +72,7 @@ def _load(path: str, catalogs: list[str] | None = None, check_slos: bool = True)
 # summary, or SpecError) and ``solve_file(args) -> int`` (an exit code).
 FAMILY_MODULES: dict[str, str] = {
     "colocation": "energyopt.cli_colocation",
+    "taskgraph": "energyopt.cli_taskgraph",
     "plans": "energyopt.cli_compile_spec",
     "oppoints": "energyopt.cli_compile_spec",
 }

@@ -1,0 +1,212 @@
+"""The exact CP-SAT model of a task graph (see docs/formulations/taskgraph.md).
+
+Variables: a start ``s_i`` per task; an optional interval per (task, GPU,
+option) of the option's fixed duration, present iff x[i,g,k]; exactly one
+present per task. Per GPU: no-overlap of its intervals and, when clock changes
+cost anything, a circuit over its tasks (arc i->j: j directly follows i) that
+carries the transition latency and energy of consecutive tasks whose clocks
+differ. Precedence: s_j >= e_i + transfer(bytes, g_i, g_j) for each pair of
+GPUs (enforced under both placement literals). Makespan M >= e_i.
+
+Times are the model's integer grid, so they are exact. Energies are integers
+in units of ``energy_unit_j``, every coefficient rounded *down*: any schedule's
+integer energy is <= its energy in J / unit, so CP-SAT's bound converts to a
+valid bound in J (and, all objectives being nondecreasing in energy and
+makespan, on EDP and ED^2P too). The schedule itself is re-evaluated exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ortools.sat.python import cp_model
+
+from energyopt.formulations.taskgraph.model import TaskGraph
+from energyopt.formulations.taskgraph.schedule import Schedule
+
+LINEAR_IDLE_STEPS = 1000  # energy units per time unit of idle power (linear objectives)
+PRODUCT_IDLE_STEPS = 16  # the same for EDP / ED^2P (keeps the products inside int64)
+MAX_PRODUCT = 4 * 10**18
+
+
+@dataclass
+class CpTaskGraph:
+    """A built model and the handles needed to read a schedule back."""
+
+    model: cp_model.CpModel
+    start: list[Any]
+    present: dict[tuple[int, int, int], Any]
+    makespan: Any
+    energy: Any | None
+    energy_unit_j: float
+    objective_scale: float  # objective value in its unit = CP objective x scale
+    horizon: int
+    arcs: dict[int, list[tuple[int, int, Any]]] = field(default_factory=dict)
+
+
+def build_cp_model(tg: TaskGraph, horizon: int) -> CpTaskGraph:
+    """CP-SAT model of ``tg`` for its objective; every optimal schedule has makespan <=
+    ``horizon`` (the caller derives it from a known schedule)."""
+    m = cp_model.CpModel()
+    n, gpus = tg.n_tasks, tg.n_gpus
+    kind = tg.objective
+    steps = PRODUCT_IDLE_STEPS if kind in ("edp", "ed2p") else LINEAR_IDLE_STEPS
+    idle_j_per_unit = tg.idle_total_w * tg.unit_ms / 1e3
+    eu = idle_j_per_unit / steps
+    horizon = min(horizon, tg.deadline) if tg.deadline is not None else horizon
+    start = [m.new_int_var(0, horizon, f"s{i}") for i in range(n)]
+    end = [m.new_int_var(0, horizon, f"e{i}") for i in range(n)]
+    on: dict[tuple[int, int], Any] = {}
+    present: dict[tuple[int, int, int], Any] = {}
+    intervals: list[list[Any]] = [[] for _ in range(gpus)]
+    dyn_terms: list[tuple[Any, int]] = []
+    for i in range(n):
+        choices = []
+        dur_terms = []
+        for g in range(gpus):
+            o = tg.opts(i, g)
+            if not o.dur:
+                continue
+            on[i, g] = m.new_bool_var(f"on{i}_{g}")
+            lits = []
+            for k, d in enumerate(o.dur):
+                x = m.new_bool_var(f"x{i}_{g}_{k}")
+                present[i, g, k] = x
+                lits.append(x)
+                intervals[g].append(m.new_optional_fixed_size_interval_var(start[i], d, x, ""))
+                dur_terms.append((x, d))
+                dyn_terms.append((x, math.floor(o.dyn_j[k] / eu)))
+            m.add(sum(lits) == on[i, g])
+            choices.append(on[i, g])
+        m.add_exactly_one(choices)
+        m.add(end[i] == start[i] + sum(d * x for x, d in dur_terms))
+    for g in range(gpus):
+        m.add_no_overlap(intervals[g])
+    for j in range(n):
+        for i, nbytes in tg.preds[j]:
+            m.add(start[j] >= end[i])
+            for a in range(gpus):
+                for b in range(gpus):
+                    lag = tg.transfer(nbytes, a, b)
+                    if lag > 0 and (i, a) in on and (j, b) in on:
+                        m.add(start[j] >= end[i] + lag).only_enforce_if([on[i, a], on[j, b]])
+    makespan = m.new_int_var(0, horizon, "makespan")
+    for i in range(n):
+        if not tg.succs[i]:
+            m.add(makespan >= end[i])
+    transition_terms: list[tuple[Any, int]] = []
+    arcs: dict[int, list[tuple[int, int, Any]]] = {}
+    if tg.transition > 0 or tg.transition_j > 0:
+        tr_units = math.floor(tg.transition_j / eu)
+        ancestors = _ancestors(tg)
+        for g in range(gpus):
+            arcs[g] = _circuit(
+                m, tg, g, on, present, start, end, ancestors, transition_terms, tr_units
+            )
+    energy_expr = (
+        steps * makespan
+        + sum(c * x for x, c in dyn_terms)
+        + sum(c * z for z, c in transition_terms)
+    )
+    cp = CpTaskGraph(m, start, present, makespan, None, eu, 1.0, horizon, arcs)
+    if kind == "makespan":
+        m.minimize(makespan)
+        cp.objective_scale = tg.unit_ms
+        return cp
+    if kind in ("energy", "energy_within"):
+        m.minimize(energy_expr)
+        cp.objective_scale = eu
+        return cp
+    energy_ub = steps * horizon + sum(c for _, c in dyn_terms) + sum(c for _, c in transition_terms)
+    energy = m.new_int_var(0, energy_ub, "energy")
+    m.add(energy == energy_expr)
+    cp.energy = energy
+    edp = m.new_int_var(0, energy_ub * horizon, "edp")
+    m.add_multiplication_equality(edp, [energy, makespan])
+    seconds = tg.unit_ms / 1e3
+    if kind == "edp":
+        m.minimize(edp)
+        cp.objective_scale = eu * seconds
+        return cp
+    if energy_ub * horizon * horizon > MAX_PRODUCT:
+        raise ValueError("ED^2P does not fit in 64-bit integers at this time grid")
+    ed2p = m.new_int_var(0, energy_ub * horizon * horizon, "ed2p")
+    m.add_multiplication_equality(ed2p, [edp, makespan])
+    m.minimize(ed2p)
+    cp.objective_scale = eu * seconds * seconds
+    return cp
+
+
+def _ancestors(tg: TaskGraph) -> list[set[int]]:
+    anc: list[set[int]] = [set() for _ in range(tg.n_tasks)]
+    for i in tg.topo_order:
+        for p, _ in tg.preds[i]:
+            anc[i] |= anc[p] | {p}
+    return anc
+
+
+def _circuit(
+    m: cp_model.CpModel,
+    tg: TaskGraph,
+    g: int,
+    on: dict[tuple[int, int], Any],
+    present: dict[tuple[int, int, int], Any],
+    start: list[Any],
+    end: list[Any],
+    ancestors: list[set[int]],
+    transition_terms: list[tuple[Any, int]],
+    tr_units: int,
+) -> list[tuple[int, int, Any]]:
+    """Circuit of GPU g (node 0 = before the first / after the last task)."""
+    tasks = [i for i in range(tg.n_tasks) if (i, g) in on]
+    node = {i: k + 1 for k, i in enumerate(tasks)}
+    arcs: list[tuple[int, int, Any]] = []
+    hints: list[tuple[int, int, Any]] = []  # (task or -1, task or -1, literal)
+    empty = m.new_bool_var(f"empty{g}")
+    arcs.append((0, 0, empty))
+    for i in tasks:
+        first, last = m.new_bool_var(""), m.new_bool_var("")
+        arcs.append((0, node[i], first))
+        arcs.append((node[i], 0, last))
+        arcs.append((node[i], node[i], ~on[i, g]))
+        hints.extend([(-1, i, first), (i, -1, last)])
+    clock_lit: dict[tuple[int, int], Any] = {}
+    for i in tasks:
+        for k, c in enumerate(tg.opts(i, g).clock_mhz):
+            clock_lit[i, c] = present[i, g, k]
+    for i in tasks:
+        for j in tasks:
+            if i == j or j in ancestors[i]:
+                continue
+            arc = m.new_bool_var(f"arc{g}_{i}_{j}")
+            arcs.append((node[i], node[j], arc))
+            hints.append((i, j, arc))
+            m.add(start[j] >= end[i]).only_enforce_if(arc)
+            change = m.new_bool_var(f"chg{g}_{i}_{j}")
+            for c in tg.opts(i, g).clock_mhz:
+                other = clock_lit.get((j, c))
+                if other is None:
+                    m.add_bool_or([~arc, ~clock_lit[i, c], change])
+                else:
+                    m.add_bool_or([~arc, ~clock_lit[i, c], other, change])
+            if tg.transition > 0:
+                m.add(start[j] >= end[i] + tg.transition).only_enforce_if(change)
+            m.add_implication(change, arc)
+            transition_terms.append((change, tr_units))
+    m.add_circuit(arcs)
+    return hints
+
+
+def hint(cp: CpTaskGraph, tg: TaskGraph, s: Schedule) -> None:
+    """Give CP-SAT a known schedule as a starting point."""
+    for (i, g, k), x in cp.present.items():
+        cp.model.add_hint(x, s.gpu[i] == g and s.option[i] == k)
+    for i, v in enumerate(cp.start):
+        cp.model.add_hint(v, s.start[i])
+    cp.model.add_hint(cp.makespan, s.makespan(tg))
+    for g, seq in enumerate(s.sequences(tg)):
+        follows = set(zip([-1, *seq], [*seq, -1], strict=True))
+        for i, j, lit in cp.arcs.get(g, []):
+            cp.model.add_hint(lit, (i, j) in follows)

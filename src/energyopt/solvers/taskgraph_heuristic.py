@@ -1,0 +1,477 @@
+"""Slack- and throughput-aware list scheduling with per-task clocks (DEFT-style).
+
+1. Placement and order: HEFT with insertion, every task at its maximum clock.
+2. Slack reclamation for a makespan target D: in the order of the graph plus
+   the GPU orders, each task takes the option of least above-idle energy
+   (transition energy to its GPU neighbours included) that still lets every
+   later task meet its latest finish for D; a first sweep lets each task use
+   half of its slack, a second all of it, so slack spreads along chains.
+3. Merging: a run of tasks between two clock changes moves to a neighbour's
+   clock when the transitions it removes save more energy than the run's new
+   clock costs (faster clocks are always safe; slower ones are re-timed).
+4. The target D: HEFT's makespan for ``makespan``; four targets from HEFT's
+   makespan to the deadline for ``energy_within``; for energy, EDP and ED^2P a
+   sweep of D over multiples of HEFT's makespan. The best schedule is kept.
+   Every step only lowers the energy above idle and keeps the makespan <= D,
+   and D = HEFT's makespan is always tried, so the result is never worse than
+   HEFT at the maximum clock in any of the five objectives.
+
+The bound reported is ``formulations.taskgraph.bounds`` (critical path and
+work bounds with least energies): valid, but far from tight.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+
+from energyopt.formulations.taskgraph.bounds import lower_bounds
+from energyopt.formulations.taskgraph.heft import heft_max_clock, upward_ranks
+from energyopt.formulations.taskgraph.model import TaskGraph
+from energyopt.formulations.taskgraph.schedule import Schedule, earliest_starts, totals
+from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, OPTIMAL, relative_gap
+from energyopt.solvers.taskgraph_result import TaskGraphResult
+
+SWEEP = (1.0, 1.03, 1.07, 1.15, 1.3, 1.5, 1.8, 2.2, 3.0)
+SWEEP_LARGE = (1.0, 1.1, 1.3, 1.8)
+LARGE_GRAPH = 2000  # tasks; above it the sweep is shorter and slower merges are not re-timed
+ALPHAS = (0.5, 1.0)
+
+
+class _State:
+    """Placement, GPU orders and per-task options under change."""
+
+    def __init__(self, tg: TaskGraph, base: Schedule) -> None:
+        self.tg = tg
+        n = tg.n_tasks
+        self.gpu = list(base.gpu)
+        self.option = list(base.option)
+        self.seqs = base.sequences(tg)
+        self.prev = [-1] * n
+        self.next = [-1] * n
+        for seq in self.seqs:
+            for a, b in itertools.pairwise(seq):
+                self.prev[b] = a
+                self.next[a] = b
+        self.opts = [tg.opts(i, self.gpu[i]) for i in range(n)]
+        self.lag_in = [
+            [(p, tg.transfer(nbytes, self.gpu[p], self.gpu[i])) for p, nbytes in tg.preds[i]]
+            for i in range(n)
+        ]
+        self.lag_out = [
+            [(j, tg.transfer(nbytes, self.gpu[i], self.gpu[j])) for j, nbytes in tg.succs[i]]
+            for i in range(n)
+        ]
+        self.order = self._combined_order()
+
+    def _combined_order(self) -> list[int]:
+        n = self.tg.n_tasks
+        indeg = [len(self.lag_in[i]) + (self.prev[i] >= 0) for i in range(n)]
+        queue = deque(i for i in range(n) if indeg[i] == 0)
+        order: list[int] = []
+        while queue:
+            i = queue.popleft()
+            order.append(i)
+            for j, _ in self.lag_out[i]:
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    queue.append(j)
+            j = self.next[i]
+            if j >= 0:
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    queue.append(j)
+        return order
+
+    def dur(self, i: int) -> int:
+        return self.opts[i].dur[self.option[i]]
+
+    def clock(self, i: int) -> int:
+        return self.opts[i].clock_mhz[self.option[i]]
+
+    def latest_finish(self, deadline: int) -> list[int]:
+        """Latest finish of every task for makespan <= ``deadline`` (current options)."""
+        tau = self.tg.transition
+        lf = [deadline] * self.tg.n_tasks
+        for i in reversed(self.order):
+            best = deadline
+            for j, lag in self.lag_out[i]:
+                best = min(best, lf[j] - self.dur(j) - lag)
+            j = self.next[i]
+            if j >= 0:
+                change = tau if self.clock(i) != self.clock(j) else 0
+                best = min(best, lf[j] - self.dur(j) - change)
+            lf[i] = best
+        return lf
+
+    def earliest_finish(self) -> list[int]:
+        """Earliest finish of every task with the current options (grid units)."""
+        tau = self.tg.transition
+        ef = [0] * self.tg.n_tasks
+        for i in self.order:
+            t = 0
+            for p, lag in self.lag_in[i]:
+                t = max(t, ef[p] + lag)
+            q = self.prev[i]
+            if q >= 0:
+                t = max(t, ef[q] + (tau if self.clock(q) != self.clock(i) else 0))
+            ef[i] = t + self.dur(i)
+        return ef
+
+    def move_runs(self, deadline: int, tries: int) -> None:
+        """Give whole runs of equal clock on one GPU a new common clock (no new
+        clock change), cheapest first, where the makespan stays <= ``deadline``."""
+        for seq in self.seqs:
+            k = 0
+            while k < len(seq):
+                end = k
+                while end + 1 < len(seq) and self.clock(seq[end + 1]) == self.clock(seq[k]):
+                    end += 1
+                self._move_run(seq[k : end + 1], deadline, tries)
+                k = end + 1
+
+    def _move_run(self, run: list[int], deadline: int, tries: int) -> None:
+        clocks = set(self.opts[run[0]].clock_mhz)
+        for i in run[1:]:
+            clocks &= set(self.opts[i].clock_mhz)
+        now = sum(self.opts[i].dyn_j[self.option[i]] for i in run)
+        ranked: list[tuple[float, int]] = []
+        for c in clocks:
+            energy = sum(self.opts[i].dyn_j[self.opts[i].clock_mhz.index(c)] for i in run)
+            if energy < now:
+                ranked.append((energy, c))
+        old = [self.option[i] for i in run]
+        for _, c in sorted(ranked)[:tries]:
+            for i in run:
+                self.option[i] = self.opts[i].clock_mhz.index(c)
+            if max(self.earliest_finish()) <= deadline:
+                return
+        for i, k in zip(run, old, strict=True):
+            self.option[i] = k
+
+    def sweep_back(self, deadline: int, alpha: float) -> None:
+        """The mirror of ``sweep``: reverse order, latest starts of the tasks already
+        seen, earliest finishes (current options) of the rest."""
+        tg = self.tg
+        tau, e_tr = tg.transition, tg.transition_j
+        ef = self.earliest_finish()
+        ls = [0] * tg.n_tasks  # latest start of tasks already processed
+        for i in reversed(self.order):
+            limit_dag = deadline
+            for j, lag in self.lag_out[i]:
+                limit_dag = min(limit_dag, ls[j] - lag)
+            es_dag = 0
+            for p, lag in self.lag_in[i]:
+                es_dag = max(es_dag, ef[p] + lag)
+            q, nx = self.prev[i], self.next[i]
+            o = self.opts[i]
+            clock_q = self.clock(q) if q >= 0 else -1
+            clock_nx = self.clock(nx) if nx >= 0 else -1
+
+            def window(k: int) -> tuple[int, int]:
+                """(earliest start, latest start) of option k."""
+                c = o.clock_mhz[k]  # noqa: B023 (called only in this iteration)
+                latest = _limit(limit_dag, c, nx, ls, clock_nx, tau)  # noqa: B023
+                es = _ready(es_dag, c, q, ef, clock_q, tau)  # noqa: B023
+                return es, latest - o.dur[k]  # noqa: B023
+
+            cur = self.option[i]
+            es_cur, ls_cur = window(cur)
+            cap = ls_cur - int(alpha * max(0, ls_cur - es_cur))
+            best_k, best_key = cur, (float("inf"), 0)
+            for k in range(len(o.dur)):
+                es, latest = window(k)
+                if k != cur and (latest < es or latest < cap):
+                    continue
+                c = o.clock_mhz[k]
+                cost = o.dyn_j[k]
+                if q >= 0 and c != clock_q:
+                    cost += e_tr
+                if nx >= 0 and c != clock_nx:
+                    cost += e_tr
+                key = (cost, -latest)
+                if key < best_key:
+                    best_k, best_key = k, key
+            self.option[i] = best_k
+            ls[i] = -int(best_key[1])
+
+    def sweep(self, deadline: int, alpha: float) -> None:
+        """One slack-reclaiming pass (keeps makespan <= ``deadline``)."""
+        tg = self.tg
+        tau, e_tr = tg.transition, tg.transition_j
+        lf = self.latest_finish(deadline)
+        ef = [0] * tg.n_tasks
+        for i in self.order:
+            es_dag = 0
+            for p, lag in self.lag_in[i]:
+                es_dag = max(es_dag, ef[p] + lag)
+            limit_dag = deadline
+            for j, lag in self.lag_out[i]:
+                limit_dag = min(limit_dag, lf[j] - self.dur(j) - lag)
+            q, nx = self.prev[i], self.next[i]
+            o = self.opts[i]
+            clock_q = self.clock(q) if q >= 0 else -1
+            clock_nx = self.clock(nx) if nx >= 0 else -1
+            starts_nx = {nx: lf[nx] - self.dur(nx)} if nx >= 0 else {}
+
+            def window(k: int) -> tuple[int, int]:
+                """(earliest finish, latest finish) of option k."""
+                c = o.clock_mhz[k]  # noqa: B023 (called only in this iteration)
+                es = _ready(es_dag, c, q, ef, clock_q, tau)  # noqa: B023
+                limit = _limit(limit_dag, c, nx, starts_nx, clock_nx, tau)  # noqa: B023
+                return es + o.dur[k], limit  # noqa: B023
+
+            cur = self.option[i]
+            ef_cur, limit_cur = window(cur)
+            cap = ef_cur + int(alpha * max(0, limit_cur - ef_cur))
+            best_k, best_key = cur, (float("inf"), 0)
+            for k in range(len(o.dur)):
+                finish, limit = window(k)
+                # the current option always fits (its successors' latest starts allow it)
+                if k != cur and (finish > limit or finish > cap):
+                    continue
+                c = o.clock_mhz[k]
+                cost = o.dyn_j[k]
+                if q >= 0 and c != clock_q:
+                    cost += e_tr
+                if nx >= 0 and c != clock_nx:
+                    cost += e_tr
+                key = (cost, finish)
+                if key < best_key:
+                    best_k, best_key = k, key
+            self.option[i] = best_k
+            ef[i] = int(best_key[1])
+
+    def merge_runs(self, deadline: int, retime: bool) -> None:
+        """Move runs of equal clock to a neighbour's clock where that saves energy."""
+        for seq in self.seqs:
+            k = 0
+            while k < len(seq):
+                end = k
+                while end + 1 < len(seq) and self.clock(seq[end + 1]) == self.clock(seq[k]):
+                    end += 1
+                run = seq[k : end + 1]
+                left = self.clock(seq[k - 1]) if k > 0 else None
+                right = self.clock(seq[end + 1]) if end + 1 < len(seq) else None
+                self._try_merge(run, left, right, deadline, retime)
+                k = end + 1
+
+    def _try_merge(
+        self, run: list[int], left: int | None, right: int | None, deadline: int, retime: bool
+    ) -> None:
+        current = self.clock(run[0])
+        before = (left is not None and left != current) + (right is not None and right != current)
+        for target in {c for c in (left, right) if c is not None and c != current}:
+            picks = [
+                self.opts[i].clock_mhz.index(target) if target in self.opts[i].clock_mhz else -1
+                for i in run
+            ]
+            if min(picks) < 0:
+                continue
+            after = (left is not None and left != target) + (right is not None and right != target)
+            delta = sum(
+                self.opts[i].dyn_j[k] - self.opts[i].dyn_j[self.option[i]]
+                for i, k in zip(run, picks, strict=True)
+            )
+            delta += self.tg.transition_j * (after - before)
+            if delta >= 0:
+                continue
+            faster = all(
+                self.opts[i].dur[k] <= self.dur(i) for i, k in zip(run, picks, strict=True)
+            )
+            old = [self.option[i] for i in run]
+            for i, k in zip(run, picks, strict=True):
+                self.option[i] = k
+            if faster:
+                return
+            if retime and max(s + self.dur(i) for i, s in enumerate(self.starts())) <= deadline:
+                return
+            for i, k in zip(run, old, strict=True):
+                self.option[i] = k
+
+    def starts(self) -> list[int]:
+        return earliest_starts(self.tg, self.gpu, self.option, self.seqs)
+
+    def schedule(self) -> Schedule:
+        return Schedule(tuple(self.gpu), tuple(self.option), tuple(self.starts()))
+
+
+def _ready(es_dag: int, clock: int, prev: int, finish: list[int], clock_prev: int, tau: int) -> int:
+    """Earliest start after the inputs and the previous task of the GPU."""
+    if prev < 0:
+        return es_dag
+    return max(es_dag, finish[prev] + (tau if clock != clock_prev else 0))
+
+
+def _limit(
+    limit_dag: int,
+    clock: int,
+    nxt: int,
+    starts: Mapping[int, int] | list[int],
+    clock_next: int,
+    tau: int,
+) -> int:
+    """Latest finish before the outputs' and the next task's latest starts."""
+    if nxt < 0:
+        return limit_dag
+    return min(limit_dag, starts[nxt] - (tau if clock != clock_next else 0))
+
+
+def reclaim(tg: TaskGraph, base: Schedule, deadline: int) -> Schedule:
+    """``base``'s placement and order with clocks chosen for makespan <= ``deadline``."""
+    state = _State(tg, base)
+    large = tg.n_tasks > LARGE_GRAPH
+    state.move_runs(deadline, tries=2 if large else 6)
+    for alpha in ALPHAS:
+        state.sweep(deadline, alpha)
+        state.sweep_back(deadline, alpha)
+    state.move_runs(deadline, tries=1 if large else 6)
+    state.merge_runs(deadline, retime=tg.n_tasks <= LARGE_GRAPH)
+    return state.schedule()
+
+
+def _targets(tg: TaskGraph, base_makespan: int) -> list[int]:
+    if tg.objective == "energy_within":
+        assert tg.deadline is not None
+        # a longer makespan costs idle energy: try the fastest makespan too
+        span = tg.deadline - base_makespan
+        return sorted({base_makespan + span * k // 3 for k in range(4)})
+    if tg.objective == "makespan":
+        return [base_makespan]
+    factors = SWEEP if tg.n_tasks <= LARGE_GRAPH else SWEEP_LARGE
+    return sorted({int(base_makespan * f) for f in factors})
+
+
+def _best_clocks(
+    tg: TaskGraph, base: Schedule, log: list[str] | None = None
+) -> tuple[Schedule, float]:
+    """Best schedule over the makespan targets for ``base``'s placement and order."""
+    base_makespan = base.makespan(tg)
+    best: Schedule | None = None
+    best_obj = float("inf")
+    for target in _targets(tg, base_makespan):
+        s = reclaim(tg, base, max(target, base_makespan))
+        obj = totals(tg, s).objective
+        if log is not None:
+            log.append(f"target {tg.ms(target):.6f} ms: objective {obj:.9g}")
+        if obj < best_obj:
+            best, best_obj = s, obj
+    assert best is not None
+    return best, best_obj
+
+
+def _moved(tg: TaskGraph, base: Schedule, task: int, gpu: int) -> Schedule:
+    """``base`` with ``task`` on ``gpu`` at its fastest option, in start order there."""
+    gpus = list(base.gpu)
+    option = list(base.option)
+    gpus[task] = gpu
+    option[task] = tg.max_clock_option(task, gpu)
+    seqs: list[list[int]] = [[] for _ in range(tg.n_gpus)]
+    for i in sorted(range(tg.n_tasks), key=lambda i: (base.start[i], i)):
+        seqs[gpus[i]].append(i)
+    return Schedule(tuple(gpus), tuple(option), tuple(earliest_starts(tg, gpus, option, seqs)))
+
+
+def _local_search(
+    tg: TaskGraph, base: Schedule, best: Schedule, best_obj: float, evals: list[int]
+) -> tuple[Schedule, float]:
+    """First-improvement moves of single tasks to other GPUs, each re-clocked, while
+    ``evals[0]`` evaluations remain. Moves must keep the max-clock makespan within
+    the deadline."""
+    improved = True
+    while improved and evals[0] > 0:
+        improved = False
+        for i in tg.topo_order:
+            for g in range(tg.n_gpus):
+                if g == base.gpu[i] or not tg.can_run(i, g) or evals[0] <= 0:
+                    continue
+                cand = _moved(tg, base, i, g)
+                if tg.deadline is not None and cand.makespan(tg) > tg.deadline:
+                    continue
+                evals[0] -= 1
+                s, obj = _best_clocks(tg, cand)
+                if obj < best_obj * (1 - 1e-9):
+                    base, best, best_obj, improved = cand, s, obj, True
+    return best, best_obj
+
+
+def improve_placement(
+    tg: TaskGraph, base: Schedule, best: Schedule, best_obj: float, evals: int, seed: int = 0
+) -> tuple[Schedule, float]:
+    """Local search from HEFT's placement, then from HEFT runs on randomly perturbed
+    ranks (+-20%), until ``evals`` re-clocked placements have been evaluated."""
+    budget = [evals]
+    best, best_obj = _local_search(tg, base, best, best_obj, budget)
+    rng = random.Random(seed)
+    ranks = upward_ranks(tg)
+    while budget[0] > 0:
+        noisy = [r * (1.0 + rng.uniform(-0.2, 0.2)) for r in ranks]
+        for i in reversed(tg.topo_order):  # keep ranks decreasing along every edge
+            for j, _ in tg.succs[i]:
+                noisy[i] = max(noisy[i], noisy[j] + 1e-6)
+        start = heft_max_clock(tg, noisy)
+        budget[0] -= 1
+        if tg.deadline is not None and start.makespan(tg) > tg.deadline:
+            continue
+        s, obj = _best_clocks(tg, start)
+        if obj < best_obj * (1 - 1e-9):
+            best, best_obj = s, obj
+        best, best_obj = _local_search(tg, start, best, best_obj, budget)
+    return best, best_obj
+
+
+def solve_heuristic(
+    tg: TaskGraph,
+    progress: Callable[[str], None] | None = None,
+    search_evals: int | None = None,
+) -> TaskGraphResult:
+    """Schedule ``tg`` for its objective; every returned schedule is checked by the caller.
+
+    ``search_evals``: re-clocked placements the placement search may evaluate
+    (default max(20, 4000 / tasks) on graphs of at most 200 tasks, none above).
+    """
+    start = time.perf_counter()
+    say = progress or (lambda _line: None)
+    base = heft_max_clock(tg)
+    base_makespan = base.makespan(tg)
+    say(f"HEFT at max clock: makespan {tg.ms(base_makespan):.3f} ms")
+    log = [f"heft makespan {tg.ms(base_makespan):.6f} ms"]
+    if tg.deadline is not None and base_makespan > tg.deadline:
+        return TaskGraphResult(
+            NO_SOLUTION,
+            None,
+            None,
+            time.perf_counter() - start,
+            None,
+            "heuristic",
+            log,
+            [
+                f"HEFT at max clock needs {tg.ms(base_makespan):.3f} ms, more than the "
+                f"deadline {tg.ms(tg.deadline):.3f} ms"
+            ],
+        )
+    best, best_obj = _best_clocks(tg, base, log)
+    say(f"clocks chosen: objective {best_obj:.6g}")
+    default = max(20, 4000 // tg.n_tasks) if tg.n_tasks <= 200 else 0
+    budget = default if search_evals is None else search_evals
+    if budget > 0:
+        best, best_obj = improve_placement(tg, base, best, best_obj, budget)
+        log.append(f"after placement moves: objective {best_obj:.9g}")
+        say(f"placement moves: objective {best_obj:.6g}")
+    tot = totals(tg, best)
+    bound = lower_bounds(tg).objective(tg)
+    status = OPTIMAL if relative_gap(tot.objective, bound) <= 1e-9 else FEASIBLE
+    return TaskGraphResult(
+        status,
+        tot.objective,
+        bound,
+        time.perf_counter() - start,
+        None,
+        "heuristic",
+        log,
+        schedule=best,
+        totals=tot,
+    )
