@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from energyopt.spec.errors import SpecError
-from energyopt.tables.rowlookup import ROW_LIMIT, compile_rows, finder
+from energyopt.tables.rowlookup import ROW_LIMIT, by_name, compile_rows, finder
 from energyopt.tables.stdlib_reader import (
     ALIGN,
     FORMAT_VERSION,
@@ -172,7 +172,7 @@ class Table:
         }
         self._flat = {name: arr.reshape(-1) for name, arr in self._arrays.items()}
         self._finders = {name: finder(a) for name, a in self.axes.items()}
-        self._fast: dict[tuple[str, ...], Callable[..., dict[str, Any]]] = {}
+        self._fast: dict[tuple[str, ...], Callable[[Any], dict[str, Any]]] = {}
         self._strides = {
             col.name: tuple(math.prod(col.shape[k + 1 :]) for k in range(len(col.shape)))
             for col in self.columns.values()
@@ -216,9 +216,9 @@ class Table:
         fn = self._fast.get(tuple(key))
         if fn is None:
             fn = self._compile_lookup(tuple(key))
-        return fn(*key.values()).copy()
+        return fn(key).copy()
 
-    def _compile_lookup(self, names: tuple[str, ...]) -> Callable[..., dict[str, Any]]:
+    def _compile_lookup(self, names: tuple[str, ...]) -> Callable[[Any], dict[str, Any]]:
         self._check_keys(names)
         if len(set(names)) != len(names):
             raise TableError(self.path, f"repeated key in {names}")
@@ -239,8 +239,8 @@ class Table:
             for row in rows:
                 row["in_grid"] = True
             fn = compile_rows([self._finders[n] for n in names], self._sizes(names), rows, slow)
-        self._fast[names] = fn
-        return fn
+        self._fast[names] = by_name(names, fn)
+        return self._fast[names]
 
     def row_getter(
         self, *axes: str, columns: Sequence[str] | None = None

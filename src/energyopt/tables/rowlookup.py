@@ -139,3 +139,22 @@ def compile_rows(
         return rows[flat]
 
     return get
+
+
+def by_name(names: Sequence[str], positional: Callable[..., Any]) -> Callable[[Any], Any]:
+    """``f(key)`` for a mapping ``key`` with ``names``: ``positional`` of its values in
+    that order (subscripts are cheaper than unpacking ``key.values()``)."""
+    if len(names) == 1:
+        (a,) = names
+        return lambda key: positional(key[a])
+    if len(names) == 2:
+        a, b = names
+        return lambda key: positional(key[a], key[b])
+    if len(names) == 3:
+        a, b, c = names
+        return lambda key: positional(key[a], key[b], key[c])
+    if len(names) == 4:
+        a, b, c, d = names
+        return lambda key: positional(key[a], key[b], key[c], key[d])
+    order = tuple(names)
+    return lambda key: positional(*[key[n] for n in order])
