@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,10 +117,17 @@ def resolve_colocation(
     return ColocationProblem(instance, catalog, source)
 
 
+_JOB_TAG = re.compile(r"(jobs\[\d+\](?:\([^)]*\))?)\.(?:training|inference)\b")
+
+
 def load_colocation(
     path: str | Path, extra_catalogs: Sequence[str | Path] = ()
 ) -> ColocationProblem:
     """Read, validate and resolve a co-location instance file."""
     p = Path(path)
-    instance = load(ColocationInstance, p)
+    try:
+        instance = load(ColocationInstance, p)
+    except SpecError as exc:
+        # the job kind is the union's tag, not a field of the file: leave it out of paths
+        raise SpecError([_JOB_TAG.sub(r"\1", line) for line in exc.problems]) from None
     return resolve_colocation(instance, str(p), p.parent, extra_catalogs)

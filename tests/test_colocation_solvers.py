@@ -1,0 +1,139 @@
+"""Co-location solvers: bounds against the exact optimum, plans verify, model = checker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from energyopt.formulations.colocation.interference import default_predictor
+from energyopt.formulations.colocation.model import build_model
+from energyopt.formulations.colocation.relaxation import build_relaxation
+from energyopt.solvers.colocation_exact import solve_exact
+from energyopt.solvers.colocation_isolated import solve_isolated
+from energyopt.solvers.colocation_result import ColocationResult
+from energyopt.solvers.colocation_shadow import solve_shadow
+from energyopt.solvers.result import INFEASIBLE, OPTIMAL
+from energyopt.verify.colocation import evaluate_colocation
+
+from .colocation_helpers import problem_of, small_data
+
+TOL = 1e-6
+
+
+def worse_or_equal(result: ColocationResult, value: float, bound: float) -> bool:
+    """Whether ``value`` is no better than ``bound`` in the result's sense."""
+    if result.sense == "min":
+        return value >= bound - TOL * max(1.0, abs(bound))
+    return value <= bound + TOL * max(1.0, abs(bound))
+
+
+@pytest.fixture(scope="module", params=["jct", "throughput"])
+def solved(request: pytest.FixtureRequest) -> dict[str, Any]:
+    data = small_data()
+    data["options"]["objective"] = request.param
+    problem = problem_of(data)
+    model = build_model(problem)
+    return {
+        "problem": problem,
+        "model": model,
+        "exact": solve_exact(model, time_limit_s=60),
+        "shadow": solve_shadow(model, time_limit_s=30),
+        "isolated": solve_isolated(model),
+    }
+
+
+def test_exact_is_optimal_and_shadow_bound_is_below_it(solved: dict[str, Any]) -> None:
+    exact, shadow = solved["exact"], solved["shadow"]
+    assert exact.status == OPTIMAL and exact.objective is not None
+    assert shadow.bound is not None and shadow.objective is not None
+    # the certified bound never passes the optimum, and no heuristic plan beats it
+    assert worse_or_equal(shadow, exact.objective, shadow.bound)
+    assert worse_or_equal(shadow, shadow.objective, exact.objective)
+    assert worse_or_equal(exact, shadow.objective, exact.bound or exact.objective)
+    assert shadow.gap is not None and shadow.gap >= 0.0
+
+
+def test_every_plan_verifies(solved: dict[str, Any]) -> None:
+    for key in ("exact", "shadow", "isolated"):
+        result = solved[key]
+        assert result.plan is not None, key
+        ev = evaluate_colocation(solved["problem"], result.plan)
+        assert ev.violations == [], (key, ev.violations)
+        assert not ev.not_run or solved["model"].objective == "throughput"
+
+
+def test_checker_with_the_predictor_reproduces_the_model_objective(solved: dict[str, Any]) -> None:
+    """The checker's timeline is computed independently; with the planning model's
+    interference it must give the solver's objective exactly."""
+    for key in ("exact", "shadow", "isolated"):
+        result = solved[key]
+        ev = evaluate_colocation(solved["problem"], result.plan, default_predictor())
+        assert ev.objective == pytest.approx(result.objective, rel=1e-9), key
+
+
+def test_colocation_beats_the_isolated_baseline_on_the_small_case(solved: dict[str, Any]) -> None:
+    exact, isolated = solved["exact"], solved["isolated"]
+    assert isolated.bound is None  # a heuristic reports no bound
+    assert worse_or_equal(exact, isolated.objective, exact.objective)
+
+
+def test_lagrangian_bound_is_below_the_relaxation_lp() -> None:
+    """The subgradient's best dual value never exceeds the relaxation's LP optimum."""
+    from .test_colocation_prices import relaxation_lp
+
+    model = build_model(problem_of(small_data()))
+    lp_value, _ = relaxation_lp(build_relaxation(model))
+    shadow = solve_shadow(model, time_limit_s=30)
+    assert shadow.bound is not None
+    assert shadow.bound <= lp_value + 1e-6 * abs(lp_value)
+    assert shadow.bound >= 0.95 * lp_value  # and gets close to it
+
+
+def test_power_budget_below_idle_is_infeasible_with_a_reason() -> None:
+    data = small_data()
+    data["cluster"]["power_budget_w"] = 200  # four H100s idle at 300 W
+    model = build_model(problem_of(data))
+    for result in (solve_exact(model), solve_shadow(model)):
+        assert result.status == INFEASIBLE and result.plan is None
+        assert any("idle power" in line for line in result.diagnosis), result.diagnosis
+
+
+@st.composite
+def small_instances(draw: st.DrawFn) -> dict[str, Any]:
+    data = small_data()
+    jobs = data["jobs"]
+    keep = draw(st.lists(st.sampled_from(range(len(jobs))), min_size=2, max_size=4, unique=True))
+    data["jobs"] = [jobs[i] for i in sorted(keep)]
+    for job in data["jobs"]:
+        key = "iterations" if job["kind"] == "training" else "items"
+        job[key] = max(1, int(job[key] * draw(st.floats(0.3, 1.0))))
+    data["cluster"]["power_budget_w"] = draw(st.sampled_from([1400, 2000, 3000]))
+    data["options"]["objective"] = draw(st.sampled_from(["jct", "throughput"]))
+    data["options"]["slots"] = draw(st.integers(6, 10))
+    return data
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_instances())
+def test_bounds_and_plans_on_random_small_instances(data: dict[str, Any]) -> None:
+    problem = problem_of(data)
+    model = build_model(problem)
+    exact = solve_exact(model, time_limit_s=30)
+    shadow = solve_shadow(model, time_limit_s=10, max_iterations=80)
+    if exact.status == INFEASIBLE:
+        assert shadow.plan is None
+        return
+    assert exact.status == OPTIMAL and exact.objective is not None
+    if shadow.bound is not None:
+        assert worse_or_equal(shadow, exact.objective, shadow.bound)
+    for result in (exact, shadow):
+        if result.plan is None:
+            continue
+        assert result.objective is not None
+        assert worse_or_equal(exact, result.objective, exact.objective)
+        assert evaluate_colocation(problem, result.plan).violations == []
+        ev = evaluate_colocation(problem, result.plan, default_predictor())
+        assert ev.objective == pytest.approx(result.objective, rel=1e-9)
