@@ -48,11 +48,14 @@ def solve_cpsat(
     rel_gap: float = 1e-4,
     workers: int = 2,
     progress: Callable[[str], None] | None = None,
+    search_evals: int | None = None,
 ) -> TaskGraphResult:
-    """Best schedule CP-SAT finds within the limits, with a valid bound and gap."""
+    """Best schedule CP-SAT finds within the limits, with a valid bound and gap.
+
+    ``search_evals`` is passed to the warm-starting list scheduler."""
     begin = time.perf_counter()
     say = progress or (lambda _line: None)
-    warm = solve_heuristic(tg)
+    warm = solve_heuristic(tg, search_evals=search_evals)
     log = [f"heuristic: {line}" for line in warm.log]
     if warm.schedule is not None and warm.objective is not None:
         horizon = horizon_from(tg, warm.objective)

@@ -324,11 +324,12 @@ def reclaim(tg: TaskGraph, base: Schedule, deadline: int) -> Schedule:
     """``base``'s placement and order with clocks chosen for makespan <= ``deadline``."""
     state = _State(tg, base)
     large = tg.n_tasks > LARGE_GRAPH
-    state.move_runs(deadline, tries=2 if large else 6)
+    state.move_runs(deadline, tries=1 if large else 6)
     for alpha in ALPHAS:
         state.sweep(deadline, alpha)
         state.sweep_back(deadline, alpha)
-    state.move_runs(deadline, tries=1 if large else 6)
+    if not large:  # each try re-times the whole graph
+        state.move_runs(deadline, tries=6)
     state.merge_runs(deadline, retime=tg.n_tasks <= LARGE_GRAPH)
     return state.schedule()
 
@@ -431,7 +432,7 @@ def solve_heuristic(
     """Schedule ``tg`` for its objective; every returned schedule is checked by the caller.
 
     ``search_evals``: re-clocked placements the placement search may evaluate
-    (default max(20, 4000 / tasks) on graphs of at most 200 tasks, none above).
+    (default min(200, max(20, 2000 / tasks)) up to 200 tasks, none above).
     """
     start = time.perf_counter()
     say = progress or (lambda _line: None)
@@ -455,7 +456,7 @@ def solve_heuristic(
         )
     best, best_obj = _best_clocks(tg, base, log)
     say(f"clocks chosen: objective {best_obj:.6g}")
-    default = max(20, 4000 // tg.n_tasks) if tg.n_tasks <= 200 else 0
+    default = min(200, max(20, 2000 // tg.n_tasks)) if tg.n_tasks <= 200 else 0
     budget = default if search_evals is None else search_evals
     if budget > 0:
         best, best_obj = improve_placement(tg, base, best, best_obj, budget)

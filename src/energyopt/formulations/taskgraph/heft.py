@@ -87,13 +87,19 @@ def heft(tg: TaskGraph, options: list[list[int]], rank: list[float] | None = Non
     return Schedule(tuple(gpu), tuple(options[i][gpu[i]] for i in range(tg.n_tasks)), tuple(start))
 
 
+MAX_GAPS = 32
+"""Idle gaps tried per task and GPU before appending after the last busy interval."""
+
+
 def _earliest_gap(starts: list[int], ends: list[int], ready: int, dur: int) -> int:
-    """Earliest t >= ready with [t, t + dur) free between the sorted busy intervals."""
+    """Earliest t >= ready with [t, t + dur) free between the sorted busy intervals
+    (among the first ``MAX_GAPS`` gaps after ``ready``; else after the last interval)."""
     k = bisect.bisect_right(ends, ready)  # first interval ending after ready
     t = ready
-    while k < len(starts):
+    stop = min(len(starts), k + MAX_GAPS)
+    while k < stop:
         if t + dur <= starts[k]:
             return t
         t = max(t, ends[k])
         k += 1
-    return t
+    return t if k == len(starts) else max(ready, ends[-1])

@@ -1,0 +1,173 @@
+"""Task-graph solvers: every schedule passes the independent checker, objectives are
+recomputed independently, CP-SAT is exact on tiny graphs, the heuristic is close."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from energyopt.formulations.taskgraph.bounds import lower_bounds
+from energyopt.formulations.taskgraph.generators import layered, platform, stencil, taskgraph_file
+from energyopt.formulations.taskgraph.heft import heft_max_clock
+from energyopt.formulations.taskgraph.model import TaskGraph, build_taskgraph
+from energyopt.formulations.taskgraph.schedule import Schedule, earliest_starts, totals
+from energyopt.solvers.result import OPTIMAL
+from energyopt.solvers.taskgraph_cpsat import solve_cpsat
+from energyopt.solvers.taskgraph_heuristic import solve_heuristic
+from energyopt.spec.taskgraph import OBJECTIVE_KINDS, ObjectiveKind
+from energyopt.verify.taskgraph import check_schedule
+
+
+def _with(tg_file: object, kind: ObjectiveKind, **dvfs: float) -> TaskGraph:
+    spec = tg_file  # a TaskGraphFile
+    update = {"objective": spec.objective.model_copy(update={"kind": kind})}  # type: ignore[attr-defined]
+    if dvfs:
+        update["dvfs"] = spec.dvfs.model_copy(update=dvfs)  # type: ignore[attr-defined]
+    return build_taskgraph(spec.model_copy(update=update))  # type: ignore[attr-defined]
+
+
+def _agree(tg: TaskGraph, s: Schedule) -> None:
+    check = check_schedule(tg, s)
+    assert check.ok, check.violations
+    tot = totals(tg, s)
+    assert check.energy_j == pytest.approx(tot.energy_j, rel=1e-9)
+    assert check.makespan_ms == pytest.approx(tot.makespan_ms, rel=1e-12)
+    assert check.transitions == tot.transitions
+    assert check.objective == pytest.approx(tot.objective, rel=1e-9)
+
+
+def test_checker_catches_each_kind_of_violation() -> None:
+    tg = _with(stencil(2, 3, 2**24, platform("L4", 2)), "energy_within")
+    s = solve_heuristic(tg, search_evals=0).schedule
+    assert s is not None
+    _agree(tg, s)
+    # an input arriving late
+    j = next(i for i in range(tg.n_tasks) if tg.preds[i])
+    early = list(s.start)
+    early[j] = 0
+    assert any(
+        "before its input" in v
+        for v in check_schedule(tg, replace(s, start=tuple(early))).violations
+    )
+    # two tasks on one GPU at once
+    gpus = [0] * tg.n_tasks
+    starts = [0] * tg.n_tasks
+    bad = Schedule(
+        tuple(gpus), tuple(tg.max_clock_option(i, 0) for i in range(tg.n_tasks)), tuple(starts)
+    )
+    assert any("overlaps" in v for v in check_schedule(tg, bad).violations)
+    # a clock change without its transition time
+    seq = [i for i in tg.topo_order]
+    opts = [0 if k % 2 else len(tg.opts(i, 0).dur) - 1 for k, i in enumerate(seq)]
+    option = [0] * tg.n_tasks
+    for i, k in zip(seq, opts, strict=True):
+        option[i] = k
+    t = 0
+    start = [0] * tg.n_tasks
+    for i in seq:
+        start[i] = t
+        t += tg.opts(i, 0).dur[option[i]]
+    tight = Schedule(tuple(gpus), tuple(option), tuple(start))
+    assert any("clock change" in v for v in check_schedule(tg, tight).violations)
+    # the deadline
+    late = tuple(x + tg.deadline for x in s.start)  # type: ignore[operator]
+    assert any(
+        "exceeds the deadline" in v for v in check_schedule(tg, replace(s, start=late)).violations
+    )
+
+
+def _brute_force_single_gpu(tg: TaskGraph) -> float:
+    """Least objective over every clock choice of a chain on one GPU (order fixed)."""
+    order = list(tg.topo_order)
+    best = float("inf")
+    for choice in itertools.product(*(range(len(tg.opts(i, 0).dur)) for i in order)):
+        option = [0] * tg.n_tasks
+        for i, k in zip(order, choice, strict=True):
+            option[i] = k
+        start = earliest_starts(tg, [0] * tg.n_tasks, option, [order])
+        s = Schedule(tuple([0] * tg.n_tasks), tuple(option), tuple(start))
+        if check_schedule(tg, s).ok:
+            best = min(best, totals(tg, s).objective)
+    return best
+
+
+@pytest.mark.parametrize("kind", OBJECTIVE_KINDS)
+def test_cpsat_matches_brute_force_on_a_chain(kind: ObjectiveKind) -> None:
+    tasks = [
+        {"name": "a", "flops": 4e10, "bytes": 1e8},
+        {"name": "b", "flops": 1e8, "bytes": 2e9},
+        {"name": "c", "flops": 8e10, "bytes": 1e8},
+    ]
+    edges = [{"src": "a", "dst": "b", "bytes": 1e6}, {"src": "b", "dst": "c", "bytes": 1e6}]
+    spec = taskgraph_file(
+        "chain",
+        tasks,
+        edges,
+        platform("L4", 1),
+        clocks_mhz={"L4": [810, 1410, 2040]},
+        dvfs={"transition_ms": 0.3, "transition_j": 0.05},
+        objective={"kind": kind, "epsilon": 0.1},
+    )
+    tg = build_taskgraph(spec)
+    exact = _brute_force_single_gpu(tg)
+    r = solve_cpsat(tg, time_limit_s=20, workers=1, search_evals=0)
+    assert r.schedule is not None and r.objective is not None and r.bound is not None
+    _agree(tg, r.schedule)
+    assert r.status == OPTIMAL
+    assert r.objective == pytest.approx(exact, rel=1e-4)
+    assert r.bound <= exact * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("kind", ["energy_within", "energy", "edp"])
+def test_heuristic_close_to_cpsat_on_small_graphs(kind: ObjectiveKind) -> None:
+    tg = _with(layered(2, 3, platform("L4", 2), seed=3), kind)
+    exact = solve_cpsat(tg, time_limit_s=20, workers=1, search_evals=40)
+    heur = solve_heuristic(tg, search_evals=40)
+    for r in (exact, heur):
+        assert r.schedule is not None and r.objective is not None and r.bound is not None
+        _agree(tg, r.schedule)
+        assert r.bound <= r.objective * (1 + 1e-9)
+    assert exact.objective is not None and heur.objective is not None
+    assert exact.bound is not None
+    assert heur.objective >= exact.bound * (1 - 1e-9)  # the CP bound holds for any schedule
+    assert exact.objective <= heur.objective * (1 + 1e-9)  # warm-started: never worse
+    assert heur.objective <= exact.objective * 1.03
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layers=st.integers(1, 3),
+    width=st.integers(1, 4),
+    gpus=st.integers(1, 3),
+    seed=st.integers(0, 10_000),
+    kind=st.sampled_from(OBJECTIVE_KINDS),
+    gpu_type=st.sampled_from(["L4", "L40S"]),
+    transition_ms=st.sampled_from([0.0, 0.05, 0.5]),
+)
+def test_heuristic_schedules_pass_the_checker_and_never_lose_to_heft(
+    layers: int,
+    width: int,
+    gpus: int,
+    seed: int,
+    kind: ObjectiveKind,
+    gpu_type: str,
+    transition_ms: float,
+) -> None:
+    tg = _with(
+        layered(layers, width, platform(gpu_type, gpus), seed=seed),
+        kind,
+        transition_ms=transition_ms,
+    )
+    r = solve_heuristic(tg, search_evals=4)
+    assert r.schedule is not None and r.objective is not None and r.bound is not None
+    _agree(tg, r.schedule)
+    baseline = heft_max_clock(tg)
+    _agree(replace(tg, deadline=None), baseline)
+    assert r.objective <= totals(tg, baseline).objective * (1 + 1e-12)
+    assert lower_bounds(tg).objective(tg) == r.bound <= r.objective * (1 + 1e-12)
+    if tg.deadline is not None:
+        assert r.schedule.makespan(tg) <= tg.deadline
