@@ -67,6 +67,21 @@ def build_master(
     artificials: bool,
 ) -> Master:
     """Assemble the master over ``columns``."""
+    mp = empty_master(problem, table, costs, classes, artificials=artificials)
+    for col in columns:
+        add_column(mp, table, costs, classes, col)
+    return mp
+
+
+def empty_master(
+    problem: Problem,
+    table: OpTable,
+    costs: Costs,
+    classes: list[GpuClass],
+    *,
+    artificials: bool,
+) -> Master:
+    """The master's demand, count and budget rows, without columns."""
     inst = problem.instance
     mp = Master()
     mp.constant = costs.migration_penalty * sum(len(c.state_units) for c in classes)
@@ -97,33 +112,38 @@ def build_master(
             a = mp.var(ARTIFICIAL_COST, 0.0, np.inf)
             mp.artificial.append(a)
             mp.entries.append((mp.demand_row[u], a, 1.0))
-    for col in columns:
-        cls = classes[col.cls]
-        uses = cls.size // col.gpus_per_use
-        z = mp.var(col.on_cost, 0.0, float(uses), integer=True)
-        mp.z_var.append(z)
-        mp.entries.append((mp.count_row[col.cls], z, float(col.gpus_per_use)))
-        for prow in mp.class_power_rows[col.cls]:
-            mp.entries.append((prow, z, col.on_power_w))
-        power_row = mp.row(-np.inf, 0.0) if col.needs_power_row else None
-        if power_row is not None:
-            mp.entries.append((power_row, z, col.on_power_w - cls.power_cap_w))
-        rs = []
-        for op, cap in zip(col.ops, col.capacity, strict=True):
-            r = mp.var(float(costs.op_cost[op]), 0.0, np.inf)
-            rs.append(r)
-            unit = int(table.unit[op])
-            energy = float(table.energy_j[op])
-            mp.entries.append((mp.demand_row[unit], r, 1.0))
-            link = mp.row(-np.inf, 0.0)
-            mp.entries.append((link, r, 1.0))
-            mp.entries.append((link, z, -cap))
-            for prow in mp.class_power_rows[col.cls]:
-                mp.entries.append((prow, r, energy))
-            if power_row is not None:
-                mp.entries.append((power_row, r, energy))
-        mp.r_vars.append(rs)
     return mp
+
+
+def add_column(
+    mp: Master, table: OpTable, costs: Costs, classes: list[GpuClass], col: Column
+) -> None:
+    """Append one column: its count variable, rate variables and their rows."""
+    cls = classes[col.cls]
+    uses = cls.size // col.gpus_per_use
+    z = mp.var(col.on_cost, 0.0, float(uses), integer=True)
+    mp.z_var.append(z)
+    mp.entries.append((mp.count_row[col.cls], z, float(col.gpus_per_use)))
+    for prow in mp.class_power_rows[col.cls]:
+        mp.entries.append((prow, z, col.on_power_w))
+    power_row = mp.row(-np.inf, 0.0) if col.needs_power_row else None
+    if power_row is not None:
+        mp.entries.append((power_row, z, col.on_power_w - cls.power_cap_w))
+    rs = []
+    for op, cap in zip(col.ops, col.capacity, strict=True):
+        r = mp.var(float(costs.op_cost[op]), 0.0, np.inf)
+        rs.append(r)
+        unit = int(table.unit[op])
+        energy = float(table.energy_j[op])
+        mp.entries.append((mp.demand_row[unit], r, 1.0))
+        link = mp.row(-np.inf, 0.0)
+        mp.entries.append((link, r, 1.0))
+        mp.entries.append((link, z, -cap))
+        for prow in mp.class_power_rows[col.cls]:
+            mp.entries.append((prow, r, energy))
+        if power_row is not None:
+            mp.entries.append((power_row, r, energy))
+    mp.r_vars.append(rs)
 
 
 _BANNER_SHOWN = False
@@ -195,8 +215,11 @@ def to_highs_lp(mp: Master, *, integer: bool) -> highspy.HighsLp:
 def solve_lp(mp: Master, n_units: int, n_classes: int) -> LpSolution:
     """Solve the LP relaxation with HiGHS; raise RuntimeError if it does not solve."""
     h = quiet_highs()
-    lp = to_highs_lp(mp, integer=False)
-    h.passModel(lp)
+    h.passModel(to_highs_lp(mp, integer=False))
+    return _run_lp(h, mp, n_classes)
+
+
+def _run_lp(h: highspy.Highs, mp: Master, n_classes: int) -> LpSolution:
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         raise RuntimeError(f"master LP: {h.modelStatusToString(h.getModelStatus())}")
@@ -221,6 +244,66 @@ def solve_lp(mp: Master, n_units: int, n_classes: int) -> LpSolution:
         [float(y[r]) for r, _ in mp.budget_rows],
         [b for _, b in mp.budget_rows],
     )
+
+
+class LpSession:
+    """The master LP kept in one HiGHS instance while columns are added, so that each
+    re-solve starts from the previous optimal basis."""
+
+    def __init__(
+        self,
+        problem: Problem,
+        table: OpTable,
+        costs: Costs,
+        classes: list[GpuClass],
+        columns: list[Column],
+    ) -> None:
+        self.table = table
+        self.costs = costs
+        self.classes = classes
+        self.mp = build_master(problem, table, costs, classes, columns, artificials=True)
+        self.h = quiet_highs()
+        self.h.passModel(to_highs_lp(self.mp, integer=False))
+
+    def add(self, columns: list[Column]) -> None:
+        """Append columns to the master and to the LP held by HiGHS."""
+        mp = self.mp
+        n_var, n_row, n_ent = len(mp.cost), len(mp.row_lo), len(mp.entries)
+        for col in columns:
+            add_column(mp, self.table, self.costs, self.classes, col)
+        if len(mp.cost) == n_var:
+            return
+        by_var: dict[int, list[tuple[int, float]]] = {}
+        by_row: dict[int, list[tuple[int, float]]] = {}
+        for r, v, coef in mp.entries[n_ent:]:
+            if r < n_row:
+                by_var.setdefault(v, []).append((r, coef))
+            else:
+                by_row.setdefault(r, []).append((v, coef))
+        inf = highspy.kHighsInf
+        for v in range(n_var, len(mp.cost)):
+            terms = by_var.get(v, [])
+            self.h.addCol(
+                mp.cost[v],
+                mp.lo[v],
+                inf if mp.hi[v] == np.inf else mp.hi[v],
+                len(terms),
+                np.asarray([t[0] for t in terms], dtype=np.int32),
+                np.asarray([t[1] for t in terms], dtype=np.float64),
+            )
+        for r in range(n_row, len(mp.row_lo)):
+            terms = by_row.get(r, [])
+            self.h.addRow(
+                -inf if mp.row_lo[r] == -np.inf else mp.row_lo[r],
+                inf if mp.row_hi[r] == np.inf else mp.row_hi[r],
+                len(terms),
+                np.asarray([t[0] for t in terms], dtype=np.int32),
+                np.asarray([t[1] for t in terms], dtype=np.float64),
+            )
+
+    def solve(self) -> LpSolution:
+        """Re-solve (warm) and read values and prices."""
+        return _run_lp(self.h, self.mp, len(self.classes))
 
 
 def pyomo_model(mp: Master, name: str) -> Any:

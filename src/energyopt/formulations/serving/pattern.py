@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyomo.environ as pyo
@@ -20,21 +20,44 @@ from numpy.typing import NDArray
 from energyopt.catalog.problem import Problem
 from energyopt.formulations.serving.assemble import GpuDecision
 from energyopt.formulations.serving.classes import GpuClass, gpu_classes, split_tp_groups
-from energyopt.formulations.serving.columns import Column, price_configs, shared_column, tp_column
+from energyopt.formulations.serving.columns import (
+    Column,
+    Duals,
+    item_reduced_costs,
+    price_configs,
+    shared_column,
+    tp_column,
+)
 from energyopt.formulations.serving.configs import ConfigSet, enumerate_configs
 from energyopt.formulations.serving.costs import Costs, objective_costs
+from energyopt.formulations.serving.knapsack import (
+    COARSE_STEP_GB,
+    KnapsackItems,
+    best_configuration,
+    greedy_configuration,
+    item_values,
+    knapsack_items,
+    repair_and_fill,
+)
 from energyopt.formulations.serving.master import (
+    LpSession,
     LpSolution,
     Master,
     build_master,
     pyomo_model,
-    solve_lp,
 )
 from energyopt.perf.oppoints import OpTable
 
 RC_TOL = 1e-6
 COLUMNS_PER_ROUND = 8
 MAX_ROUNDS = 500
+ENUMERATION_MAX_UNITS = 24
+"""``auto`` pricing enumerates configurations of a (type, clock) only up to this many
+units with single-GPU ops there; above it, configurations are priced by knapsack."""
+
+Pricing = Literal["auto", "enumerate", "knapsack"]
+EXACT = 2
+"""Pricing effort whose knapsack is exact (see ``_knapsack_price``)."""
 
 
 class PatternNotApplicable(ValueError):
@@ -50,12 +73,18 @@ class PatternProgram:
     costs: Costs
     classes: list[GpuClass]
     configs: dict[tuple[str, int], ConfigSet]
+    knapsacks: dict[tuple[str, int], KnapsackItems] = field(default_factory=dict)
     columns: list[Column] = field(default_factory=list)
     keys: set[tuple[int, int, tuple[int, ...]]] = field(default_factory=set)
     lp: LpSolution | None = None
     bound: float = float("-inf")
     rounds: int = 0
     log: list[str] = field(default_factory=list)
+
+    @property
+    def enumerated(self) -> bool:
+        """Every configuration is listed (so reduced-cost filtering can be exact)."""
+        return not self.knapsacks
 
     @property
     def lower_bound(self) -> float:
@@ -90,45 +119,59 @@ def check_applicable(problem: Problem, table: OpTable) -> None:
 
 
 def prepare(
-    problem: Problem, table: OpTable, log: Callable[[str], None] | None = None
+    problem: Problem,
+    table: OpTable,
+    log: Callable[[str], None] | None = None,
+    pricing: Pricing = "auto",
 ) -> PatternProgram:
-    """Classes, enumerated configurations and the initial columns."""
+    """Classes, configurations (listed, or priced by knapsack) and the initial columns."""
     check_applicable(problem, table)
     costs = objective_costs(problem, table)
     classes = gpu_classes(problem, table)
     configs: dict[tuple[str, int], ConfigSet] = {}
+    knapsacks: dict[tuple[str, int], KnapsackItems] = {}
+    mig = problem.instance.options.sharing.mode == "mig"
     for type_name in table.type_names:
+        mig_type = mig and bool(problem.gpu_type(type_name).mig_profiles)
         for clock in table.clocks[type_name]:
+            ks = knapsack_items(problem, table, type_name, clock)
+            many = len(set(ks.units.tolist())) > ENUMERATION_MAX_UNITS
+            if not mig_type and (pricing == "knapsack" or (pricing == "auto" and many)):
+                knapsacks[(type_name, clock)] = ks
+                continue
             cs = enumerate_configs(problem, table, type_name, clock)
-            if not cs.complete:
+            if cs.complete:
+                configs[(type_name, clock)] = cs
+            elif not mig_type and pricing == "auto":
+                knapsacks[(type_name, clock)] = ks
+            else:
                 raise PatternNotApplicable(
                     f"more than {len(cs)} configurations per GPU for {type_name} at {clock} MHz"
                 )
-            configs[(type_name, clock)] = cs
-    prog = PatternProgram(problem, table, costs, classes, configs)
+    prog = PatternProgram(problem, table, costs, classes, configs, knapsacks)
     for cls in classes:
         top = max(table.clocks[cls.type_name])
-        cs = configs[(cls.type_name, top)]
-        best: dict[int, tuple[float, tuple[int, ...]]] = {}
-        for j in range(len(cs)):
-            ops = tuple(int(o) for o in cs.ops(j))
-            if len(ops) != 1:
-                continue
-            u = int(table.unit[ops[0]])
-            cap = float(table.capacity_rps[ops[0]])
+        t = table.type_names.index(cls.type_name)
+        single = np.flatnonzero((table.gpu_type == t) & (table.clock_mhz == top) & (table.tp == 1))
+        best: dict[int, tuple[float, int]] = {}
+        for o in single:
+            u = int(table.unit[o])
+            cap = float(table.capacity_rps[o])
             if u not in best or cap > best[u][0]:
-                best[u] = (cap, ops)
-        for _, ops in best.values():
-            prog.add(shared_column(cls, table, costs, top, ops))
-        tp_ops = (table.tp > 1) & (table.gpu_type == table.type_names.index(cls.type_name))
+                best[u] = (cap, int(o))
+        for _, op in best.values():
+            prog.add(shared_column(cls, table, costs, top, (op,)))
+        tp_ops = (table.tp > 1) & (table.gpu_type == t)
+        largest_node = max(_node_counts(cls).values())
         for o in np.flatnonzero(tp_ops):
-            if int(table.tp[o]) <= max(_node_counts(cls).values()):
+            if int(table.tp[o]) <= largest_node:
                 prog.add(tp_column(cls, table, costs, int(o)))
     if log:
         total = sum(len(c) for c in configs.values())
+        priced = f", {len(knapsacks)} (type, clock) pairs priced by knapsack" if knapsacks else ""
         log(
-            f"pattern: {len(classes)} GPU classes, {total} maximal configurations, "
-            f"{len(prog.columns)} initial columns"
+            f"pattern: {len(classes)} GPU classes, {total} maximal configurations listed"
+            f"{priced}, {len(prog.columns)} initial columns"
         )
     return prog
 
@@ -145,33 +188,25 @@ def generate_columns(
 ) -> None:
     """Column generation to LP optimality over all maximal configurations.
 
-    Sets ``prog.bound``: the LP value corrected by the most negative reduced
-    cost per class (a Lagrangian bound, valid even if pricing stopped early).
+    Sets ``prog.bound``: the best Lagrangian bound seen (the LP value corrected by
+    the most negative reduced cost per class), valid even if pricing stopped early.
+    Knapsack-priced configurations are searched with the coarse DP first; the exact
+    DP runs when the coarse one finds nothing (and at the time limit), so every
+    bound reported comes from exact pricing.
     """
-    table, costs = prog.table, prog.costs
+    session = LpSession(prog.problem, prog.table, prog.costs, prog.classes, prog.columns)
     for rnd in range(MAX_ROUNDS):
-        mp = prog.master(artificials=True)
-        prog.lp = solve_lp(mp, len(table.units), len(prog.classes))
-        added = 0
-        best = 0.0
-        correction = 0.0
-        for cls in prog.classes:
-            class_min = 0.0
-            for (type_name, clock), cs in prog.configs.items():
-                if type_name != cls.type_name or len(cs) == 0:
-                    continue
-                rc = price_configs(cls, cs, table, costs, prog.lp.duals)
-                class_min = min(class_min, float(rc.min()))
-                order = np.argsort(rc)[:COLUMNS_PER_ROUND]
-                for j in order:
-                    if rc[j] >= -RC_TOL * max(1.0, abs(prog.lp.objective)):
-                        break
-                    best = min(best, float(rc[j]))
-                    ops = tuple(int(o) for o in cs.ops(int(j)))
-                    added += prog.add(shared_column(cls, table, costs, clock, ops))
-            correction += cls.size * class_min
+        if len(session.mp.z_var) < len(prog.columns):
+            session.add(prog.columns[len(session.mp.z_var) :])
+        prog.lp = session.solve()
+        effort = EXACT if prog.enumerated else 0
+        added, best, bound = _price_round(prog, effort=effort)
+        while not added and effort < EXACT:
+            effort += 1
+            added, best, bound = _price_round(prog, effort=effort)
+        if bound is not None:
+            prog.bound = max(prog.bound, bound)
         prog.rounds = rnd + 1
-        prog.bound = prog.lp.objective + correction
         if log and (rnd % 5 == 0 or added == 0):
             log(
                 f"colgen round {rnd + 1}: LP {prog.lp.objective:,.2f}, "
@@ -182,9 +217,108 @@ def generate_columns(
         if deadline is not None and time.perf_counter() > deadline:
             if log:
                 log("column generation stopped at the time limit; bound is the Lagrangian one")
-            return
-    if log:
-        log(f"column generation stopped after {MAX_ROUNDS} rounds; bound is the Lagrangian one")
+            break
+    else:
+        if log:
+            log(f"column generation stopped after {MAX_ROUNDS} rounds; bound is Lagrangian")
+    session.add(prog.columns[len(session.mp.z_var) :])
+    prog.lp = session.solve()
+    _, _, bound = _price_round(prog, effort=EXACT, add=False)
+    if bound is not None:
+        prog.bound = max(prog.bound, bound)
+
+
+def _price_round(
+    prog: PatternProgram, *, effort: int, add: bool = True
+) -> tuple[int, float, float | None]:
+    """Price every class at the current duals: (columns added, best reduced cost,
+    Lagrangian bound or None when some pricing was not exact)."""
+    assert prog.lp is not None
+    table, costs, duals = prog.table, prog.costs, prog.lp.duals
+    tol = -RC_TOL * max(1.0, abs(prog.lp.objective))
+    added = 0
+    best = 0.0
+    correction = 0.0
+    for cls in prog.classes:
+        class_min = 0.0
+        for (type_name, clock), cs in prog.configs.items():
+            if type_name != cls.type_name or len(cs) == 0:
+                continue
+            rc = price_configs(cls, cs, table, costs, duals)
+            class_min = min(class_min, float(rc.min()))
+            for j in np.argsort(rc)[:COLUMNS_PER_ROUND]:
+                if rc[j] >= tol:
+                    break
+                best = min(best, float(rc[j]))
+                if add:
+                    ops = tuple(int(o) for o in cs.ops(int(j)))
+                    added += prog.add(shared_column(cls, table, costs, clock, ops))
+        for (type_name, clock), ks in prog.knapsacks.items():
+            if type_name != cls.type_name or len(ks) == 0:
+                continue
+            low, found = _knapsack_price(prog, cls, ks, duals, effort=effort)
+            class_min = min(class_min, low)
+            for ops in found:
+                rc_found = float(column_reduced_cost(prog, cls, clock, ops)[0])
+                if rc_found < tol:
+                    best = min(best, rc_found)
+                    if add:
+                        added += prog.add(shared_column(cls, table, costs, clock, ops))
+        correction += cls.size * class_min
+    bound = prog.lp.objective + correction if np.isfinite(correction) else None
+    return added, best, bound
+
+
+def _knapsack_price(
+    prog: PatternProgram, cls: GpuClass, ks: KnapsackItems, duals: Duals, *, effort: int
+) -> tuple[float, list[tuple[int, ...]]]:
+    """(lower bound on the class's least reduced cost at this clock, configurations
+    worth pricing exactly).
+
+    ``effort`` 0 picks up to COLUMNS_PER_ROUND greedy configurations on disjoint
+    units, 1 runs the coarse DP (both fast and proving nothing: the first element
+    is then -inf), 2 the exact DP that the bound comes from.
+    """
+    table, costs = prog.table, prog.costs
+    on_power = table.on_power[(cls.type_name, ks.clock_mhz)]
+    base = (
+        costs.on_cost[(cls.type_name, ks.clock_mhz)]
+        - duals.count[cls.index]
+        - duals.power[cls.index] * on_power
+    )
+    values = item_values(cls, ks, table, costs, duals)
+    rc_item = item_reduced_costs(table, costs, duals, cls.index)[ks.items]
+    order = np.argsort(rc_item, kind="stable")
+    if effort == 0:
+        found: list[tuple[int, ...]] = []
+        left = values.copy()
+        for _ in range(COLUMNS_PER_ROUND):
+            value, chosen = greedy_configuration(ks, left)
+            if not chosen or base - value >= 0:
+                break
+            found.append(repair_and_fill(ks, values, chosen, order))
+            taken = np.isin(ks.units, ks.units[chosen])
+            left[taken] = 0.0
+        return -np.inf, found
+    if effort >= EXACT:
+        value, chosen = best_configuration(ks, values)
+        low = base - value
+    else:
+        value, chosen = best_configuration(ks, values, step_gb=COARSE_STEP_GB, feasible=True)
+        low = -np.inf
+    if effort >= EXACT and not chosen:
+        low = min(0.0, base)
+    return low, ([repair_and_fill(ks, values, chosen, order)] if chosen else [])
+
+
+def column_reduced_cost(
+    prog: PatternProgram, cls: GpuClass, clock: int, ops: tuple[int, ...]
+) -> NDArray[np.float64]:
+    """Exact reduced cost of one configuration (array of one)."""
+    assert prog.lp is not None
+    arr = np.asarray(ops, dtype=np.int64)
+    one = ConfigSet(cls.type_name, clock, arr, np.asarray([0, len(ops)], dtype=np.int64), arr, True)
+    return price_configs(cls, one, prog.table, prog.costs, prog.lp.duals)
 
 
 def columns_within(
@@ -192,9 +326,12 @@ def columns_within(
 ) -> list[Column] | None:
     """Every new configuration column whose reduced cost is at most ``slack``.
 
-    None when there are more than ``limit`` of them.
+    None when there are more than ``limit`` of them, or when some configurations
+    are priced by knapsack and so cannot be listed.
     """
     assert prog.lp is not None
+    if not prog.enumerated:
+        return None
     out: list[Column] = []
     for cls in prog.classes:
         for (type_name, clock), cs in prog.configs.items():

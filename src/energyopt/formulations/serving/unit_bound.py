@@ -23,6 +23,8 @@ from energyopt.formulations.serving.master import quiet_highs
 from energyopt.perf.oppoints import OpTable
 
 SEARCH_STEPS = 5
+GRID_STEPS = 200
+"""Rate grid of ``grid_cover_bound`` (its capacities round up to rate / GRID_STEPS)."""
 
 
 def share_weight(share: int, capacity: int, alpha: float) -> float:
@@ -45,6 +47,7 @@ def best_unit_bound(
     duals: Duals,
     budgets_w: list[float],
     budget_duals: list[float],
+    exact: bool = True,
 ) -> tuple[float, float]:
     """(bound, alpha): the unit bound maximised over the mixing weight alpha in [0, 1].
 
@@ -54,7 +57,7 @@ def best_unit_bound(
 
     def at(alpha: float) -> float:
         return unit_decomposition_bound(
-            table, costs, classes, duals, budgets_w, budget_duals, alpha=alpha
+            table, costs, classes, duals, budgets_w, budget_duals, alpha=alpha, exact=exact
         )
 
     lo, hi = 0.0, 1.0
@@ -85,9 +88,11 @@ def unit_decomposition_bound(
     budget_duals: list[float],
     time_limit_s: float = 5.0,
     alpha: float = 1.0,
+    exact: bool = True,
 ) -> float:
     """Lower bound on the integer optimum (see module docstring); ``alpha`` picks the
-    share charge (see ``share_weight``)."""
+    share charge (see ``share_weight``). ``exact=False`` bounds each unit's cover
+    problem by a grid DP (``grid_cover_bound``) instead of solving it with HiGHS."""
     mu_count = np.maximum(0.0, -np.asarray(duals.count))
     mu_power = np.maximum(0.0, -np.asarray(duals.power))
     total = -float(np.dot(mu_count, [c.size for c in classes]))
@@ -118,10 +123,72 @@ def unit_decomposition_bound(
                 cap.append(float(table.capacity_rps[o]))
         if not cap:
             return float("-inf")
-        total += _cover_bound(
-            unit.rate_rps, np.asarray(fixed), np.asarray(per_rps), np.asarray(cap), time_limit_s
+        args = undominated(np.asarray(fixed), np.asarray(per_rps), np.asarray(cap))
+        total += (
+            _cover_bound(unit.rate_rps, *args, time_limit_s)
+            if exact
+            else grid_cover_bound(unit.rate_rps, *args)
         )
     return total
+
+
+def undominated(
+    fixed: np.ndarray, per_rps: np.ndarray, cap: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Drop placements another one beats on every count (fixed cost, cost per
+    request/s, capacity); the cover problem's optimum is unchanged."""
+    n = len(cap)
+    no_worse = (
+        (fixed[:, None] <= fixed[None, :])
+        & (per_rps[:, None] <= per_rps[None, :])
+        & (cap[:, None] >= cap[None, :])
+    )  # [k, i]: k is at least as good as i on every count
+    same = (
+        (fixed[:, None] == fixed[None, :])
+        & (per_rps[:, None] == per_rps[None, :])
+        & (cap[:, None] == cap[None, :])
+    )
+    earlier = np.arange(n)[:, None] < np.arange(n)[None, :]
+    beaten = (no_worse & (~same | earlier)).any(axis=0)
+    keep = np.flatnonzero(~beaten)
+    return fixed[keep], per_rps[keep], cap[keep]
+
+
+def grid_cover_bound(
+    rate: float,
+    fixed: np.ndarray,
+    per_rps: np.ndarray,
+    cap: np.ndarray,
+    steps: int = GRID_STEPS,
+) -> float:
+    """Lower bound of the cover problem of ``_cover_bound`` by dynamic programming.
+
+    Round every capacity up to a multiple of delta = rate / ``steps`` (placements
+    only gain room, so the optimum can only fall). With fixed costs >= 0 an
+    optimal cover then uses every placement at full (rounded) capacity but one:
+    rates fill the cheapest placements first, and a placement with room for
+    another copy's whole capacity would be dropped. So the bound is
+    min over the partial placement j and the full ones' total X (a multiple of
+    delta in [rate - min(cap_j, rate), rate]) of D(X) + fixed_j + per_rps_j
+    (rate - X), where D is the cheapest set of full placements of total X (an
+    unbounded knapsack over the grid).
+    """
+    if rate <= 0:
+        return 0.0
+    delta = rate / steps
+    w = np.maximum(1, np.ceil(cap / delta - 1e-9)).astype(np.int64)
+    full_cost = fixed + per_rps * np.minimum(w * delta, cap)
+    d = np.full(steps + 1, np.inf)
+    d[0] = 0.0
+    for k in range(1, steps + 1):
+        fits = w <= k
+        if fits.any():
+            d[k] = float(np.min(d[k - w[fits]] + full_cost[fits]))
+    grid = np.arange(steps + 1) * delta
+    lo = rate - np.minimum(w * delta, rate)
+    inside = grid[None, :] >= lo[:, None] - 1e-9 * rate
+    value = d[None, :] + fixed[:, None] + per_rps[:, None] * np.maximum(0.0, rate - grid)[None, :]
+    return float(np.min(np.where(inside, value, np.inf)))
 
 
 def _cover_bound(
