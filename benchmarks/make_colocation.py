@@ -7,7 +7,7 @@ Half the GPUs are H100-SXM5-80GB, half A100-SXM4-80GB. Half the jobs train a
 7-14B catalog LLM (data parallel, 2 to 8 GPUs) with idle phases (data loading,
 gradient communication, pipeline bubbles) that take 25 to 60 % of an iteration
 in its requested shape;
-the other half run offline batch inference of a 7-8B model on 1 to 4 GPUs, with
+the other half run offline batch inference of a 7-8B model on 1 to 8 GPUs, with
 a batch whose KV cache fits half a GPU. Each
 job's work is drawn so that it takes 40 to 160 minutes alone in its requested
 shape on an H100 at the top clock, computed with the performance model. The
@@ -74,7 +74,7 @@ def _inference(rng: random.Random, i: int) -> dict[str, Any]:
         "output_tokens": output,
         "batch": rng.choice(fits[-2:]),
         "min_gpus": 1,
-        "max_gpus": rng.choice([1, 2, 4]),
+        "max_gpus": rng.choice([2, 4, 8]),
     }
 
 

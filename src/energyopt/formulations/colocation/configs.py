@@ -149,8 +149,13 @@ def pareto_mask(groups: IntArray, metrics: FloatArray) -> BoolArray:
     return keep
 
 
-def build_configs(problem: ColocationProblem, slowdown: Slowdown) -> ConfigTable:
-    """Every job point and unit configuration, durations under ``slowdown``."""
+def build_configs(
+    problem: ColocationProblem, slowdown: Slowdown, pairs: bool = True
+) -> ConfigTable:
+    """Every job point and unit configuration, durations under ``slowdown``.
+
+    ``pairs=False`` leaves out co-located pairs (every job on whole GPUs).
+    """
     type_names = problem.type_names()
     clocks = {t: candidate_clocks(problem, t) for t in type_names}
     points: list[JobPoint] = []
@@ -187,7 +192,7 @@ def build_configs(problem: ColocationProblem, slowdown: Slowdown) -> ConfigTable
                         and on_extra[(t, f)] + phys.dyn_w[p] <= (tdp[t])
                     ):
                         add(j, NO_JOB, ti, n, f, 100, p, -1)
-            for s in levels:
+            for s in levels if pairs else ():
                 for a in training:
                     for b in inference:
                         for n in set(gpu_counts(problem, a)) & set(gpu_counts(problem, b)):

@@ -96,9 +96,12 @@ class ColocationModel:
         return value if self.objective == "jct" else -value
 
 
-def build_model(problem: ColocationProblem, slowdown: Slowdown | None = None) -> ColocationModel:
-    """The model with durations under ``slowdown`` (default: the learned predictor)."""
-    table = build_configs(problem, slowdown or default_predictor())
+def build_model(
+    problem: ColocationProblem, slowdown: Slowdown | None = None, pairs: bool = True
+) -> ColocationModel:
+    """The model with durations under ``slowdown`` (default: the learned predictor);
+    ``pairs=False``: no co-location, every job on whole GPUs."""
+    table = build_configs(problem, slowdown or default_predictor(), pairs)
     u = table.units
     rate_a = table.physics.rate[u.point_a]
     rate_b = np.where(u.point_b >= 0, table.physics.rate[np.maximum(u.point_b, 0)], 1.0)
