@@ -113,3 +113,20 @@ def test_forecasts_look_back_except_the_oracle() -> None:
     fc = Forecast(headroom=1.1, quantum=0.25, floor=0.1)
     assert planned_rates_rps(np.asarray([2.0]), base, fc)[0] == pytest.approx(3.0)
     assert planned_rates_rps(np.asarray([0.0]), base, fc)[0] == pytest.approx(1.0)
+
+
+def test_trend_forecast_meets_a_rising_load() -> None:
+    # rate(t) = 1 + 0.05 t req/s: arrivals where N(t) = t + 0.025 t^2 crosses integers
+    counts = np.arange(1, int(200 + 0.025 * 200**2))
+    t = (-1 + np.sqrt(1 + 0.1 * counts)) / 0.05
+    arr = Arrivals(
+        t,
+        np.zeros(t.size, dtype=np.int64),
+        np.ones(t.size, dtype=np.int64),
+        np.ones(t.size, dtype=np.int64),
+        ("w",),
+    )
+    peak = raw_rates_rps(arr, 100.0, 100.0, Forecast(method="peak", window_s=10.0), 200.0)[0]
+    trend = raw_rates_rps(arr, 100.0, 100.0, Forecast(method="trend", window_s=10.0), 200.0)[0]
+    assert peak == pytest.approx(1 + 0.05 * 95, rel=0.05)
+    assert trend == pytest.approx(1 + 0.05 * 200, rel=0.05)

@@ -1,8 +1,11 @@
 """Load forecasts for the next epoch, from the arrivals seen so far.
 
 ``last``: mean rate over the history; ``peak``: the highest rate of any
-``window_s`` window of the history; ``oracle``: the highest window rate of the
-coming epoch (it looks ahead: a reference, not a deployable rule). The result is
+``window_s`` window of the history; ``trend``: the larger of ``peak`` and the
+least-squares line through the history's window rates extrapolated to the end
+of the coming epoch (a rising load is met before it arrives); ``oracle``: the
+highest window rate of the coming epoch (it looks ahead: a reference, not a
+deployable rule). The result is
 multiplied by ``headroom``, floored at ``floor`` x the base rate and rounded up to
 a multiple of ``quantum`` x the base rate. At time 0 there is no history: the
 first ``history`` seconds of the load stand in for the traffic that preceded it.
@@ -35,7 +38,13 @@ def raw_rates_rps(
     rates = arrivals.window_rates_rps(start, end, fc.window_s)
     if rates.shape[0] == 0:
         return np.zeros(len(arrivals.names))
-    return np.asarray(rates.max(axis=0))
+    peak = np.asarray(rates.max(axis=0))
+    if fc.method != "trend" or rates.shape[0] < 2:
+        return peak
+    centers = start + (np.arange(rates.shape[0]) + 0.5) * fc.window_s
+    slope, intercept = np.polyfit(centers, rates, 1)
+    ahead = intercept + slope * (max(now_s, end) + epoch_s)
+    return np.asarray(np.maximum(peak, ahead))
 
 
 def planned_rates_rps(raw: FloatArray, base_rps: FloatArray, fc: Forecast) -> FloatArray:

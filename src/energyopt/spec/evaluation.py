@@ -74,10 +74,12 @@ Load = Annotated[TraceLoad | DiurnalLoad | BurstyLoad, Field(discriminator="kind
 class Forecast(Spec):
     """How a planner predicts the next epoch's load from the recent past."""
 
-    method: Literal["last", "peak", "oracle"] = Field(
-        default="peak",
+    method: Literal["last", "peak", "trend", "oracle"] = Field(
+        default="trend",
         description="last: mean rate of the history; peak: highest window rate of the "
-        "history; oracle: highest window rate of the coming epoch (an upper reference)",
+        "history; trend: peak or the history's linear trend at the end of the coming "
+        "epoch, whichever is higher; oracle: highest window rate of the coming epoch "
+        "(an upper reference)",
     )
     window_s: float = Field(default=30.0, gt=0, description="rate measurement window, s")
     history_s: float | None = Field(
