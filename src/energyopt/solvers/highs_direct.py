@@ -27,11 +27,13 @@ def solve_master_mip(
     start: NDArray[np.float64] | None = None,
     progress: Progress | None = None,
     stop_at: float | None = None,
+    heuristic_effort: float | None = None,
 ) -> tuple[MilpOutcome, NDArray[np.float64] | None]:
     """(outcome, variable values) of the integer master; values None without a plan.
 
     ``stop_at``: stop as soon as a plan with at most this objective is found (the
-    caller holds a bound that makes such a plan good enough).
+    caller holds a bound that makes such a plan good enough). ``heuristic_effort``:
+    HiGHS' share of effort in primal heuristics (its default is 0.05).
     """
     h = quiet_highs()
     n = len(mp.cost)
@@ -39,6 +41,8 @@ def solve_master_mip(
     h.passModel(lp)
     h.setOptionValue("time_limit", max(0.5, time_limit_s))
     h.setOptionValue("mip_rel_gap", rel_gap)
+    if heuristic_effort is not None:
+        h.setOptionValue("mip_heuristic_effort", heuristic_effort)
     # HiGHS fixes its thread pool at the first solve of the process; setting
     # "threads" afterwards makes the run fail, so ``threads`` is not passed on.
     del threads

@@ -14,7 +14,7 @@ from energyopt.spec.errors import SpecError
 from energyopt.spec.io import validation_problems
 
 Backend = Literal["highs", "cpsat"]
-Formulation = Literal["auto", "pattern", "per_gpu", "plain"]
+Formulation = Literal["auto", "pattern", "per_gpu", "plain", "colgen", "shadow_price", "pop"]
 
 
 class SolverPreset(Spec):
@@ -29,6 +29,15 @@ class SolverPreset(Spec):
     threads: int | None = Field(
         default=None, gt=0, description="CP-SAT workers; HiGHS sizes its thread pool itself"
     )
+    iterations: int = Field(
+        default=60, gt=0, description="shadow_price: subgradient iterations at most"
+    )
+    step: float = Field(
+        default=1.0, gt=0, le=2, description="shadow_price: first Polyak step factor theta"
+    )
+    partitions: int = Field(default=4, ge=1, description="pop: number of sub-problems")
+    seed: int = Field(default=0, description="pop: seed of the random split")
+    sub_solver: str = Field(default="colgen", description="pop: preset each part is solved with")
 
 
 def presets_dir() -> Path:

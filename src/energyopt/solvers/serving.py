@@ -37,6 +37,9 @@ FIRST_STAGE_SHARE = 0.3
 FIRST_STAGE_MAX_S = 10.0
 MAX_FILTERED_COLUMNS = 20_000
 SLACK_STEPS = (0.2, 1.0)
+EXACT_UNIT_BOUND_MAX_UNITS = 32
+"""Up to this many units the exact solver proves each unit's cover bound with HiGHS;
+above it (and always for decompositions) the grid DP bound is used."""
 
 
 class PlanVerificationError(RuntimeError):
@@ -135,8 +138,18 @@ def solve(
     )
     deadline = start + limit
     try:
-        if formulation == "pattern":
-            result = _solve_pattern(problem, table, preset, deadline, gap, note)
+        if formulation in ("pattern", "colgen"):
+            result = _solve_pattern(
+                problem, table, preset, deadline, gap, note, exact=formulation == "pattern"
+            )
+        elif formulation == "shadow_price":
+            from energyopt.solvers.shadow_price import solve_shadow_price
+
+            result = solve_shadow_price(problem, table, preset, deadline, gap, note)
+        elif formulation == "pop":
+            from energyopt.solvers.pop import solve_pop
+
+            result = solve_pop(problem, table, preset, deadline, gap, note)
         else:
             result = _solve_per_gpu(
                 problem, table, preset, deadline, gap, note, strengthen=formulation == "per_gpu"
@@ -238,7 +251,13 @@ def _solve_pattern(
     deadline: float,
     gap: float,
     note: Progress,
+    *,
+    exact: bool = True,
 ) -> Result:
+    """Configuration formulation. ``exact``: finish with reduced-cost filtering so
+    the integer solve covers every configuration that could improve the plan;
+    otherwise (column generation as a decomposition) one integer solve over the
+    generated columns, with the LP / unit bound as the certificate."""
     t0 = time.perf_counter()
     prog = pat.prepare(problem, table, note)
     pat.generate_columns(prog, note, deadline=t0 + 0.5 * (deadline - t0))
@@ -248,7 +267,13 @@ def _solve_pattern(
         return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
     lp_bound = prog.lower_bound
     unit_bound, mix = best_unit_bound(
-        table, prog.costs, prog.classes, prog.lp.duals, prog.lp.budgets_w, prog.lp.budget_duals
+        table,
+        prog.costs,
+        prog.classes,
+        prog.lp.duals,
+        prog.lp.budgets_w,
+        prog.lp.budget_duals,
+        exact=exact and len(table.units) <= EXACT_UNIT_BOUND_MAX_UNITS,
     )
     lower = max(lp_bound, unit_bound)
     note(
@@ -286,9 +311,8 @@ def _solve_pattern(
                 start = im.values
         return out
 
-    out = integer_solve(
-        min(FIRST_STAGE_SHARE * (deadline - time.perf_counter()), FIRST_STAGE_MAX_S)
-    )
+    left = deadline - time.perf_counter()
+    out = integer_solve(min(FIRST_STAGE_SHARE * left, FIRST_STAGE_MAX_S) if exact else left)
     if best is not None:
         note(
             f"integer plan over {len(prog.columns)} generated columns: {best[0]:,.3f} "
@@ -297,7 +321,7 @@ def _solve_pattern(
     # Any plan better than `best` uses only columns whose reduced cost is at most
     # best - LP bound. Widen the column set towards that slack; once all of them
     # are in and the integer solve is optimal, its bound holds for the whole problem.
-    for frac in SLACK_STEPS:
+    for frac in SLACK_STEPS if exact else ():
         if best is not None and relative_gap(best[0], lower) <= gap:
             break
         if time.perf_counter() > deadline - 0.5:

@@ -24,6 +24,7 @@ from energyopt.perf.oppoints import OpTable
 
 SEARCH_STEPS = 5
 GRID_STEPS = 200
+BIG_STEPS = 10
 """Rate grid of ``grid_cover_bound`` (its capacities round up to rate / GRID_STEPS)."""
 
 
@@ -163,32 +164,52 @@ def grid_cover_bound(
 ) -> float:
     """Lower bound of the cover problem of ``_cover_bound`` by dynamic programming.
 
-    Round every capacity up to a multiple of delta = rate / ``steps`` (placements
-    only gain room, so the optimum can only fall). With fixed costs >= 0 an
-    optimal cover then uses every placement at full (rounded) capacity but one:
-    rates fill the cheapest placements first, and a placement with room for
-    another copy's whole capacity would be dropped. So the bound is
-    min over the partial placement j and the full ones' total X (a multiple of
-    delta in [rate - min(cap_j, rate), rate]) of D(X) + fixed_j + per_rps_j
-    (rate - X), where D is the cheapest set of full placements of total X (an
-    unbounded knapsack over the grid).
+    With fixed costs >= 0 an optimal cover uses every placement at full capacity
+    but one (rates fill the cheapest placements first, and a placement with room
+    for another copy's whole capacity would be dropped): full uses U and one
+    partial use j serving a in (0, cap_j], with sum_U cap_i + a = rate. Relax:
+
+    * "big" placements (cap >= BIG_STEPS * delta, delta = rate / ``steps``) get
+      their capacity rounded up to a multiple of delta (about rate / ``steps``,
+      chosen to divide the capacity of the placement with the lowest full cost per
+      request/s), so their total G_big is
+      on the grid and at most rate * (1 + 1 / BIG_STEPS);
+    * "small" placements become a fluid that covers any amount at the cheapest
+      small cost per request/s rho_s, counted in whole grid steps rounded down.
+
+    D(G) is the cheapest grid total G of full uses (an unbounded knapsack), and
+    a >= rate - G - delta. The bound is the least of min_{G >= rate - delta} D(G)
+    (no partial use) and min_j min_{G >= rate - cap_j - delta} D(G) + fixed_j +
+    per_rps_j max(0, rate - G - delta).
     """
     if rate <= 0:
         return 0.0
-    delta = rate / steps
-    w = np.maximum(1, np.ceil(cap / delta - 1e-9)).astype(np.int64)
-    full_cost = fixed + per_rps * np.minimum(w * delta, cap)
-    d = np.full(steps + 1, np.inf)
+    # The grid step divides the capacity of the placement with the lowest full
+    # cost per request/s exactly: the covers that matter most are not rounded.
+    star = float(cap[int(np.argmin(fixed / cap + per_rps))])
+    delta = star / max(1, int(np.ceil(star * steps / rate)))
+    steps = int(np.ceil(rate / delta))
+    big = cap >= BIG_STEPS * delta
+    w = np.ceil(cap[big] / delta - 1e-9).astype(np.int64)
+    full_cost = fixed[big] + per_rps[big] * cap[big]
+    small = ~big
+    if small.any():
+        rho_small = float(np.min(fixed[small] / cap[small] + per_rps[small]))
+        w = np.concatenate([w, [1]])
+        full_cost = np.concatenate([full_cost, [rho_small * delta]])
+    top = int(np.ceil(steps * (1.0 + 1.0 / BIG_STEPS))) + 2
+    d = np.full(top + 1, np.inf)
     d[0] = 0.0
-    for k in range(1, steps + 1):
+    for k in range(1, top + 1):
         fits = w <= k
         if fits.any():
             d[k] = float(np.min(d[k - w[fits]] + full_cost[fits]))
-    grid = np.arange(steps + 1) * delta
-    lo = rate - np.minimum(w * delta, rate)
-    inside = grid[None, :] >= lo[:, None] - 1e-9 * rate
-    value = d[None, :] + fixed[:, None] + per_rps[:, None] * np.maximum(0.0, rate - grid)[None, :]
-    return float(np.min(np.where(inside, value, np.inf)))
+    grid = np.arange(top + 1) * delta
+    best = float(np.min(d[grid >= rate - delta - 1e-12]))
+    inside = grid[None, :] >= (rate - cap - delta)[:, None] - 1e-12
+    short = np.maximum(0.0, rate - grid - delta)
+    value = d[None, :] + fixed[:, None] + per_rps[:, None] * short[None, :]
+    return min(best, float(np.min(np.where(inside, value, np.inf))))
 
 
 def _cover_bound(
