@@ -76,3 +76,12 @@ def test_predictor_tracks_the_truth_and_never_predicts_a_speedup() -> None:
     pred, truth = default_predictor()(f), true_slowdown(f)
     assert np.all(pred >= 1.0)
     assert np.corrcoef(pred, truth)[0, 1] > 0.95
+
+
+def test_pareto_mask_drops_dominated_rows_per_group() -> None:
+    from energyopt.formulations.colocation.configs import pareto_mask
+
+    groups = np.asarray([0, 0, 0, 0, 1, 1])
+    metrics = np.asarray([[1.0, 5.0], [2.0, 4.0], [2.0, 5.0], [1.0, 5.0], [3.0, 3.0], [1.0, 1.0]])
+    # row 2 is dominated by row 1, row 3 ties row 0 (one kept), row 4 by row 5
+    assert pareto_mask(groups, metrics).tolist() == [True, True, False, False, False, True]

@@ -143,7 +143,7 @@ def pareto_mask(groups: IntArray, metrics: FloatArray) -> BoolArray:
         m = metrics[chunk]
         le = np.all(m[:, None, :] <= m[None, :, :], axis=2)  # le[i, j]: i no worse than j
         lt = np.any(m[:, None, :] < m[None, :, :], axis=2)
-        earlier = np.tri(len(chunk), k=-1, dtype=bool)  # i sorted before j (ties)
+        earlier = np.triu(np.ones((len(chunk), len(chunk)), dtype=bool), k=1)  # i before j
         dominated = np.any((le & lt) | (le & earlier), axis=0)
         keep[chunk[dominated]] = False
     return keep
