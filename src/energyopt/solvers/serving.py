@@ -179,7 +179,7 @@ def _status(outcome_status: str, objective: float | None, bound: float | None, g
     return FEASIBLE
 
 
-def _finish(
+def finish_plan(
     problem: Problem,
     table: OpTable,
     decisions: dict[str, Any],
@@ -188,6 +188,7 @@ def _finish(
     bound: float | None,
     name: str,
 ) -> Any:
+    """The plan of ``decisions``, with the solver's objective, bound and gap."""
     gap = relative_gap(objective, bound) if bound is not None else None
     return assemble_plan(
         problem,
@@ -230,7 +231,7 @@ def _solve_per_gpu(
     if out.objective is None:
         return Result(NO_SOLUTION, None, bound, out.wall_s, None, preset.name, out.log)
     status = _status(out.status, out.objective, bound, gap)
-    plan = _finish(problem, table, pm.decisions(), status, out.objective, bound, preset.name)
+    plan = finish_plan(problem, table, pm.decisions(), status, out.objective, bound, preset.name)
     return Result(status, out.objective, bound, out.wall_s, plan, preset.name, out.log)
 
 
@@ -351,5 +352,5 @@ def _solve_pattern(
         return Result(NO_SOLUTION, None, bound, wall, None, preset.name, [])
     objective, decisions = best
     status = _status(FEASIBLE, objective, bound, gap)
-    plan = _finish(problem, table, decisions, status, objective, bound, preset.name)
+    plan = finish_plan(problem, table, decisions, status, objective, bound, preset.name)
     return Result(status, objective, bound, wall, plan, preset.name, [])

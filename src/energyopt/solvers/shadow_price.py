@@ -1,0 +1,321 @@
+"""Elastic shadow pricing: per-unit configuration choices at resource prices.
+
+Relaxation (see docs/formulations/serving.md, "Decompositions"): a placement of
+op o (share fraction phi_o of a GPU, or k whole GPUs) serving r <= cap_o
+requests/s uses r / cap_o of its slice. Charge it that part of the slice's GPU
+on-power, GPU count, memory and budgeted power. Shares of one GPU add up to at
+most one, so this pooled problem is a relaxation of the fleet problem: every
+plan's cost is at least its value. Pricing the coupling resources (GPUs of each
+class: lambda_c per GPU; memory: mu_c per GB; node and cluster power budgets:
+nu_b per W) splits it into one choice per unit, the op and class of least
+priced cost per request/s:
+
+    kappa(o, c) = phi_o (on_cost + lambda_c + nu_c on_power) / cap_o
+                  + mu_c mem_o / cap_o + op_cost_o + nu_c energy_o,
+    L(lambda, mu, nu) = sum_u rate_u min kappa - sum_c (lambda_c n_c + mu_c M_c n_c)
+                        - sum_b nu_b B_b,
+
+a valid lower bound for any non-negative prices. Prices follow the projected
+subgradient with Polyak's step theta (UB - L) / |g|^2 (theta halves after
+STALL_ITERATIONS iterations without a better L). At the best prices the
+integral per-unit cover bound (``unit_bound.grid_cover_bound``) is evaluated
+too. Primal repair: the choices of the last iterations are packed first-fit
+(by share and memory, one placement per unit per GPU) into GPU configurations,
+which with the single-placement columns at the top clock form a small integer
+program that routes rates and picks counts within every cap and budget.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from energyopt.catalog.problem import Problem
+from energyopt.formulations.serving import pattern as pat
+from energyopt.formulations.serving.classes import GpuClass
+from energyopt.formulations.serving.columns import Duals, shared_column, tp_column
+from energyopt.formulations.serving.unit_bound import best_unit_bound
+from energyopt.perf.oppoints import OpTable
+from energyopt.solvers.highs_direct import solve_master_mip
+from energyopt.solvers.presets import SolverPreset
+from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Result
+from energyopt.solvers.result import relative_gap as rel_gap_of
+
+Progress = Any
+STALL_ITERATIONS = 5
+REPAIR_ITERATIONS = 8
+"""How many of the last iterations' choices are packed into repair columns."""
+
+
+@dataclass
+class PricedOps:
+    """Every (op, class) pair a unit can choose, as arrays."""
+
+    op: NDArray[np.int64]
+    cls: NDArray[np.int64]
+    unit: NDArray[np.int64]
+    gpus_per_rps: NDArray[np.float64]  # phi_o / cap_o
+    on_cost_per_rps: NDArray[np.float64]  # phi_o on_cost / cap_o + op_cost
+    on_power_per_rps: NDArray[np.float64]  # phi_o on_power / cap_o + energy (W per rps)
+    mem_per_rps: NDArray[np.float64]  # GB per rps
+
+
+def priced_ops(table: OpTable, costs: Any, classes: list[GpuClass]) -> PricedOps:
+    """The pooled relaxation's choices."""
+    rows: list[tuple[int, int]] = []
+    for c in classes:
+        t = table.type_names.index(c.type_name)
+        for o in np.flatnonzero(table.gpu_type == t).tolist():
+            if int(table.tp[o]) <= c.size:
+                rows.append((o, c.index))
+    op = np.asarray([r[0] for r in rows], dtype=np.int64)
+    cls = np.asarray([r[1] for r in rows], dtype=np.int64)
+    type_of = [table.type_names[int(t)] for t in table.gpu_type[op]]
+    cap_units = np.asarray([table.share_capacity[n] for n in type_of], dtype=np.float64)
+    tp = table.tp[op].astype(np.float64)
+    phi = np.where(tp > 1, tp, table.share[op] / cap_units)
+    cap = table.capacity_rps[op]
+    clock = table.clock_mhz[op]
+    on_cost = np.asarray([costs.on_cost[(n, int(f))] for n, f in zip(type_of, clock, strict=True)])
+    on_power = np.asarray(
+        [table.on_power[(n, int(f))] for n, f in zip(type_of, clock, strict=True)]
+    )
+    return PricedOps(
+        op=op,
+        cls=cls,
+        unit=table.unit[op].astype(np.int64),
+        gpus_per_rps=phi / cap,
+        on_cost_per_rps=phi * on_cost / cap + costs.op_cost[op],
+        on_power_per_rps=phi * on_power / cap + table.energy_j[op],
+        mem_per_rps=table.memory_gb[op] / cap,
+    )
+
+
+@dataclass
+class Prices:
+    """Resource prices: per GPU of a class, per GB of a class, per W of a budget row."""
+
+    gpu: NDArray[np.float64]
+    mem: NDArray[np.float64]
+    budget: NDArray[np.float64]
+
+
+def _budget_rows(problem: Problem, classes: list[GpuClass]) -> tuple[list[float], list[list[int]]]:
+    """(budget W per row, rows of each class): node budgets, then the cluster's."""
+    cluster = problem.instance.cluster
+    budgets: list[float] = []
+    index: dict[str, int] = {}
+    for n in cluster.nodes:
+        if n.power_budget_w is not None:
+            index[n.name] = len(budgets)
+            budgets.append(float(n.power_budget_w))
+    top = None
+    if cluster.power_budget_w is not None:
+        top = len(budgets)
+        budgets.append(float(cluster.power_budget_w))
+    rows = []
+    for c in classes:
+        mine = [index[c.node]] if c.node is not None and c.node in index else []
+        if top is not None:
+            mine.append(top)
+        rows.append(mine)
+    return budgets, rows
+
+
+def solve_shadow_price(
+    problem: Problem,
+    table: OpTable,
+    preset: SolverPreset,
+    deadline: float,
+    gap: float,
+    note: Progress,
+) -> Result:
+    """Lagrangian bound by elastic shadow prices, and a repaired plan."""
+    t0 = time.perf_counter()
+    prog = pat.prepare(problem, table, note, pricing="knapsack")
+    classes = prog.classes
+    ops = priced_ops(table, prog.costs, classes)
+    budgets, class_rows = _budget_rows(problem, classes)
+    n_c = np.asarray([c.size for c in classes], dtype=np.float64)
+    mem_c = np.asarray(
+        [
+            problem.gpu_type(c.type_name).memory_gb
+            * (1.0 - problem.instance.options.memory_reserve_fraction)
+            for c in classes
+        ]
+    )
+    budget_w = np.asarray(budgets, dtype=np.float64)
+    member = np.zeros((len(classes), len(budgets)))
+    for c, rows in enumerate(class_rows):
+        member[c, rows] = 1.0
+    rates = np.asarray([u.rate_rps for u in table.units])
+    prices = Prices(np.zeros(len(classes)), np.zeros(len(classes)), np.zeros(len(budgets)))
+
+    def evaluate(p: Prices) -> tuple[float, NDArray[np.int64]]:
+        nu_c = member @ p.budget if len(budgets) else np.zeros(len(classes))
+        kappa = (
+            ops.on_cost_per_rps
+            + ops.gpus_per_rps * p.gpu[ops.cls]
+            + ops.mem_per_rps * p.mem[ops.cls]
+            + ops.on_power_per_rps * nu_c[ops.cls]
+        )
+        choice = np.full(len(table.units), -1, dtype=np.int64)
+        order = np.lexsort((kappa, ops.unit))
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = ops.unit[order][1:] != ops.unit[order][:-1]
+        choice[ops.unit[order][first]] = order[first]
+        value = float(np.dot(rates, kappa[choice]))
+        value -= float(np.dot(p.gpu, n_c) + np.dot(p.mem, n_c * mem_c) + np.dot(p.budget, budget_w))
+        return value, choice
+
+    def subgradient(choice: NDArray[np.int64]) -> tuple[NDArray[np.float64], ...]:
+        gpus = np.zeros(len(classes))
+        mem = np.zeros(len(classes))
+        power_c = np.zeros(len(classes))
+        np.add.at(gpus, ops.cls[choice], rates * ops.gpus_per_rps[choice])
+        np.add.at(mem, ops.cls[choice], rates * ops.mem_per_rps[choice])
+        np.add.at(power_c, ops.cls[choice], rates * ops.on_power_per_rps[choice])
+        return gpus - n_c, mem - n_c * mem_c, member.T @ power_c - budget_w
+
+    best_l, best_prices = -np.inf, prices
+    upper = float(
+        sum(table.on_power[(c.type_name, max(table.clocks[c.type_name]))] * c.size for c in classes)
+    ) + float(np.dot(rates, [ops.on_power_per_rps[ops.unit == u].max() for u in range(len(rates))]))
+    theta, stall = preset.step, 0
+    recent: list[NDArray[np.int64]] = []
+    for it in range(preset.iterations):
+        value, choice = evaluate(prices)
+        recent = [*recent, choice][-REPAIR_ITERATIONS:]
+        if value > best_l + 1e-9 * max(1.0, abs(value)):
+            best_l, best_prices, stall = value, prices, 0
+        else:
+            stall += 1
+            if stall >= STALL_ITERATIONS:
+                theta, stall = theta / 2.0, 0
+        g_gpu, g_mem, g_pow = subgradient(choice)
+        norm = float(np.dot(g_gpu, g_gpu) + np.dot(g_mem, g_mem) + np.dot(g_pow, g_pow))
+        if it % 10 == 0:
+            note(f"shadow prices, iteration {it + 1}: Lagrangian bound {best_l:,.3f}")
+        if norm <= 1e-18 or time.perf_counter() > t0 + 0.3 * (deadline - t0):
+            break
+        step = theta * max(upper - value, 1e-6 * abs(upper)) / norm
+        prices = Prices(
+            np.maximum(0.0, prices.gpu + step * g_gpu),
+            np.maximum(0.0, prices.mem + step * g_mem),
+            np.maximum(0.0, prices.budget + step * g_pow),
+        )
+    nu_c = member @ best_prices.budget if len(budgets) else np.zeros(len(classes))
+    duals = Duals(np.zeros(len(table.units)), -best_prices.gpu, -nu_c)
+    unit_b, _ = best_unit_bound(
+        table, prog.costs, classes, duals, budgets, list(-best_prices.budget), exact=False
+    )
+    bound = max(best_l, unit_b)
+    note(
+        f"shadow prices: Lagrangian bound {best_l:,.3f}, unit cover bound {unit_b:,.3f} "
+        f"({time.perf_counter() - t0:.1f} s)"
+    )
+    for choice in recent:
+        for col in _packed_columns(prog, ops, choice, rates):
+            prog.add(col)
+    im = pat.integer_model(prog, pyomo=False)
+    out, values = solve_master_mip(
+        im.master,
+        time_limit_s=max(0.5, deadline - time.perf_counter()),
+        rel_gap=gap,
+        stop_at=bound / (1.0 - gap) if gap < 1 else None,
+        progress=note,
+    )
+    wall = time.perf_counter() - t0
+    if out.status == INFEASIBLE:
+        return Result(INFEASIBLE, None, None, wall, None, preset.name, [])
+    if out.objective is None or values is None:
+        return Result(NO_SOLUTION, None, bound, wall, None, preset.name, [])
+    im.values = values
+    objective = out.objective
+    bound = min(bound, objective)
+    status = OPTIMAL if rel_gap_of(objective, bound) <= gap + 1e-12 else FEASIBLE
+    from energyopt.solvers.serving import finish_plan
+
+    plan = finish_plan(
+        problem, table, pat.decisions(prog, im), status, objective, bound, preset.name
+    )
+    note(f"repaired plan over {len(prog.columns)} columns: {objective:,.3f}")
+    return Result(status, objective, bound, wall, plan, preset.name, [])
+
+
+def _packed_columns(
+    prog: pat.PatternProgram, ops: PricedOps, choice: NDArray[np.int64], rates: NDArray[np.float64]
+) -> list[Any]:
+    """GPU configurations that hold the priced choices.
+
+    Each unit's choice becomes ceil(rate / capacity) slices, the last one the
+    smallest share of the same unit and clock that holds the remainder. Slices of
+    one class
+    are packed first-fit decreasing by share, one placement per unit per GPU,
+    within share capacity and memory; a GPU runs at the highest clock of its
+    slices, and every slice on it takes the op of the same unit and share at that
+    clock (at least the capacity it was chosen with).
+    """
+    table, costs, classes = prog.table, prog.costs, prog.classes
+    op_at: dict[tuple[int, int, int, int], int] = {}
+    single = np.flatnonzero(table.tp == 1)
+    for o in single.tolist():
+        key = (int(table.unit[o]), int(table.gpu_type[o]), int(table.clock_mhz[o]))
+        op_at[(*key, int(table.share[o]))] = o
+    slices: dict[int, list[int]] = defaultdict(list)
+    columns = []
+    for u, k in enumerate(choice.tolist()):
+        o, c = int(ops.op[k]), int(ops.cls[k])
+        cap = float(table.capacity_rps[o])
+        uses = max(1, int(np.ceil(rates[u] / cap - 1e-9)))
+        if int(table.tp[o]) > 1:
+            columns.append(tp_column(classes[c], table, costs, o))
+            continue
+        rest = rates[u] - (uses - 1) * cap
+        fits = [
+            m
+            for share in sorted({int(x) for x in table.share[single]})
+            if (m := op_at.get((u, int(table.gpu_type[o]), int(table.clock_mhz[o]), share)))
+            is not None
+            and float(table.capacity_rps[m]) >= rest - 1e-9
+        ]
+        slices[c].extend([o] * (uses - 1) + [fits[0] if fits else o])
+    for c, items in slices.items():
+        cls = classes[c]
+        cap_units = table.share_capacity[cls.type_name]
+        usable = prog.problem.gpu_type(cls.type_name).memory_gb * (
+            1.0 - prog.problem.instance.options.memory_reserve_fraction
+        )
+
+        def at_clock(o: int, clock: int) -> int | None:
+            key = (int(table.unit[o]), int(table.gpu_type[o]), clock, int(table.share[o]))
+            return op_at.get(key)
+
+        bins: list[tuple[int, list[int]]] = []  # (clock, ops at that clock)
+        order = sorted(items, key=lambda i: (-int(table.share[i]), -int(table.clock_mhz[i])))
+        for o in order:
+            placed = False
+            for b, (clock, members) in enumerate(bins):
+                if int(table.unit[o]) in {int(table.unit[m]) for m in members}:
+                    continue
+                new_clock = max(clock, int(table.clock_mhz[o]))
+                moved = [at_clock(m, new_clock) for m in [*members, o]]
+                if any(m is None for m in moved):
+                    continue
+                fitted = [int(m) for m in moved if m is not None]
+                share = sum(int(table.share[m]) for m in fitted)
+                mem = sum(float(table.memory_gb[m]) for m in fitted)
+                if share <= cap_units and mem <= usable + 1e-9:
+                    bins[b] = (new_clock, fitted)
+                    placed = True
+                    break
+            if not placed:
+                bins.append((int(table.clock_mhz[o]), [o]))
+        for clock, members in bins:
+            columns.append(shared_column(cls, table, costs, clock, tuple(sorted(members))))
+    return columns
