@@ -42,14 +42,12 @@ def run(args: argparse.Namespace) -> int:
     say = _progress(args.quiet)
     say(f"evaluating {args.spec}")
     res = evaluate(ev, args.spec, only=args.planner, say=say, catalogs=args.catalog)
-    print("\n".join(format_table(res)))
     folder = Path(args.output_dir or ev.output_dir)
-    written = write_csvs(res, folder)
-    if not args.no_plots:
-        plots = write_plots(res, folder)
-        if plots is None:
-            print(PLOT_HINT)
-        else:
-            written += plots
+    written = write_csvs(res, folder)  # files first: the table may go to a closed pipe
+    plots = None if args.no_plots else write_plots(res, folder)
+    print("\n".join(format_table(res)))
+    if plots is None and not args.no_plots:
+        print(PLOT_HINT)
+    written += plots or []
     print(f"written: {', '.join(str(p) for p in written)}")
     return EXIT_OK

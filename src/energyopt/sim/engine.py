@@ -28,9 +28,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from energyopt.catalog.problem import Problem
-from energyopt.perf.oppoints import share_options
+from energyopt.perf.oppoints import op_spec, share_options
+from energyopt.perf.params import build_params
 from energyopt.perf.power import gpu_on_power_w
+from energyopt.perf.queueing import metrics_at
 from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.metrics import WorkloadStats, fleet_attainment
 from energyopt.sim.passes import PassTable, PassTables, ShareOption
@@ -40,6 +44,8 @@ from energyopt.spec.evaluation import Transitions
 from energyopt.spec.hardware import GpuType
 from energyopt.spec.plan import GpuPlan, Placement, Plan
 
+KV_NEED_FLOOR_BYTES = 1e6
+"""Smallest KV need a unit is given when memory is split (bytes)."""
 ITER_END = 0
 GPU_WAKE = 1
 SERVER_WAKE = 2
@@ -346,28 +352,48 @@ class Simulator:
         return (pl.share_pct, None, frac, frac, gpu.memory_gb * self.usable_frac)
 
     def _kv_budgets(self, units: list[tuple[list[GpuPlan], Placement]]) -> list[float]:
-        """KV-cache tokens of each unit: the GPU memory left after the weights of
-        every unit on it, split by SM share (a MIG instance keeps its own memory)."""
+        """KV-cache tokens of each unit. A MIG instance keeps its own memory; under
+        MPS the memory a GPU has left after the weights of every unit on it is split
+        in proportion to the KV cache each unit needs at its planned rate (the
+        performance model's memory figure, as a deployment would size each serving
+        process's memory fraction from the plan)."""
+        if not units:
+            return []
+        specs = []
+        for gps, pl in units:
+            gtype = self.gpus[gps[0].gpu].gtype
+            wl = self.problem.instance.workload(pl.workload)
+            clock = gps[0].clock_mhz or gtype.max_sm_clock_mhz
+            share = self._share(gtype, pl)
+            specs.append(op_spec(self.problem, wl, pl.phase, gtype, clock, share, pl.tp_size))
+        params = build_params(specs)
+        rates = np.asarray([pl.rate_rps for _, pl in units], dtype=np.float64)
+        memory = metrics_at(params, rates).memory_bytes
         weights: dict[str, float] = {}
-        shares: dict[str, float] = {}
-        for gps, pl in units:
+        needs: dict[str, float] = {}
+        need_of: list[float] = []
+        for (gps, pl), mem in zip(units, memory, strict=True):
             model = self.problem.model_of(self.problem.instance.workload(pl.workload))
+            own = model.weight_bytes / pl.tp_size
+            need = float(mem) - own if np.isfinite(mem) else float("inf")
+            need = min(max(need, KV_NEED_FLOOR_BYTES), 1e15)
+            need_of.append(need)
             for gp in gps:
-                weights[gp.gpu] = weights.get(gp.gpu, 0.0) + model.weight_bytes / pl.tp_size
-                shares[gp.gpu] = shares.get(gp.gpu, 0.0) + pl.share_pct
+                weights[gp.gpu] = weights.get(gp.gpu, 0.0) + own
+                needs[gp.gpu] = needs.get(gp.gpu, 0.0) + need
         out: list[float] = []
-        for gps, pl in units:
+        for (gps, pl), need in zip(units, need_of, strict=True):
             model = self.problem.model_of(self.problem.instance.workload(pl.workload))
             per_token = model.kv_bytes_per_token / pl.tp_size
             free = math.inf
             for gp in gps:
                 gtype = self.gpus[gp.gpu].gtype
                 if pl.mig_profile is not None:
-                    mem = self._share(gtype, pl)[4] * 1e9 - model.weight_bytes
+                    mem_b = self._share(gtype, pl)[4] * 1e9 - model.weight_bytes
                 else:
                     usable = gtype.memory_gb * self.usable_frac * 1e9
-                    mem = (usable - weights[gp.gpu]) * pl.share_pct / max(shares[gp.gpu], 1.0)
-                free = min(free, mem)
+                    mem_b = (usable - weights[gp.gpu]) * need / needs[gp.gpu]
+                free = min(free, mem_b)
             out.append(max(free, 0.0) / per_token)
         return out
 
