@@ -62,7 +62,7 @@ def write_plots(res: EvaluationResult, folder: Path) -> list[Path] | None:
     ax.set_ylabel("SLO attainment (% of requests)")
     ax.set_ylim(0, 105)
     ax.set_title(f"{res.evaluation.name}: SLO attainment per planner")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, ncol=min(len(res.runs), 6), loc="lower center")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     slo = folder / "slo.png"
