@@ -62,7 +62,7 @@ class PricedOps:
     gpus_per_rps: NDArray[np.float64]  # phi_o / cap_o
     on_cost_per_rps: NDArray[np.float64]  # phi_o on_cost / cap_o + op_cost
     on_power_per_rps: NDArray[np.float64]  # phi_o on_power / cap_o + energy (W per rps)
-    mem_per_rps: NDArray[np.float64]  # GB per rps
+    mem_per_rps: NDArray[np.float64]  # GB per rps (all GPUs of a TP group)
 
 
 def priced_ops(table: OpTable, costs: Any, classes: list[GpuClass]) -> PricedOps:
@@ -92,7 +92,7 @@ def priced_ops(table: OpTable, costs: Any, classes: list[GpuClass]) -> PricedOps
         gpus_per_rps=phi / cap,
         on_cost_per_rps=phi * on_cost / cap + costs.op_cost[op],
         on_power_per_rps=phi * on_power / cap + table.energy_j[op],
-        mem_per_rps=table.memory_gb[op] / cap,
+        mem_per_rps=table.memory_gb[op] * tp / cap,
     )
 
 
@@ -127,17 +127,31 @@ def _budget_rows(problem: Problem, classes: list[GpuClass]) -> tuple[list[float]
     return budgets, rows
 
 
-def solve_shadow_price(
+@dataclass
+class PriceRun:
+    """Outcome of the subgradient loop."""
+
+    bound: float  # best Lagrangian value (a valid lower bound)
+    prices: Prices  # the prices that gave it
+    recent: list[NDArray[np.int64]]  # the last iterations' choices (index into PricedOps)
+    iterations: int
+    ops: PricedOps
+    budgets_w: list[float]
+    class_budget: NDArray[np.float64]  # [class, budget row] membership
+
+
+def find_prices(
     problem: Problem,
     table: OpTable,
-    preset: SolverPreset,
-    deadline: float,
-    gap: float,
-    note: Progress,
-) -> Result:
-    """Lagrangian bound by elastic shadow prices, and a repaired plan."""
+    prog: pat.PatternProgram,
+    *,
+    iterations: int,
+    step: float,
+    time_limit_s: float,
+    note: Progress | None = None,
+) -> PriceRun:
+    """Projected subgradient on the pooled relaxation (see the module docstring)."""
     t0 = time.perf_counter()
-    prog = pat.prepare(problem, table, note, pricing="knapsack")
     classes = prog.classes
     ops = priced_ops(table, prog.costs, classes)
     budgets, class_rows = _budget_rows(problem, classes)
@@ -182,13 +196,16 @@ def solve_shadow_price(
         np.add.at(power_c, ops.cls[choice], rates * ops.on_power_per_rps[choice])
         return gpus - n_c, mem - n_c * mem_c, member.T @ power_c - budget_w
 
-    best_l, best_prices = -np.inf, prices
+    # Polyak's target: a value no plan can beat from above (all GPUs on at the
+    # top clock, every unit at its most power-hungry op).
     upper = float(
         sum(table.on_power[(c.type_name, max(table.clocks[c.type_name]))] * c.size for c in classes)
     ) + float(np.dot(rates, [ops.on_power_per_rps[ops.unit == u].max() for u in range(len(rates))]))
-    theta, stall = preset.step, 0
+    best_l, best_prices = -np.inf, prices
+    theta, stall = step, 0
     recent: list[NDArray[np.int64]] = []
-    for it in range(preset.iterations):
+    it = 0
+    for it in range(iterations):
         value, choice = evaluate(prices)
         recent = [*recent, choice][-REPAIR_ITERATIONS:]
         if value > best_l + 1e-9 * max(1.0, abs(value)):
@@ -198,17 +215,49 @@ def solve_shadow_price(
             if stall >= STALL_ITERATIONS:
                 theta, stall = theta / 2.0, 0
         g_gpu, g_mem, g_pow = subgradient(choice)
+        # Only violated or priced constraints move: a slack constraint at price 0
+        # would be projected back to 0 anyway.
+        g_gpu = np.where((g_gpu > 0) | (prices.gpu > 0), g_gpu, 0.0)
+        g_mem = np.where((g_mem > 0) | (prices.mem > 0), g_mem, 0.0)
+        g_pow = np.where((g_pow > 0) | (prices.budget > 0), g_pow, 0.0)
         norm = float(np.dot(g_gpu, g_gpu) + np.dot(g_mem, g_mem) + np.dot(g_pow, g_pow))
-        if it % 10 == 0:
+        if note is not None and it % 10 == 0:
             note(f"shadow prices, iteration {it + 1}: Lagrangian bound {best_l:,.3f}")
-        if norm <= 1e-18 or time.perf_counter() > t0 + 0.3 * (deadline - t0):
+        if norm <= 1e-18 or time.perf_counter() > t0 + time_limit_s:
             break
-        step = theta * max(upper - value, 1e-6 * abs(upper)) / norm
+        size = theta * max(upper - value, 1e-6 * abs(upper)) / norm
         prices = Prices(
-            np.maximum(0.0, prices.gpu + step * g_gpu),
-            np.maximum(0.0, prices.mem + step * g_mem),
-            np.maximum(0.0, prices.budget + step * g_pow),
+            np.maximum(0.0, prices.gpu + size * g_gpu),
+            np.maximum(0.0, prices.mem + size * g_mem),
+            np.maximum(0.0, prices.budget + size * g_pow),
         )
+    return PriceRun(best_l, best_prices, recent, it + 1, ops, budgets, member)
+
+
+def solve_shadow_price(
+    problem: Problem,
+    table: OpTable,
+    preset: SolverPreset,
+    deadline: float,
+    gap: float,
+    note: Progress,
+) -> Result:
+    """Lagrangian bound by elastic shadow prices, and a repaired plan."""
+    t0 = time.perf_counter()
+    prog = pat.prepare(problem, table, note, pricing="knapsack")
+    classes = prog.classes
+    run = find_prices(
+        problem,
+        table,
+        prog,
+        iterations=preset.iterations,
+        step=preset.step,
+        time_limit_s=0.3 * (deadline - t0),
+        note=note,
+    )
+    best_l, best_prices, ops, budgets = run.bound, run.prices, run.ops, run.budgets_w
+    member = run.class_budget
+    rates = np.asarray([u.rate_rps for u in table.units])
     nu_c = member @ best_prices.budget if len(budgets) else np.zeros(len(classes))
     duals = Duals(np.zeros(len(table.units)), -best_prices.gpu, -nu_c)
     unit_b, _ = best_unit_bound(
@@ -219,7 +268,7 @@ def solve_shadow_price(
         f"shadow prices: Lagrangian bound {best_l:,.3f}, unit cover bound {unit_b:,.3f} "
         f"({time.perf_counter() - t0:.1f} s)"
     )
-    for choice in recent:
+    for choice in run.recent:
         for col in _packed_columns(prog, ops, choice, rates):
             prog.add(col)
     im = pat.integer_model(prog, pyomo=False)
