@@ -69,6 +69,10 @@ def test_evaluate_prints_the_table_and_writes_csv(
         assert float(r["energy_j"]) > 0
         assert int(r["rejected_plans"]) == 0
     assert float(rows["performance-first"]["saving"]) == 0.0
+    with (tmp_path / "out" / "gpus_on.csv").open() as fh:
+        steps = list(csv.DictReader(fh))
+    assert {r["planner"] for r in steps} == set(rows)
+    assert all(0 <= int(r["gpus_on"]) <= 2 for r in steps)
     # clock tuning on the same dedicated GPUs cannot cost more modelled power
     assert float(rows["frequency-only"]["predicted_j"]) <= float(
         rows["performance-first"]["predicted_j"]

@@ -21,7 +21,7 @@ def _pyplot() -> Any | None:
 
 
 def write_plots(res: EvaluationResult, folder: Path) -> list[Path] | None:
-    """power.png (fleet power over time per planner) and slo.png (attainment per
+    """power.png (fleet power and GPUs on over time per planner) and slo.png (attainment per
     planner and workload); None when matplotlib is missing."""
     plt = _pyplot()
     if plt is None:
@@ -29,21 +29,25 @@ def write_plots(res: EvaluationResult, folder: Path) -> list[Path] | None:
     folder.mkdir(parents=True, exist_ok=True)
     bin_s = res.evaluation.power_bin_s
     window = res.evaluation.duration_s
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, (ax, ax_on) = plt.subplots(
+        2, 1, figsize=(10, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
     for run in res.runs:
         series = run.result.power_w
         n = min(len(series), int(window / bin_s + 0.999))
-        ax.plot(
-            [(k + 0.5) * bin_s / 60 for k in range(n)],
-            [p / 1e3 for p in series[:n]],
-            label=run.name,
-            linewidth=1.2,
-        )
-    ax.set_xlabel("time (min)")
+        minutes = [(k + 0.5) * bin_s / 60 for k in range(n)]
+        ax.plot(minutes, [p / 1e3 for p in series[:n]], label=run.name, linewidth=1.2)
+        steps = [(t, c) for t, c in run.result.gpus_on if t <= window]
+        times = [t / 60 for t, _ in steps] + [window / 60]
+        counts = [c for _, c in steps] + [steps[-1][1] if steps else 0]
+        ax_on.step(times, counts, where="post", linewidth=1.2)
     ax.set_ylabel(f"fleet power (kW, {bin_s:g} s mean)")
-    ax.set_title(f"{res.evaluation.name}: power over time")
+    ax.set_title(f"{res.evaluation.name}: power and GPUs on over time")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    ax_on.set_xlabel("time (min)")
+    ax_on.set_ylabel("GPUs on")
+    ax_on.grid(alpha=0.3)
     fig.tight_layout()
     power = folder / "power.png"
     fig.savefig(power, dpi=120)

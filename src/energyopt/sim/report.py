@@ -119,7 +119,8 @@ def format_table(res: EvaluationResult) -> list[str]:
 
 
 def write_csvs(res: EvaluationResult, folder: Path) -> list[Path]:
-    """summary.csv, workloads.csv and power.csv in ``folder``; their paths."""
+    """summary.csv, workloads.csv, power.csv and gpus_on.csv (step changes) in
+    ``folder``; their paths."""
     folder.mkdir(parents=True, exist_ok=True)
     rows = summary_rows(res)
     out = []
@@ -177,5 +178,13 @@ def write_csvs(res: EvaluationResult, folder: Path) -> list[Path]:
                 for run in res.runs
             ]
             w.writerow([f"{k * bin_s:g}", *values])
+    out.append(path)
+    path = folder / "gpus_on.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["planner", "time_s", "gpus_on"])
+        for run in res.runs:
+            for t, count in run.result.gpus_on:
+                w.writerow([run.name, f"{t:g}", count])
     out.append(path)
     return out
