@@ -14,6 +14,7 @@ import pyomo.environ as pyo
 from energyopt.catalog.problem import Problem
 from energyopt.formulations.serving import pattern as pat
 from energyopt.formulations.serving.assemble import assemble_plan
+from energyopt.formulations.serving.master import LpSession, lp_dive
 from energyopt.formulations.serving.per_gpu import build_per_gpu
 from energyopt.formulations.serving.unit_bound import best_unit_bound
 from energyopt.perf.oppoints import OpTable, build_op_table
@@ -37,6 +38,8 @@ FIRST_STAGE_SHARE = 0.3
 FIRST_STAGE_MAX_S = 10.0
 MAX_FILTERED_COLUMNS = 20_000
 SLACK_STEPS = (0.2, 1.0)
+DIVE_SHARE = 0.3
+"""Part of the time left after column generation that an LP dive may take."""
 EXACT_UNIT_BOUND_MAX_UNITS = 32
 """Up to this many units the exact solver proves each unit's cover bound with HiGHS;
 above it (and always for decompositions) the grid DP bound is used."""
@@ -139,7 +142,7 @@ def solve(
     deadline = start + limit
     try:
         if formulation in ("pattern", "colgen"):
-            result = _solve_pattern(
+            result = solve_configurations(
                 problem, table, preset, deadline, gap, note, exact=formulation == "pattern"
             )
         elif formulation == "shadow_price":
@@ -235,6 +238,24 @@ def _solve_per_gpu(
     return Result(status, out.objective, bound, out.wall_s, plan, preset.name, out.log)
 
 
+def _dive(
+    prog: pat.PatternProgram, deadline: float
+) -> tuple[float, np.ndarray] | None:
+    """(objective, integer-master values) of an LP dive over the generated columns."""
+    session = LpSession(prog.problem, prog.table, prog.costs, prog.classes, prog.columns)
+    try:
+        if not lp_dive(session, deadline):
+            return None
+    except RuntimeError:
+        return None
+    lp = session.solve()
+    values = lp.x[len(session.mp.artificial) :]
+    values[np.asarray(session.mp.z_var) - len(session.mp.artificial)] = np.round(
+        lp.x[session.mp.z_var]
+    )
+    return lp.objective, values
+
+
 def lp_relaxation_bound(model: Any) -> float:
     """Optimal value of the LP relaxation of a Pyomo MILP (HiGHS); a valid lower bound."""
     relaxed = model.clone()
@@ -245,7 +266,7 @@ def lp_relaxation_bound(model: Any) -> float:
     return float(out.objective)
 
 
-def _solve_pattern(
+def solve_configurations(
     problem: Problem,
     table: OpTable,
     preset: SolverPreset,
@@ -312,6 +333,13 @@ def _solve_pattern(
                 start = im.values
         return out
 
+    if preset.backend == "highs" and not pat.is_small(prog):
+        dived = _dive(prog, time.perf_counter() + DIVE_SHARE * (deadline - time.perf_counter()))
+        if dived is not None:
+            im = pat.integer_model(prog, pyomo=False)
+            im.values = dived[1]
+            best, start = (dived[0], pat.decisions(prog, im)), dived[1]
+            note(f"LP dive: plan {dived[0]:,.3f} (gap {relative_gap(dived[0], lower):.3%})")
     left = deadline - time.perf_counter()
     out = integer_solve(min(FIRST_STAGE_SHARE * left, FIRST_STAGE_MAX_S) if exact else left)
     if best is not None:
@@ -322,7 +350,7 @@ def _solve_pattern(
     # Any plan better than `best` uses only columns whose reduced cost is at most
     # best - LP bound. Widen the column set towards that slack; once all of them
     # are in and the integer solve is optimal, its bound holds for the whole problem.
-    for frac in SLACK_STEPS if exact else ():
+    for frac in SLACK_STEPS if exact or best is None else ():
         if best is not None and relative_gap(best[0], lower) <= gap:
             break
         if time.perf_counter() > deadline - 0.5:

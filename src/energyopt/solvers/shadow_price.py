@@ -279,11 +279,24 @@ def solve_shadow_price(
         stop_at=bound / (1.0 - gap) if gap < 1 else None,
         progress=note,
     )
-    wall = time.perf_counter() - t0
-    if out.status == INFEASIBLE:
-        return Result(INFEASIBLE, None, None, wall, None, preset.name, [])
     if out.objective is None or values is None:
-        return Result(NO_SOLUTION, None, bound, wall, None, preset.name, [])
+        # The packed columns cannot serve the demand together (this proves nothing
+        # about the problem): complete by column generation, keeping the bound.
+        note("repair: no plan over the packed columns; completing by column generation")
+        from energyopt.solvers.serving import solve_configurations
+
+        res = solve_configurations(problem, table, preset, deadline, gap, note, exact=False)
+        if res.status == INFEASIBLE:
+            return res
+        if res.plan is None or res.objective is None:
+            return Result(NO_SOLUTION, None, bound, time.perf_counter() - t0, None, preset.name)
+        bound = min(max(bound, res.bound or bound), res.objective)
+        status = OPTIMAL if rel_gap_of(res.objective, bound) <= gap + 1e-12 else FEASIBLE
+        plan = res.plan.model_copy(
+            update={"bound": bound, "gap": rel_gap_of(res.objective, bound), "status": status}
+        )
+        return Result(status, res.objective, bound, time.perf_counter() - t0, plan, preset.name)
+    wall = time.perf_counter() - t0
     im.values = values
     objective = out.objective
     bound = min(bound, objective)

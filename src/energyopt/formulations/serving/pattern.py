@@ -56,6 +56,7 @@ ENUMERATION_MAX_UNITS = 24
 units with single-GPU ops there; above it, configurations are priced by knapsack."""
 
 Pricing = Literal["auto", "enumerate", "knapsack"]
+SMALL_CLASS_GPUS = 16
 EXACT = 2
 """Pricing effort whose knapsack is exact (see ``_knapsack_price``)."""
 
@@ -107,6 +108,11 @@ class PatternProgram:
             self.columns,
             artificials=artificials,
         )
+
+
+def is_small(prog: PatternProgram) -> bool:
+    """Few enough GPUs per class that the integer solve needs no rounding help."""
+    return max((c.size for c in prog.classes), default=0) <= SMALL_CLASS_GPUS
 
 
 def check_applicable(problem: Problem, table: OpTable) -> None:
