@@ -277,7 +277,7 @@ def test_unknown_problem_family_is_named(
     path = tmp_path / "odd.yaml"
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     for command in ("validate", "solve"):
-        code, out, err = run(capsys, command, str(path))
+        code, _out, err = run(capsys, command, str(path))
         assert code == EXIT_BAD_INPUT
         assert err.startswith(f"{path}: kind: unknown problem family 'quantum'; known: serving")
 
@@ -292,3 +292,15 @@ def test_explicit_serving_kind_is_accepted(
     code, out, _ = run(capsys, "validate", str(path))
     assert code == EXIT_OK
     assert out == f"{path}: ok (8 GPUs, 3 workloads)\n"
+
+
+def test_evaluation_spec_validates_and_solve_points_to_evaluate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    spec = ROOT / "instances" / "evaluate" / "quickstart-bursty.yaml"
+    code, out, _ = run(capsys, "validate", str(spec))
+    assert code == EXIT_OK
+    assert out.startswith(f"{spec}: ok (evaluation spec: base quickstart.yaml (4 GPUs)")
+    code, _out, err = run(capsys, "solve", str(spec))
+    assert code == EXIT_BAD_INPUT
+    assert f"energyopt evaluate {spec}" in err

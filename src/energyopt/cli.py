@@ -75,6 +75,7 @@ FAMILY_MODULES: dict[str, str] = {
     "taskgraph": "energyopt.cli_taskgraph",
     "plans": "energyopt.cli_compile_spec",
     "oppoints": "energyopt.cli_compile_spec",
+    "evaluate": "energyopt.cli_evaluate",
 }
 
 

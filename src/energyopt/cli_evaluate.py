@@ -51,3 +51,27 @@ def run(args: argparse.Namespace) -> int:
     written += plots or []
     print(f"written: {', '.join(str(p) for p in written)}")
     return EXIT_OK
+
+
+def validate_file(path: str, catalogs: list[str]) -> str:
+    """One-line summary of a valid evaluation spec; its base instance is checked too."""
+    from energyopt.catalog.problem import load_problem
+    from energyopt.spec.evaluation import load_evaluation, resolve_relative
+
+    ev = load_evaluation(path)
+    base = resolve_relative(path, ev.base)
+    problem = load_problem(base, catalogs)
+    return (
+        f"evaluation spec: base {base.name} ({len(problem.gpus)} GPUs), {ev.load.kind} load, "
+        f"{ev.duration_s:g} s, {len(ev.planners)} planners"
+    )
+
+
+def solve_file(args: argparse.Namespace) -> int:
+    """An evaluation spec is run, not solved: SpecError that says what to run."""
+    from energyopt.spec.errors import SpecError
+
+    validate_file(args.file, list(args.catalog))
+    raise SpecError(
+        [f"{args.file}: kind: an evaluation spec; run it with `energyopt evaluate {args.file}`"]
+    )
