@@ -238,9 +238,7 @@ def _solve_per_gpu(
     return Result(status, out.objective, bound, out.wall_s, plan, preset.name, out.log)
 
 
-def _dive(
-    prog: pat.PatternProgram, deadline: float
-) -> tuple[float, np.ndarray] | None:
+def _dive(prog: pat.PatternProgram, deadline: float) -> tuple[float, np.ndarray] | None:
     """(objective, integer-master values) of an LP dive over the generated columns."""
     session = LpSession(prog.problem, prog.table, prog.costs, prog.classes, prog.columns)
     try:
@@ -315,7 +313,10 @@ def solve_configurations(
             out, values = solve_master_mip(
                 im.master,
                 time_limit_s=max(0.5, limit_s),
-                rel_gap=gap,
+                # As a decomposition, the integer solve's own gap is relative to
+                # the generated columns only: run on until the certified gap
+                # (stop_at) or the time limit.
+                rel_gap=gap if exact else min(gap, 1e-4),
                 threads=preset.threads,
                 start=start,
                 progress=note,

@@ -150,9 +150,7 @@ def best_configuration(
     return best, chosen
 
 
-def greedy_configuration(
-    ks: KnapsackItems, values: NDArray[np.float64]
-) -> tuple[float, list[int]]:
+def greedy_configuration(ks: KnapsackItems, values: NDArray[np.float64]) -> tuple[float, list[int]]:
     """(value, items) of a greedy configuration: items by value per share step, each
     taken while it fits (share, true memory, one per unit). Fast, proves nothing."""
     useful = np.flatnonzero(values > 0)
