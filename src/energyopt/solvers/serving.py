@@ -40,7 +40,7 @@ MAX_FILTERED_COLUMNS = 20_000
 SLACK_STEPS = (0.2, 1.0)
 DIVE_SHARE = 0.3
 """Part of the time left after column generation that an LP dive may take."""
-EXACT_UNIT_BOUND_MAX_UNITS = 32
+EXACT_UNIT_BOUND_MAX_UNITS = 8
 """Up to this many units the exact solver proves each unit's cover bound with HiGHS;
 above it (and always for decompositions) the grid DP bound is used."""
 

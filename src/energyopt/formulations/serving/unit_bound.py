@@ -23,7 +23,7 @@ from energyopt.formulations.serving.master import quiet_highs
 from energyopt.perf.oppoints import OpTable
 
 SEARCH_STEPS = 5
-GRID_STEPS = 200
+GRID_STEPS = 1000
 BIG_STEPS = 10
 """Rate grid of ``grid_cover_bound`` (its capacities round up to rate / GRID_STEPS)."""
 
@@ -200,10 +200,16 @@ def grid_cover_bound(
     top = int(np.ceil(steps * (1.0 + 1.0 / BIG_STEPS))) + 2
     d = np.full(top + 1, np.inf)
     d[0] = 0.0
-    for k in range(1, top + 1):
-        fits = w <= k
-        if fits.any():
-            d[k] = float(np.min(d[k - w[fits]] + full_cost[fits]))
+    for wi, ci in zip(w.tolist(), full_cost.tolist(), strict=True):
+        # Copies of one placement: along each residue class mod wi,
+        # d[r + m wi] = min_j d[r + j wi] + (m - j) ci, a running minimum.
+        rows = -(-(top + 1) // wi)
+        padded = np.full(rows * wi, np.inf)
+        padded[: top + 1] = d
+        shift = np.arange(rows, dtype=np.float64)[:, None] * ci
+        table = padded.reshape(rows, wi) - shift
+        np.minimum.accumulate(table, axis=0, out=table)
+        d = np.minimum(d, (table + shift).reshape(-1)[: top + 1])
     grid = np.arange(top + 1) * delta
     best = float(np.min(d[grid >= rate - delta - 1e-12]))
     inside = grid[None, :] >= (rate - cap - delta)[:, None] - 1e-12
