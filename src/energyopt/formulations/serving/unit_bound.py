@@ -6,9 +6,11 @@ most 1, so this never exceeds the true on-power), drop memory, per-GPU
 caps and migration costs, and move GPU counts and power budgets into the
 objective with the master LP's prices (Lagrangian multipliers >= 0). What is left
 splits by unit: cover the unit's rate with whole placements, each with a fixed
-cost per use and a cost per request/s. Each small MILP is solved by HiGHS; the
-sum of their proven bounds, less the multipliers' constant, is a valid lower
-bound. It sees what the LP cannot: a unit's rate comes in whole placements.
+cost per use and a cost per request/s. Each small covering problem is bounded
+either by HiGHS (its proven bound) or by a grid dynamic program
+(``grid_cover_bound``); the sum of the per-unit bounds, less the multipliers'
+constant, is a valid lower bound. It sees what the LP cannot: a unit's rate
+comes in whole placements.
 """
 
 from __future__ import annotations
