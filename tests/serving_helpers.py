@@ -124,3 +124,44 @@ def brute_force_power(problem: Problem) -> float | None:
         if best is None or total < best:
             best = total
     return best
+
+
+H100 = "H100-SXM5-80GB"
+A100 = "A100-SXM4-80GB"
+CLOCKS = {H100: [1200, 1980], A100: [900, 1410]}
+
+
+CANONICAL = {
+    "one-gpu-one-workload": dict(gpus=[H100], workloads=[("Llama-3.1-8B", 3.0, 800.0, 80.0)]),
+    "two-workloads-share-or-split": dict(
+        gpus=[H100, H100],
+        workloads=[("Llama-3.1-8B", 2.0, 800.0, 80.0), ("Mistral-7B", 2.0, 800.0, 80.0)],
+    ),
+    "heterogeneous-pair": dict(
+        gpus=[H100, A100, A100], workloads=[("Llama-3.1-8B", 6.0, 800.0, 80.0)]
+    ),
+    "power-capped": dict(
+        gpus=[H100, H100], workloads=[("Llama-3.1-8B", 9.0, 800.0, 80.0)], cap_w=260.0
+    ),
+    "node-budget": dict(
+        gpus=[H100, H100, H100],
+        workloads=[("Llama-3.1-8B", 8.0, 800.0, 80.0), ("Mistral-7B", 3.0, 600.0, 60.0)],
+        node_budget_w=700.0,
+    ),
+    "too-much-load": dict(gpus=[A100], workloads=[("Qwen2.5-14B", 40.0, 800.0, 80.0)]),
+}
+
+
+def canonical_problems() -> dict[str, tuple[Problem, float | None]]:
+    """Every canonical case with its brute-force optimum (None when infeasible)."""
+    out = {}
+    for key, kw in CANONICAL.items():
+        problem = tiny_instance(
+            kw["gpus"],
+            kw["workloads"],
+            clocks=CLOCKS,
+            cap_w=kw.get("cap_w"),
+            node_budget_w=kw.get("node_budget_w"),
+        )
+        out[key] = (problem, brute_force_power(problem))
+    return out

@@ -22,8 +22,15 @@ from energyopt.solvers.shadow_price import find_prices
 from energyopt.spec import Instance
 from energyopt.verify import evaluate_plan, verify_plan
 
-from .serving_helpers import brute_force_power, tiny_instance
-from .test_serving_solvers import A100, CANONICAL, CLOCKS, H100
+from .serving_helpers import (
+    A100,
+    CANONICAL,
+    CLOCKS,
+    H100,
+    brute_force_power,
+    canonical_problems,
+    tiny_instance,
+)
 
 DECOMPOSITIONS = ["colgen", "shadow-price", "pop"]
 
@@ -48,17 +55,7 @@ def check_sandwich(problem: Problem, name: str, expected: float | None) -> None:
 
 @pytest.fixture(scope="module")
 def canonical() -> dict[str, tuple[Problem, float | None]]:
-    out = {}
-    for key, kw in CANONICAL.items():
-        problem = tiny_instance(
-            kw["gpus"],
-            kw["workloads"],
-            clocks=CLOCKS,
-            cap_w=kw.get("cap_w"),
-            node_budget_w=kw.get("node_budget_w"),
-        )
-        out[key] = (problem, brute_force_power(problem))
-    return out
+    return canonical_problems()
 
 
 @pytest.mark.parametrize("name", DECOMPOSITIONS)

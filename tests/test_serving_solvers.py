@@ -6,19 +6,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from energyopt.catalog import load_problem
+from energyopt.catalog import Problem, load_problem
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, OPTIMAL
 from energyopt.solvers.serving import solve
 from energyopt.verify import evaluate_plan, verify_plan
 
 from .conftest import INSTANCES
-from .serving_helpers import brute_force_power, tiny_instance
+from .serving_helpers import (
+    A100,
+    CANONICAL,
+    CLOCKS,
+    H100,
+    brute_force_power,
+    canonical_problems,
+    tiny_instance,
+)
 
 SOLVERS = ["highs-exact", "highs-pattern", "highs-per-gpu", "highs-plain", "cpsat"]
-H100 = "H100-SXM5-80GB"
-A100 = "A100-SXM4-80GB"
-CLOCKS = {H100: [1200, 1980], A100: [900, 1410]}
 
 
 def check(problem, name: str, expected: float | None) -> None:
@@ -38,40 +43,9 @@ def check(problem, name: str, expected: float | None) -> None:
         assert result.status == OPTIMAL
 
 
-CANONICAL = {
-    "one-gpu-one-workload": dict(gpus=[H100], workloads=[("Llama-3.1-8B", 3.0, 800.0, 80.0)]),
-    "two-workloads-share-or-split": dict(
-        gpus=[H100, H100],
-        workloads=[("Llama-3.1-8B", 2.0, 800.0, 80.0), ("Mistral-7B", 2.0, 800.0, 80.0)],
-    ),
-    "heterogeneous-pair": dict(
-        gpus=[H100, A100, A100], workloads=[("Llama-3.1-8B", 6.0, 800.0, 80.0)]
-    ),
-    "power-capped": dict(
-        gpus=[H100, H100], workloads=[("Llama-3.1-8B", 9.0, 800.0, 80.0)], cap_w=260.0
-    ),
-    "node-budget": dict(
-        gpus=[H100, H100, H100],
-        workloads=[("Llama-3.1-8B", 8.0, 800.0, 80.0), ("Mistral-7B", 3.0, 600.0, 60.0)],
-        node_budget_w=700.0,
-    ),
-    "too-much-load": dict(gpus=[A100], workloads=[("Qwen2.5-14B", 40.0, 800.0, 80.0)]),
-}
-
-
 @pytest.fixture(scope="module")
-def canonical():
-    out = {}
-    for key, kw in CANONICAL.items():
-        problem = tiny_instance(
-            kw["gpus"],
-            kw["workloads"],
-            clocks=CLOCKS,
-            cap_w=kw.get("cap_w"),
-            node_budget_w=kw.get("node_budget_w"),
-        )
-        out[key] = (problem, brute_force_power(problem))
-    return out
+def canonical() -> dict[str, tuple[Problem, float | None]]:
+    return canonical_problems()
 
 
 @pytest.mark.parametrize("name", SOLVERS)

@@ -28,7 +28,7 @@ from energyopt.formulations.serving.costs import objective_costs
 from energyopt.formulations.serving.unit_bound import best_unit_bound
 from energyopt.perf.oppoints import OpTable
 from energyopt.solvers.presets import SolverPreset, load_preset
-from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Result
+from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, Result, status_at
 from energyopt.solvers.result import relative_gap as rel_gap_of
 from energyopt.spec.cluster import Node
 from energyopt.spec.plan import Plan
@@ -140,7 +140,7 @@ def solve_pop(
         note(f"pop: a part has no plan; trying {parts} parts")
     objective = _merged_objective(problem, results)
     bound = min(bound, objective)
-    status = OPTIMAL if rel_gap_of(objective, bound) <= gap + 1e-12 else FEASIBLE
+    status = status_at(objective, bound, gap)
     merged = {g.gpu: g for r in results if r.plan is not None for g in r.plan.gpus}
     plan = Plan(
         instance=problem.instance.name,

@@ -36,3 +36,8 @@ class Result:
 def relative_gap(objective: float, bound: float) -> float:
     """(objective - bound) / |objective|, never negative."""
     return max(0.0, objective - bound) / max(abs(objective), 1e-9)
+
+
+def status_at(objective: float, bound: float, rel_gap: float) -> str:
+    """OPTIMAL when the plan is within ``rel_gap`` of the bound, else FEASIBLE."""
+    return OPTIMAL if relative_gap(objective, bound) <= rel_gap + 1e-12 else FEASIBLE

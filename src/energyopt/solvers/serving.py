@@ -30,6 +30,7 @@ from energyopt.solvers.result import (
     OPTIMAL,
     Result,
     relative_gap,
+    status_at,
 )
 from energyopt.verify.serving import verify_plan
 
@@ -177,8 +178,8 @@ def solve(
 def _status(outcome_status: str, objective: float | None, bound: float | None, gap: float) -> str:
     if objective is None:
         return NO_SOLUTION if outcome_status != INFEASIBLE else INFEASIBLE
-    if bound is not None and relative_gap(objective, bound) <= gap + 1e-12:
-        return OPTIMAL
+    if bound is not None:
+        return status_at(objective, bound, gap)
     return FEASIBLE
 
 

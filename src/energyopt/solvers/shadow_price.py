@@ -43,7 +43,7 @@ from energyopt.formulations.serving.unit_bound import best_unit_bound
 from energyopt.perf.oppoints import OpTable
 from energyopt.solvers.highs_direct import solve_master_mip
 from energyopt.solvers.presets import SolverPreset
-from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Result
+from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, Result, status_at
 from energyopt.solvers.result import relative_gap as rel_gap_of
 
 Progress = Any
@@ -291,7 +291,7 @@ def solve_shadow_price(
         if res.plan is None or res.objective is None:
             return Result(NO_SOLUTION, None, bound, time.perf_counter() - t0, None, preset.name)
         bound = min(max(bound, res.bound or bound), res.objective)
-        status = OPTIMAL if rel_gap_of(res.objective, bound) <= gap + 1e-12 else FEASIBLE
+        status = status_at(res.objective, bound, gap)
         plan = res.plan.model_copy(
             update={"bound": bound, "gap": rel_gap_of(res.objective, bound), "status": status}
         )
@@ -300,7 +300,7 @@ def solve_shadow_price(
     im.values = values
     objective = out.objective
     bound = min(bound, objective)
-    status = OPTIMAL if rel_gap_of(objective, bound) <= gap + 1e-12 else FEASIBLE
+    status = status_at(objective, bound, gap)
     from energyopt.solvers.serving import finish_plan
 
     plan = finish_plan(
