@@ -244,6 +244,7 @@ def solve_cells(
         for cell in todo:
             finish(cell, solve_cell(str(base), cell.change, *args))
     else:
+        _single_threaded_highs_here()
         _solve_in_parallel(todo, str(base), args, workers, finish)
     return cells, [records[c.number] for c in cells]
 
@@ -310,6 +311,16 @@ def _solve_in_parallel(
     pool.shutdown(wait=True)
     if failures:
         raise failures[0]
+
+
+def _single_threaded_highs_here() -> None:
+    """Run this process's HiGHS single-threaded too when it solves cells beside the
+    workers (one core per worker), unless HiGHS already ran here: its thread pool
+    is fixed at the first run, and changing it afterwards breaks every solve."""
+    from energyopt.formulations.serving import master
+
+    if not master.highs_started():
+        _single_threaded_highs()
 
 
 def _single_threaded_highs() -> None:

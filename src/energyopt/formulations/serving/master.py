@@ -153,6 +153,11 @@ _new_highs: Callable[[], highspy.Highs] = highspy.Highs
 """``highspy.Highs`` with a typed signature (its ``__init__`` is unannotated)."""
 
 
+def highs_started() -> bool:
+    """Whether this process has created a HiGHS instance (through ``quiet_highs``)."""
+    return _BANNER_SHOWN
+
+
 def quiet_highs() -> highspy.Highs:
     """A silent HiGHS instance (the first one per process prints a banner to fd 1)."""
     global _BANNER_SHOWN
