@@ -6,6 +6,7 @@ import itertools
 from typing import Any
 
 import numpy as np
+from hypothesis import strategies as st
 from scipy.optimize import linprog
 
 from energyopt.catalog import Problem, resolve
@@ -165,3 +166,12 @@ def canonical_problems() -> dict[str, tuple[Problem, float | None]]:
         )
         out[key] = (problem, brute_force_power(problem))
     return out
+
+
+TINY_WORKLOAD = st.tuples(
+    st.sampled_from(["Llama-3.1-8B", "Mistral-7B"]),
+    st.floats(0.2, 8.0),
+    st.sampled_from([600.0, 1200.0]),
+    st.sampled_from([50.0, 100.0]),
+)
+"""Hypothesis strategy of one tiny-instance workload: (model, rate, TTFT ms, TBT ms)."""

@@ -27,6 +27,7 @@ from .serving_helpers import (
     CANONICAL,
     CLOCKS,
     H100,
+    TINY_WORKLOAD,
     brute_force_power,
     canonical_problems,
     tiny_instance,
@@ -65,16 +66,10 @@ def test_bound_and_plan_sandwich_the_optimum(canonical: Any, case: str, name: st
     check_sandwich(problem, name, expected)
 
 
-models = st.sampled_from(["Llama-3.1-8B", "Mistral-7B"])
-workload = st.tuples(
-    models, st.floats(0.2, 8.0), st.sampled_from([600.0, 1200.0]), st.sampled_from([50.0, 100.0])
-)
-
-
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     gpus=st.lists(st.sampled_from([H100, A100]), min_size=1, max_size=3),
-    workloads=st.lists(workload, min_size=1, max_size=2),
+    workloads=st.lists(TINY_WORKLOAD, min_size=1, max_size=2),
 )
 def test_random_tiny_instances_sandwich_the_optimum(
     gpus: list[str], workloads: list[tuple[str, float, float, float]]

@@ -18,6 +18,7 @@ from .serving_helpers import (
     CANONICAL,
     CLOCKS,
     H100,
+    TINY_WORKLOAD,
     brute_force_power,
     canonical_problems,
     tiny_instance,
@@ -67,16 +68,10 @@ def test_brute_force_sees_the_budget(canonical) -> None:
     assert unconstrained is not None and unconstrained <= with_budget
 
 
-models = st.sampled_from(["Llama-3.1-8B", "Mistral-7B"])
-workload = st.tuples(
-    models, st.floats(0.2, 8.0), st.sampled_from([600.0, 1200.0]), st.sampled_from([50.0, 100.0])
-)
-
-
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     gpus=st.lists(st.sampled_from([H100, A100]), min_size=1, max_size=3),
-    workloads=st.lists(workload, min_size=1, max_size=2),
+    workloads=st.lists(TINY_WORKLOAD, min_size=1, max_size=2),
 )
 def test_random_tiny_instances_agree_with_brute_force(gpus, workloads) -> None:
     problem = tiny_instance(gpus, workloads, clocks=CLOCKS)
