@@ -28,12 +28,16 @@ def solve_master_mip(
     progress: Progress | None = None,
     stop_at: float | None = None,
     heuristic_effort: float | None = None,
+    certified_bound: float | None = None,
 ) -> tuple[MilpOutcome, NDArray[np.float64] | None]:
     """(outcome, variable values) of the integer master; values None without a plan.
 
     ``stop_at``: stop as soon as a plan with at most this objective is found (the
     caller holds a bound that makes such a plan good enough). ``heuristic_effort``:
     HiGHS' share of effort in primal heuristics (its default is 0.05).
+    ``certified_bound``: a bound valid for the whole problem; progress lines then
+    show it and the incumbent's gap to it instead of HiGHS' bound, which holds only
+    for this master's columns.
     """
     h = quiet_highs()
     n = len(mp.cost)
@@ -50,10 +54,16 @@ def solve_master_mip(
 
         def improving(event: object) -> None:
             d = event.data_out  # type: ignore[attr-defined]
-            progress(
-                f"highs: incumbent {d.objective_function_value:,.3f}, bound "
-                f"{d.mip_dual_bound:,.3f}, {d.running_time:.1f} s"
-            )
+            obj = d.objective_function_value
+            if certified_bound is not None:
+                gap = max(0.0, obj - certified_bound) / max(abs(obj), 1e-9)
+                progress(
+                    f"highs: incumbent {obj:,.3f}, bound {certified_bound:,.3f}, "
+                    f"gap {gap:.3%}, {d.running_time:.1f} s"
+                )
+                return
+            bound = d.mip_dual_bound
+            progress(f"highs: incumbent {obj:,.3f}, bound {bound:,.3f}, {d.running_time:.1f} s")
 
         h.cbMipImprovingSolution.subscribe(improving)
     if stop_at is not None:

@@ -322,6 +322,7 @@ def solve_configurations(
                 start=start,
                 progress=note,
                 stop_at=lower / (1.0 - gap) if gap < 1 else None,
+                certified_bound=lower,
             )
             im.values = values
         else:

@@ -278,6 +278,7 @@ def solve_shadow_price(
         rel_gap=gap,
         stop_at=bound / (1.0 - gap) if gap < 1 else None,
         progress=note,
+        certified_bound=bound,
     )
     if out.objective is None or values is None:
         # The packed columns cannot serve the demand together (this proves nothing
