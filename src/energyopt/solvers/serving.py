@@ -353,7 +353,7 @@ def solve_configurations(
     # Any plan better than `best` uses only columns whose reduced cost is at most
     # best - LP bound. Widen the column set towards that slack; once all of them
     # are in and the integer solve is optimal, its bound holds for the whole problem.
-    for frac in SLACK_STEPS if exact or best is None else ():
+    for frac in SLACK_STEPS:
         if best is not None and relative_gap(best[0], lower) <= gap:
             break
         if time.perf_counter() > deadline - 0.5:
