@@ -360,6 +360,13 @@ def solve_configurations(
             break
         full = best[0] - lp_bound if best is not None else float("inf")
         slack = frac * full if frac < 1.0 and best is not None else full
+        if not prog.enumerated:
+            # Knapsack-priced configurations cannot be listed: no filter; the rest
+            # of the time goes to the integer solve over the generated columns.
+            note("reduced-cost filter: configurations are priced, not listed; solving on")
+            if best is not None and out.status != OPTIMAL:
+                integer_solve(deadline - time.perf_counter())
+            break
         extra = pat.columns_within(prog, slack, limit=MAX_FILTERED_COLUMNS)
         complete = extra is not None and frac >= 1.0
         for col in extra or []:
