@@ -22,7 +22,10 @@ integral per-unit cover bound (``unit_bound.grid_cover_bound``) is evaluated
 too. Primal repair: the choices of the last iterations are packed first-fit
 (by share and memory, one placement per unit per GPU) into GPU configurations,
 which with the single-placement columns at the top clock form a small integer
-program that routes rates and picks counts within every cap and budget.
+program that routes rates and picks counts within every cap and budget. If
+that program has no plan (the packed columns cannot serve the demand together,
+which proves nothing about the instance), the time left goes to column
+generation and the better of the two bounds is kept.
 """
 
 from __future__ import annotations
