@@ -72,7 +72,7 @@ def solve_cpsat(
     solver.parameters.max_time_in_seconds = max(0.1, time_limit_s - (time.perf_counter() - begin))
     solver.parameters.num_workers = workers
     solver.parameters.relative_gap_limit = rel_gap / 4
-    status = solver.solve(cp.model)
+    status = solver.solve(cp.model, _Progress(say, cp.objective_scale))
     name = solver.status_name(status)
     log.append(
         f"cp-sat {name}: objective {solver.objective_value} bound "
@@ -120,6 +120,25 @@ def solve_cpsat(
     return TaskGraphResult(
         state, tot.objective, bound, wall, None, "cpsat", log, schedule=best, totals=tot
     )
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):
+    """One progress line per improving CP-SAT solution: the model's objective (its
+    energy coefficients are rounded down), the proven bound and their gap."""
+
+    def __init__(self, say: Callable[[str], None], scale: float) -> None:
+        super().__init__()
+        self._say = say
+        self._scale = scale
+
+    def on_solution_callback(self) -> None:
+        value = self.objective_value * self._scale
+        bound = self.best_objective_bound * self._scale
+        gap = relative_gap(value, bound)
+        self._say(
+            f"CP-SAT: model objective {value:.6g}, bound {bound:.6g}, gap {gap:.2%}, "
+            f"{self.wall_time:.1f} s"
+        )
 
 
 def _serial_horizon(tg: TaskGraph) -> int:
