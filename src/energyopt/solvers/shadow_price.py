@@ -42,6 +42,11 @@ from energyopt.catalog.problem import Problem
 from energyopt.formulations.serving import pattern as pat
 from energyopt.formulations.serving.classes import GpuClass
 from energyopt.formulations.serving.columns import Duals, shared_column, tp_column
+from energyopt.formulations.serving.knapsack import (
+    greedy_configuration,
+    item_values,
+    repair_and_fill,
+)
 from energyopt.formulations.serving.unit_bound import best_unit_bound
 from energyopt.perf.oppoints import OpTable
 from energyopt.solvers.highs_direct import solve_master_mip
@@ -274,6 +279,8 @@ def solve_shadow_price(
     for choice in run.recent:
         for col in _packed_columns(prog, ops, choice, rates):
             prog.add(col)
+    for col in _priced_columns(prog, run):
+        prog.add(col)
     im = pat.integer_model(prog, pyomo=False)
     out, values = solve_master_mip(
         im.master,
@@ -312,6 +319,46 @@ def solve_shadow_price(
     )
     note(f"repaired plan over {len(prog.columns)} columns: {objective:,.3f}")
     return Result(status, objective, bound, wall, plan, preset.name, [])
+
+
+def _priced_columns(prog: pat.PatternProgram, run: PriceRun) -> list[Any]:
+    """GPU configurations worth building at the best prices.
+
+    Each unit's price per request/s is its least priced cost (what serving one
+    more request/s costs it); with those prices and the GPU and budget prices, the
+    greedy knapsack of column generation packs, per class and clock, up to
+    COLUMNS_PER_ROUND configurations of disjoint units valued at those prices
+    (whether or not they beat the pooled relaxation, which no configuration
+    does by much): units paired on one GPU at one clock, which the per-unit
+    choices alone never pair.
+    """
+    table, ops, p = prog.table, run.ops, run.prices
+    nu_c = run.class_budget @ p.budget if len(run.budgets_w) else np.zeros(len(prog.classes))
+    kappa = (
+        ops.on_cost_per_rps
+        + ops.gpus_per_rps * p.gpu[ops.cls]
+        + ops.mem_per_rps * p.mem[ops.cls]
+        + ops.on_power_per_rps * nu_c[ops.cls]
+    )
+    unit_price = np.full(len(table.units), np.inf)
+    np.minimum.at(unit_price, ops.unit, kappa)
+    duals = Duals(np.where(np.isfinite(unit_price), unit_price, 0.0), -p.gpu, -nu_c)
+    columns: list[Any] = []
+    for cls in prog.classes:
+        for (type_name, clock), ks in prog.knapsacks.items():
+            if type_name != cls.type_name or len(ks) == 0:
+                continue
+            values = item_values(cls, ks, table, prog.costs, duals)
+            order = np.argsort(-values, kind="stable")
+            left = values.copy()
+            for _ in range(pat.COLUMNS_PER_ROUND):
+                _, chosen = greedy_configuration(ks, left)
+                if not chosen:
+                    break
+                ops_found = repair_and_fill(ks, values, chosen, order)
+                columns.append(shared_column(cls, table, prog.costs, clock, ops_found))
+                left[np.isin(ks.units, ks.units[chosen])] = 0.0
+    return columns
 
 
 def _packed_columns(

@@ -58,7 +58,7 @@ units with single-GPU ops there; above it, configurations are priced by knapsack
 Pricing = Literal["auto", "enumerate", "knapsack"]
 SMALL_CLASS_GPUS = 16
 EXACT = 2
-"""Pricing effort whose knapsack is exact (see ``_knapsack_price``)."""
+"""Pricing effort whose knapsack is exact (see ``knapsack_price``)."""
 
 
 class PatternNotApplicable(ValueError):
@@ -262,7 +262,7 @@ def _price_round(
         for (type_name, clock), ks in prog.knapsacks.items():
             if type_name != cls.type_name or len(ks) == 0:
                 continue
-            low, found = _knapsack_price(prog, cls, ks, duals, effort=effort)
+            low, found = knapsack_price(prog, cls, ks, duals, effort=effort)
             class_min = min(class_min, low)
             for ops in found:
                 rc_found = float(column_reduced_cost(prog, cls, clock, ops)[0])
@@ -275,7 +275,7 @@ def _price_round(
     return added, best, bound
 
 
-def _knapsack_price(
+def knapsack_price(
     prog: PatternProgram, cls: GpuClass, ks: KnapsackItems, duals: Duals, *, effort: int
 ) -> tuple[float, list[tuple[int, ...]]]:
     """(lower bound on the class's least reduced cost at this clock, configurations
