@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 
 from energyopt.formulations.taskgraph.bounds import lower_bounds
 from energyopt.formulations.taskgraph.heft import heft_max_clock, upward_ranks
-from energyopt.formulations.taskgraph.model import TaskGraph
+from energyopt.formulations.taskgraph.model import TaskGraph, TaskOptions
 from energyopt.formulations.taskgraph.schedule import Schedule, earliest_starts, totals
 from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, OPTIMAL, relative_gap
 from energyopt.solvers.taskgraph_result import TaskGraphResult
@@ -186,12 +186,7 @@ class _State:
                 es, latest = window(k)
                 if k != cur and (latest < es or latest < cap):
                     continue
-                c = o.clock_mhz[k]
-                cost = o.dyn_j[k]
-                if q >= 0 and c != clock_q:
-                    cost += e_tr
-                if nx >= 0 and c != clock_nx:
-                    cost += e_tr
+                cost = _option_cost(o, k, clock_q, clock_nx, e_tr)
                 key = (cost, -latest)
                 if key < best_key:
                     best_k, best_key = k, key
@@ -233,12 +228,7 @@ class _State:
                 # the current option always fits (its successors' latest starts allow it)
                 if k != cur and (finish > limit or finish > cap):
                     continue
-                c = o.clock_mhz[k]
-                cost = o.dyn_j[k]
-                if q >= 0 and c != clock_q:
-                    cost += e_tr
-                if nx >= 0 and c != clock_nx:
-                    cost += e_tr
+                cost = _option_cost(o, k, clock_q, clock_nx, e_tr)
                 key = (cost, finish)
                 if key < best_key:
                     best_k, best_key = k, key
@@ -476,3 +466,17 @@ def solve_heuristic(
         schedule=best,
         totals=tot,
     )
+
+
+def _option_cost(
+    o: TaskOptions, k: int, clock_before: int, clock_after: int, switch_j: float
+) -> float:
+    """Dynamic energy of option k (J) plus a clock change for each neighbour on the
+    GPU (clock -1: none) that runs at another clock."""
+    c = o.clock_mhz[k]
+    cost = float(o.dyn_j[k])
+    if clock_before >= 0 and c != clock_before:
+        cost += switch_j
+    if clock_after >= 0 and c != clock_after:
+        cost += switch_j
+    return cost
