@@ -151,7 +151,13 @@ def test_generated_clock_list_ends_at_max_off_the_step() -> None:
 
 def _new_gpu() -> dict[str, Any]:
     data = CATALOG.gpus["L40S"].model_dump(mode="json", exclude_none=True)
-    data.update(name="Test-GPU-48GB", memory_gb=48, tdp_w=300, sources={"tdp_w": "test"})
+    data.update(
+        name="Test-GPU-48GB",
+        memory_gb=48,
+        tdp_w=300,
+        power_limit_max_w=300,
+        sources={"tdp_w": "test"},
+    )
     return data
 
 

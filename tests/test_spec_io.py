@@ -68,7 +68,6 @@ def small_plan() -> Plan:
                         phase="prefill",
                         rate_rps=1e-6,
                         share_pct=50,
-                        mig_profile="3g.40gb",
                         tp_group="g1",
                         tp_size=2,
                     ),
@@ -158,13 +157,14 @@ finite_or_inf = st.floats(allow_nan=False, width=64)
 def plans(draw: st.DrawFn) -> Plan:
     gpus = []
     for k in range(draw(st.integers(0, 3))):
+        mig = draw(st.booleans())  # a GPU is in MIG mode or shares by MPS
         placements = tuple(
             Placement(
                 workload=draw(names),
                 phase=draw(st.sampled_from(["both", "prefill", "decode"])),
-                share_pct=draw(st.integers(1, 100)),
-                rate_rps=draw(st.floats(min_value=0, allow_nan=False)),
-                mig_profile=draw(st.none() | names),
+                share_pct=100 if mig else draw(st.integers(1, 100)),
+                rate_rps=draw(st.floats(min_value=0, max_value=1e6)),
+                mig_profile=draw(names) if mig else None,
                 tp_group=draw(st.none() | names),
                 tp_size=draw(st.integers(1, 8)),
             )
@@ -176,7 +176,7 @@ def plans(draw: st.DrawFn) -> Plan:
                 type=draw(names),
                 on=draw(st.booleans()),
                 clock_mhz=draw(st.none() | st.integers(1, 10_000)),
-                power_limit_w=draw(st.none() | st.floats(0, 1e4)),
+                power_limit_w=draw(st.none() | st.floats(1, 1e4)),
                 placements=placements,
                 predicted_power_w=draw(st.floats(0, 1e6)),
             )

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Annotated
+
 import networkx as nx
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from energyopt.spec.base import Spec
+from energyopt.spec.hardware import MAX_CLOCK_MHZ, MAX_POWER_W
+from energyopt.spec.limits import over_limit
 from energyopt.spec.workload import Phase
+
+MAX_BUDGET_W = 1e9
+"""Largest power budget any field takes, W (a gigawatt)."""
 
 
 class CurrentPlacement(Spec):
     """A unit that currently runs on a GPU (for migration costs)."""
 
-    workload: str
+    workload: str = Field(min_length=1)
     phase: Phase = "both"
     share_pct: int = Field(default=100, gt=0, le=100)
 
@@ -21,8 +29,21 @@ class GpuState(Spec):
     """What a GPU is doing now."""
 
     on: bool = True
-    clock_mhz: int | None = Field(default=None, gt=0)
+    clock_mhz: int | None = Field(default=None, gt=0, le=MAX_CLOCK_MHZ)
     placements: tuple[CurrentPlacement, ...] = ()
+
+    @model_validator(mode="after")
+    def _check(self) -> GpuState:
+        total = sum(p.share_pct for p in self.placements)
+        if total > 100:
+            raise ValueError(f"placements: SM shares add up to {total} %, more than 100 %")
+        units = [(p.workload, p.phase) for p in self.placements]
+        for unit in units:
+            if units.count(unit) > 1:
+                raise ValueError(f"placements: {unit[0]} ({unit[1]}) is given twice")
+        if not self.on and self.placements:
+            raise ValueError("placements: a GPU that is off runs nothing")
+        return self
 
 
 class GpuEntry(Spec):
@@ -30,9 +51,21 @@ class GpuEntry(Spec):
 
     type: str = Field(min_length=1, description="name of a catalog GPU type")
     count: int = Field(default=1, gt=0)
-    ids: tuple[str, ...] | None = Field(default=None, description="explicit GPU ids")
-    power_cap_w: float | None = Field(default=None, gt=0, description="per-GPU cap, W")
+    ids: tuple[Annotated[str, Field(min_length=1)], ...] | None = Field(
+        default=None, description="explicit GPU ids"
+    )
+    power_cap_w: float | None = Field(
+        default=None, gt=0, le=MAX_POWER_W, description="per-GPU cap, W"
+    )
     state: GpuState | None = None
+
+    @field_validator("count")
+    @classmethod
+    def _count_limit(cls, count: int) -> int:
+        message = over_limit("the GPU count", count, "gpus")
+        if message:
+            raise ValueError(message)
+        return count
 
     @model_validator(mode="after")
     def _check(self) -> GpuEntry:
@@ -48,15 +81,17 @@ class Node(Spec):
 
     name: str = Field(min_length=1)
     gpus: tuple[GpuEntry, ...] = Field(min_length=1)
-    power_budget_w: float | None = Field(default=None, gt=0, description="GPU power budget")
+    power_budget_w: float | None = Field(
+        default=None, gt=0, le=MAX_BUDGET_W, description="GPU power budget"
+    )
 
 
 class Link(Spec):
     """An interconnect link between two nodes."""
 
-    a: str
-    b: str
-    bandwidth_gbps: float = Field(gt=0)
+    a: str = Field(min_length=1)
+    b: str = Field(min_length=1)
+    bandwidth_gbps: float = Field(gt=0, le=1_000_000)
 
 
 class Gpu(Spec):
@@ -74,7 +109,7 @@ class Cluster(Spec):
     """All nodes, the cluster-wide power budget and the inter-node links."""
 
     nodes: tuple[Node, ...] = Field(min_length=1)
-    power_budget_w: float | None = Field(default=None, gt=0)
+    power_budget_w: float | None = Field(default=None, gt=0, le=MAX_BUDGET_W)
     links: tuple[Link, ...] = ()
 
     @field_validator("links")
@@ -90,12 +125,17 @@ class Cluster(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> Cluster:
-        names = [n.name for n in self.nodes]
-        dup = {n for n in names if names.count(n) > 1}
+        message = over_limit(
+            "the cluster's GPU count", sum(e.count for n in self.nodes for e in n.gpus), "gpus"
+        )
+        if message:
+            raise ValueError(message)
+        names = Counter(n.name for n in self.nodes)
+        dup = {n for n, k in names.items() if k > 1}
         if dup:
             raise ValueError(f"duplicate node names: {sorted(dup)}")
-        ids = [g.id for g in self.gpus()]
-        dup_ids = {i for i in ids if ids.count(i) > 1}
+        ids = Counter(g.id for g in self.gpus())
+        dup_ids = {i for i, k in ids.items() if k > 1}
         if dup_ids:
             raise ValueError(f"duplicate GPU ids: {sorted(dup_ids)}")
         return self

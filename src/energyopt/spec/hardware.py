@@ -6,15 +6,27 @@ from pydantic import Field, model_validator
 
 from energyopt.spec.base import Spec
 
+MAX_CLOCK_MHZ = 10_000
+"""Highest SM clock any field takes, MHz (GPUs run below 3 GHz)."""
+MAX_POWER_W = 10_000
+"""Highest per-GPU power any field takes, W (the largest boards draw about 1.2 kW)."""
+
 
 class MigProfile(Spec):
     """A Multi-Instance GPU profile (for example ``1g.10gb``)."""
 
-    name: str
-    compute_slices: int = Field(gt=0, description="compute slices out of the GPU's total")
-    memory_gb: float = Field(gt=0, description="memory of the instance, GB")
-    sm_count: int = Field(gt=0, description="SMs of the instance")
-    max_instances: int = Field(gt=0, description="how many fit on one GPU")
+    name: str = Field(min_length=1)
+    compute_slices: int = Field(gt=0, le=64, description="compute slices out of the GPU's total")
+    memory_gb: float = Field(gt=0, le=10_000, description="memory of the instance, GB")
+    sm_count: int = Field(gt=0, le=10_000, description="SMs of the instance")
+    max_instances: int = Field(gt=0, le=64, description="how many fit on one GPU")
+    memory_slices: int | None = Field(
+        default=None, gt=0, description="memory slices the instance occupies (NVML placement size)"
+    )
+    placements: tuple[int, ...] = Field(
+        default=(), description="allowed start memory slices (NVML placements); empty: aligned"
+    )
+    media_extensions: bool = Field(default=False, description="a +me profile (all media engines)")
 
 
 class PowerParams(Spec):
@@ -33,7 +45,7 @@ class PowerParams(Spec):
         default=0.55, gt=0, lt=1, description="knee clock as a fraction of the max SM clock"
     )
     locked_clock_w: float = Field(
-        default=0.0, ge=0, description="extra static power at the max clock when on (W)"
+        default=0.0, ge=0, le=10_000, description="extra static power at the max clock when on (W)"
     )
 
 
@@ -43,10 +55,13 @@ class Efficiency(Spec):
     compute: float = Field(default=0.7, gt=0, le=1, description="achieved / peak FLOP/s")
     memory: float = Field(default=0.8, gt=0, le=1, description="achieved / peak bandwidth")
     step_overhead_ms: float = Field(
-        default=0.0, ge=0, description="fixed cost per forward pass at the max clock (ms)"
+        default=0.0, ge=0, le=1_000, description="fixed cost per forward pass at the max clock (ms)"
     )
     allreduce_latency_ms: float = Field(
-        default=0.01, ge=0, description="fixed cost of one tensor-parallel all-reduce (ms)"
+        default=0.01,
+        ge=0,
+        le=1_000,
+        description="fixed cost of one tensor-parallel all-reduce (ms)",
     )
     link: float = Field(default=0.7, gt=0, le=1, description="achieved / peak GPU-GPU bandwidth")
 
@@ -54,25 +69,34 @@ class Efficiency(Spec):
 class GpuType(Spec):
     """A GPU model with its public specifications. Units are in the field names."""
 
-    name: str
-    sm_count: int = Field(gt=0)
-    memory_gb: float = Field(gt=0, description="device memory, GB (1e9 bytes)")
-    memory_bandwidth_gbps: float = Field(gt=0, description="peak memory bandwidth, GB/s")
-    peak_bf16_tflops: float = Field(gt=0, description="dense BF16 tensor peak at max clock")
-    max_sm_clock_mhz: int = Field(gt=0)
-    min_sm_clock_mhz: int = Field(gt=0)
-    default_sm_clock_mhz: int = Field(gt=0, description="clock the tables were measured at")
-    sm_clock_step_mhz: int = Field(gt=0, description="spacing of supported clocks, MHz")
-    supported_sm_clocks_mhz: tuple[int, ...] | None = Field(
-        default=None, description="explicit NVML list; else min..max by step"
+    name: str = Field(min_length=1)
+    sm_count: int = Field(gt=0, le=10_000)
+    memory_gb: float = Field(gt=0, le=10_000, description="device memory, GB (1e9 bytes)")
+    memory_bandwidth_gbps: float = Field(
+        gt=0, le=100_000, description="peak memory bandwidth, GB/s"
     )
-    tdp_w: float = Field(gt=0)
-    idle_w: float = Field(gt=0)
-    power_limit_min_w: float = Field(gt=0)
-    power_limit_max_w: float = Field(gt=0)
-    nvlink_gbps: float = Field(default=0.0, ge=0, description="per-GPU NVLink bandwidth, GB/s")
+    peak_bf16_tflops: float = Field(
+        gt=0, le=100_000, description="dense BF16 tensor peak at max clock"
+    )
+    max_sm_clock_mhz: int = Field(gt=0, le=MAX_CLOCK_MHZ)
+    min_sm_clock_mhz: int = Field(gt=0, le=MAX_CLOCK_MHZ)
+    default_sm_clock_mhz: int = Field(
+        gt=0, le=MAX_CLOCK_MHZ, description="clock the tables were measured at"
+    )
+    sm_clock_step_mhz: int = Field(gt=0, le=1_000, description="spacing of supported clocks, MHz")
+    supported_sm_clocks_mhz: tuple[int, ...] | None = Field(
+        default=None, min_length=1, description="explicit NVML list; else min..max by step"
+    )
+    tdp_w: float = Field(gt=0, le=MAX_POWER_W)
+    idle_w: float = Field(gt=0, le=MAX_POWER_W)
+    power_limit_min_w: float = Field(gt=0, le=MAX_POWER_W)
+    power_limit_max_w: float = Field(gt=0, le=MAX_POWER_W)
+    nvlink_gbps: float = Field(
+        default=0.0, ge=0, le=100_000, description="per-GPU NVLink bandwidth, GB/s"
+    )
     mig_profiles: tuple[MigProfile, ...] = ()
-    mig_total_slices: int = Field(default=7, gt=0)
+    mig_total_slices: int = Field(default=7, gt=0, le=64)
+    mig_memory_slices: int = Field(default=8, gt=0, description="MIG memory slices of the GPU")
     power: PowerParams = PowerParams()
     efficiency: Efficiency = Efficiency()
     sources: dict[str, str] = Field(default_factory=dict, description="field -> citation")
@@ -87,6 +111,35 @@ class GpuType(Spec):
             raise ValueError("idle_w must be below tdp_w")
         if self.power_limit_min_w > self.power_limit_max_w:
             raise ValueError("power_limit_min_w exceeds power_limit_max_w")
+        if self.power_limit_max_w > self.tdp_w:
+            raise ValueError(
+                f"power_limit_max_w {self.power_limit_max_w:g} W exceeds tdp_w {self.tdp_w:g} W"
+            )
+        for clock in self.supported_sm_clocks_mhz or ():
+            if not self.min_sm_clock_mhz <= clock <= self.max_sm_clock_mhz:
+                raise ValueError(
+                    f"supported_sm_clocks_mhz: {clock} MHz is outside min_sm_clock_mhz.."
+                    f"max_sm_clock_mhz ({self.min_sm_clock_mhz}..{self.max_sm_clock_mhz})"
+                )
+        names = [p.name for p in self.mig_profiles]
+        for profile in self.mig_profiles:
+            if names.count(profile.name) > 1:
+                raise ValueError(f"mig_profiles: {profile.name!r} is given twice")
+            if profile.compute_slices > self.mig_total_slices:
+                raise ValueError(
+                    f"mig_profiles: {profile.name} has {profile.compute_slices} compute slices, "
+                    f"more than mig_total_slices ({self.mig_total_slices})"
+                )
+            if profile.compute_slices * profile.max_instances > self.mig_total_slices:
+                raise ValueError(
+                    f"mig_profiles: {profile.max_instances} x {profile.name} need "
+                    f"{profile.compute_slices * profile.max_instances} compute slices, more "
+                    f"than mig_total_slices ({self.mig_total_slices})"
+                )
+            if profile.memory_gb > self.memory_gb or profile.sm_count > self.sm_count:
+                raise ValueError(
+                    f"mig_profiles: {profile.name} has more memory or SMs than the GPU"
+                )
         return self
 
     def sm_clocks_mhz(self) -> tuple[int, ...]:

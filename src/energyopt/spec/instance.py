@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections import Counter
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from energyopt.spec.base import Spec
 from energyopt.spec.cluster import Cluster
-from energyopt.spec.hardware import GpuType
-from energyopt.spec.llm import LlmModel
+from energyopt.spec.hardware import MAX_CLOCK_MHZ, GpuType
+from energyopt.spec.limits import over_limit
+from energyopt.spec.llm import MAX_TOKENS, LlmModel
 from energyopt.spec.workload import Workload
+
+Clock = Annotated[int, Field(gt=0, le=MAX_CLOCK_MHZ)]
 
 Objective = Literal["power", "power_migration", "gpus_on", "edp"]
 SharingMode = Literal["mps", "mig", "exclusive"]
@@ -23,8 +27,8 @@ class Sharing(Spec):
     levels_pct: tuple[int, ...] = Field(
         default=(25, 50, 75, 100), description="MPS active-thread percentages"
     )
-    mig_profiles: tuple[str, ...] | None = Field(
-        default=None, description="MIG profiles allowed (mode mig); default all"
+    mig_profiles: tuple[Annotated[str, Field(min_length=1)], ...] | None = Field(
+        default=None, min_length=1, description="MIG profiles allowed (mode mig); default all"
     )
 
     @model_validator(mode="after")
@@ -57,22 +61,41 @@ class ProfileRef(Spec):
 class Options(Spec):
     """Decision space and objective."""
 
-    clocks_mhz: dict[str, tuple[int, ...]] | None = Field(
+    clocks_mhz: dict[str, tuple[Clock, ...]] | None = Field(
         default=None, description="candidate SM clocks per GPU type (MHz)"
     )
     clock_count: int = Field(
-        default=6, gt=0, description="candidate clocks per type when clocks_mhz is not given"
+        default=6,
+        gt=0,
+        le=64,
+        description="candidate clocks per type when clocks_mhz is not given",
     )
     sharing: Sharing = Sharing()
     objective: Objective = "power"
     migration_penalty_w: float = Field(
-        default=0.0, ge=0, description="cost of moving one placement, in W-equivalent"
+        default=0.0, ge=0, le=1e9, description="cost of moving one placement, in W-equivalent"
     )
-    chunk_tokens: int = Field(default=512, gt=0, description="chunked-prefill token budget")
+    chunk_tokens: int = Field(
+        default=512, gt=0, le=MAX_TOKENS, description="chunked-prefill token budget"
+    )
     memory_reserve_fraction: float = Field(
         default=0.1, ge=0, lt=1, description="part of GPU memory kept free (runtime, fragments)"
     )
-    max_batch: int = Field(default=256, gt=0, description="largest decode batch per placement")
+    max_batch: int = Field(
+        default=256, gt=0, le=1_000_000, description="largest decode batch per placement"
+    )
+
+    @field_validator("clocks_mhz")
+    @classmethod
+    def _clock_lists(
+        cls, clocks: dict[str, tuple[int, ...]] | None
+    ) -> dict[str, tuple[int, ...]] | None:
+        for type_name, values in (clocks or {}).items():
+            if not values:
+                raise ValueError(f"{type_name}: give at least one clock (MHz)")
+            if len(set(values)) != len(values):
+                raise ValueError(f"{type_name}: a clock is given twice")
+        return clocks
 
 
 class Instance(Spec):
@@ -98,11 +121,26 @@ class Instance(Spec):
     @field_validator("workloads")
     @classmethod
     def _unique_names(cls, workloads: tuple[Workload, ...]) -> tuple[Workload, ...]:
-        names = [w.name for w in workloads]
-        dup = {n for n in names if names.count(n) > 1}
+        message = over_limit("the number of workloads", len(workloads), "workloads")
+        if message:
+            raise ValueError(message)
+        names = Counter(w.name for w in workloads)
+        dup = {n for n, k in names.items() if k > 1}
         if dup:
             raise ValueError(f"duplicate workload names: {sorted(dup)}")
         return workloads
+
+    @model_validator(mode="after")
+    def _size(self) -> Instance:
+        gpus = sum(e.count for n in self.cluster.nodes for e in n.gpus)
+        message = over_limit(
+            f"workloads x GPUs ({len(self.workloads)} x {gpus})",
+            len(self.workloads) * gpus,
+            "workload_gpus",
+        )
+        if message:
+            raise ValueError(message)
+        return self
 
     def workload(self, name: str) -> Workload:
         """The workload called ``name``."""

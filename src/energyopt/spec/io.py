@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,12 +44,38 @@ class _GuardedLoader(yaml.SafeLoader):
             seen: set[Any] = set()
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=deep)
+                if isinstance(key_node, yaml.CollectionNode) or not _hashable(key):
+                    raise yaml.constructor.ConstructorError(
+                        None, None, "a mapping key must be a plain value", key_node.start_mark
+                    )
                 if isinstance(key, str) and key in seen:
                     raise yaml.constructor.ConstructorError(
                         None, None, f"duplicate key {key!r}", key_node.start_mark
                     )
                 seen.add(key)
         return dict(super().construct_mapping(node, deep=deep))
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object repeats a key."""
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object; a repeated key is an error (it would keep only its last value)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
 
 
 def file_format(path: Path) -> str:
@@ -79,13 +108,15 @@ def read_data(path: str | Path) -> dict[str, Any]:
         if fmt == "yaml":
             data: Any = yaml.load(text, Loader=_GuardedLoader)
         elif fmt == "json":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_json_object)
         else:
             data = tomllib.loads(text)
     except yaml.YAMLError as exc:
         raise SpecError([f"{p}: malformed YAML: {_one_line(str(exc))}"]) from None
     except json.JSONDecodeError as exc:
         raise SpecError([f"{p}: malformed JSON: {exc.msg} at line {exc.lineno}"]) from None
+    except DuplicateKeyError as exc:
+        raise SpecError([f"{p}: malformed JSON: {exc}"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError([f"{p}: malformed TOML: {exc}"]) from None
     except RecursionError:
@@ -94,6 +125,8 @@ def read_data(path: str | Path) -> dict[str, Any]:
         raise SpecError([f"{p}: file is empty"])
     if not isinstance(data, dict):
         raise SpecError([f"{p}: top level must be a mapping, got {type(data).__name__}"])
+    if not data:
+        raise SpecError([f"{p}: file has no settings (an empty mapping)"])
     return data
 
 
@@ -171,7 +204,48 @@ def dump(obj: BaseModel, path: str | Path) -> None:
         text = yaml.safe_dump(data, sort_keys=False)
     else:
         text = _to_toml(data)
-    p.write_text(text, encoding="utf-8")
+    write_text_atomic(p, text)
+
+
+def write_bytes_atomic(path: str | Path, payload: bytes) -> None:
+    """Write ``payload`` to a temporary file next to ``path`` and rename it over
+    ``path``: a reader sees the old file or the whole new one, never a part.
+    SpecError naming the path if it cannot be written."""
+    p = Path(path)
+    folder = p.parent if str(p.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise SpecError([f"{p}: cannot write: {exc.strerror or exc}"]) from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644 & ~_umask())
+        os.replace(tmp, p)
+    except OSError as exc:
+        _remove_quietly(tmp)
+        raise SpecError([f"{p}: cannot write: {exc.strerror or exc}"]) from None
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """``write_bytes_atomic`` of ``text`` in UTF-8."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _remove_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def dumps_json(obj: BaseModel) -> str:

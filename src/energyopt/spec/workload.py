@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from energyopt.spec.base import Spec
+from energyopt.spec.llm import MAX_TOKENS
+
+MAX_TP = 64
+"""Largest tensor-parallel group size (GPUs of one node)."""
 
 
 class TokenDist(Spec):
     """Token-count distribution of prompts or outputs (tokens)."""
 
-    mean: float = Field(gt=0, description="mean tokens per request")
-    max: int | None = Field(default=None, gt=0, description="largest tokens per request")
+    mean: float = Field(gt=0, le=MAX_TOKENS, description="mean tokens per request")
+    max: int | None = Field(
+        default=None, gt=0, le=MAX_TOKENS, description="largest tokens per request"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TokenDist:
@@ -25,8 +31,8 @@ class TokenDist(Spec):
 class Slo(Spec):
     """Latency SLO: TTFT and TBT must hold at the stated percentile of requests/tokens."""
 
-    ttft_ms: float = Field(gt=0, description="time to first token, ms")
-    tbt_ms: float = Field(gt=0, description="time between tokens, ms")
+    ttft_ms: float = Field(gt=0, le=1e12, description="time to first token, ms")
+    tbt_ms: float = Field(gt=0, le=1e12, description="time between tokens, ms")
     percentile: float = Field(default=90.0, ge=50.0, lt=100.0, description="e.g. 90 or 99")
 
     @property
@@ -44,7 +50,7 @@ class Workload(Spec):
     name: str = Field(min_length=1)
     model: str = Field(min_length=1, description="name of a catalog LLM")
     rate_rps: float = Field(
-        gt=0, allow_inf_nan=False, description="mean arrival rate, requests per second"
+        gt=0, le=1_000_000, description="mean arrival rate, requests per second"
     )
     prompt_tokens: TokenDist
     output_tokens: TokenDist
@@ -52,9 +58,18 @@ class Workload(Spec):
     disaggregated: bool = Field(
         default=False, description="place prefill and decode as separate units"
     )
-    tensor_parallel: tuple[int, ...] | None = Field(
-        default=None, description="allowed TP group sizes; default: 1, 2, 4, 8 where needed"
+    tensor_parallel: tuple[Annotated[int, Field(gt=0, le=MAX_TP)], ...] | None = Field(
+        default=None,
+        min_length=1,
+        description="allowed TP group sizes; default: 1, 2, 4, 8 where needed",
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> Workload:
+        sizes = self.tensor_parallel or ()
+        if len(set(sizes)) != len(sizes):
+            raise ValueError("tensor_parallel: a size is given twice")
+        return self
 
     def phases(self) -> tuple[Phase, ...]:
         """The placement units of this workload."""
