@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from energyopt.catalog import mig
 from energyopt.catalog.problem import Problem
 from energyopt.perf.energy import design_batch, energy_per_request_j, service_latency_ms
 from energyopt.perf.params import FloatArray, OpSpec, build_params
@@ -57,8 +58,12 @@ def share_options(
 ) -> list[tuple[int, str | None, float, float, float]]:
     """(share units, MIG profile, SM fraction, bandwidth fraction, memory GB) per option.
 
-    MPS shares are in percent of the GPU (capacity 100); MIG shares in compute
-    slices (capacity ``mig_total_slices``).
+    MPS shares are in percent of the GPU (capacity 100). A MIG profile's share is
+    ``catalog.mig.share_units`` (memory and compute slices in one number; capacity
+    ``catalog.mig.share_capacity``), so a GPU's share constraint holds exactly when
+    NVIDIA's placements can hold the layout. ``+me`` profiles (the smallest profile
+    plus media engines, which serving does not use) are offered only when the
+    instance lists them in ``sharing.mig_profiles``.
     """
     opts = problem.instance.options
     usable = 1.0 - opts.memory_reserve_fraction
@@ -66,14 +71,14 @@ def share_options(
         allowed = opts.sharing.mig_profiles
         return [
             (
-                prof.compute_slices,
+                mig.share_units(gpu, prof),
                 prof.name,
                 prof.sm_count / gpu.sm_count,
                 prof.memory_gb / gpu.memory_gb,
                 prof.memory_gb * usable,
             )
             for prof in gpu.mig_profiles
-            if allowed is None or prof.name in allowed
+            if (prof.name in allowed if allowed is not None else not prof.media_extensions)
         ]
     return [
         (level, None, level / 100.0, level / 100.0, gpu.memory_gb * usable)
@@ -82,9 +87,9 @@ def share_options(
 
 
 def share_capacity(problem: Problem, gpu: GpuType) -> int:
-    """Share units one GPU holds: 100 (percent) or its MIG slices."""
+    """Share units one GPU holds: 100 (percent), or ``catalog.mig.share_capacity`` in MIG."""
     if problem.instance.options.sharing.mode == "mig" and gpu.mig_profiles:
-        return gpu.mig_total_slices
+        return mig.share_capacity(gpu)
     return 100
 
 

@@ -187,6 +187,8 @@ def _check_gpu_settings(
 
 
 def _check_shares(problem: Problem, plans: dict[str, GpuPlan], report: Report) -> None:
+    from energyopt.catalog.mig import layout_problem as mig_layout_problem
+
     sharing = problem.instance.options.sharing
     for gp in plans.values():
         if not gp.on or not gp.placements:
@@ -197,34 +199,20 @@ def _check_shares(problem: Problem, plans: dict[str, GpuPlan], report: Report) -
             and gtype.mig_profiles
             and all(p.tp_group is None for p in gp.placements)
         ):
-            slices = 0
-            count: dict[str, int] = defaultdict(int)
+            names: list[str] = []
             for pl in gp.placements:
                 try:
-                    prof = gtype.mig_profile(pl.mig_profile or "")
+                    names.append(gtype.mig_profile(pl.mig_profile or "").name)
                 except KeyError:
                     report(
                         Violation(
                             "mig", gp.gpu, f"{pl.workload}: unknown MIG profile {pl.mig_profile!r}"
                         )
                     )
-                    continue
-                slices += prof.compute_slices
-                count[prof.name] += 1
-                if count[prof.name] > prof.max_instances:
-                    report(
-                        Violation(
-                            "mig",
-                            gp.gpu,
-                            f"more than {prof.max_instances} instances of {prof.name}",
-                        )
-                    )
-            if slices > gtype.mig_total_slices:
-                report(
-                    Violation(
-                        "share", gp.gpu, f"MIG slices {slices} exceed {gtype.mig_total_slices}"
-                    )
-                )
+            if len(names) == len(gp.placements):
+                reason = mig_layout_problem(gtype, names)
+                if reason is not None:
+                    report(Violation("mig", gp.gpu, reason))
         else:
             total = sum(pl.share_pct for pl in gp.placements)
             if total > 100:
