@@ -77,7 +77,7 @@ def test_measure_seconds_on_simulated_time() -> None:
     assert w0.energy_j == pytest.approx(sim.get_power_usage(0) / 1000 * 5, rel=1e-6)
     assert w0.avg_power_w == pytest.approx(w0.mean_sampled_power_w, rel=1e-6)
     assert w0.mean_sm_clock_mhz == 1200 and w0.min_sm_clock_mhz == w0.max_sm_clock_mhz == 1200
-    assert w1.avg_power_w == pytest.approx(g.idle_w)
+    assert w1.avg_power_w == pytest.approx(sim.get_power_usage(1) / 1000)  # idle, unlocked
     lines = format_windows(windows)
     assert lines[0].startswith("GPU 0  NVIDIA H100 80GB HBM3:") and "J in 5.00 s" in lines[0]
     assert lines[-1].startswith("total")
@@ -105,9 +105,9 @@ def test_status_rows() -> None:
     sim.advance(2)
     rows = [gpu_status(sim, i) for i in range(2)]
     assert rows[0].locked == "1005 MHz" and rows[0].sm_clock_mhz == 1005
-    assert rows[0].mig == "on: 3g.40gb" and rows[1].mig == "n/a"
+    assert rows[0].mig == "on: 3g.40gb@0" and rows[1].mig == "n/a"
     assert rows[0].limit_min_w == 100 and rows[0].limit_max_w == 400
-    assert rows[1].energy_j == pytest.approx(2 * CAT.gpu("L4").idle_w)
+    assert rows[1].energy_j == pytest.approx(2 * sim.get_power_usage(1) / 1000)
     text = "\n".join(format_status(rows))
     assert "limit 400 W [100, 400]" in text and "energy counter" in text
 

@@ -10,6 +10,7 @@ import pytest
 
 from energyopt.catalog import builtin_catalog
 from energyopt.cli import main
+from energyopt.perf.power import gpu_on_power_w
 from energyopt.spec import GpuPlan, Placement, Plan
 from energyopt.spec.io import dump
 
@@ -39,7 +40,7 @@ def write_plan(path: Path, clock: int = 900, limit: float = 129.0) -> Path:
                 power_limit_w=limit,
                 placements=(
                     Placement(workload="chat", mig_profile="3g.40gb", rate_rps=2),
-                    Placement(workload="code", mig_profile="3g.40gb", rate_rps=1),
+                    Placement(workload="code", mig_profile="2g.20gb", rate_rps=1),
                     Placement(workload="search", mig_profile="1g.20gb", rate_rps=1),
                 ),
             ),
@@ -71,7 +72,10 @@ def test_dry_run_prints_actions_and_changes_nothing(
     assert "dry run" in out
     assert "lock SM clocks at 900 MHz (now unlocked)" in out
     assert "set power limit to 129 W (now 400 W)" in out
-    assert "enable MIG with instances 1g.20gb, 3g.40gb, 3g.40gb (now MIG off)" in out
+    assert (
+        "enable MIG with instances 3g.40gb at memory slice 0, 2g.20gb at memory slice 4, "
+        "1g.20gb at memory slice 6 (now MIG off)"
+    ) in out
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=60" in out
     assert simhost.read_text() == before
     assert not list(tmp_path.glob("energyopt-checkpoint-*.json"))
@@ -142,7 +146,8 @@ def test_map_option_and_map_file(
 def test_measure_seconds_and_command(simhost: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["measure", "--seconds", "3"]) == 0
     out = capsys.readouterr().out
-    idle = builtin_catalog().gpu(A100).idle_w
+    gtype = builtin_catalog().gpu(A100)
+    idle = round(gpu_on_power_w(gtype, gtype.min_sm_clock_mhz) * 1000) / 1000  # unlocked, no load
     assert f"{3 * idle:,.1f} J in 3.00 s, average {idle:.1f} W" in out
     assert json.loads(simhost.read_text())["time_s"] == pytest.approx(3.0)
     assert main(["measure", "--", sys.executable, "-c", "pass"]) == 0

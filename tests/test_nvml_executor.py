@@ -56,7 +56,7 @@ def full_plan() -> Plan:
                 power_limit_w=129,
                 placements=(
                     place("chat", mig="3g.40gb"),
-                    place("code", mig="3g.40gb"),
+                    place("code", mig="2g.20gb"),
                     place("search", mig="1g.20gb"),
                 ),
             ),
@@ -127,7 +127,8 @@ def test_apply_then_reapply_makes_zero_writes(tmp_path: Path) -> None:
     report = Transaction(ctx, actions_for(sim), tmp_path / "cp.json").run()
     assert report.checkpoint is not None and report.checkpoint.exists()
     dev = sim.devices
-    assert dev[0].mig_mode and sorted(dev[0].instances) == ["1g.20gb", "3g.40gb", "3g.40gb"]
+    assert dev[0].mig_mode
+    assert sorted(dev[0].instances) == [("1g.20gb", 6), ("2g.20gb", 4), ("3g.40gb", 0)]
     assert dev[0].locked == (900, 900) and dev[0].power_limit_mw == 129_000
     assert dev[1].locked == (1110, 1110) and dev[1].persistence
     assert len(sim.mps_daemons) == 1
@@ -310,23 +311,25 @@ def test_mig_layout_limits_checked() -> None:
         plan_actions(plan, sim, CAT)
     too_big = (place("a", mig="4g.40gb"), place("b", mig="3g.40gb"), place("c", mig="1g.10gb"))
     plan = Plan(instance="t", gpus=(GpuPlan(gpu="a", type=A100, on=True, placements=too_big),))
-    with pytest.raises(MigLayoutError, match="8 compute slices"):
+    with pytest.raises(MigLayoutError, match="8 of 7 compute slices"):
         plan_actions(plan, sim, CAT)
     sim.devices[0].mig_mode = True
     for _ in range(7):
         sim.create_gpu_instance(0, "1g.10gb")
-    with pytest.raises(MigLayoutError, match="no room"):
+    with pytest.raises(MigLayoutError, match="at most 7"):
         sim.create_gpu_instance(0, "1g.10gb")
+    with pytest.raises(MigLayoutError, match=r"no room for 1g\.20gb"):
+        sim.create_gpu_instance(0, "1g.20gb")
 
 
 def test_existing_mig_layout_is_replaced_and_restored(tmp_path: Path) -> None:
     sim, ctx = host(*TYPES)
     sim.devices[0].mig_mode = True
-    sim.devices[0].instances = ["7g.80gb"]
+    sim.devices[0].instances = [("7g.80gb", 0)]
     sim.devices[1].mig_mode = True  # plan b wants MIG off
     before = sim.snapshot()
     Transaction(ctx, actions_for(sim), tmp_path / "cp.json").run()
-    assert sorted(sim.devices[0].instances) == ["1g.20gb", "3g.40gb", "3g.40gb"]
+    assert sorted(n for n, _ in sim.devices[0].instances) == ["1g.20gb", "2g.20gb", "3g.40gb"]
     assert sim.devices[1].mig_mode is False
     count, errors = restore(ctx, tmp_path / "cp.json")
     assert errors == [] and count == 13
@@ -385,7 +388,11 @@ def test_mig_parted_yaml() -> None:
         "version": "v1",
         "mig-configs": {
             "serving": [
-                {"devices": [0], "mig-enabled": True, "mig-devices": {"1g.20gb": 1, "3g.40gb": 2}}
+                {
+                    "devices": [0],
+                    "mig-enabled": True,
+                    "mig-devices": {"1g.20gb": 1, "2g.20gb": 1, "3g.40gb": 1},
+                }
             ]
         },
     }

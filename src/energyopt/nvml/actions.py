@@ -178,28 +178,53 @@ class SetPowerLimit(Action):
         return f"{int(value) / 1000:g} W"
 
 
-def _slices(profile: str) -> int:
-    head = profile.split("g.", 1)[0]
-    return int(head) if head.isdigit() else 0
+def _mig_state(enabled: bool, placed: list[list[Any]] | list[tuple[str, int]]) -> Json:
+    pairs = sorted([str(n), int(s)] for n, s in placed)
+    return {"enabled": enabled, "instances": [n for n, _ in pairs], "placements": pairs}
 
 
 @dataclass(frozen=True)
 class ConfigureMig(Action):
-    """MIG mode and the GPU instances (each with one full compute instance), by profile."""
+    """MIG mode and the GPU instances (each with one full compute instance), by profile.
+
+    ``placements`` holds the start memory slice of each of ``instances`` (same
+    order, the order of creation), chosen by the planner from NVIDIA's allowed
+    positions; empty lets the driver choose. The state read from a GPU carries
+    every instance's start, so an undo re-creates a layout exactly where it was.
+    """
 
     kind: ClassVar[str] = "mig"
     enabled: bool = True
     instances: tuple[str, ...] = ()
+    placements: tuple[int, ...] = ()
 
     def target(self) -> Json:
-        return {"enabled": self.enabled, "instances": sorted(self.instances)}
+        if len(self.placements) == len(self.instances):
+            return _mig_state(self.enabled, list(zip(self.instances, self.placements, strict=True)))
+        return {"enabled": self.enabled, "instances": sorted(self.instances), "placements": None}
 
     def read(self, ctx: Ctx) -> Json:
         enabled = ctx.nvml.get_mig_mode(self.index)
-        instances = sorted(ctx.nvml.list_gpu_instances(self.index)) if enabled else []
-        return {"enabled": enabled, "instances": instances}
+        placed = list(ctx.nvml.list_gpu_instances(self.index)) if enabled else []
+        return _mig_state(enabled, placed)
+
+    def is_noop(self, original: Json) -> bool:
+        """The same mode and profiles: where the instances sit does not matter to a plan."""
+        return bool(
+            original["enabled"] == self.enabled
+            and sorted(original["instances"]) == sorted(self.instances)
+        )
+
+    def verify(self, ctx: Ctx) -> None:
+        got = self.read(ctx)
+        if not self.is_noop(got):
+            raise VerifyFailed(
+                f"{self.where()}: read back {self.show(got)} after setting "
+                f"{self.show(self.target())} ({self.describe()})"
+            )
 
     def _reach(self, ctx: Ctx, state: Json) -> None:
+        """Put the GPU in ``state`` (a ``read`` value): same mode, instances at the same starts."""
         current = self.read(ctx)
         if current == state:
             return
@@ -207,11 +232,28 @@ class ConfigureMig(Action):
             ctx.nvml.destroy_gpu_instances(self.index)
         if current["enabled"] != state["enabled"]:
             ctx.nvml.set_mig_mode(self.index, bool(state["enabled"]))
-        for profile in sorted(state["instances"], key=lambda p: (-_slices(p), p)):
-            ctx.nvml.create_gpu_instance(self.index, profile)
+        placed = state.get("placements")
+        if placed is None:  # a checkpoint from before placements were recorded
+            placed = [[name, None] for name in state["instances"]]
+        for profile, start in placed:
+            ctx.nvml.create_gpu_instance(
+                self.index, str(profile), None if start is None else int(start)
+            )
 
     def apply(self, ctx: Ctx) -> None:
-        self._reach(ctx, self.target())
+        current = self.read(ctx)
+        if self.is_noop(current):
+            return
+        if current["instances"]:
+            ctx.nvml.destroy_gpu_instances(self.index)
+        if current["enabled"] != self.enabled:
+            ctx.nvml.set_mig_mode(self.index, self.enabled)
+        placed = len(self.placements) == len(self.instances)
+        starts: tuple[int | None, ...] = (
+            self.placements if placed else (None,) * len(self.instances)
+        )
+        for profile, start in zip(self.instances, starts, strict=True):
+            ctx.nvml.create_gpu_instance(self.index, profile, start)
 
     def undo(self, ctx: Ctx, original: Json) -> None:
         self._reach(ctx, original)
@@ -219,11 +261,20 @@ class ConfigureMig(Action):
     def describe(self) -> str:
         if not self.enabled:
             return "disable MIG"
+        if len(self.placements) == len(self.instances):
+            where = ", ".join(
+                f"{p} at memory slice {s}"
+                for p, s in zip(self.instances, self.placements, strict=True)
+            )
+            return f"enable MIG with instances {where or '(none)'}"
         return f"enable MIG with instances {', '.join(self.instances) or '(none)'}"
 
     def show(self, value: Json) -> str:
         if not value["enabled"]:
             return "MIG off"
+        placed = value.get("placements")
+        if placed:
+            return "MIG on: " + ", ".join(f"{n}@{s}" for n, s in placed)
         return f"MIG on: {', '.join(value['instances']) or 'no instances'}"
 
 
@@ -285,17 +336,114 @@ ACTION_TYPES: dict[str, type[Action]] = {
 }
 
 
-def action_from_json(data: dict[str, Json]) -> Action:
-    """Rebuild an action from a checkpoint entry."""
+def describe_json(value: Json) -> str:
+    """What kind of JSON value ``value`` is, for messages ("a string", "null")."""
+    if value is None:
+        return "null"
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
+
+
+def _is_int(value: Json) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _field_problem(annotation: str, value: Json) -> str | None:
+    """Why ``value`` (JSON) does not fit a field annotated ``annotation``; None if it does."""
+    if annotation == "str":
+        return None if isinstance(value, str) else f"expected a string, got {describe_json(value)}"
+    if annotation == "int":
+        return None if _is_int(value) else f"expected an integer, got {describe_json(value)}"
+    if annotation == "bool":
+        return (
+            None if isinstance(value, bool) else f"expected a boolean, got {describe_json(value)}"
+        )
+    if not isinstance(value, list):
+        return f"expected a list, got {describe_json(value)}"
+    if annotation == "tuple[str, ...]" and not all(isinstance(v, str) for v in value):
+        return "expected a list of strings"
+    if annotation == "tuple[int, ...]" and not all(_is_int(v) for v in value):
+        return "expected a list of integers"
+    if annotation == "tuple[tuple[str, int], ...]" and not all(
+        isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and _is_int(v[1])
+        for v in value
+    ):
+        return "expected a list of [name, integer] pairs"
+    return None
+
+
+def _original_problem(kind: str, value: Json) -> str | None:
+    """Why ``value`` cannot be the original of a setting of ``kind``; None if it can."""
+    if kind == "persistence":
+        return (
+            None if isinstance(value, bool) else f"expected a boolean, got {describe_json(value)}"
+        )
+    if kind == "power_limit":
+        return None if _is_int(value) else f"expected an integer (mW), got {describe_json(value)}"
+    if kind == "lock_clocks":
+        ok = value is None or value == "unknown"
+        ok = ok or (isinstance(value, list) and len(value) == 2 and all(_is_int(v) for v in value))
+        return None if ok else 'expected null, "unknown" or [min_mhz, max_mhz]'
+    if not isinstance(value, dict):
+        return f"expected an object, got {describe_json(value)}"
+    if kind == "mig":
+        if not isinstance(value.get("enabled"), bool):
+            return "enabled: expected a boolean"
+        if _field_problem("tuple[str, ...]", value.get("instances")) is not None:
+            return "instances: expected a list of profile names"
+        placed = value.get("placements")
+        if placed is not None and _field_problem("tuple[tuple[str, int], ...]", placed):
+            return "placements: expected a list of [profile, start] pairs"
+        return None
+    if not isinstance(value.get("running"), bool):
+        return "running: expected a boolean"
+    pct = value.get("default_pct")
+    if pct is not None and not _is_int(pct):
+        return "default_pct: expected an integer or null"
+    return None
+
+
+def action_from_json(data: Json, where: str = "action") -> Action:
+    """Rebuild an action from a checkpoint entry; CheckpointError names the bad field."""
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{where}: expected an object, got {describe_json(data)}")
     data = dict(data)
-    cls = ACTION_TYPES.get(str(data.pop("kind", "")))
+    kind = data.pop("kind", None)
+    cls = ACTION_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise CheckpointError(f"unknown action in checkpoint: {data}")
-    if "instances" in data:
-        data["instances"] = tuple(data["instances"])
+        known = ", ".join(ACTION_TYPES)
+        raise CheckpointError(f"{where}.kind: unknown action {kind!r} (known: {known})")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for name in data:
+        if name not in fields:
+            raise CheckpointError(f"{where}.{name}: not a field of a {kind} action")
+    for name, f in fields.items():
+        if name not in data:
+            if f.default is dataclasses.MISSING:
+                raise CheckpointError(f"{where}.{name}: missing")
+            continue
+        problem = _field_problem(str(f.type), data[name])
+        if problem is not None:
+            raise CheckpointError(f"{where}.{name}: {problem}")
+    for name in ("pipe_dir", "log_dir"):
+        if name in fields and not data.get(name):
+            raise CheckpointError(f"{where}.{name}: empty (expected the daemon's directory)")
+    for name in ("instances", "placements"):
+        if name in data:
+            data[name] = tuple(data[name])
     if "clients" in data:
         data["clients"] = tuple((str(w), int(p)) for w, p in data["clients"])
-    try:
-        return cls(**data)
-    except TypeError as exc:
-        raise CheckpointError(f"bad action in checkpoint ({exc}): {data}") from None
+    return cls(**data)
+
+
+def original_from_json(kind: str, value: Json, where: str = "original") -> Json:
+    """``value`` if it can be the original of a ``kind`` setting; else CheckpointError."""
+    problem = _original_problem(kind, value)
+    if problem is not None:
+        raise CheckpointError(f"{where}: {problem}")
+    return value

@@ -11,6 +11,9 @@ from typing import Literal, Protocol
 #: ``"unknown"`` where NVML cannot say (it has no getter for locked clocks).
 LockedClocks = tuple[int, int] | None | Literal["unknown"]
 
+#: A MIG GPU instance: (profile name such as ``3g.40gb``, start memory slice).
+MigInstance = tuple[str, int]
+
 
 class Backend(Protocol):
     """What the executor needs from NVML. Writes raise typed ``ExecutorError``s."""
@@ -89,20 +92,25 @@ class Backend(Protocol):
         """Current MIG mode (True: enabled)."""
         ...
 
+    def get_mig_pending(self, index: int) -> bool:
+        """MIG mode after the next GPU reset (equal to the current mode when none is pending)."""
+        ...
+
     def set_mig_mode(self, index: int, enabled: bool) -> None:
         """Enable or disable MIG; raises if the change needs a GPU reset that did not happen."""
         ...
 
-    def list_gpu_instances(self, index: int) -> tuple[str, ...]:
-        """Profile names of the existing GPU instances, sorted."""
+    def list_gpu_instances(self, index: int) -> tuple[MigInstance, ...]:
+        """The existing GPU instances as (profile name, start memory slice), sorted."""
         ...
 
-    def create_gpu_instance(self, index: int, profile: str) -> None:
-        """Create a GPU instance of ``profile`` and one compute instance filling it."""
+    def create_gpu_instance(self, index: int, profile: str, start: int | None = None) -> None:
+        """Create a GPU instance of ``profile`` at memory slice ``start`` (None: the
+        driver's choice) and one compute instance filling it."""
         ...
 
     def destroy_gpu_instances(self, index: int) -> None:
-        """Destroy every compute and GPU instance of the GPU."""
+        """Destroy every compute and GPU instance of the GPU (newest first)."""
         ...
 
 

@@ -44,11 +44,15 @@ def gpu_status(backend: Backend, index: int) -> GpuStatus:
     else:
         locked_s = f"{locked[0]}-{locked[1]} MHz" if locked[0] != locked[1] else f"{locked[0]} MHz"
     if backend.mig_supported(index):
-        mig = (
-            "on: " + (", ".join(backend.list_gpu_instances(index)) or "no instances")
-            if backend.get_mig_mode(index)
-            else "off"
-        )
+        current, pending = backend.get_mig_mode(index), backend.get_mig_pending(index)
+        placed = backend.list_gpu_instances(index) if current else ()
+        mig = "on: " + (", ".join(f"{n}@{s}" for n, s in placed) or "no instances")
+        mig = mig if current else "off"
+        if pending != current:
+            mig += (
+                f" ({'enable' if pending else 'disable'} pending: takes effect after a GPU "
+                f"reset, `nvidia-smi -r -i {index}`)"
+            )
     else:
         mig = "n/a"
     return GpuStatus(

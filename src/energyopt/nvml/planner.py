@@ -1,7 +1,8 @@
 """Plan -> devices of this host -> the actions that put the plan on them.
 
 Every check that can be made before a write is made here (device type, supported
-clocks, power-limit range, MIG fit), so a bad plan fails before anything changes.
+clocks, power-limit range, MIG layout by NVIDIA's placements, a pending MIG mode
+change), so a bad plan fails before anything changes.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from typing import Any
 
 import yaml
 
+from energyopt.catalog import mig
 from energyopt.catalog.loader import Catalog
+from energyopt.catalog.mig import Placed
 from energyopt.nvml.actions import (
     Action,
     ConfigureMig,
@@ -124,33 +127,36 @@ def _nearest(clocks: tuple[int, ...], clock: int) -> tuple[int, ...]:
     return tuple(([below[-1]] if below else []) + ([above[0]] if above else []))
 
 
-def _check_mig(g: GpuPlan, dev: Device, catalog: Catalog, profiles: list[str]) -> None:
+def _mig_layout(g: GpuPlan, dev: Device, catalog: Catalog, profiles: list[str]) -> list[Placed]:
+    """The instances of ``profiles`` with their start memory slices, in creation order.
+
+    Raises MigLayoutError when the layout cannot be created (the same rule as the
+    verifier: NVIDIA's placements, memory and compute slices, instance limits).
+    """
     label = f"{g.gpu} (GPU {dev.index})"
     try:
         gtype = catalog.gpu(g.type)
     except KeyError as exc:
         raise MigLayoutError(f"{label}: {exc.args[0]} (add it with --catalog)") from None
-    slices = 0
-    for name in sorted(set(profiles)):
-        try:
-            p = gtype.mig_profile(name)
-        except KeyError:
-            known = ", ".join(m.name for m in gtype.mig_profiles) or "none"
-            raise MigLayoutError(
-                f"{label}: {g.type} has no MIG profile {name!r} (profiles: {known})"
-            ) from None
-        count = profiles.count(name)
-        if count > p.max_instances:
-            raise MigLayoutError(
-                f"{label}: {count} instances of {name}, but a {g.type} takes at most "
-                f"{p.max_instances}"
-            )
-        slices += count * p.compute_slices
-    if slices > gtype.mig_total_slices:
-        raise MigLayoutError(
-            f"{label}: the MIG layout needs {slices} compute slices; a {g.type} has "
-            f"{gtype.mig_total_slices}"
-        )
+    reason = mig.layout_problem(gtype, profiles)
+    placed = mig.place(gtype, profiles) if reason is None else None
+    if placed is None:
+        raise MigLayoutError(f"{label}: {reason}")
+    return placed
+
+
+def _check_pending(backend: Backend, label: str, index: int) -> None:
+    """MigLayoutError when a MIG mode change waits for a GPU reset (nothing is written)."""
+    current, pending = backend.get_mig_mode(index), backend.get_mig_pending(index)
+    if current == pending:
+        return
+    state = "enabled" if pending else "disabled"
+    raise MigLayoutError(
+        f"{label}: MIG is {'on' if current else 'off'} but {state} is pending until the GPU "
+        f"is reset; stop every process on the GPU and run `nvidia-smi -r -i {index}` to "
+        f"finish the change, or `nvidia-smi -i {index} -mig {int(current)}` to withdraw it, "
+        "then apply again"
+    )
 
 
 def gpu_actions(
@@ -167,9 +173,20 @@ def gpu_actions(
     if mig:
         if not backend.mig_supported(dev.index):
             raise NotSupported(label, "MIG")
-        _check_mig(g, dev, catalog, mig)
-        actions.append(ConfigureMig(gpu, idx, uuid, enabled=True, instances=tuple(sorted(mig))))
+        placed = _mig_layout(g, dev, catalog, mig)
+        _check_pending(backend, label, dev.index)
+        actions.append(
+            ConfigureMig(
+                gpu,
+                idx,
+                uuid,
+                enabled=True,
+                instances=tuple(n for n, _ in placed),
+                placements=tuple(s for _, s in placed),
+            )
+        )
     elif backend.mig_supported(dev.index):
+        _check_pending(backend, label, dev.index)
         actions.append(ConfigureMig(gpu, idx, uuid, enabled=False, instances=()))
     if g.clock_mhz is not None:
         clocks = backend.supported_sm_clocks(dev.index)

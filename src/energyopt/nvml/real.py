@@ -8,8 +8,10 @@ locked clocks, so this backend reports them as "unknown" until it sets them itse
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
-import re
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from energyopt.nvml.backend import LockedClocks
@@ -28,6 +30,7 @@ ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
 ERROR_NO_PERMISSION = 4
 ERROR_NOT_FOUND = 6
+ERROR_INSUFFICIENT_SIZE = 7
 ERROR_DRIVER_NOT_LOADED = 9
 ERROR_LIBRARY_NOT_FOUND = 12
 ERROR_GPU_IS_LOST = 15
@@ -35,10 +38,16 @@ ERROR_RESET_REQUIRED = 16
 ERROR_IN_USE = 19
 ERROR_INSUFFICIENT_RESOURCES = 23
 
-# NVML_GPU_INSTANCE_PROFILE_* ids; 7 and 8 are the "+me" media variants.
-GI_PROFILE_IDS = (0, 1, 2, 3, 4, 5, 6, 9)
-# compute slices -> NVML_COMPUTE_INSTANCE_PROFILE_* id
+#: NVML_GPU_INSTANCE_PROFILE_* enum values asked for when pynvml does not say how
+#: many there are (0x0-0x11 in nvml.h of R570; 7 is 1_SLICE_REV1, the "+me" profile).
+GI_PROFILE_COUNT_FALLBACK = 0x12
+#: Enum values whose profile carries the media engines ("+me"): 1_SLICE_REV1,
+#: 2_SLICE_REV1, 1_SLICE_ALL_ME, 2_SLICE_ALL_ME.
+ME_PROFILES = (0x7, 0x8, 0xF, 0x10)
+# compute slices -> NVML_COMPUTE_INSTANCE_PROFILE_* enum value
 CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+ERROR_FUNCTION_NOT_FOUND = 13
+ERROR_ARGUMENT_VERSION_MISMATCH = 25
 CLOCK_SM = 1  # NVML_CLOCK_SM
 CLOCK_MEM = 2  # NVML_CLOCK_MEM
 CI_ENGINE_SHARED = 0  # NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
@@ -75,11 +84,24 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _parse_profile(name: str) -> tuple[int, float]:
-    m = re.fullmatch(r"(\d+)g\.(\d+)gb", name)
-    if m is None:
-        raise MigLayoutError(f"MIG profile {name!r} is not of the form <N>g.<M>gb")
-    return int(m.group(1)), float(m.group(2))
+@dataclass(frozen=True)
+class GiProfile:
+    """A GPU-instance profile as this GPU's driver reports it."""
+
+    name: str  # "1g.10gb", "1g.10gb+me"
+    enum: int  # NVML_GPU_INSTANCE_PROFILE_* value asked for
+    id: int  # info.id: what nvmlDeviceCreateGpuInstance and nvmlDeviceGetGpuInstances take
+    slices: int  # compute slices (info.sliceCount)
+    instances: int  # most instances of this profile (info.instanceCount)
+
+
+def _profile_name(info: Any, enum: int) -> str:
+    """``1g.10gb``-style name: the driver's own (v2 info), else slices and memory."""
+    name = _text(getattr(info, "name", b"")).removeprefix("MIG ").strip()
+    if name:
+        return name
+    gb = math.ceil(int(info.memorySizeMB) / 1024 - 0.3)
+    return f"{int(info.sliceCount)}g.{gb}gb" + ("+me" if enum in ME_PROFILES else "")
 
 
 class NvmlBackend:
@@ -97,6 +119,7 @@ class NvmlBackend:
             ) from None
         self._locked: dict[int, LockedClocks] = {}
         self._handles: dict[int, Any] = {}
+        self._gi_profiles: dict[int, dict[str, GiProfile]] = {}
 
     def open(self) -> None:
         """Initialise NVML; BackendUnavailable without a driver or a GPU."""
@@ -232,6 +255,10 @@ class NvmlBackend:
         current, _pending = self._call(index, "MIG mode", "nvmlDeviceGetMigMode", self._h(index))
         return bool(current)
 
+    def get_mig_pending(self, index: int) -> bool:
+        _current, pending = self._call(index, "MIG mode", "nvmlDeviceGetMigMode", self._h(index))
+        return bool(pending)
+
     def set_mig_mode(self, index: int, enabled: bool) -> None:
         h = self._h(index)
         before = self.get_mig_mode(index)
@@ -246,84 +273,173 @@ class NvmlBackend:
                 f"`nvidia-smi -r -i {index}`, then apply again"
             )
 
-    def _profiles(self, index: int) -> dict[int, Any]:
-        """GPU-instance profile id -> profile info, for the profiles this GPU has."""
-        out: dict[int, Any] = {}
-        for pid in GI_PROFILE_IDS:
-            try:
-                out[pid] = self.nv.nvmlDeviceGetGpuInstanceProfileInfo(self._h(index), pid)
-            except self.nv.NVMLError:
+    def _profiles(self, index: int) -> dict[str, GiProfile]:
+        """Profile name -> GPU-instance profile, for every profile this GPU has (+me too)."""
+        if index in self._gi_profiles:
+            return self._gi_profiles[index]
+        out: dict[str, GiProfile] = {}
+        count = int(getattr(self.nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", GI_PROFILE_COUNT_FALLBACK))
+        h = self._h(index)
+        for enum in range(count):
+            info = self._profile_info(h, enum)
+            if info is None:
                 continue
+            prof = GiProfile(
+                name=_profile_name(info, enum),
+                enum=enum,
+                id=int(info.id),
+                slices=int(info.sliceCount),
+                instances=int(info.instanceCount),
+            )
+            if all(p.id != prof.id for p in out.values()):
+                out.setdefault(prof.name, prof)
+        self._gi_profiles[index] = out
         return out
 
-    def _profile_id(self, index: int, name: str) -> int:
-        slices, mem_gb = _parse_profile(name)
-        cands = [(pid, info) for pid, info in self._profiles(index).items()]
-        cands = [(pid, info) for pid, info in cands if int(info.sliceCount) == slices]
-        if not cands:
-            raise MigLayoutError(f"{self._label(index)}: no MIG profile {name}")
-        best = min(cands, key=lambda c: abs(int(c[1].memorySizeMB) / 1024 - mem_gb))
-        return best[0]
+    def _profile_info(self, h: Any, enum: int) -> Any:
+        """v2 profile info (it has the name), v1 on drivers without it; None: no such profile."""
+        for version in (2, 1):
+            try:
+                return self.nv.nvmlDeviceGetGpuInstanceProfileInfo(h, enum, version)
+            except self.nv.NVMLError as exc:
+                code = int(getattr(exc, "value", -1))
+                if code in (ERROR_FUNCTION_NOT_FOUND, ERROR_ARGUMENT_VERSION_MISMATCH):
+                    continue
+                if code in (ERROR_NOT_SUPPORTED, ERROR_INVALID_ARGUMENT, ERROR_NOT_FOUND):
+                    return None
+                raise
+        return None
 
-    def _profile_name(self, index: int, pid: int) -> str:
-        """``1g.10gb``-style name: NVML's own (v2 info) when the driver has it."""
-        try:
-            info = self.nv.nvmlDeviceGetGpuInstanceProfileInfoV(self._h(index), pid)
-            name = _text(getattr(info, "name", "")).removeprefix("MIG ").strip()
-            if name:
-                return name
-        except (AttributeError, self.nv.NVMLError):
-            pass
-        info = self._profiles(index)[pid]
-        return f"{int(info.sliceCount)}g.{round(int(info.memorySizeMB) / 1000)}gb"
+    def _profile(self, index: int, name: str) -> GiProfile:
+        profiles = self._profiles(index)
+        if name not in profiles:
+            known = ", ".join(profiles) or "none"
+            raise MigLayoutError(f"{self._label(index)}: no MIG profile {name} (driver: {known})")
+        return profiles[name]
 
-    def list_gpu_instances(self, index: int) -> tuple[str, ...]:
+    def _gpu_instances(self, index: int) -> list[tuple[GiProfile, Any, Any]]:
+        """(profile, GPU instance handle, its info) of every GPU instance, by profile."""
+        h = self._h(index)
+        out: list[tuple[GiProfile, Any, Any]] = []
+        for prof in self._profiles(index).values():
+            handles = (self.nv.c_nvmlGpuInstance_t * max(prof.instances, 1))()
+            count = ctypes.c_uint(0)
+            self._call(
+                index,
+                "MIG instances",
+                "nvmlDeviceGetGpuInstances",
+                h,
+                prof.id,
+                handles,
+                ctypes.byref(count),
+            )
+            for gi in handles[: count.value]:
+                info = self._call(index, "MIG instances", "nvmlGpuInstanceGetInfo", gi)
+                out.append((prof, gi, info))
+        return out
+
+    def list_gpu_instances(self, index: int) -> tuple[tuple[str, int], ...]:
         if not self.get_mig_mode(index):
             return ()
-        names: list[str] = []
-        for pid in self._profiles(index):
-            gis = self._call(
-                index, "MIG instances", "nvmlDeviceGetGpuInstances", self._h(index), pid
-            )
-            names.extend(self._profile_name(index, pid) for _ in gis)
-        return tuple(sorted(names))
+        placed = [
+            (prof.name, int(info.placement.start)) for prof, _, info in self._gpu_instances(index)
+        ]
+        return tuple(sorted(placed))
 
-    def create_gpu_instance(self, index: int, profile: str) -> None:
-        pid = self._profile_id(index, profile)
+    def _placement(self, index: int, prof: GiProfile, start: int) -> Any:
+        """The driver's placement of ``prof`` at memory slice ``start``."""
         h = self._h(index)
-        gi = self._call(index, f"MIG instance {profile}", "nvmlDeviceCreateGpuInstance", h, pid)
-        slices, _ = _parse_profile(profile)
+        count = ctypes.c_uint(0)
+        try:
+            self.nv.nvmlDeviceGetGpuInstancePossiblePlacements(
+                h, prof.id, None, ctypes.byref(count)
+            )
+        except self.nv.NVMLError as exc:
+            if int(getattr(exc, "value", -1)) != ERROR_INSUFFICIENT_SIZE:
+                raise translate(exc, self._label(index), f"MIG placements of {prof.name}") from None
+        places = (self.nv.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+        self._call(
+            index,
+            f"MIG placements of {prof.name}",
+            "nvmlDeviceGetGpuInstancePossiblePlacements",
+            h,
+            prof.id,
+            places,
+            ctypes.byref(count),
+        )
+        for place in places[: count.value]:
+            if int(place.start) == start:
+                return place
+        allowed = ", ".join(str(int(p.start)) for p in places[: count.value])
+        raise MigLayoutError(
+            f"{self._label(index)}: {prof.name} cannot start at memory slice {start} "
+            f"(allowed: {allowed})"
+        )
+
+    def create_gpu_instance(self, index: int, profile: str, start: int | None = None) -> None:
+        prof = self._profile(index, profile)
+        h = self._h(index)
+        what = f"MIG instance {profile}" + ("" if start is None else f" at memory slice {start}")
+        if start is None:
+            gi = self._call(index, what, "nvmlDeviceCreateGpuInstance", h, prof.id)
+        else:
+            place = self._placement(index, prof, start)
+            gi = self._call(
+                index,
+                what,
+                "nvmlDeviceCreateGpuInstanceWithPlacement",
+                h,
+                prof.id,
+                ctypes.byref(place),
+            )
         try:
             ci_info = self._call(
                 index,
-                f"MIG compute instance {profile}",
+                f"MIG compute instance of {profile}",
                 "nvmlGpuInstanceGetComputeInstanceProfileInfo",
                 gi,
-                CI_PROFILE_BY_SLICES[slices],
+                CI_PROFILE_BY_SLICES[prof.slices],
                 CI_ENGINE_SHARED,
             )
             self._call(
                 index,
-                f"MIG compute instance {profile}",
+                f"MIG compute instance of {profile}",
                 "nvmlGpuInstanceCreateComputeInstance",
                 gi,
                 ci_info.id,
             )
         except BaseException:
-            self._call(index, f"MIG instance {profile}", "nvmlGpuInstanceDestroy", gi)
+            self._call(index, what, "nvmlGpuInstanceDestroy", gi)
             raise
+
+    def _destroy_compute_instances(self, index: int, gi: Any) -> None:
+        for ci_enum in sorted(set(CI_PROFILE_BY_SLICES.values())):
+            try:
+                info = self.nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi, ci_enum, CI_ENGINE_SHARED
+                )
+            except self.nv.NVMLError as exc:
+                if int(getattr(exc, "value", -1)) in (ERROR_NOT_SUPPORTED, ERROR_INVALID_ARGUMENT):
+                    continue
+                raise translate(exc, self._label(index), "MIG compute instances") from None
+            handles = (self.nv.c_nvmlComputeInstance_t * max(int(info.instanceCount), 1))()
+            count = ctypes.c_uint(0)
+            self._call(
+                index,
+                "MIG compute instances",
+                "nvmlGpuInstanceGetComputeInstances",
+                gi,
+                info.id,
+                handles,
+                ctypes.byref(count),
+            )
+            for ci in reversed(handles[: count.value]):
+                self._call(index, "MIG compute instance", "nvmlComputeInstanceDestroy", ci)
 
     def destroy_gpu_instances(self, index: int) -> None:
         if not self.get_mig_mode(index):
             return
-        h = self._h(index)
-        for pid in self._profiles(index):
-            for gi in self._call(index, "MIG instances", "nvmlDeviceGetGpuInstances", h, pid):
-                for ci_pid in CI_PROFILE_BY_SLICES.values():
-                    try:
-                        cis = self.nv.nvmlGpuInstanceGetComputeInstances(gi, ci_pid)
-                    except self.nv.NVMLError:
-                        continue
-                    for ci in cis:
-                        self._call(index, "MIG compute instance", "nvmlComputeInstanceDestroy", ci)
-                self._call(index, "MIG instance", "nvmlGpuInstanceDestroy", gi)
+        found = self._gpu_instances(index)
+        for _prof, gi, _info in sorted(found, key=lambda f: -int(f[2].id)):
+            self._destroy_compute_instances(index, gi)
+            self._call(index, "MIG instance", "nvmlGpuInstanceDestroy", gi)

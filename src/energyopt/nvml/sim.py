@@ -1,7 +1,8 @@
 """A simulated NVML with the real constraints of each catalog GPU type, for tests.
 
-It enforces the supported clock list, the power-limit range, MIG support, MIG slice
-counts and per-profile instance limits, and can refuse writes (no permission),
+It enforces the supported clock list, the power-limit range, MIG support, MIG
+placements (memory slices at NVIDIA's allowed start positions) and per-profile
+instance limits, and can refuse writes (no permission),
 fail at the k-th write (fault injection) or silently drop a kind of write (to test
 read-back). The energy counter advances with simulated time.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from energyopt.catalog import mig
 from energyopt.nvml.backend import LockedClocks
 from energyopt.nvml.errors import (
     ClockNotSupported,
@@ -40,7 +42,8 @@ class SimDevice:
     locked: tuple[int, int] | None = None
     power_limit_mw: int = 0
     mig_mode: bool = False
-    instances: list[str] = field(default_factory=list)
+    mig_pending: bool | None = None
+    instances: list[tuple[str, int]] = field(default_factory=list)
     energy_mj: float = 0.0
     load: float = 0.0
 
@@ -112,7 +115,7 @@ class SimulatedNvml:
             row = asdict(d)
             row.pop("energy_mj")
             row.pop("load")
-            row["instances"] = sorted(d.instances)
+            row["instances"] = sorted((str(n), int(st)) for n, st in d.instances)
             out.append(row)
         out.append({"mps": {k: asdict(v) for k, v in sorted(self.mps_daemons.items())}})
         return out
@@ -133,7 +136,8 @@ class SimulatedNvml:
         sim = cls([catalog[name] for name in data["types"]], bool(data.get("privileged", True)))
         for dev, row in zip(sim.devices, data["devices"], strict=True):
             locked = row.get("locked")
-            row = {**row, "locked": tuple(locked) if locked else None}
+            instances = [(str(n), int(st)) for n, st in row.get("instances", [])]
+            row = {**row, "locked": tuple(locked) if locked else None, "instances": instances}
             for key, value in row.items():
                 setattr(dev, key, value)
         sim.time_s = float(data.get("time_s", 0.0))
@@ -250,6 +254,10 @@ class SimulatedNvml:
     def get_mig_mode(self, index: int) -> bool:
         return self._dev(index).mig_mode
 
+    def get_mig_pending(self, index: int) -> bool:
+        dev = self._dev(index)
+        return dev.mig_mode if dev.mig_pending is None else dev.mig_pending
+
     def set_mig_mode(self, index: int, enabled: bool) -> None:
         dev = self._dev(index)
         if not self.mig_supported(index):
@@ -260,11 +268,12 @@ class SimulatedNvml:
             )
         if self._write("set_mig_mode", index):
             dev.mig_mode = enabled
+            dev.mig_pending = None
 
-    def list_gpu_instances(self, index: int) -> tuple[str, ...]:
+    def list_gpu_instances(self, index: int) -> tuple[tuple[str, int], ...]:
         return tuple(sorted(self._dev(index).instances))
 
-    def create_gpu_instance(self, index: int, profile: str) -> None:
+    def create_gpu_instance(self, index: int, profile: str, start: int | None = None) -> None:
         dev = self._dev(index)
         g = self.gpu_type(index)
         if not dev.mig_mode:
@@ -276,18 +285,26 @@ class SimulatedNvml:
             raise MigLayoutError(
                 f"{self._label(index)}: no MIG profile {profile!r} (known: {known})"
             ) from None
-        used = sum(g.mig_profile(name).compute_slices for name in dev.instances)
-        if used + p.compute_slices > g.mig_total_slices:
-            raise MigLayoutError(
-                f"{self._label(index)}: no room for {profile}: {used} of "
-                f"{g.mig_total_slices} compute slices in use"
-            )
-        if dev.instances.count(profile) + 1 > p.max_instances:
+        names = [n for n, _ in dev.instances]
+        if names.count(profile) + 1 > p.max_instances:
             raise MigLayoutError(
                 f"{self._label(index)}: at most {p.max_instances} instance(s) of {profile}"
             )
+        if start is None:
+            placed = mig.place(g, [profile], fixed=dev.instances)
+            at = placed[0][1] if placed else None
+        else:
+            ok = start in mig.starts(g, p)
+            fits = ok and mig.place(g, [], fixed=[*dev.instances, (profile, start)]) is not None
+            at = start if fits else None
+        if at is None:
+            where = "" if start is None else f" at memory slice {start}"
+            raise MigLayoutError(
+                f"{self._label(index)}: no room for {profile}{where} beside "
+                f"{', '.join(f'{n}@{s}' for n, s in sorted(dev.instances)) or 'nothing'}"
+            )
         if self._write("create_gpu_instance", index):
-            dev.instances.append(profile)
+            dev.instances.append((profile, at))
 
     def destroy_gpu_instances(self, index: int) -> None:
         dev = self._dev(index)

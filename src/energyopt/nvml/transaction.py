@@ -1,6 +1,8 @@
 """Apply actions all-or-nothing: checkpoint, apply, read back, and roll back on failure.
 
-Order: read every original value; write the checkpoint file (before any write);
+Order: read every original value; write the checkpoint file (before any write),
+chained to earlier checkpoints in its folder so that the newest one always leads
+back to the state before the first apply;
 apply each action that is not already in place and read it back; on any error,
 SIGINT or SIGTERM, undo every started action in reverse order and raise
 ``ApplyFailed`` (``ApplyInterrupted`` for signals). Signals arriving during the
@@ -21,7 +23,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from energyopt.nvml.actions import Action, Ctx, action_from_json
+from energyopt.nvml.actions import (
+    Action,
+    Ctx,
+    action_from_json,
+    describe_json,
+    original_from_json,
+)
 from energyopt.nvml.errors import (
     ApplyFailed,
     ApplyInterrupted,
@@ -42,7 +50,13 @@ class ApplyReport:
     checkpoint: Path | None
 
 
-def write_checkpoint(path: Path, actions: list[Action], originals: list[Any], kind: str) -> None:
+def write_checkpoint(
+    path: Path,
+    actions: list[Action],
+    originals: list[Any],
+    kind: str,
+    chained_from: list[str] | None = None,
+) -> None:
     """Write the checkpoint atomically; refuse to overwrite one (it may hold older originals)."""
     if path.exists():
         raise CheckpointError(
@@ -53,6 +67,7 @@ def write_checkpoint(path: Path, actions: list[Action], originals: list[Any], ki
         "version": CHECKPOINT_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "backend": kind,
+        "chained_from": chained_from or [],
         "entries": [
             {"action": a.to_json(), "original": o} for a, o in zip(actions, originals, strict=True)
         ],
@@ -68,15 +83,101 @@ def write_checkpoint(path: Path, actions: list[Action], originals: list[Any], ki
         ) from None
 
 
-def read_checkpoint(path: str | Path) -> list[tuple[Action, Any]]:
-    """The (action, original value) pairs of a checkpoint file."""
+def _parse_checkpoint(path: str | Path) -> tuple[dict[str, Any], list[tuple[Action, Any]]]:
+    """The checkpoint's header and (action, original) pairs; CheckpointError names the field."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from None
     if not isinstance(data, dict) or data.get("version") != CHECKPOINT_VERSION:
         raise CheckpointError(f"{path}: not an energyopt checkpoint (version {CHECKPOINT_VERSION})")
-    return [(action_from_json(e["action"]), e["original"]) for e in data.get("entries", [])]
+    if "entries" not in data:
+        raise CheckpointError(f"{path}: entries: missing")
+    entries = data["entries"]
+    if not isinstance(entries, list):
+        raise CheckpointError(
+            f"{path}: entries: expected a list of settings, got {describe_json(entries)}"
+        )
+    pairs: list[tuple[Action, Any]] = []
+    for i, entry in enumerate(entries):
+        where = f"{path}: entries[{i}]"
+        if not isinstance(entry, dict):
+            raise CheckpointError(f"{where}: expected an object with action and original")
+        for key in ("action", "original"):
+            if key not in entry:
+                raise CheckpointError(f"{where}.{key}: missing")
+        action = action_from_json(entry["action"], f"{where}.action")
+        original = original_from_json(action.kind, entry["original"], f"{where}.original")
+        pairs.append((action, original))
+    return data, pairs
+
+
+def read_checkpoint(path: str | Path) -> list[tuple[Action, Any]]:
+    """The (action, original value) pairs of a checkpoint file."""
+    return _parse_checkpoint(path)[1]
+
+
+def _setting(action: Action) -> tuple[str, ...]:
+    """What a checkpoint entry is about: the GPU, the kind of setting, the MPS pipe."""
+    pipe = getattr(action, "pipe_dir", "")
+    return (action.uuid, action.kind, str(pipe))
+
+
+def earlier_checkpoints(folder: Path, kind: str) -> list[tuple[Path, list[tuple[Action, Any]]]]:
+    """Readable checkpoints of backend ``kind`` in ``folder``, newest first (others skipped)."""
+    found: list[tuple[str, int, Path, list[tuple[Action, Any]]]] = []
+    if not folder.is_dir():
+        return []
+    for path in folder.glob("*.json"):
+        try:
+            data, pairs = _parse_checkpoint(path)
+            stamp = path.stat().st_mtime_ns
+        except (CheckpointError, OSError):
+            continue
+        if data.get("backend") == kind:
+            found.append((str(data.get("created", "")), stamp, path, pairs))
+    found.sort(key=lambda f: (f[0], f[1]), reverse=True)
+    return [(path, pairs) for _, _, path, pairs in found]
+
+
+def chain_originals(
+    ctx: Ctx, actions: list[Action], current: list[Any], folder: Path
+) -> tuple[list[Action], list[Any], list[str]]:
+    """The entries of a new checkpoint that lead back to the state before the first apply.
+
+    A setting that an earlier checkpoint (in ``folder``) changed and that still
+    holds that apply's target keeps the earlier original instead of the current
+    value; settings of earlier checkpoints that this apply does not touch, and
+    that still hold their target, are carried over. Returns the actions, their
+    originals and the checkpoints used.
+    """
+    earlier: dict[tuple[str, ...], tuple[Action, Any]] = {}
+    used: list[str] = []
+    for path, pairs in earlier_checkpoints(folder, ctx.nvml.kind):
+        fresh = {_setting(a): (a, o) for a, o in pairs if _setting(a) not in earlier}
+        if fresh:
+            earlier.update(fresh)
+            used.append(str(path))
+    out_actions = list(actions)
+    out_originals = list(current)
+    chained: set[str] = set()
+    for i, (action, value) in enumerate(zip(actions, current, strict=True)):
+        prev = earlier.pop(_setting(action), None)
+        if prev is not None and prev[0].is_noop(value):
+            out_originals[i] = prev[1]
+            chained.add(_setting(action)[0])
+    for prev_action, prev_original in earlier.values():
+        try:
+            index = ctx.nvml.index_of_uuid(prev_action.uuid)
+            moved = replace(prev_action, index=index)
+            if not moved.is_noop(moved.read(ctx)):
+                continue
+        except ExecutorError:
+            continue
+        out_actions.append(moved)
+        out_originals.append(prev_original)
+        chained.add(prev_action.uuid)
+    return out_actions, out_originals, used if chained else []
 
 
 @contextlib.contextmanager
@@ -116,21 +217,41 @@ def _signals_held() -> Iterator[list[int]]:
             signal.signal(s, h)
 
 
-def rollback(ctx: Ctx, pairs: list[tuple[Action, Any]]) -> list[str]:
-    """Undo ``pairs`` in reverse order; the errors that remain (empty: all restored)."""
+def _restored(action: Action, now: Any, original: Any) -> bool:
+    """Whether ``now`` counts as the original (a lock never readable counts when unlocked)."""
+    if original == "unknown":
+        return now is None or now == "unknown"
+    return bool(now == original)
+
+
+def rollback(ctx: Ctx, pairs: list[tuple[Action, Any]], changed_only: bool = False) -> list[str]:
+    """Undo ``pairs`` in reverse order; the settings that still differ (empty: all restored).
+
+    With ``changed_only`` (a rollback in the process that applied) a setting that
+    reads as its original is not written at all. A setting is reported only when
+    it really differs from its original after the undo (or cannot be read).
+    """
     errors: list[str] = []
     with _signals_held():
         for action, original in reversed(pairs):
+            failure = ""
             try:
-                action.undo(ctx, original)
-                action_read = action.read(ctx)
-                if action_read != original and original != "unknown":
-                    errors.append(
-                        f"{action.where()}: {action.describe()}: still "
-                        f"{action.show(action_read)}, was {action.show(original)}"
-                    )
+                if not (changed_only and action.read(ctx) == original):
+                    action.undo(ctx, original)
             except Exception as exc:  # keep restoring the others
-                errors.append(f"{action.where()}: restoring {action.kind}: {exc}")
+                failure = f"{action.where()}: restoring {action.kind}: {exc}"
+            try:
+                now = action.read(ctx)
+            except Exception as exc:
+                errors.append(failure or f"{action.where()}: cannot read {action.kind}: {exc}")
+                continue
+            if _restored(action, now, original):
+                continue
+            errors.append(
+                failure
+                or f"{action.where()}: {action.describe()}: still {action.show(now)}, "
+                f"was {action.show(original)}"
+            )
     return errors
 
 
@@ -156,7 +277,10 @@ class Transaction:
         skipped = [a for a, o in zip(self.actions, originals, strict=True) if a.is_noop(o)]
         if not todo:
             return ApplyReport([], skipped, None)
-        write_checkpoint(self.checkpoint, self.actions, originals, self.ctx.nvml.kind)
+        entries, recorded, chained = chain_originals(
+            self.ctx, self.actions, originals, self.checkpoint.parent
+        )
+        write_checkpoint(self.checkpoint, entries, recorded, self.ctx.nvml.kind, chained)
         started: list[tuple[Action, Any]] = []
         try:
             with _signals_raise():
@@ -166,7 +290,7 @@ class Transaction:
                     action.apply(self.ctx)
                     action.verify(self.ctx)
         except (Exception, KeyboardInterrupt, Interrupted) as exc:
-            errors = rollback(self.ctx, started)
+            errors = rollback(self.ctx, started, changed_only=True)
             cls = (
                 ApplyInterrupted
                 if isinstance(exc, KeyboardInterrupt | Interrupted)
