@@ -8,7 +8,6 @@ this module explains.
 from __future__ import annotations
 
 import argparse
-import math
 
 from energyopt.solvers.presets import load_preset
 from energyopt.spec.errors import SpecError
@@ -36,13 +35,7 @@ def validate_file(path: str, catalogs: list[str]) -> str:
         raise SpecError(
             [f"{path}: solver: {line.removeprefix('--solver: ')}" for line in exc.problems]
         ) from None
-    cells = (
-        max(len(spec.slo_tiers), 1)
-        * max(len(spec.gpu_types), 1)
-        * len(spec.load_scale)
-        * math.prod(len(v) for v in spec.workload_scale.values())
-    )
-    return f"plans compile spec: base {base.name}, {cells} cells, solver {spec.solver}"
+    return f"plans compile spec: base {base.name}, {spec.cells()} cells, solver {spec.solver}"
 
 
 def solve_file(args: argparse.Namespace) -> int:

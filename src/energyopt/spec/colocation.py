@@ -8,11 +8,15 @@ splits the same GPUs by MPS SM share. Units are in the field names (``_ms``,
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from energyopt.spec.base import Spec
+from energyopt.spec.hardware import MAX_CLOCK_MHZ
+from energyopt.spec.limits import over_limit
+from energyopt.spec.llm import MAX_TOKENS
 
 IdleKind = Literal["data_loading", "communication", "pipeline_bubble", "other"]
 ColocationObjective = Literal["jct", "throughput"]
@@ -24,7 +28,7 @@ class IdlePhase(Spec):
     kind: IdleKind
     ms: float = Field(
         gt=0,
-        allow_inf_nan=False,
+        le=86_400_000,
         description="ms per iteration; communication: at 2 GPUs, scaled by the ring "
         "factor 2(n-1)/n on n GPUs (0 on one GPU)",
     )
@@ -36,18 +40,27 @@ class TrainingJob(Spec):
     kind: Literal["training"]
     name: str = Field(min_length=1)
     model: str = Field(min_length=1, description="catalog LLM trained")
-    tokens_per_iteration: int = Field(gt=0, description="global batch, tokens per iteration")
-    sequence_tokens: int = Field(default=2048, gt=0, description="tokens per sequence")
-    iterations: int = Field(gt=0, description="iterations to run (the job's work)")
+    tokens_per_iteration: int = Field(
+        gt=0, le=1e12, description="global batch, tokens per iteration"
+    )
+    sequence_tokens: int = Field(
+        default=2048, gt=0, le=MAX_TOKENS, description="tokens per sequence"
+    )
+    iterations: int = Field(gt=0, le=1e12, description="iterations to run (the job's work)")
     idle_phases: tuple[IdlePhase, ...] = Field(
         default=(), description="data loading, communication, pipeline bubbles per iteration"
     )
-    min_gpus: int = Field(default=1, gt=0)
-    max_gpus: int = Field(default=8, gt=0)
+    min_gpus: int = Field(default=1, gt=0, le=65_536)
+    max_gpus: int = Field(default=8, gt=0, le=65_536)
     state_bytes_per_param: float = Field(
-        default=16.0, gt=0, description="weights+grads+Adam state bytes per parameter, sharded"
+        default=16.0,
+        gt=0,
+        le=1_000,
+        description="weights+grads+Adam state bytes per parameter, sharded",
     )
-    activation_gb: float = Field(default=8.0, ge=0, description="activations per GPU, GB")
+    activation_gb: float = Field(
+        default=8.0, ge=0, le=10_000, description="activations per GPU, GB"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TrainingJob:
@@ -64,12 +77,14 @@ class InferenceJob(Spec):
     kind: Literal["inference"]
     name: str = Field(min_length=1)
     model: str = Field(min_length=1, description="catalog LLM served")
-    items: int = Field(gt=0, description="prompts to process (the job's work)")
-    prompt_tokens: float = Field(gt=0, allow_inf_nan=False, description="mean tokens per prompt")
-    output_tokens: float = Field(gt=0, allow_inf_nan=False, description="mean tokens generated")
-    batch: int = Field(default=32, gt=0, description="sequences decoded together per GPU")
-    min_gpus: int = Field(default=1, gt=0, description="replicas (one per GPU)")
-    max_gpus: int = Field(default=8, gt=0)
+    items: int = Field(gt=0, le=1e12, description="prompts to process (the job's work)")
+    prompt_tokens: float = Field(gt=0, le=MAX_TOKENS, description="mean tokens per prompt")
+    output_tokens: float = Field(gt=0, le=MAX_TOKENS, description="mean tokens generated")
+    batch: int = Field(
+        default=32, gt=0, le=1_000_000, description="sequences decoded together per GPU"
+    )
+    min_gpus: int = Field(default=1, gt=0, le=65_536, description="replicas (one per GPU)")
+    max_gpus: int = Field(default=8, gt=0, le=65_536)
 
     @model_validator(mode="after")
     def _check(self) -> InferenceJob:
@@ -88,6 +103,13 @@ class GpuPool(Spec):
     count: int = Field(gt=0)
     name: str | None = Field(default=None, min_length=1, description="id prefix; default type")
 
+    @model_validator(mode="after")
+    def _check(self) -> GpuPool:
+        message = over_limit("the GPU count", self.count, "gpus")
+        if message:
+            raise ValueError(message)
+        return self
+
     @property
     def prefix(self) -> str:
         """Prefix of the GPU ids of this pool."""
@@ -98,10 +120,13 @@ class ColocationCluster(Spec):
     """The GPU pools and the cluster's power budget (W, all GPUs, idle ones included)."""
 
     pools: tuple[GpuPool, ...] = Field(min_length=1)
-    power_budget_w: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    power_budget_w: float | None = Field(default=None, gt=0, le=1e9)
 
     @model_validator(mode="after")
     def _check(self) -> ColocationCluster:
+        message = over_limit("the cluster's GPU count", sum(p.count for p in self.pools), "gpus")
+        if message:
+            raise ValueError(message)
         prefixes = [p.prefix for p in self.pools]
         dup = sorted({p for p in prefixes if prefixes.count(p) > 1})
         if dup:
@@ -123,13 +148,17 @@ class ColocationOptions(Spec):
         default=(25, 50, 75), description="SM share of the training job in a pair (MPS %)"
     )
     gpu_counts: tuple[int, ...] = Field(
-        default=(1, 2, 4, 8), description="GPU counts a job may get (within its min..max)"
+        default=(1, 2, 4, 8),
+        max_length=64,
+        description="GPU counts a job may get (within its min..max)",
     )
-    clocks_mhz: dict[str, tuple[int, ...]] | None = Field(
+    clocks_mhz: dict[str, tuple[Annotated[int, Field(gt=0, le=MAX_CLOCK_MHZ)], ...]] | None = Field(
         default=None, description="candidate SM clocks per GPU type (MHz)"
     )
-    clock_count: int = Field(default=3, gt=0, description="candidate clocks per type otherwise")
-    slot_s: float = Field(gt=0, allow_inf_nan=False, description="length of one time slot, s")
+    clock_count: int = Field(
+        default=3, gt=0, le=64, description="candidate clocks per type otherwise"
+    )
+    slot_s: float = Field(gt=0, le=1e7, description="length of one time slot, s")
     slots: int = Field(default=12, gt=0, le=200, description="slots in the horizon")
     memory_reserve_fraction: float = Field(
         default=0.1, ge=0, lt=1, description="part of GPU memory kept free"
@@ -142,6 +171,12 @@ class ColocationOptions(Spec):
                 raise ValueError(f"share level {level} is outside 1..99")
         if not self.gpu_counts or min(self.gpu_counts) <= 0:
             raise ValueError("gpu_counts must be positive integers")
+        if max(self.gpu_counts) > 65_536:
+            raise ValueError("gpu_counts: at most 65536 GPUs per job")
+        for type_name, clocks in (self.clocks_mhz or {}).items():
+            if not clocks:
+                raise ValueError(f"clocks_mhz.{type_name}: give at least one clock (MHz)")
+
         return self
 
     @property
@@ -165,8 +200,8 @@ class ColocationInstance(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> ColocationInstance:
-        names = [j.name for j in self.jobs]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        names = Counter(j.name for j in self.jobs)
+        dup = sorted(n for n, k in names.items() if k > 1)
         if dup:
             raise ValueError(f"duplicate job names: {dup}")
         return self
@@ -191,8 +226,8 @@ class PlanUnit(Spec):
 
     gpu_type: str
     gpus: tuple[str, ...] = Field(min_length=1)
-    clock_mhz: int = Field(gt=0)
-    start_s: float = Field(ge=0, allow_inf_nan=False, description="planned start, s after 0")
+    clock_mhz: int = Field(gt=0, le=MAX_CLOCK_MHZ)
+    start_s: float = Field(ge=0, le=1e10, description="planned start, s after 0")
     jobs: tuple[UnitJob, ...] = Field(min_length=1, max_length=2)
 
 

@@ -11,6 +11,14 @@ from pydantic import Field, model_validator
 
 from energyopt.spec.base import Spec
 from energyopt.spec.io import load
+from energyopt.spec.limits import over_limit
+
+
+def _load_scale_limit(scale: float) -> None:
+    message = over_limit("load_scale", scale, "load_scale")
+    if message:
+        raise ValueError(message)
+
 
 PlannerKind = Literal[
     "performance-first",
@@ -27,7 +35,7 @@ class TraceLoad(Spec):
 
     kind: Literal["trace"]
     file: str = Field(min_length=1, description="trace CSV, relative to the spec file")
-    start_s: float = Field(default=0.0, ge=0, description="offset into the trace, s")
+    start_s: float = Field(default=0.0, ge=0, le=1e10, description="offset into the trace, s")
     load_scale: float = Field(
         default=1.0,
         gt=0,
@@ -40,6 +48,11 @@ class TraceLoad(Spec):
         "their means equal the workload's prompt/output means",
     )
 
+    @model_validator(mode="after")
+    def _check(self) -> TraceLoad:
+        _load_scale_limit(self.load_scale)
+        return self
+
 
 class DiurnalLoad(Spec):
     """Poisson arrivals whose rate follows a sine: base x load_scale x (1 + a sin)."""
@@ -48,11 +61,16 @@ class DiurnalLoad(Spec):
     load_scale: float = Field(default=1.0, gt=0, description="multiplier of every base rate")
     amplitude: float = Field(default=0.6, ge=0, lt=1, description="relative swing of the rate")
     period_s: float | None = Field(
-        default=None, gt=0, description="length of one day, s (default: the duration)"
+        default=None, gt=0, le=1e10, description="length of one day, s (default: the duration)"
     )
     token_sigma: float = Field(
         default=0.6, ge=0, le=3, description="log-normal shape of token counts (0: fixed)"
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> DiurnalLoad:
+        _load_scale_limit(self.load_scale)
+        return self
 
 
 class BurstyLoad(Spec):
@@ -62,10 +80,19 @@ class BurstyLoad(Spec):
     load_scale: float = Field(
         default=1.0, gt=0, description="long-run mean rate as a multiple of the base rates"
     )
-    burst_factor: float = Field(default=3.0, ge=1, description="rate in a burst / rate outside")
-    burst_s: float = Field(default=20.0, gt=0, description="mean burst length, s")
-    gap_s: float = Field(default=180.0, gt=0, description="mean time between bursts, s")
+    burst_factor: float = Field(
+        default=3.0, ge=1, le=1_000, description="rate in a burst / rate outside"
+    )
+    burst_s: float = Field(default=20.0, ge=0.001, le=1e10, description="mean burst length, s")
+    gap_s: float = Field(
+        default=180.0, ge=0.001, le=1e10, description="mean time between bursts, s"
+    )
     token_sigma: float = Field(default=0.6, ge=0, le=3)
+
+    @model_validator(mode="after")
+    def _check(self) -> BurstyLoad:
+        _load_scale_limit(self.load_scale * self.burst_factor)
+        return self
 
 
 Load = Annotated[TraceLoad | DiurnalLoad | BurstyLoad, Field(discriminator="kind")]
@@ -81,11 +108,13 @@ class Forecast(Spec):
         "epoch, whichever is higher; oracle: highest window rate of the coming epoch "
         "(an upper reference)",
     )
-    window_s: float = Field(default=30.0, gt=0, description="rate measurement window, s")
-    history_s: float | None = Field(
-        default=None, gt=0, description="how far back to look, s (default: one epoch)"
+    window_s: float = Field(
+        default=30.0, ge=0.001, le=1e7, description="rate measurement window, s"
     )
-    headroom: float = Field(default=1.1, ge=1, description="forecast multiplier")
+    history_s: float | None = Field(
+        default=None, gt=0, le=1e7, description="how far back to look, s (default: one epoch)"
+    )
+    headroom: float = Field(default=1.1, ge=1, le=100, description="forecast multiplier")
     quantum: float = Field(
         default=0.05,
         gt=0,
@@ -101,11 +130,21 @@ class Forecast(Spec):
 class Transitions(Spec):
     """Latencies and power of changing a GPU's state."""
 
-    power_on_s: float = Field(default=10.0, ge=0, description="off to on, before loading, s")
-    clock_change_ms: float = Field(default=50.0, ge=0, description="no work while it settles")
-    load_gbps: float = Field(default=20.0, gt=0, description="weight loading bandwidth, GB/s")
-    startup_s: float = Field(default=2.0, ge=0, description="fixed start of a serving process")
-    standby_w: float = Field(default=0.0, ge=0, description="power of a GPU that is off, W")
+    power_on_s: float = Field(
+        default=10.0, ge=0, le=86_400, description="off to on, before loading, s"
+    )
+    clock_change_ms: float = Field(
+        default=50.0, ge=0, le=86_400_000, description="no work while it settles"
+    )
+    load_gbps: float = Field(
+        default=20.0, ge=0.001, le=1e6, description="weight loading bandwidth, GB/s"
+    )
+    startup_s: float = Field(
+        default=2.0, ge=0, le=86_400, description="fixed start of a serving process"
+    )
+    standby_w: float = Field(
+        default=0.0, ge=0, le=10_000, description="power of a GPU that is off, W"
+    )
 
 
 class PlannerSpec(Spec):
@@ -115,7 +154,7 @@ class PlannerSpec(Spec):
     kind: PlannerKind
     solver: str = Field(default="highs-exact", description="preset for solver-based planners")
     table: str | None = Field(default=None, description="plan table file (kind table)")
-    time_limit_s: float = Field(default=20.0, gt=0, description="per solve, s")
+    time_limit_s: float = Field(default=20.0, gt=0, le=1e6, description="per solve, s")
     rel_gap: float = Field(default=0.005, ge=0, lt=1)
 
     @model_validator(mode="after")
@@ -143,13 +182,13 @@ class Evaluation(Spec):
     base: str = Field(min_length=1, description="serving instance, relative to the spec file")
     load: Load
     duration_s: float = Field(gt=0, le=7 * 86400, description="simulated time, s")
-    epoch_s: float = Field(default=300.0, gt=0, description="re-planning period, s")
+    epoch_s: float = Field(default=300.0, ge=1, le=7 * 86400, description="re-planning period, s")
     forecast: Forecast = Forecast()
     planners: tuple[PlannerSpec, ...] = Field(default=DEFAULT_PLANNERS, min_length=1)
     reference: str = Field(
         default="performance-first", description="planner the energy saving is measured against"
     )
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
     output_dir: str = Field(default="evaluate-out", description="plots and CSV, relative to cwd")
     colocation_slowdown: float = Field(
         default=0.05,
@@ -160,9 +199,14 @@ class Evaluation(Spec):
     )
     transitions: Transitions = Transitions()
     drain_s: float = Field(
-        default=120.0, ge=0, description="time after the end to finish requests in flight, s"
+        default=120.0,
+        ge=0,
+        le=7 * 86400,
+        description="time after the end to finish requests in flight, s",
     )
-    power_bin_s: float = Field(default=10.0, gt=0, description="power time-series step, s")
+    power_bin_s: float = Field(
+        default=10.0, ge=0.001, le=7 * 86400, description="power time-series step, s"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Evaluation:
@@ -172,6 +216,11 @@ class Evaluation(Spec):
             raise ValueError(f"duplicate planner names: {dup}")
         if self.reference not in names:
             raise ValueError(f"reference {self.reference!r} is not a planner; planners: {names}")
+        if self.duration_s / self.power_bin_s > 10_000_000:
+            raise ValueError(
+                f"power_bin_s {self.power_bin_s:g} s cuts duration_s {self.duration_s:g} s "
+                "into more than 10,000,000 bins"
+            )
         return self
 
 

@@ -9,11 +9,16 @@ GPUs the bytes cross the topology's links. Units are in the field names.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from energyopt.spec.base import Spec
+from energyopt.spec.hardware import MAX_CLOCK_MHZ, MAX_POWER_W
+from energyopt.spec.limits import over_limit
+
+MAX_TIME_MS = 86_400_000.0
+"""Longest time any task-graph field takes, ms (one day)."""
 
 ObjectiveKind = Literal["energy", "makespan", "edp", "ed2p", "energy_within"]
 OBJECTIVE_KINDS: tuple[ObjectiveKind, ...] = ("energy", "makespan", "edp", "ed2p", "energy_within")
@@ -30,9 +35,9 @@ class MeasuredPoint(Spec):
     """Measured run of one task on one GPU type at one clock."""
 
     gpu_type: str = Field(min_length=1, description="catalog GPU type")
-    clock_mhz: int = Field(gt=0)
-    time_ms: float = Field(gt=0, description="wall time of the task, ms")
-    power_w: float = Field(gt=0, description="board power while the task runs, W")
+    clock_mhz: int = Field(gt=0, le=MAX_CLOCK_MHZ)
+    time_ms: float = Field(gt=0, le=MAX_TIME_MS, description="wall time of the task, ms")
+    power_w: float = Field(gt=0, le=MAX_POWER_W, description="board power while the task runs, W")
 
 
 class Task(Spec):
@@ -40,8 +45,10 @@ class Task(Spec):
 
     name: str = Field(min_length=1)
     kernel: str = Field(default="", description="kernel kind, for display (potrf, gemm, ...)")
-    flops: float = Field(default=0.0, ge=0, description="floating-point operations")
-    bytes: float = Field(default=0.0, ge=0, description="device-memory bytes read and written")
+    flops: float = Field(default=0.0, ge=0, le=1e18, description="floating-point operations")
+    bytes: float = Field(
+        default=0.0, ge=0, le=1e16, description="device-memory bytes read and written"
+    )
     compute_efficiency: float = Field(
         default=1.0,
         gt=0,
@@ -49,7 +56,10 @@ class Task(Spec):
         description="fraction of the GPU type's achieved dense tensor rate this kernel reaches",
     )
     launch_ms: float = Field(
-        default=0.01, ge=0, description="fixed launch and synchronisation cost at max clock, ms"
+        default=0.01,
+        ge=0,
+        le=MAX_TIME_MS,
+        description="fixed launch and synchronisation cost at max clock, ms",
     )
     measured: tuple[MeasuredPoint, ...] = Field(
         default=(), description="measured points; they replace the model on their GPU types"
@@ -78,7 +88,9 @@ class Edge(Spec):
 
     src: str = Field(min_length=1)
     dst: str = Field(min_length=1)
-    bytes: float = Field(default=0.0, ge=0, description="bytes moved when on different GPUs")
+    bytes: float = Field(
+        default=0.0, ge=0, le=1e16, description="bytes moved when on different GPUs"
+    )
 
 
 class GpuSlot(Spec):
@@ -93,15 +105,23 @@ class TopologyLink(Spec):
 
     a: str = Field(min_length=1)
     b: str = Field(min_length=1)
-    bandwidth_gbps: float = Field(gt=0, description="achieved bandwidth, GB/s")
-    latency_ms: float = Field(default=0.01, ge=0, description="per-transfer latency, ms")
+    bandwidth_gbps: float = Field(
+        ge=0.001, le=1_000_000, description="achieved bandwidth, GB/s (at least 1 MB/s)"
+    )
+    latency_ms: float = Field(
+        default=0.01, ge=0, le=MAX_TIME_MS, description="per-transfer latency, ms"
+    )
 
 
 class Dvfs(Spec):
     """Cost of changing a GPU's SM clock between two tasks."""
 
-    transition_ms: float = Field(default=0.1, ge=0, description="GPU stalls this long, ms")
-    transition_j: float = Field(default=0.01, ge=0, description="extra energy per change, J")
+    transition_ms: float = Field(
+        default=0.1, ge=0, le=MAX_TIME_MS, description="GPU stalls this long, ms"
+    )
+    transition_j: float = Field(
+        default=0.01, ge=0, le=1e9, description="extra energy per change, J"
+    )
 
 
 class TaskGraphObjective(Spec):
@@ -117,6 +137,7 @@ class TaskGraphObjective(Spec):
     reference_makespan_ms: float | None = Field(
         default=None,
         gt=0,
+        le=MAX_TIME_MS,
         description="energy_within: reference makespan; default HEFT at the maximum clock",
     )
 
@@ -131,10 +152,10 @@ class TaskGraphFile(Spec):
     links: tuple[TopologyLink, ...] = Field(
         default=(), description="topology; default every GPU on one PCIe host"
     )
-    clocks_mhz: dict[str, tuple[int, ...]] = Field(
+    clocks_mhz: dict[str, tuple[Annotated[int, Field(gt=0, le=MAX_CLOCK_MHZ)], ...]] = Field(
         default_factory=dict, description="GPU type -> clocks the scheduler may use, MHz"
     )
-    idle_w: dict[str, float] = Field(
+    idle_w: dict[str, Annotated[float, Field(gt=0, le=MAX_POWER_W)]] = Field(
         default_factory=dict,
         description="GPU type -> power of a GPU while it waits, W; default the catalog's idle_w",
     )
@@ -143,11 +164,30 @@ class TaskGraphFile(Spec):
     )
     dvfs: Dvfs = Dvfs()
     time_resolution_ms: float = Field(
-        default=0.001, gt=0, le=1, description="times are rounded up to this grid, ms"
+        default=0.001,
+        ge=1e-4,
+        le=1,
+        description="times are rounded up to this grid, ms (0.1 us at the finest)",
     )
     objective: TaskGraphObjective = TaskGraphObjective()
     tasks: tuple[Task, ...] = Field(min_length=1)
     edges: tuple[Edge, ...] = ()
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_limit(cls, gpus: tuple[GpuSlot, ...]) -> tuple[GpuSlot, ...]:
+        message = over_limit("the number of GPUs", len(gpus), "gpus")
+        if message:
+            raise ValueError(message)
+        return gpus
+
+    @field_validator("tasks")
+    @classmethod
+    def _task_limit(cls, tasks: tuple[Task, ...]) -> tuple[Task, ...]:
+        message = over_limit("the number of tasks", len(tasks), "tasks")
+        if message:
+            raise ValueError(message)
+        return tasks
 
     def cross_problems(self, source: str) -> list[str]:
         """'source: field: message' lines for names that repeat or point nowhere."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -11,6 +12,7 @@ from energyopt.catalog.problem import Problem, load_problem
 from energyopt.spec.base import Spec
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import load
+from energyopt.spec.limits import over_limit
 
 
 def _no_duplicates(names: list[str]) -> None:
@@ -52,11 +54,15 @@ class CompileSpec(Spec):
         default_factory=dict, description="extra per-workload rate multipliers (ascending)"
     )
     solver: str = Field(default="highs-exact", description="solver preset name or TOML file")
-    time_limit_s: float | None = Field(default=None, gt=0, description="per cell, seconds")
+    time_limit_s: float | None = Field(default=None, gt=0, le=1e6, description="per cell, s")
     rel_gap: float | None = Field(default=None, ge=0, lt=1)
     # kind oppoints
-    load_points: int = Field(default=65, ge=2, le=100_000, description="load grid points")
-    load_max_rps: float | None = Field(default=None, gt=0, description="top of the load grid")
+    load_points: int = Field(
+        default=65, ge=2, description="load grid points (limit: --limit load_points=N)"
+    )
+    load_max_rps: float | None = Field(
+        default=None, gt=0, le=1_000_000, description="top of the load grid"
+    )
 
     @field_validator("slo_tiers")
     @classmethod
@@ -84,7 +90,23 @@ class CompileSpec(Spec):
                 raise ValueError(f"{name}: values must be strictly ascending")
         if self.kind == "oppoints" and (self.workload_scale or self.load_scale != (1.0,)):
             raise ValueError("load_scale and workload_scale are for kind plans")
+        message = (
+            over_limit("load_points", self.load_points, "load_points")
+            if self.kind == "oppoints"
+            else over_limit("the number of grid cells", self.cells(), "compile_cells")
+        )
+        if message:
+            raise ValueError(message)
         return self
+
+    def cells(self) -> int:
+        """Grid cells of a plan table: SLO tiers x GPU types x load and workload scales."""
+        return (
+            max(len(self.slo_tiers), 1)
+            * max(len(self.gpu_types), 1)
+            * len(self.load_scale)
+            * math.prod(len(v) for v in self.workload_scale.values())
+        )
 
 
 def load_compile_spec(path: str | Path) -> tuple[CompileSpec, Path]:

@@ -118,6 +118,119 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number the format allows")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _parse_axis(entry: Any, path: str, i: int) -> Axis:
+    """One header axis, checked: name, kind and a non-empty grid of the right type."""
+    if not isinstance(entry, dict):
+        raise TableFormatError(path, f"corrupted header: axes[{i}] is not an object")
+    name, kind, values = entry.get("name"), entry.get("kind"), entry.get("values")
+    where = f"corrupted header: axes[{i}]"
+    if not isinstance(name, str) or not name:
+        raise TableFormatError(path, f"{where}.name: must be a non-empty string")
+    if kind not in AXIS_KINDS:
+        raise TableFormatError(path, f"axis {name!r}: unknown kind {kind!r}")
+    if not isinstance(values, list) or not values:
+        raise TableFormatError(path, f"axis {name!r}: values must be a non-empty list")
+    if kind == "category":
+        if not all(isinstance(v, str) for v in values):
+            raise TableFormatError(path, f"axis {name!r}: category values must be strings")
+    elif not all(_is_number(v) for v in values):
+        raise TableFormatError(path, f"axis {name!r}: {kind} values must be finite numbers")
+    if len(set(values)) != len(values):
+        raise TableFormatError(path, f"axis {name!r}: a value is given twice")
+    if kind == "ceil" and values != sorted(values):
+        raise TableFormatError(path, f"axis {name!r}: ceil values must be ascending")
+    return Axis(name, kind, tuple(values))
+
+
+def _parse_column(entry: Any, path: str, i: int, axes: dict[str, Axis]) -> Column:
+    """One header column, checked against the axes: names, dtype, offset, fallback."""
+    if not isinstance(entry, dict):
+        raise TableFormatError(path, f"corrupted header: columns[{i}] is not an object")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name or name == "in_grid":
+        raise TableFormatError(
+            path, f"corrupted header: columns[{i}].name: must be a non-empty string (not in_grid)"
+        )
+    names = entry.get("axes")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise TableFormatError(path, f"column {name!r}: axes must be a list of axis names")
+    for n in names:
+        if n not in axes:
+            raise TableFormatError(path, f"column {name!r}: unknown axis {n!r}")
+    if len(set(names)) != len(names):
+        raise TableFormatError(path, f"column {name!r}: an axis is named twice")
+    dtype = entry.get("dtype")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise TableFormatError(path, f"column {name!r}: unknown dtype {dtype!r}")
+    sizes: list[int] = []
+    for field in ("offset", "nbytes"):
+        value = entry.get(field)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise TableFormatError(path, f"column {name!r}: {field} must be a whole number >= 0")
+        sizes.append(value)
+    offset, nbytes = sizes
+    fallback = entry.get("fallback")
+    if fallback is not None and not _is_number(fallback):
+        raise TableFormatError(path, f"column {name!r}: fallback must be a number or null")
+    shape = tuple(len(axes[n].values) for n in names)
+    return Column(
+        name,
+        dtype,
+        tuple(names),
+        shape,
+        offset,
+        nbytes,
+        math.nan if fallback is None else fallback,
+    )
+
+
+def _parse_header(
+    header: dict[str, Any], path: str, data_bytes: int
+) -> tuple[dict[str, Axis], dict[str, Column]]:
+    """The axes and columns a header describes; TableFormatError for anything that
+    a lookup could not use (the checksum only proves the bytes are as written)."""
+    raw_axes, raw_columns = header.get("axes"), header.get("columns")
+    if not isinstance(raw_axes, list) or not isinstance(raw_columns, list):
+        raise TableFormatError(path, "corrupted header: axes and columns must be lists")
+    axes: dict[str, Axis] = {}
+    for i, entry in enumerate(raw_axes):
+        axis = _parse_axis(entry, path, i)
+        if axis.name in axes:
+            raise TableFormatError(path, f"axis {axis.name!r} is given twice")
+        axes[axis.name] = axis
+    columns: dict[str, Column] = {}
+    for i, entry in enumerate(raw_columns):
+        col = _parse_column(entry, path, i, axes)
+        if col.name in columns or col.name in axes:
+            raise TableFormatError(path, f"column {col.name!r}: the name is given twice")
+        count = math.prod(col.shape)
+        if col.nbytes != count * DTYPES[col.dtype][1] or col.offset % ALIGN:
+            raise TableFormatError(path, f"column {col.name!r}: size or offset is inconsistent")
+        if col.offset + col.nbytes > data_bytes:
+            raise TableFormatError(path, f"column {col.name!r}: runs past the data section")
+        columns[col.name] = col
+    if not isinstance(header.get("kind", ""), str) or not isinstance(header.get("meta", {}), dict):
+        raise TableFormatError(path, "corrupted header: kind must be a string, meta an object")
+    return axes, columns
+
+
 def parse_layout(buf: Any, path: str, verify: bool = True) -> Layout:
     """Check magic, version, sizes and (if ``verify``) the SHA-256; parse the header.
 
@@ -139,8 +252,12 @@ def parse_layout(buf: Any, path: str, verify: bool = True) -> Layout:
     if header_len > MAX_HEADER_BYTES or PREFIX.size + header_len > size:
         raise TableFormatError(path, f"truncated: header of {header_len} bytes does not fit")
     try:
-        header = json.loads(bytes(buf[PREFIX.size : PREFIX.size + header_len]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        header = json.loads(
+            bytes(buf[PREFIX.size : PREFIX.size + header_len]).decode("utf-8"),
+            object_pairs_hook=_json_object,
+            parse_constant=_no_constant,
+        )
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
         raise TableFormatError(path, f"corrupted header: {exc}") from None
     if not isinstance(header, dict):
         raise TableFormatError(path, "corrupted header: not a JSON object")
@@ -156,36 +273,7 @@ def parse_layout(buf: Any, path: str, verify: bool = True) -> Layout:
         digest = hashlib.sha256(memoryview(buf)[: size - DIGEST_BYTES]).digest()
         if digest != bytes(buf[size - DIGEST_BYTES :]):
             raise TableFormatError(path, "checksum mismatch: the file is corrupted")
-    try:
-        axes = {a["name"]: Axis(a["name"], a["kind"], tuple(a["values"])) for a in header["axes"]}
-        columns: dict[str, Column] = {}
-        for c in header["columns"]:
-            names = tuple(c["axes"])
-            shape = tuple(len(axes[n].values) for n in names)
-            fallback = c["fallback"]
-            col = Column(
-                c["name"],
-                c["dtype"],
-                names,
-                shape,
-                int(c["offset"]),
-                int(c["nbytes"]),
-                math.nan if fallback is None else fallback,
-            )
-            columns[col.name] = col
-    except (KeyError, TypeError, ValueError) as exc:
-        raise TableFormatError(path, f"corrupted header: {exc!r}") from None
-    for axis in axes.values():
-        if axis.kind not in AXIS_KINDS:
-            raise TableFormatError(path, f"axis {axis.name!r}: unknown kind {axis.kind!r}")
-    for col in columns.values():
-        if col.dtype not in DTYPES:
-            raise TableFormatError(path, f"column {col.name!r}: unknown dtype {col.dtype!r}")
-        count = math.prod(col.shape)
-        if col.nbytes != count * DTYPES[col.dtype][1] or col.offset % ALIGN:
-            raise TableFormatError(path, f"column {col.name!r}: size or offset is inconsistent")
-        if col.offset + col.nbytes > data_bytes:
-            raise TableFormatError(path, f"column {col.name!r}: runs past the data section")
+    axes, columns = _parse_header(header, path, data_bytes)
     return Layout(version, header, axes, columns, data_start, data_bytes)
 
 
