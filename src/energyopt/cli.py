@@ -57,9 +57,18 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _load(path: str, catalogs: list[str] | None = None, check_slos: bool = True) -> Problem:
+    """The problem of a serving instance file, checked as every command needs it:
+    schema, catalog names, catalog-dependent ranges and (``check_slos``) SLOs that
+    some GPU can meet. SpecError naming the file and the field otherwise."""
     from energyopt.perf.reachability import unreachable_slos
+    from energyopt.spec.checks import instance_problems
 
     problem = load_problem(path, catalogs or ())
+    problems = instance_problems(
+        problem.instance, problem.catalog.gpus, problem.catalog.models, path
+    )
+    if problems:
+        raise SpecError(problems)
     if check_slos:
         problems = unreachable_slos(problem)
         if problems:
@@ -156,11 +165,19 @@ def cmd_solve(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from energyopt.report import format_totals
     from energyopt.spec import Plan
+    from energyopt.spec.checks import plan_problems
     from energyopt.spec.io import load
     from energyopt.verify.serving import evaluate_plan
 
     problem = _load(args.instance, args.catalog, check_slos=False)
     plan = load(Plan, args.plan)
+    mode = problem.instance.options.sharing.mode
+    structural = plan_problems(plan, problem.catalog.gpus, args.plan, mode)
+    if structural:
+        _err(f"{args.plan}: {len(structural)} violation(s) of {args.instance}:")
+        for line in structural:
+            _err(f"  - {line.removeprefix(args.plan + ': ')}")
+        return EXIT_VIOLATION
     ev = evaluate_plan(problem, plan)
     if ev.violations:
         _err(f"{args.plan}: {len(ev.violations)} violation(s) of {args.instance}:")
@@ -240,10 +257,14 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from energyopt.nvml.session import open_session
     from energyopt.nvml.transaction import Transaction
     from energyopt.spec import Plan
-    from energyopt.spec.io import load
+    from energyopt.spec.checks import plan_problems
+    from energyopt.spec.io import load, write_text_atomic
 
     plan = load(Plan, args.plan)
     catalog = _nvml_catalog(args.catalog)
+    problems = plan_problems(plan, catalog.gpus, args.plan)
+    if problems:
+        raise SpecError(problems)
     mapping = read_map_file(args.map_file) if args.map_file else {}
     mapping.update(parse_map_options(args.map))
     with open_session() as session:
@@ -270,9 +291,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         if args.mig_config:
             text = mig_parted_yaml(plan, host.devices, args.mig_config_name or plan.instance)
             try:
-                with open(args.mig_config, "w") as fh:
-                    fh.write(text)
-            except OSError as exc:
+                write_text_atomic(args.mig_config, text)
+            except SpecError as exc:
                 raise ExecutorError(f"cannot write {args.mig_config}: {exc}") from None
             print(f"mig-parted config written to {args.mig_config}")
         if not args.apply:
@@ -496,13 +516,25 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="FILE",
             help="extra catalog file (gpus:/models: lists); overrides entries by name",
         )
+    for name in ("validate", "show", "solve", "verify", "compile", "evaluate"):
+        sub.choices[name].add_argument(
+            "--limit",
+            action="append",
+            default=[],
+            metavar="NAME=N",
+            help="raise a size limit a file is held to (names and defaults: docs/limits.md)",
+        )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from energyopt.spec.limits import Limits, parse_limit_options, using
+
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
+        limits = parse_limit_options(getattr(args, "limit", []), Limits())
+        with using(limits):
+            return int(args.func(args))
     except SpecError as exc:
         for line in exc.problems:
             _err(line)

@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from energyopt.spec.errors import SpecError
     from energyopt.spec.evaluation import load_evaluation
 
+    validate_file(args.spec, args.catalog)  # refuse what validate refuses, before any work
     ev = load_evaluation(args.spec)
     if args.duration is not None:
         if args.duration <= 0:
@@ -55,12 +56,31 @@ def run(args: argparse.Namespace) -> int:
 
 def validate_file(path: str, catalogs: list[str]) -> str:
     """One-line summary of a valid evaluation spec; its base instance is checked too."""
-    from energyopt.catalog.problem import load_problem
+    from energyopt.cli import _load
+    from energyopt.sim.trace import read_trace
+    from energyopt.solvers.presets import load_preset
+    from energyopt.spec.errors import SpecError
     from energyopt.spec.evaluation import load_evaluation, resolve_relative
 
     ev = load_evaluation(path)
     base = resolve_relative(path, ev.base)
-    problem = load_problem(base, catalogs)
+    if not base.is_file():
+        raise SpecError([f"{path}: base: no such file {base}"])
+    problem = _load(str(base), catalogs, check_slos=False)
+    if ev.load.kind == "trace":
+        trace = resolve_relative(path, ev.load.file)
+        if not trace.is_file():
+            raise SpecError([f"{path}: load.file: no such file {trace}"])
+        read_trace(trace)
+    for i, planner in enumerate(ev.planners):
+        if planner.kind == "table":
+            continue
+        try:
+            load_preset(planner.solver)
+        except SpecError as exc:
+            raise SpecError(
+                [f"{path}: planners[{i}]({planner.name}): {p}" for p in exc.problems]
+            ) from None
     return (
         f"evaluation spec: base {base.name} ({len(problem.gpus)} GPUs), {ev.load.kind} load, "
         f"{ev.duration_s:g} s, {len(ev.planners)} planners"

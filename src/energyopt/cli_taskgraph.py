@@ -21,9 +21,18 @@ AUTO_CPSAT_TASKS = 40
 DEFAULT_TIME_LIMIT_S = 60.0
 
 
+def _load(path: str, catalogs: list[str]) -> TaskGraph:
+    """The bound task graph, with measured points checked against the catalog."""
+    tg = load_taskgraph(path, catalogs)
+    problems = tg.spec.catalog_problems(path, {t.name: t for t in tg.types})
+    if problems:
+        raise SpecError(problems)
+    return tg
+
+
 def validate_file(path: str, catalogs: list[str]) -> str:
     """One-line summary of a valid task-graph file; SpecError otherwise."""
-    tg = load_taskgraph(path, catalogs)
+    tg = _load(path, catalogs)
     types = ", ".join(t.name for t in tg.types)
     edges = sum(len(p) for p in tg.preds)
     return (
@@ -51,7 +60,7 @@ def solve_file(args: argparse.Namespace) -> int:
     from energyopt.solvers.taskgraph_heuristic import solve_heuristic
     from energyopt.verify.taskgraph import check_schedule
 
-    tg = load_taskgraph(args.file, args.catalog)
+    tg = _load(args.file, args.catalog)
     solver = pick_solver(args.solver, tg)
     if args.output and file_format(Path(args.output)) == "toml":  # fail before the solve
         raise SpecError([f"{args.output}: write the schedule as .json or .yaml"])

@@ -23,6 +23,7 @@ import csv
 import math
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,30 +34,65 @@ from energyopt.spec.workload import Workload
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
+MAX_TRACE_BYTES = 1024 * 1024 * 1024
+"""Largest trace file read (1 GiB, some 20 million requests)."""
+MAX_TOKENS = 100_000_000
+"""Most tokens of one request's prompt or output."""
+
+
+def _row(p: Path, line: int, row: dict[str | Any, Any]) -> tuple[float, int, int]:
+    """(timestamp s, prompt, output) of one CSV row; SpecError naming line and column."""
+    values: list[float | int] = []
+    for column in COLUMNS:
+        text = row.get(column)
+        if not isinstance(text, str) or not text.strip():
+            raise SpecError([f"{p}: line {line}: {column}: missing value"])
+        try:
+            if column == "TIMESTAMP":
+                values.append(datetime.fromisoformat(text.strip()).timestamp())
+            else:
+                values.append(int(text))
+        except (ValueError, OverflowError, OSError) as exc:
+            raise SpecError([f"{p}: line {line}: {column}: {text.strip()[:40]!r}: {exc}"]) from None
+    stamp, prompt, output = values
+    for column, tokens in zip(COLUMNS[1:], (prompt, output), strict=True):
+        if not 0 <= tokens <= MAX_TOKENS:
+            raise SpecError(
+                [f"{p}: line {line}: {column}: {tokens} is outside 0..{MAX_TOKENS:,} tokens"]
+            )
+    return float(stamp), int(prompt), int(output)
+
+
 def read_trace(path: str | Path) -> tuple[FloatArray, IntArray, IntArray]:
-    """Arrival times (s from the first request), prompt and output tokens, sorted."""
+    """Arrival times (s from the first request), prompt and output tokens, sorted.
+
+    SpecError naming the file (and the line and column) for a file that is not a
+    UTF-8 CSV with the COLUMNS, a row with a missing or malformed value, or one
+    larger than MAX_TRACE_BYTES."""
     p = Path(path)
     times: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []
     try:
+        size = p.stat().st_size
+        if size > MAX_TRACE_BYTES:
+            raise SpecError([f"{p}: file is {size:,} bytes, more than {MAX_TRACE_BYTES:,}"])
         with p.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
                 raise SpecError([f"{p}: header: missing column(s) {', '.join(missing)}"])
             for line, row in enumerate(reader, start=2):
-                try:
-                    stamp = datetime.fromisoformat(row["TIMESTAMP"].strip())
-                    prompt = int(row["ContextTokens"])
-                    output = int(row["GeneratedTokens"])
-                except (ValueError, AttributeError) as exc:
-                    raise SpecError([f"{p}: line {line}: {exc}"]) from None
-                times.append(stamp.timestamp())
+                stamp, prompt, output = _row(p, line, row)
+                times.append(stamp)
                 prompts.append(max(prompt, 1))
                 outputs.append(max(output, 1))
     except OSError as exc:
         raise SpecError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError:
+        raise SpecError([f"{p}: not a UTF-8 text (CSV) file"]) from None
+    except csv.Error as exc:
+        raise SpecError([f"{p}: malformed CSV: {exc}"]) from None
     if not times:
         raise SpecError([f"{p}: no requests"])
     t = np.asarray(times)

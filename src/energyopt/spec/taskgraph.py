@@ -9,12 +9,13 @@ GPUs the bytes cross the topology's links. Units are in the field names.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from energyopt.spec.base import Spec
-from energyopt.spec.hardware import MAX_CLOCK_MHZ, MAX_POWER_W
+from energyopt.spec.hardware import MAX_CLOCK_MHZ, MAX_POWER_W, GpuType
 from energyopt.spec.limits import over_limit
 
 MAX_TIME_MS = 86_400_000.0
@@ -219,4 +220,29 @@ class TaskGraphFile(Spec):
         for gpu_type, watts in self.idle_w.items():
             if watts <= 0:
                 problems.append(f"{source}: idle_w.{gpu_type}: must be positive (W)")
+        types = {g.type for g in self.gpus}
+        for i, t in enumerate(self.tasks):
+            for j, point in enumerate(t.measured):
+                if point.gpu_type not in types:
+                    problems.append(
+                        f"{source}: tasks[{i}]({t.name}).measured[{j}].gpu_type: no GPU of type "
+                        f"{point.gpu_type!r} in gpus (types: {', '.join(sorted(types))})"
+                    )
+        return problems
+
+    def catalog_problems(self, source: str, gpu_types: Mapping[str, GpuType]) -> list[str]:
+        """'source: field: message' lines for measured clocks outside their GPU type's
+        range (``gpu_types``: the catalog entries of the file's GPU types)."""
+        problems: list[str] = []
+        for i, t in enumerate(self.tasks):
+            for j, point in enumerate(t.measured):
+                gtype = gpu_types.get(point.gpu_type)
+                if gtype is None:
+                    continue
+                if not gtype.min_sm_clock_mhz <= point.clock_mhz <= gtype.max_sm_clock_mhz:
+                    problems.append(
+                        f"{source}: tasks[{i}]({t.name}).measured[{j}].clock_mhz: "
+                        f"{point.clock_mhz} MHz is outside {gtype.name}'s range "
+                        f"{gtype.min_sm_clock_mhz}..{gtype.max_sm_clock_mhz} MHz"
+                    )
         return problems
