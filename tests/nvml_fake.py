@@ -635,6 +635,13 @@ FAKE_MPS_CONTROL = '''#!{python}
 """A fake nvidia-cuda-mps-control: one JSON file per daemon under its pipe directory."""
 import json, os, pathlib, sys
 
+counter = os.environ.get("FAKE_MPS_COUNTER")
+if counter:  # fault injection: the call numbered FAKE_MPS_FAIL_AT (0-based) is refused
+    path = pathlib.Path(counter)
+    calls = int(path.read_text()) if path.exists() else 0
+    path.write_text(str(calls + 1))
+    if str(calls) == os.environ.get("FAKE_MPS_FAIL_AT"):
+        sys.exit("refused by the test (injected fault)")
 pipe = pathlib.Path(os.environ["CUDA_MPS_PIPE_DIRECTORY"])
 state = pipe / "control"
 if sys.argv[1:] == ["-d"]:

@@ -189,6 +189,8 @@ def test_a100_mig_layout_created_in_the_order_its_placements_need(
     assert gis == [(9, 4, 4, [2]), (14, 0, 2, [1]), (19, 2, 1, [0]), (19, 3, 1, [0])]
     assert rig.cli("status") == 0
     assert "MIG on: 1g.10gb@2, 1g.10gb@3, 2g.20gb@0, 3g.40gb@4" in capsys.readouterr().out
+    assert rig.cli("measure", "--seconds", "0.05", "--interval", "0.01") == 0
+    assert "NVIDIA A100-SXM4-80GB" in capsys.readouterr().out
     n = len(drv.writes)
     assert rig.cli("apply", str(plan), "--apply", "--checkpoint", "cp2.json") == 0
     assert not [w for w in drv.writes[n:] if "Instance" in w or "Mig" in w]
@@ -274,20 +276,31 @@ def refused_host(rig: Rig) -> tuple[FakeDriver, Path]:
 
 
 def test_refused_write_at_every_call_of_an_apply_restores_everything(
-    rig: Rig, capsys: pytest.CaptureFixture[str]
+    rig: Rig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    counter = rig.tmp / "mps-calls"
+    monkeypatch.setenv("FAKE_MPS_COUNTER", str(counter))
     drv, plan = refused_host(rig)
     assert rig.cli("apply", str(plan), "--apply", "--checkpoint", "count.json") == 0
-    total = len(drv.writes)
-    assert total >= 12  # persistence, MIG mode, 3 GI + 3 CI, 2 clocks, 2 limits
-    for k in range(total):
+    nvml_writes, mps_calls = len(drv.writes), int(counter.read_text())
+    assert nvml_writes == 13  # 2 persistence, MIG mode, 3 GI + 3 CI, 2 clocks, 2 limits
+    assert mps_calls == 4  # start the daemon, read and set its default, read it back
+    faults = [("nvml", k) for k in range(nvml_writes)] + [("mps", k) for k in range(mps_calls)]
+    for where, k in faults:
         drv, plan = refused_host(rig)
         for d in rig.mps.glob("*/pipe/control"):
             d.unlink()
+        counter.unlink(missing_ok=True)
         before = rig.state()
-        drv.fail_write(k, ERROR_NO_PERMISSION)
+        if where == "nvml":
+            drv.fail_write(k, ERROR_NO_PERMISSION)
+            monkeypatch.delenv("FAKE_MPS_FAIL_AT", raising=False)
+        else:
+            monkeypatch.setenv("FAKE_MPS_FAIL_AT", str(k))
         capsys.readouterr()
-        assert rig.cli("apply", str(plan), "--apply", "--checkpoint", f"cp{k}.json") == 5, k
+        cp = f"cp-{where}{k}.json"
+        assert rig.cli("apply", str(plan), "--apply", "--checkpoint", cp) == 5, (where, k)
         err = capsys.readouterr().err
-        assert "no permission" in err and "every setting it changed was restored" in err, (k, err)
-        assert rig.state() == before, k
+        assert "every setting it changed was restored" in err, (where, k, err)
+        assert ("no permission" if where == "nvml" else "injected fault") in err, (where, k)
+        assert rig.state() == before, (where, k)
