@@ -54,8 +54,9 @@ GI_PROFILES: dict[int, tuple[int, int, int, tuple[int, ...], bool]] = {
     0x3: (5, 4, 4, (0,), False),  # 4_SLICE
     0x4: (0, 7, 8, (0,), False),  # 7_SLICE
 }
-#: NVML_COMPUTE_INSTANCE_PROFILE_* enum -> compute slices (the profile id is the enum).
-CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6}
+#: NVML_COMPUTE_INSTANCE_PROFILE_* enum -> compute slices (the profile id is the enum;
+#: 7 is 1_SLICE_REV1, 8 is 7_SLICE_NVL).
+CI_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7, 5: 8, 6: 6, 7: 1, 8: 7}
 MEMORY_CLOCK_MHZ = {"A100-SXM4-80GB": 1593, "H100-SXM5-80GB": 2619, "H200-SXM-141GB": 3201}
 
 WRITES = {
@@ -207,7 +208,7 @@ class FakeDriver:
         gpu = self.gpus[index]
         pid, slices, size, _, _ = GI_PROFILES[enum]
         gi_id = min(set(range(1, 15)) - set(gpu.gis))
-        ci_enum = {v: k for k, v in CI_SLICES.items()}[slices]
+        ci_enum = min(k for k, v in CI_SLICES.items() if v == slices)
         gpu.gis[gi_id] = FakeGi(gi_id, pid, start, size, slices, {0: ci_enum})
 
     def _new_handle(self, *what: Any) -> int:
@@ -435,7 +436,7 @@ class FakeDriver:
         if version is not None and out.version != version:
             return ERROR_ARGUMENT_VERSION_MISMATCH
         prof = GI_PROFILES.get(_val(enum)) if gpu.mig_capable else None
-        if prof is None:
+        if prof is None or not gpu.mig_current:  # the stricter drivers: none while MIG is off
             return ERROR_NOT_SUPPORTED
         pid, slices, size, starts, me = prof
         out.id = pid

@@ -44,6 +44,9 @@ GI_PROFILE_COUNT_FALLBACK = 0x12
 #: Enum values whose profile carries the media engines ("+me"): 1_SLICE_REV1,
 #: 2_SLICE_REV1, 1_SLICE_ALL_ME, 2_SLICE_ALL_ME.
 ME_PROFILES = (0x7, 0x8, 0xF, 0x10)
+#: NVML_COMPUTE_INSTANCE_PROFILE_* enum values asked for when pynvml does not say
+#: how many there are (0x0-0x8 in nvml.h of R570, 7_SLICE_NVL included).
+CI_PROFILE_COUNT_FALLBACK = 0x9
 # compute slices -> NVML_COMPUTE_INSTANCE_PROFILE_* enum value
 CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 ERROR_FUNCTION_NOT_FOUND = 13
@@ -293,14 +296,18 @@ class NvmlBackend:
             )
             if all(p.id != prof.id for p in out.values()):
                 out.setdefault(prof.name, prof)
-        self._gi_profiles[index] = out
+        if out:  # some drivers list no profiles while MIG is off: ask again later
+            self._gi_profiles[index] = out
         return out
 
     def _profile_info(self, h: Any, enum: int) -> Any:
         """v2 profile info (it has the name), v1 on drivers without it; None: no such profile."""
         for version in (2, 1):
             try:
-                return self.nv.nvmlDeviceGetGpuInstanceProfileInfo(h, enum, version)
+                try:
+                    return self.nv.nvmlDeviceGetGpuInstanceProfileInfo(h, enum, version)
+                except TypeError:  # a pynvml without the version argument (v1 only)
+                    return self.nv.nvmlDeviceGetGpuInstanceProfileInfo(h, enum)
             except self.nv.NVMLError as exc:
                 code = int(getattr(exc, "value", -1))
                 if code in (ERROR_FUNCTION_NOT_FOUND, ERROR_ARGUMENT_VERSION_MISMATCH):
@@ -413,7 +420,10 @@ class NvmlBackend:
             raise
 
     def _destroy_compute_instances(self, index: int, gi: Any) -> None:
-        for ci_enum in sorted(set(CI_PROFILE_BY_SLICES.values())):
+        profiles = getattr(
+            self.nv, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", CI_PROFILE_COUNT_FALLBACK
+        )
+        for ci_enum in range(int(profiles)):
             try:
                 info = self.nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(
                     gi, ci_enum, CI_ENGINE_SHARED
