@@ -194,3 +194,27 @@ def test_the_good_checkpoint_restores(good_checkpoint: dict[str, Any]) -> None:
     assert main(["restore", "good.json"]) == 0
     state = json.loads(Path("sim.json").read_text())
     assert state["mps"] == {} and all(d["locked"] is None for d in state["devices"])
+
+
+def test_checkpoint_written_before_placements_were_recorded_still_restores(tmp_path: Path) -> None:
+    sim = SimulatedNvml([CAT.gpu("A100-SXM4-80GB")])
+    ctx = Ctx(sim, SimMps(sim))
+    sim.set_mig_mode(0, True)
+    sim.create_gpu_instance(0, "3g.40gb")
+    action = {"gpu": "g", "index": 0, "uuid": sim.uuid(0), "kind": "mig", "enabled": True}
+    old = {
+        "version": 1,
+        "backend": "sim",
+        "entries": [
+            {
+                "action": {**action, "instances": ["3g.40gb", "3g.40gb"]},
+                "original": {"enabled": True, "instances": ["7g.80gb"]},
+            }
+        ],
+    }
+    cp = tmp_path / "old.json"
+    cp.write_text(json.dumps(old))
+    _, errors = restore(ctx, cp)
+    assert errors == [] and sim.list_gpu_instances(0) == (("7g.80gb", 0),)
+    n = len(sim.writes)
+    assert restore(ctx, cp)[1] == [] and len(sim.writes) == n  # same profiles: no writes

@@ -67,6 +67,12 @@ class Action(abc.ABC):
         """Whether the device already has the target."""
         return bool(original == self.target())
 
+    def is_original(self, value: Json, original: Json) -> bool:
+        """Whether ``value`` (read from the device) is ``original`` (from a checkpoint)."""
+        if original == "unknown":  # never readable: unlocked or never set counts
+            return value is None or value == "unknown"
+        return bool(value == original)
+
     def verify(self, ctx: Ctx) -> None:
         """Read the setting back; VerifyFailed if it is not the target."""
         got = self.read(ctx)
@@ -215,6 +221,15 @@ class ConfigureMig(Action):
             and sorted(original["instances"]) == sorted(self.instances)
         )
 
+    def is_original(self, value: Json, original: Json) -> bool:
+        """Same mode and instances where they were; by profile for checkpoints without starts."""
+        if original.get("placements") is not None:
+            return bool(value == original)
+        return bool(
+            value["enabled"] == original["enabled"]
+            and sorted(value["instances"]) == sorted(original["instances"])
+        )
+
     def verify(self, ctx: Ctx) -> None:
         got = self.read(ctx)
         if not self.is_noop(got):
@@ -226,7 +241,7 @@ class ConfigureMig(Action):
     def _reach(self, ctx: Ctx, state: Json) -> None:
         """Put the GPU in ``state`` (a ``read`` value): same mode, instances at the same starts."""
         current = self.read(ctx)
-        if current == state:
+        if self.is_original(current, state):
             return
         if current["instances"]:
             ctx.nvml.destroy_gpu_instances(self.index)

@@ -217,13 +217,6 @@ def _signals_held() -> Iterator[list[int]]:
             signal.signal(s, h)
 
 
-def _restored(action: Action, now: Any, original: Any) -> bool:
-    """Whether ``now`` counts as the original (a lock never readable counts when unlocked)."""
-    if original == "unknown":
-        return now is None or now == "unknown"
-    return bool(now == original)
-
-
 def rollback(ctx: Ctx, pairs: list[tuple[Action, Any]], changed_only: bool = False) -> list[str]:
     """Undo ``pairs`` in reverse order; the settings that still differ (empty: all restored).
 
@@ -245,7 +238,7 @@ def rollback(ctx: Ctx, pairs: list[tuple[Action, Any]], changed_only: bool = Fal
             except Exception as exc:
                 errors.append(failure or f"{action.where()}: cannot read {action.kind}: {exc}")
                 continue
-            if _restored(action, now, original):
+            if action.is_original(now, original):
                 continue
             errors.append(
                 failure
