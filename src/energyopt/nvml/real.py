@@ -3,6 +3,13 @@
 ``pynvml`` is imported only when this backend is opened. Every NVML error becomes
 a typed ``ExecutorError`` naming the GPU and the setting. NVML has no getter for
 locked clocks, so this backend reports them as "unknown" until it sets them itself.
+
+MIG: GPU-instance profiles are found by asking the driver for every
+``NVML_GPU_INSTANCE_PROFILE_*`` value (``+me`` ones included) and keyed by the name
+in the v2 profile info; creating, listing and destroying instances then uses the
+profile's ``info.id``, as nvml.h requires. Instances are created at explicit
+placements (``nvmlDeviceCreateGpuInstanceWithPlacement``), each with one compute
+instance of all its slices, and destroyed compute instances first, newest first.
 """
 
 from __future__ import annotations
@@ -33,10 +40,12 @@ ERROR_NOT_FOUND = 6
 ERROR_INSUFFICIENT_SIZE = 7
 ERROR_DRIVER_NOT_LOADED = 9
 ERROR_LIBRARY_NOT_FOUND = 12
+ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
 ERROR_RESET_REQUIRED = 16
 ERROR_IN_USE = 19
 ERROR_INSUFFICIENT_RESOURCES = 23
+ERROR_ARGUMENT_VERSION_MISMATCH = 25
 
 #: NVML_GPU_INSTANCE_PROFILE_* enum values asked for when pynvml does not say how
 #: many there are (0x0-0x11 in nvml.h of R570; 7 is 1_SLICE_REV1, the "+me" profile).
@@ -49,8 +58,6 @@ ME_PROFILES = (0x7, 0x8, 0xF, 0x10)
 CI_PROFILE_COUNT_FALLBACK = 0x9
 # compute slices -> NVML_COMPUTE_INSTANCE_PROFILE_* enum value
 CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
-ERROR_FUNCTION_NOT_FOUND = 13
-ERROR_ARGUMENT_VERSION_MISMATCH = 25
 CLOCK_SM = 1  # NVML_CLOCK_SM
 CLOCK_MEM = 2  # NVML_CLOCK_MEM
 CI_ENGINE_SHARED = 0  # NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
@@ -99,7 +106,12 @@ class GiProfile:
 
 
 def _profile_name(info: Any, enum: int) -> str:
-    """``1g.10gb``-style name: the driver's own (v2 info), else slices and memory."""
+    """``1g.10gb``-style name: the driver's own (v2 info), else slices and memory.
+
+    The fallback (drivers before the v2 info) rounds the instance memory up to
+    GiB, which can miss NVIDIA's nominal name (``7g.79gb`` for ``7g.80gb``); a plan
+    profile the driver does not list is then refused before any write.
+    """
     name = _text(getattr(info, "name", b"")).removeprefix("MIG ").strip()
     if name:
         return name
