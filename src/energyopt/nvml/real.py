@@ -109,8 +109,8 @@ def _profile_name(info: Any, enum: int) -> str:
     """``1g.10gb``-style name: the driver's own (v2 info), else slices and memory.
 
     The fallback (drivers before the v2 info) rounds the instance memory up to
-    GiB, which can miss NVIDIA's nominal name (``7g.79gb`` for ``7g.80gb``); a plan
-    profile the driver does not list is then refused before any write.
+    GiB, which can miss NVIDIA's nominal name (``7g.79gb`` for ``7g.80gb``); creating
+    a plan profile the driver does not list then fails and the apply is rolled back.
     """
     name = _text(getattr(info, "name", b"")).removeprefix("MIG ").strip()
     if name:
