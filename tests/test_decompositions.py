@@ -161,7 +161,7 @@ def test_shadow_prices_converge_to_the_dual_optimum() -> None:
     subgradient's best Lagrangian value reaches the LP optimum (strong duality)
     and never passes it (weak duality); the GPU price is positive."""
     problem = tiny_instance(
-        [H100, H100], [("Llama-3.1-8B", 50.0, 800.0, 80.0)], clocks={H100: [900, 1200, 1980]}
+        [H100, H100], [("Llama-3.1-8B", 60.0, 800.0, 80.0)], clocks={H100: [900, 1200, 1980]}
     )
     optimum = pooled_lp_optimum(problem)
     assert pooled_lp_optimum(problem, count_limit=False) < optimum * (1 - 1e-3)

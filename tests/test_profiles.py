@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import yaml
 
-from energyopt.catalog import load_problem
+from energyopt.catalog import load_problem, profiles
 from energyopt.perf.forward import decode_pass, prefill_pass
 from energyopt.perf.oppoints import build_op_table, op_spec
 from energyopt.perf.params import build_params
+from energyopt.perf.power import gpu_on_power_w
 from energyopt.spec import SpecError
 
 from .conftest import INSTANCES
@@ -20,8 +21,13 @@ GPU = "H100-SXM5-80GB"
 MODEL = "Llama-3.1-8B"
 
 
-def write_instance(tmp_path: Path, rows: list[str], clock: int | None = None) -> Path:
-    (tmp_path / "prof.csv").write_text("\n".join(["phase,tokens,context,tp,latency_ms", *rows]))
+def write_instance(
+    tmp_path: Path,
+    rows: list[str],
+    clock: int | None = None,
+    header: str = "phase,tokens,context,tp,latency_ms",
+) -> Path:
+    (tmp_path / "prof.csv").write_text("\n".join([header, *rows]))
     data = yaml.safe_load((INSTANCES / "quickstart.yaml").read_text())
     ref = {"gpu": GPU, "model": MODEL, "file": "prof.csv"}
     if clock:
@@ -92,9 +98,11 @@ def test_slower_measurements_lower_capacity_and_other_tp_sizes_stay_analytic(
 @pytest.mark.parametrize(
     ("rows", "message"),
     [
-        (["prefill,256,0,1,-3"], "row 2: tokens, tp and latency_ms must be positive"),
-        (["prefil,256,0,1,3"], "row 2: phase must be prefill or decode"),
-        (["prefill,many,0,1,3"], "row 2:"),
+        (["prefill,256,0,1,-3"], "row 2: latency_ms: -3 must be positive"),
+        (["prefil,256,0,1,3"], "row 2: phase: 'prefil' must be prefill or decode"),
+        (["prefill,many,0,1,3"], "row 2: tokens: 'many' is not a number"),
+        (["prefill,256,0,1.5,3"], "row 2: tp: 1.5 must be a whole number of at least 1"),
+        (["decode,8,-1,1,3"], "row 2: context: -1 must not be negative"),
         ([], "profile has no measurements"),
     ],
 )
@@ -109,4 +117,109 @@ def test_missing_column_is_named(tmp_path: Path) -> None:
     path = write_instance(tmp_path, ROWS)
     (tmp_path / "prof.csv").write_text("phase,tokens,tp,latency_ms\nprefill,1,1,2\n")
     with pytest.raises(SpecError, match="missing column"):
+        load_problem(path)
+
+
+CLOCKED = "phase,tokens,context,tp,latency_ms,clock_mhz,power_w"
+CLOCK_ROWS = [
+    "prefill,1024,0,1,90.0,1980,650",
+    "prefill,1024,0,1,150.0,990,260",
+    "prefill,4096,0,1,400.0,1980,690",
+    "prefill,4096,0,1,700.0,990,280",
+    "decode,1,1024,1,12.0,1980,300",
+    "decode,64,1024,1,20.0,1980,420",
+    "decode,1,4096,1,13.0,1980,310",
+    "decode,64,4096,1,30.0,1980,450",
+    "decode,1,1024,1,12.5,990,150",
+    "decode,64,1024,1,24.0,990,200",
+    "decode,1,4096,1,13.5,990,160",
+    "decode,64,4096,1,36.0,990,215",
+]
+
+
+def test_a_clock_column_overrides_the_model_at_and_between_measured_clocks(
+    tmp_path: Path,
+) -> None:
+    problem = load_problem(write_instance(tmp_path, CLOCK_ROWS, header=CLOCKED))
+    tokens = np.asarray([1024.0])
+    assert prefill_pass(params(problem, 1980), tokens).ms[0] == pytest.approx(90.0, rel=1e-9)
+    assert prefill_pass(params(problem, 990), tokens).ms[0] == pytest.approx(150.0, rel=1e-9)
+    step = decode_pass(params(problem, 990), np.asarray([64.0]), np.asarray([4096.0]))
+    assert step.ms[0] == pytest.approx(36.0, rel=1e-9)
+    # between the clocks: linear in log clock of the log times
+    supported = problem.gpu_type(GPU).nearest_clocks_mhz(1400.0, 1)[0]
+    w = np.log(supported / 990.0) / np.log(1980.0 / 990.0)
+    expect = float(np.exp((1 - w) * np.log(150.0) + w * np.log(90.0)))
+    got = prefill_pass(params(problem, supported), tokens).ms[0]
+    assert got == pytest.approx(expect, rel=1e-9)
+
+
+def test_outside_the_measured_clocks_the_model_carries_from_the_nearest(tmp_path: Path) -> None:
+    measured = load_problem(write_instance(tmp_path, CLOCK_ROWS, header=CLOCKED))
+    analytic = load_problem(INSTANCES / "quickstart.yaml")
+    tokens = np.asarray([1024.0])
+    ratios = []
+    for problem in (measured, analytic):
+        at = prefill_pass(params(problem, 990), tokens).ms[0]
+        below = prefill_pass(params(problem, 600), tokens).ms[0]
+        ratios.append(below / at)
+    assert ratios[0] == pytest.approx(ratios[1], rel=1e-9)
+    assert ratios[0] > 1.2
+
+
+def test_measured_power_replaces_the_analytic_dynamic_power(tmp_path: Path) -> None:
+    problem = load_problem(write_instance(tmp_path, CLOCK_ROWS, header=CLOCKED))
+    gpu = problem.gpu_type(GPU)
+    for clock, board in ((1980, 650.0), (990, 260.0)):
+        out = prefill_pass(params(problem, clock), np.asarray([1024.0]))
+        assert out.power_w[0] + gpu_on_power_w(gpu, clock) == pytest.approx(board, rel=1e-9)
+    # a half share draws the analytic fraction of the measured dynamic power
+    full = prefill_pass(params(problem, 990), np.asarray([1024.0])).power_w[0]
+    half = prefill_pass(params(problem, 990, share=0.5), np.asarray([1024.0])).power_w[0]
+    plain = load_problem(INSTANCES / "quickstart.yaml")
+    ratio = (
+        prefill_pass(params(plain, 990, share=0.5), np.asarray([1024.0])).power_w[0]
+        / prefill_pass(params(plain, 990), np.asarray([1024.0])).power_w[0]
+    )
+    assert half / full == pytest.approx(ratio, rel=1e-9)
+
+
+def test_interpolators_are_built_once_per_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    problem = load_problem(write_instance(tmp_path, CLOCK_ROWS, header=CLOCKED))
+    p = params(problem, 1500)
+    before = decode_pass(p, np.asarray([16.0]), np.asarray([2048.0])).ms[0]
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("interpolator built on a lookup")
+
+    monkeypatch.setattr(profiles, "LinearNDInterpolator", forbidden)
+    monkeypatch.setattr(profiles, "NearestNDInterpolator", forbidden)
+    after = decode_pass(p, np.asarray([16.0]), np.asarray([2048.0])).ms[0]
+    assert after == before
+    assert 12.0 < after < 36.0
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (["prefill,256,0,1,3,-5,100"], "row 2: clock_mhz: -5 must be positive"),
+        (["prefill,256,0,1,3,1980,"], "row 2: power_w: '' is not a number"),
+        (["prefill,256,0,1,3,fast,100"], "row 2: clock_mhz: 'fast' is not a number"),
+        (["prefill,256,0,1,3,1980,0"], "row 2: power_w: 0 must be positive"),
+    ],
+)
+def test_bad_clock_and_power_entries_are_named(tmp_path: Path, rows, message) -> None:
+    with pytest.raises(SpecError) as err:
+        load_problem(write_instance(tmp_path, rows, header=CLOCKED))
+    text = str(err.value)
+    assert "prof.csv" in text and message in text and "profiles[0]" in text
+
+
+def test_unknown_column_is_named(tmp_path: Path) -> None:
+    path = write_instance(
+        tmp_path, ["prefill,1,0,1,2,3"], header="phase,tokens,context,tp,latency_ms,watts"
+    )
+    with pytest.raises(SpecError, match="unknown column\\(s\\) watts"):
         load_problem(path)

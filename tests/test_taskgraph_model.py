@@ -10,6 +10,7 @@ import yaml
 
 from energyopt.formulations.taskgraph.generators import cholesky, lu, platform, stencil
 from energyopt.formulations.taskgraph.model import build_taskgraph, load_taskgraph
+from energyopt.perf.forward import CLOCK_RESPONSE
 from energyopt.spec.errors import SpecError
 from tests.conftest import INSTANCES
 
@@ -106,7 +107,10 @@ def test_compute_bound_time_scales_with_clock_memory_bound_does_not() -> None:
     tg = build_taskgraph(cholesky(2, 4096, platform("L40S", 1)))
     o = tg.options[0][tg.task_names.index("syrk_0_1")]
     ratio = o.dur[0] / o.dur[-1]
-    assert ratio == pytest.approx(o.clock_mhz[-1] / o.clock_mhz[0], rel=0.05)
+    # all but the clock-independent share of compute time (fitted on Perseus) follows 1/f
+    fixed = CLOCK_RESPONSE.compute_fixed
+    expect = fixed + (1.0 - fixed) * o.clock_mhz[-1] / o.clock_mhz[0]
+    assert ratio == pytest.approx(expect, rel=0.05)
     st = build_taskgraph(stencil(1, 1, 2**26, platform("L40S", 1)))
     s = st.options[0][0]
     assert s.dur[0] / s.dur[-1] < 1.05  # memory-bound: the clock barely matters

@@ -7,8 +7,14 @@
 * Vidur ``*.mlp.csv``: per-layer latency of the linear operators by token count
   and TP degree.
 
-All tables are measured at the default clock, so they fix the efficiency and
-power constants; the clock dependence comes from the physical model.
+* Perseus ``dvfs/perseus-a100``: time and energy of GPT-3 175B and BLOOM 176B
+  pipeline-stage passes on an A100 with the SM clock locked from 1410 to 855 MHz.
+* ``dvfs/h100nvl-llama7b``: time and mean power of batch-1 LLaMA-7B generation on
+  an H100 NVL with the SM clock locked from 1785 to 510 MHz.
+
+The Splitwise and Vidur tables are measured at the default clock, so they fix the
+efficiency and the power at the max clock; the two ``dvfs`` sweeps fix how time and
+power follow the clock (used as ratios to the value at the max clock).
 """
 
 from __future__ import annotations
@@ -20,8 +26,18 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from energyopt.perf.forward import Pass, decode_pass, prefill_pass
+from energyopt.catalog import builtin_catalog
+from energyopt.perf.forward import (
+    CLOCK_RESPONSE,
+    ClockResponse,
+    Pass,
+    clock_stretch,
+    decode_pass,
+    kernel_pass,
+    prefill_pass,
+)
 from energyopt.perf.params import FloatArray, OpParams, OpSpec, build_params
+from energyopt.perf.power import gpu_on_power_w, static_power_factor
 from energyopt.spec.hardware import GpuType
 from energyopt.spec.instance import Options
 from energyopt.spec.llm import LlmModel
@@ -156,7 +172,8 @@ def splitwise_average_power(gpu: GpuType, model: LlmModel, rows: SplitwiseRows) 
     pre, dec = predict_splitwise(gpu, model, rows)
     time_ms = pre.ms + rows.tokens * dec.ms
     energy = pre.power_w * pre.ms + rows.tokens * dec.power_w * dec.ms
-    return np.asarray((gpu.idle_w + energy / time_ms) / gpu.tdp_w)
+    on_w = gpu_on_power_w(gpu, gpu.default_sm_clock_mhz)
+    return np.asarray((on_w + energy / time_ms) / gpu.tdp_w)
 
 
 @dataclass(frozen=True)
@@ -191,7 +208,7 @@ def predict_vidur_layer_ms(gpu: GpuType, model: LlmModel, rows: VidurRows) -> Fl
     flops = 2.0 * p.active_params * rows.tokens
     compute_ms = flops / (p.peak_flops * p.clock_ratio * p.eff_compute * p.tp) * 1e3
     memory_ms = p.weight_bytes / (p.peak_bw * p.eff_memory * p.tp) * 1e3
-    overhead = p.overhead_ms * (0.5 + 0.5 / p.clock_ratio)
+    overhead = p.overhead_ms * clock_stretch(CLOCK_RESPONSE.overhead_fixed, p.clock_ratio)
     return np.asarray((np.maximum(compute_ms, memory_ms) + overhead) / p.layers)
 
 
@@ -219,4 +236,247 @@ def phase_power_w(gpu: GpuType, model: LlmModel, tp: int = 4) -> tuple[float, fl
     p = params_for(gpu, model, [tp])
     pre = prefill_pass(p, np.asarray([2048.0]), 4.0)
     dec = decode_pass(p, np.asarray([32.0]), np.asarray([1024.0]))
-    return gpu.idle_w + float(pre.power_w[0]), gpu.idle_w + float(dec.power_w[0])
+    on_w = gpu_on_power_w(gpu, gpu.default_sm_clock_mhz)
+    return on_w + float(pre.power_w[0]), on_w + float(dec.power_w[0])
+
+
+# ---------------------------------------------------------------------------
+# Clock sweeps (../shared/data/dvfs)
+
+
+@dataclass(frozen=True)
+class ClockSweep:
+    """One measured pass or run at many locked SM clocks, as ratios to the max clock."""
+
+    name: str
+    clock_mhz: FloatArray  # ascending
+    time_ratio: FloatArray  # t(f) / t(f_max)
+    power_ratio: FloatArray  # mean board power P(f) / P(f_max)
+
+    @property
+    def energy_ratio(self) -> FloatArray:
+        """E(f) / E(f_max) = time ratio x power ratio."""
+        return np.asarray(self.time_ratio * self.power_ratio)
+
+    @property
+    def optimal_clock_mhz(self) -> float:
+        """The measured clock of least energy (MHz)."""
+        return float(self.clock_mhz[int(np.argmin(self.energy_ratio))])
+
+
+@dataclass(frozen=True)
+class PerseusPass:
+    """A Perseus pipeline-stage pass: which model and whether forward or backward."""
+
+    sweep: ClockSweep
+    model: str  # Perseus spelling: gpt3-175b or bloom
+    stage: int
+    backward: bool
+
+
+PERSEUS_MAX_MHZ = 1410.0
+PERSEUS_MODELS: dict[str, tuple[int, int]] = {"gpt3-175b": (96, 12288), "bloom": (70, 14336)}
+"""(layers, hidden size) of the Perseus models: GPT-3 175B (Brown et al., 2020, Table 2.1:
+96 layers, d_model 12288) and BLOOM 176B (catalog Bloom-176B: 70 layers, hidden 14336)."""
+PERSEUS_STAGES = 8
+PERSEUS_TP = 8
+PERSEUS_TOKENS = 2048.0
+"""Assumed shape of a Perseus pass: 8 pipeline stages, TP 8 inside a stage, a microbatch of
+one 2048-token sequence. Only the split of a pass into compute, memory and overhead time
+matters for the ratios; with this shape the passes are compute-bound (the absolute times
+of the artifact are rescaled by its notebook, so they are not compared)."""
+
+
+def read_perseus(path: Path) -> list[PerseusPass]:
+    """Every (stage, instruction) sweep of one Perseus ``stage_profile`` CSV."""
+    model = path.name.split("+", 1)[0]
+    rows: dict[tuple[int, str], list[tuple[float, float, float]]] = {}
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            key = (int(row["stage"]), row["instruction"])
+            rows.setdefault(key, []).append(
+                (float(row["frequency"]), float(row["time"]), float(row["energy"]))
+            )
+    out: list[PerseusPass] = []
+    for (stage, instruction), values in sorted(rows.items()):
+        arr = np.asarray(sorted(values))
+        top = int(np.argmax(arr[:, 0]))
+        time = arr[:, 1] / arr[top, 1]
+        power = (arr[:, 2] / arr[:, 1]) / (arr[top, 2] / arr[top, 1])
+        name = f"perseus {model} stage {stage} {instruction}"
+        out.append(
+            PerseusPass(
+                ClockSweep(name, arr[:, 0], time, power), model, stage, instruction == "backward"
+            )
+        )
+    return out
+
+
+def _ratios(
+    time_ms: FloatArray, power_w: FloatArray, top: int
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    t = time_ms / time_ms[top]
+    p = power_w / power_w[top]
+    return np.asarray(t), np.asarray(p), np.asarray(t * p)
+
+
+def _clock_params(gpu: GpuType, clocks_mhz: FloatArray, overhead_ms: float) -> OpParams:
+    """Whole-GPU parameters of ``gpu`` at every clock, with the per-pass overhead
+    ``overhead_ms`` at the max clock; the model fields are Llama-2-7B's (LLaMA-7B has
+    the same architecture; a Perseus kernel pass does not read them)."""
+    model = builtin_catalog().model("Llama-2-7B")
+    wl = _calibration_workload(model.name)
+    specs = [
+        OpSpec(gpu, model, wl, "both", float(c), 1.0, 1.0, gpu.memory_gb, 1, Options())
+        for c in clocks_mhz
+    ]
+    p = build_params(specs)
+    return p.replace(overhead_ms=np.full(len(specs), overhead_ms))
+
+
+def predict_perseus(
+    gpu: GpuType, sweep: PerseusPass, clock: ClockResponse = CLOCK_RESPONSE
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Model (time, power, energy) ratios to the max clock of one Perseus pass.
+
+    The pass is one kernel per GPU: the stage's dense FLOPs (2 per parameter and token,
+    12 h^2 parameters per layer, plus causal attention; a backward pass twice the
+    forward) over 1/TP of the stage's weight bytes (read once forward, read and their
+    gradients written backward), with the GPU's per-pass overhead. Power is board
+    power: on-power at the clock (``perf.power.gpu_on_power_w``) plus the pass's
+    dynamic power.
+    """
+    layers, hidden = PERSEUS_MODELS[sweep.model]
+    stage_layers = layers / PERSEUS_STAGES
+    params = 12.0 * hidden**2 * stage_layers
+    fwd_flops = (
+        2.0 * params * PERSEUS_TOKENS + 2.0 * stage_layers * PERSEUS_TOKENS**2 * hidden
+    ) / PERSEUS_TP
+    factor = 2.0 if sweep.backward else 1.0
+    weight_bytes = 2.0 * params / PERSEUS_TP * factor
+    act_bytes = 2.0 * PERSEUS_TOKENS * hidden * stage_layers * 10.0 / PERSEUS_TP * factor
+    clocks = sweep.sweep.clock_mhz
+    p = _clock_params(gpu, clocks, gpu.efficiency.step_overhead_ms)
+    n = len(clocks)
+    out = kernel_pass(
+        p, np.full(n, fwd_flops * factor), np.full(n, weight_bytes + act_bytes), clock
+    )
+    board = _on_power(gpu, p.clock_ratio) + out.power_w
+    return _ratios(out.ms, board, int(np.argmax(clocks)))
+
+
+def _on_power(gpu: GpuType, clock_ratio: FloatArray) -> FloatArray:
+    """``gpu_on_power_w`` for many clock ratios (W)."""
+    v0 = np.full_like(clock_ratio, gpu.power.voltage_floor)
+    knee = np.full_like(clock_ratio, gpu.power.knee_fraction)
+    return np.asarray(
+        gpu.idle_w + gpu.power.locked_clock_w * static_power_factor(clock_ratio, v0, knee)
+    )
+
+
+H100NVL_STEPS = 8 * 50
+"""Decode steps of one H100 NVL run: 8 prompts, up to 50 generated tokens each (taken as 50)."""
+H100NVL_CONTEXT = 64.0
+"""Mean context of a decode step (short prompts plus half of the 50 generated tokens)."""
+
+
+def read_h100nvl(path: Path) -> ClockSweep:
+    """The H100 NVL LLaMA-7B sweep: median over the runs at each clock, as ratios.
+
+    The median of the 3 runs drops single disturbed runs (the 660 MHz run 1 takes
+    3x the time at a third of the power).
+    """
+    runs: dict[float, list[tuple[float, float]]] = {}
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            runs.setdefault(float(row["freq_mhz"]), []).append(
+                (float(row["total_inference_time_s"]), float(row["avg_power_w"]))
+            )
+    clocks = np.asarray(sorted(runs))
+    time = np.asarray([np.median([r[0] for r in runs[c]]) for c in clocks])
+    power = np.asarray([np.median([r[1] for r in runs[c]]) for c in clocks])
+    return ClockSweep(
+        "h100nvl llama-7b batch-1 decode",
+        clocks,
+        time / time[-1],
+        power / power[-1],
+    )
+
+
+def read_h100nvl_top_seconds(path: Path) -> float:
+    """Median total inference time at the max clock (s)."""
+    times: dict[float, list[float]] = {}
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            times.setdefault(float(row["freq_mhz"]), []).append(
+                float(row["total_inference_time_s"])
+            )
+    return float(np.median(times[max(times)]))
+
+
+def h100_nvl(h100_sxm: GpuType) -> GpuType:
+    """The H100 NVL 94GB, for the H100 NVL sweep: the H100 SXM5 entry (same GH100 silicon,
+    fitted constants) with the NVL's own figures.
+
+    Sources: NVIDIA H100 NVL datasheet (94 GB HBM3, 3.9 TB/s, 350-400 W configurable;
+    the sweep's board runs at 400 W) and the sweep's clock list (1785 MHz down to 510 MHz);
+    idle 61 W is the board's idle in the sweep's source (shared data README). The voltage
+    curve is the H100's, in MHz: the same die reaches the same voltage at the same clock.
+    """
+    scale = h100_sxm.max_sm_clock_mhz / 1785.0
+    knee = min(h100_sxm.power.knee_fraction * scale, 0.99)
+    static = h100_sxm.power.locked_clock_w * 400.0 / h100_sxm.tdp_w
+    return h100_sxm.model_copy(
+        update={
+            "name": "H100-NVL-94GB",
+            "memory_gb": 94.0,
+            "memory_bandwidth_gbps": 3938.0,
+            "max_sm_clock_mhz": 1785,
+            "min_sm_clock_mhz": 510,
+            "default_sm_clock_mhz": 1785,
+            "tdp_w": 400.0,
+            "idle_w": 61.0,
+            "power_limit_min_w": 200.0,
+            "power_limit_max_w": 400.0,
+            "power": h100_sxm.power.model_copy(
+                update={"knee_fraction": knee, "locked_clock_w": static}
+            ),
+        }
+    )
+
+
+@dataclass(frozen=True)
+class HostBoundRun:
+    """What the H100 NVL sweep's software adds, fitted with the sweep (not GPU constants).
+
+    ``host_ms``: host (Python) time of one decode step, which the GPU work overlaps.
+    ``gpu_overhead_ms``: GPU time per step at the max clock beyond the weight reads (the
+    hundreds of small eager-mode kernels of a batch-1 step); it follows the clock as the
+    model's per-pass overhead does (``ClockResponse.overhead_fixed``).
+    ``window_s``: length of the power-averaging window (the mean power is diluted
+    toward the on-power of the locked clock over it).
+    """
+
+    host_ms: float
+    gpu_overhead_ms: float
+    window_s: float
+
+
+def predict_h100nvl(
+    gpu: GpuType, sweep: ClockSweep, run: HostBoundRun, clock: ClockResponse = CLOCK_RESPONSE
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Model (time, power, energy) ratios of the H100 NVL sweep.
+
+    A step takes max(host time, GPU time): the host launches kernels ahead of the GPU, so
+    the clock shows only once the GPU's time (weight reads plus the clock-following
+    overhead) exceeds the host's. The mean power over the window is the on-power of the
+    locked clock plus the run's dynamic energy spread over the window.
+    """
+    p = _clock_params(gpu, sweep.clock_mhz, run.gpu_overhead_ms)
+    n = len(sweep.clock_mhz)
+    step = decode_pass(p, np.ones(n), np.full(n, H100NVL_CONTEXT), clock)
+    step_ms = np.maximum(run.host_ms, step.ms)
+    total_s = H100NVL_STEPS * step_ms / 1e3
+    dyn_j = H100NVL_STEPS * step.energy_j
+    power = _on_power(gpu, p.clock_ratio) + dyn_j / max(run.window_s, 1e-9)
+    return _ratios(total_s, power, int(np.argmax(sweep.clock_mhz)))

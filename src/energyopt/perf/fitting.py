@@ -11,22 +11,34 @@ from scipy.optimize import least_squares
 
 from energyopt.catalog.loader import Catalog
 from energyopt.perf.calibration import (
+    H100NVL_STEPS,
     SPLITWISE_HARDWARE,
     SPLITWISE_MODELS,
     VIDUR_HARDWARE,
     VIDUR_MODELS,
+    ClockSweep,
     ErrorStats,
+    HostBoundRun,
+    PerseusPass,
     PowerConstants,
     SplitwiseRows,
     error_stats,
+    h100_nvl,
     phase_power_w,
+    predict_h100nvl,
+    predict_perseus,
     predict_splitwise,
     predict_vidur_layer_ms,
+    read_h100nvl,
+    read_h100nvl_top_seconds,
+    read_perseus,
     read_power_constants,
     read_splitwise,
     read_vidur,
     splitwise_average_power,
 )
+from energyopt.perf.forward import CLOCK_RESPONSE, ClockResponse
+from energyopt.perf.params import FloatArray
 from energyopt.spec.hardware import Efficiency, GpuType, PowerParams
 from energyopt.spec.llm import LlmModel
 
@@ -175,13 +187,233 @@ def fit_power(catalog: Catalog, gpu: GpuType, const: PowerConstants) -> PowerPar
     )
 
 
-def fit_gpu(catalog: Catalog, tables: Tables, name: str) -> GpuType:
-    """``name`` with fitted efficiency and power constants."""
-    gpu = catalog.gpu(name)
-    gpu = gpu.model_copy(update={"efficiency": fit_latency(catalog, tables, gpu)})
-    hw = next((k for k, v in SPLITWISE_HARDWARE.items() if v == name), None)
-    if hw is not None:
-        gpu = gpu.model_copy(
-            update={"power": fit_power(catalog, gpu, read_power_constants(tables.power, hw))}
+# ---------------------------------------------------------------------------
+# Clock dimension (../shared/data/dvfs)
+
+PERSEUS_BLOCKING_W = 83.64
+"""Power of an A100 SXM with its clock locked, waiting on communication (W), as the
+Perseus artifact states it (shared data README)."""
+
+
+def perseus_passes(tables: Tables) -> list[PerseusPass]:
+    """Every pass of every Perseus file under ``dvfs/perseus-a100``."""
+    out: list[PerseusPass] = []
+    for path in sorted((tables.root / "dvfs" / "perseus-a100").glob("*+a100_sxm_bf16.csv")):
+        out.extend(read_perseus(path))
+    return out
+
+
+def h100nvl_path(tables: Tables) -> Path:
+    """The H100 NVL sweep file."""
+    return tables.root / "dvfs" / "h100nvl-llama7b" / "h100nvl_llama7b_hf_dvfs.csv"
+
+
+@dataclass(frozen=True)
+class SweepErrors:
+    """Error of the model on one clock sweep: APE of the ratios and the optimal clock."""
+
+    name: str
+    time: ErrorStats
+    power: ErrorStats
+    energy: ErrorStats
+    measured_opt_mhz: float
+    model_opt_mhz: float
+
+    @property
+    def opt_error_mhz(self) -> float:
+        """|model - measured| energy-optimal clock (MHz)."""
+        return abs(self.model_opt_mhz - self.measured_opt_mhz)
+
+
+def _sweep_errors(
+    sweep: ClockSweep, pred: tuple[FloatArray, FloatArray, FloatArray]
+) -> SweepErrors:
+    t, p, e = pred
+    return SweepErrors(
+        sweep.name,
+        error_stats(f"{sweep.name} time ratio", t, sweep.time_ratio),
+        error_stats(f"{sweep.name} power ratio", p, sweep.power_ratio),
+        error_stats(f"{sweep.name} energy ratio", e, sweep.energy_ratio),
+        sweep.optimal_clock_mhz,
+        float(sweep.clock_mhz[int(np.argmin(e))]),
+    )
+
+
+def perseus_errors(
+    tables: Tables, a100: GpuType, clock: ClockResponse = CLOCK_RESPONSE
+) -> list[SweepErrors]:
+    """Error of the model of ``a100`` on every Perseus pass."""
+    return [_sweep_errors(s.sweep, predict_perseus(a100, s, clock)) for s in perseus_passes(tables)]
+
+
+def perseus_pooled_errors(
+    tables: Tables, a100: GpuType, clock: ClockResponse = CLOCK_RESPONSE
+) -> tuple[ErrorStats, ErrorStats, ErrorStats]:
+    """APE of the (time, power, energy) ratios over every point of every Perseus pass."""
+    preds = [(s.sweep, predict_perseus(a100, s, clock)) for s in perseus_passes(tables)]
+    out: list[ErrorStats] = []
+    for i, kind in enumerate(("time", "power", "energy")):
+        pred = np.concatenate([p[i] for _, p in preds])
+        meas = np.concatenate([(s.time_ratio, s.power_ratio, s.energy_ratio)[i] for s, _ in preds])
+        out.append(error_stats(f"perseus a100 (all passes) {kind} ratio", pred, meas))
+    return out[0], out[1], out[2]
+
+
+H100NVL_RUN = HostBoundRun(host_ms=50.93, gpu_overhead_ms=22.78, window_s=54.2)
+"""Fitted software constants of the H100 NVL sweep (``fit_h100nvl``; not GPU constants)."""
+
+
+def h100nvl_errors(
+    tables: Tables,
+    h100: GpuType,
+    run: HostBoundRun = H100NVL_RUN,
+    clock: ClockResponse = CLOCK_RESPONSE,
+) -> SweepErrors:
+    """Error of the model of the H100 (as an H100 NVL) on the H100 NVL sweep."""
+    sweep = read_h100nvl(h100nvl_path(tables))
+    return _sweep_errors(sweep, predict_h100nvl(h100_nvl(h100), sweep, run, clock))
+
+
+def _log_ratio_residuals(
+    sweep: ClockSweep, pred: tuple[FloatArray, FloatArray, FloatArray]
+) -> FloatArray:
+    t, p, e = pred
+    return np.concatenate(
+        [
+            np.log(t / sweep.time_ratio),
+            np.log(p / sweep.power_ratio),
+            np.log(e / sweep.energy_ratio),
+        ]
+    )
+
+
+def fit_perseus(
+    tables: Tables, a100: GpuType, clock: ClockResponse = CLOCK_RESPONSE
+) -> tuple[PowerParams, ClockResponse]:
+    """Voltage floor, knee and the clock-independent share of compute time, on Perseus.
+
+    Least squares on the log time, power and energy ratios of every pass; the static
+    power ``locked_clock_w`` is the Perseus blocking power less idle, and the memory
+    share of power comes from ``HBM_PJ_PER_BIT``. Started from a grid of knees, the
+    best solution is kept (the knee makes the problem non-convex).
+    """
+    passes = perseus_passes(tables)
+    static = static_power_w(a100)
+
+    def trial(x: np.ndarray) -> tuple[GpuType, ClockResponse]:
+        power = a100.power.model_copy(
+            update={
+                "voltage_floor": float(x[0]),
+                "knee_fraction": float(x[1]),
+                "locked_clock_w": static,
+            }
         )
-    return gpu
+        return a100.model_copy(update={"power": power}), ClockResponse(
+            compute_fixed=float(x[2]), overhead_fixed=clock.overhead_fixed
+        )
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        gpu, resp = trial(x)
+        return np.concatenate(
+            [_log_ratio_residuals(s.sweep, predict_perseus(gpu, s, resp)) for s in passes]
+        )
+
+    best = None
+    for knee in (0.5, 0.6, 0.7, 0.8):
+        sol = least_squares(
+            residuals,
+            np.asarray([0.75, knee, 0.2]),
+            bounds=([0.3, 0.3, 0.0], [1.0, 0.98, 0.6]),
+        )
+        if best is None or sol.cost < best.cost:
+            best = sol
+    assert best is not None
+    x = [round(float(v), 4) for v in best.x]
+    gpu, resp = trial(np.asarray(x))
+    return gpu.power, resp
+
+
+def fit_h100nvl(
+    tables: Tables, h100: GpuType, clock: ClockResponse = CLOCK_RESPONSE
+) -> tuple[PowerParams, ClockResponse, HostBoundRun]:
+    """H100 voltage floor and knee, and the host share of the per-pass overhead, on the
+    H100 NVL sweep (with the sweep's own host time, eager-kernel overhead and power
+    window). The host time is the measured time at the max clock over the steps."""
+    path = h100nvl_path(tables)
+    sweep = read_h100nvl(path)
+    host_ms = read_h100nvl_top_seconds(path) / H100NVL_STEPS * 1e3
+
+    def trial(x: np.ndarray) -> tuple[GpuType, ClockResponse, HostBoundRun]:
+        power = h100.power.model_copy(
+            update={"voltage_floor": float(x[0]), "knee_fraction": float(x[1])}
+        )
+        resp = ClockResponse(compute_fixed=clock.compute_fixed, overhead_fixed=float(x[2]))
+        run = HostBoundRun(host_ms=host_ms, gpu_overhead_ms=float(x[3]), window_s=float(x[4]))
+        return h100.model_copy(update={"power": power}), resp, run
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        gpu, resp, run = trial(x)
+        return _log_ratio_residuals(sweep, predict_h100nvl(h100_nvl(gpu), sweep, run, resp))
+
+    best = None
+    for knee in (0.45, 0.55, 0.65):
+        sol = least_squares(
+            residuals,
+            np.asarray([0.75, knee, 0.5, 20.0, 40.0]),
+            bounds=([0.3, 0.3, 0.0, 0.0, 1.0], [1.0, 0.98, 1.0, 200.0, 1000.0]),
+        )
+        if best is None or sol.cost < best.cost:
+            best = sol
+    assert best is not None
+    x = [round(float(v), 4) for v in best.x]
+    gpu, resp, run = trial(np.asarray(x))
+    run = HostBoundRun(round(host_ms, 2), round(run.gpu_overhead_ms, 2), round(run.window_s, 1))
+    return gpu.power, resp, run
+
+
+def static_power_w(gpu: GpuType) -> float:
+    """Static power of a locked-clock GPU above idle at the max clock (W): the Perseus
+    blocking power less idle on the A100; other types take the A100's share of TDP."""
+    a100_share = (PERSEUS_BLOCKING_W - 63.0) / 400.0
+    if gpu.name == "A100-SXM4-80GB":
+        return round(PERSEUS_BLOCKING_W - gpu.idle_w, 2)
+    return round(a100_share * gpu.tdp_w, 2)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Every fitted constant: the GPU entries, the clock response and the H100 NVL run."""
+
+    gpus: dict[str, GpuType]
+    clock: ClockResponse
+    h100nvl: HostBoundRun
+
+
+def fit_all(catalog: Catalog, tables: Tables) -> Fit:
+    """Fit A100-SXM4-80GB and H100-SXM5-80GB in order:
+
+    1. ``efficiency`` on Splitwise and Vidur latency (``fit_latency``; max clock only);
+    2. ``locked_clock_w`` (``static_power_w``), then ``sm_fraction`` and
+       ``memory_bound_sm_activity`` on Splitwise prompt and token power (``fit_power``);
+    3. the H100's voltage floor and knee and ``ClockResponse.overhead_fixed`` on the
+       H100 NVL sweep (``fit_h100nvl``);
+    4. the A100's voltage floor and knee and ``ClockResponse.compute_fixed`` on Perseus
+       (``fit_perseus``); steps 3 and 4 are repeated once, as each uses the other's
+       clock-response constant.
+    """
+    gpus: dict[str, GpuType] = {}
+    for name, hw in (("A100-SXM4-80GB", "a100-80gb"), ("H100-SXM5-80GB", "h100-80gb")):
+        gpu = catalog.gpu(name)
+        gpu = gpu.model_copy(update={"efficiency": fit_latency(catalog, tables, gpu)})
+        power = gpu.power.model_copy(update={"locked_clock_w": static_power_w(gpu)})
+        gpu = gpu.model_copy(update={"power": power})
+        power = fit_power(catalog, gpu, read_power_constants(tables.power, hw))
+        gpus[name] = gpu.model_copy(update={"power": power})
+    clock = CLOCK_RESPONSE
+    run = H100NVL_RUN
+    for _ in range(2):
+        h_power, clock, run = fit_h100nvl(tables, gpus["H100-SXM5-80GB"], clock)
+        gpus["H100-SXM5-80GB"] = gpus["H100-SXM5-80GB"].model_copy(update={"power": h_power})
+        a_power, clock = fit_perseus(tables, gpus["A100-SXM4-80GB"], clock)
+        gpus["A100-SXM4-80GB"] = gpus["A100-SXM4-80GB"].model_copy(update={"power": a_power})
+    return Fit(gpus, clock, run)

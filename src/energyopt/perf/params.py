@@ -91,6 +91,7 @@ class OpParams:
     profile: NDArray[np.object_]
     has_profile: NDArray[np.bool_]  # profile is not None (kept apart: checked every pass)
     profile_clock_ratio: FloatArray  # clock the profile was measured at / f_max
+    max_clock_mhz: FloatArray  # f_max of the GPU type (MHz), to place f on a profile's clocks
 
     def __len__(self) -> int:
         return int(self.clock_ratio.shape[0])
@@ -187,6 +188,7 @@ def build_params(specs: list[OpSpec]) -> OpParams:
             "profile_clock_ratio": (
                 s.profile.clock_mhz / g.max_sm_clock_mhz if s.profile is not None else 1.0
             ),
+            "max_clock_mhz": g.max_sm_clock_mhz,
         }
         for key, value in row.items():
             cols[key].append(value)
