@@ -287,6 +287,12 @@ matters for the ratios; with this shape the passes are compute-bound (the absolu
 of the artifact are rescaled by its notebook, so they are not compared)."""
 
 
+PERSEUS_ACTIVATION_PASSES = 10.0
+"""Hidden-size activation vectors read or written per token and layer by a forward pass
+outside the GEMMs (two norms, two residual adds, the MLP activation, with their reads
+and writes): an estimate. It sets only the pass's memory power, a few per cent of it."""
+
+
 def read_perseus(path: Path) -> list[PerseusPass]:
     """Every (stage, instruction) sweep of one Perseus ``stage_profile`` CSV."""
     model = path.name.split("+", 1)[0]
@@ -342,7 +348,9 @@ def predict_perseus(
     The pass is one kernel per GPU: the stage's dense FLOPs (2 per parameter and token,
     12 h^2 parameters per layer, plus causal attention; a backward pass twice the
     forward) over 1/TP of the stage's weight bytes (read once forward, read and their
-    gradients written backward), with the GPU's per-pass overhead. Power is board
+    gradients written backward) and activation bytes (``PERSEUS_ACTIVATION_PASSES``
+    2-byte hidden vectors per token and layer; twice backward), with the GPU's per-pass
+    overhead. Power is board
     power: on-power at the clock (``perf.power.gpu_on_power_w``) plus the pass's
     dynamic power.
     """
@@ -354,7 +362,9 @@ def predict_perseus(
     ) / PERSEUS_TP
     factor = 2.0 if sweep.backward else 1.0
     weight_bytes = 2.0 * params / PERSEUS_TP * factor
-    act_bytes = 2.0 * PERSEUS_TOKENS * hidden * stage_layers * 10.0 / PERSEUS_TP * factor
+    act_bytes = (
+        2.0 * PERSEUS_TOKENS * hidden * stage_layers * PERSEUS_ACTIVATION_PASSES / PERSEUS_TP
+    ) * factor
     clocks = sweep.sweep.clock_mhz
     p = _clock_params(gpu, clocks, gpu.efficiency.step_overhead_ms)
     n = len(clocks)
