@@ -50,9 +50,19 @@ def solve_cpsat(
             continue
         integral = var.is_integer() or var.is_binary()
         delta = 1.0 if integral else resolution
-        lb = 0 if var.lb is None else math.ceil(var.lb / delta - 1e-9)
-        ub = MAX_INT if var.ub is None else math.floor(var.ub / delta + 1e-9)
-        ints[id(var)] = cp.new_int_var(int(lb), int(min(ub, MAX_INT)), var.name)
+        if var.lb is None or var.ub is None:
+            raise CpSatModelError(
+                f"variable {var.name} has no finite bounds: the formulation must bound "
+                "every variable for CP-SAT"
+            )
+        lb = math.ceil(var.lb / delta - 1e-9)
+        ub = math.floor(var.ub / delta + 1e-9)
+        if ub > MAX_INT:
+            raise CpSatModelError(
+                f"variable {var.name} ranges up to {var.ub:g}, more than CP-SAT's "
+                f"integers hold in steps of {delta:g}"
+            )
+        ints[id(var)] = cp.new_int_var(int(lb), int(ub), var.name)
         step[id(var)] = delta
         pyvars[id(var)] = var
     for con in model.component_data_objects(pyo.Constraint, active=True):
@@ -105,7 +115,12 @@ def solve_cpsat(
             if progress is not None:
                 progress(line)
 
+    invalid = cp.validate()
+    if invalid:
+        raise CpSatModelError(f"CP-SAT rejects the model: {invalid}")
     code = solver.Solve(cp, _Cb())
+    if code == cp_model.MODEL_INVALID:
+        raise CpSatModelError("CP-SAT rejects the model as invalid")
     wall = time.perf_counter() - start
     log.append(
         f"cp-sat status {solver.StatusName(code)}; discretized bound "
@@ -119,6 +134,11 @@ def solve_cpsat(
         return MilpOutcome("no_solution", None, None, time.perf_counter() - start, log)
     objective = float(pyo.value(obj.expr))
     return MilpOutcome("feasible", objective, None, time.perf_counter() - start, log)
+
+
+class CpSatModelError(RuntimeError):
+    """The model handed to CP-SAT is malformed (a bug in the formulation, not a
+    property of the instance); never reported as "no solution"."""
 
 
 def _polish(model: Any, log: list[str]) -> bool:

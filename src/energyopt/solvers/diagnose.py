@@ -138,6 +138,7 @@ def _minimum_power_w(problem: Problem, table: OpTable) -> float:
 def _feasible_without_budgets(problem: Problem) -> bool:
     """Whether dropping node and cluster budgets makes the instance solvable."""
     from energyopt.catalog.problem import Problem as _Problem
+    from energyopt.formulations.errors import BackendFailure, FormulationNotApplicable
     from energyopt.formulations.serving import pattern as pat
     from energyopt.perf.oppoints import build_op_table
 
@@ -153,6 +154,6 @@ def _feasible_without_budgets(problem: Problem) -> bool:
     try:
         prog = pat.prepare(relaxed, table)
         pat.generate_columns(prog)
-    except (pat.PatternNotApplicable, RuntimeError):
+    except (FormulationNotApplicable, BackendFailure):
         return False
     return prog.lp is not None and prog.lp.artificial_rps <= 1e-6

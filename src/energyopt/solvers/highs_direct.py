@@ -76,13 +76,55 @@ def solve_master_mip(
         h.cbMipInterrupt.subscribe(interrupt)
     if start is not None:
         sol = highspy.HighsSolution()
-        padded = np.zeros(n)
-        padded[: min(n, len(start))] = start[:n]
-        sol.col_value = list(padded)
+        sol.col_value = list(padded_start(start, n))
         h.setSolution(sol)
     t0 = time.perf_counter()
     h.run()
-    wall = time.perf_counter() - t0
+    outcome, values = _read_mip(h, mp, time.perf_counter() - t0)
+    if start is not None and outcome.objective is not None and values is not None:
+        own = values_objective(mp, values)
+        if abs(own - outcome.objective) > START_MISMATCH_REL_TOL * max(1.0, abs(own)):
+            # HiGHS returned values whose cost is not the objective it reports (seen
+            # with a starting solution under presolve): solve again without a start.
+            if progress is not None:
+                progress(
+                    f"highs: returned values cost {own:,.6f}, reported {outcome.objective:,.6f}; "
+                    "solving again without the starting solution"
+                )
+            h.clearSolver()
+            h.passModel(lp)
+            h.setOptionValue("time_limit", max(0.5, time_limit_s - outcome.wall_s))
+            t1 = time.perf_counter()
+            h.run()
+            again, values = _read_mip(h, mp, outcome.wall_s + time.perf_counter() - t1)
+            if again.objective is None:
+                # No plan within the time left: keep the start's own values and cost.
+                values = padded_start(start, n)
+                again = MilpOutcome("feasible", values_objective(mp, values), None, again.wall_s)
+            outcome = again
+    return outcome, values
+
+
+START_MISMATCH_REL_TOL = 1e-6
+"""Relative difference between HiGHS' objective and its values' cost that is a failure."""
+
+
+def padded_start(start: NDArray[np.float64], n: int) -> NDArray[np.float64]:
+    """A starting solution cut or zero-padded to ``n`` columns."""
+    padded = np.zeros(n)
+    padded[: min(n, len(start))] = start[:n]
+    return padded
+
+
+def values_objective(mp: Master, values: NDArray[np.float64]) -> float:
+    """The master's objective at ``values``: cost . values + constant."""
+    return float(np.dot(mp.cost, values[: len(mp.cost)])) + float(mp.constant)
+
+
+def _read_mip(
+    h: highspy.Highs, mp: Master, wall: float
+) -> tuple[MilpOutcome, NDArray[np.float64] | None]:
+    """Outcome of a finished HiGHS MIP run; the objective is the values' own cost."""
     status = h.getModelStatus()
     info = h.getInfo()
     if status == highspy.HighsModelStatus.kInfeasible:

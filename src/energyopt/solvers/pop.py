@@ -33,6 +33,7 @@ from energyopt.solvers.result import relative_gap as rel_gap_of
 from energyopt.spec.cluster import Node
 from energyopt.spec.plan import Plan
 from energyopt.spec.workload import Workload
+from energyopt.verify.serving import evaluate_plan
 
 Progress = Any
 
@@ -138,29 +139,23 @@ def solve_pop(
             return Result(status, None, None, wall, None, preset.name, [])
         parts = max(1, len(subs) // 2)
         note(f"pop: a part has no plan; trying {parts} parts")
-    objective = _merged_objective(problem, results)
-    bound = min(bound, objective)
-    status = status_at(objective, bound, gap)
     merged = {g.gpu: g for r in results if r.plan is not None for g in r.plan.gpus}
     plan = Plan(
         instance=problem.instance.name,
         gpus=tuple(merged[g.id] for g in problem.gpus if g.id in merged),
-        objective=objective,
-        bound=bound,
-        gap=rel_gap_of(objective, bound),
         solver=preset.name,
-        status=status,
+    )
+    # The merged plan's cost, by the verifier's arithmetic (parts' objectives do not
+    # add up for every objective: gpus_on scales power by the whole fleet's TDP).
+    objective = evaluate_plan(problem, plan).objective
+    bound = min(bound, objective)
+    status = status_at(objective, bound, gap)
+    plan = plan.model_copy(
+        update={
+            "objective": objective,
+            "bound": bound,
+            "gap": rel_gap_of(objective, bound),
+            "status": status,
+        }
     )
     return Result(status, objective, bound, time.perf_counter() - t0, plan, preset.name, [])
-
-
-def _merged_objective(problem: Problem, results: list[Result]) -> float:
-    """Objective of the merged plan: parts' objectives add up, except ``gpus_on``,
-    whose power tie-breaker is scaled by the whole fleet's TDP."""
-    if problem.instance.options.objective != "gpus_on":
-        return float(sum(r.objective or 0.0 for r in results))
-    from energyopt.formulations.serving.costs import fleet_power_scale
-
-    gpus_on = sum(1 for r in results if r.plan for g in r.plan.gpus if g.on)
-    power = sum(g.predicted_power_w for r in results if r.plan for g in r.plan.gpus)
-    return gpus_on + power / fleet_power_scale(problem)

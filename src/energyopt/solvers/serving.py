@@ -12,6 +12,7 @@ import numpy as np
 import pyomo.environ as pyo
 
 from energyopt.catalog.problem import Problem
+from energyopt.formulations.errors import BackendFailure, FormulationNotApplicable
 from energyopt.formulations.serving import pattern as pat
 from energyopt.formulations.serving.assemble import assemble_plan
 from energyopt.formulations.serving.master import LpSession, lp_dive
@@ -32,7 +33,7 @@ from energyopt.solvers.result import (
     relative_gap,
     status_at,
 )
-from energyopt.verify.serving import verify_plan
+from energyopt.verify.serving import OBJECTIVE_REL_TOL, evaluate_plan
 
 Progress = Callable[[str], None]
 FIRST_STAGE_SHARE = 0.3
@@ -158,21 +159,60 @@ def solve(
             result = _solve_per_gpu(
                 problem, table, preset, deadline, gap, note, strengthen=formulation == "per_gpu"
             )
-    except (pat.PatternNotApplicable, RuntimeError) as exc:
-        note(f"pattern formulation not used ({exc}); using per-GPU")
+    except (FormulationNotApplicable, BackendFailure) as exc:
+        note(f"{formulation} formulation not used ({exc}); falling back to per-GPU")
         result = _solve_per_gpu(problem, table, preset, deadline, gap, note, strengthen=True)
     result.log = log + [line for line in result.log if line not in log]
     result.solver = preset.name
     result.wall_s = time.perf_counter() - start
-    if result.status == INFEASIBLE:
+    if result.status == INFEASIBLE and not result.diagnosis:
         result.diagnosis = diagnose_infeasible(problem, table)
     if result.plan is not None:
-        violations = verify_plan(problem, result.plan)
-        if violations:
-            raise PlanVerificationError(
-                "solver plan fails verification:\n" + "\n".join(str(v) for v in violations)
-            )
+        certify(problem, result, gap, note)
     return result
+
+
+def certify(problem: Problem, result: Result, rel_gap: float, note: Progress) -> None:
+    """Verify ``result.plan`` and make the reported figures the plan's own.
+
+    The objective becomes the plan's cost recomputed by the verifier; a backend value
+    that differs is logged as a backend failure. A bound above that cost is invalid
+    and dropped (logged); status and gap follow from the recomputed objective.
+    Raises PlanVerificationError when the plan breaks a constraint.
+    """
+    assert result.plan is not None
+    ev = evaluate_plan(problem, result.plan)
+    if ev.violations:
+        raise PlanVerificationError(
+            "solver plan fails verification:\n" + "\n".join(str(v) for v in ev.violations)
+        )
+    cost = ev.objective
+    tol = OBJECTIVE_REL_TOL * max(1.0, abs(cost))
+    if result.objective is None or abs(result.objective - cost) > tol:
+        stated = "none" if result.objective is None else f"{result.objective:,.6f}"
+        note(
+            f"backend failure: reported objective {stated}, but the plan it returned costs "
+            f"{cost:,.6f}; reporting the plan's cost"
+        )
+    bound = result.bound
+    if bound is not None and bound > cost + tol:
+        note(f"invalid bound {bound:,.6f} above the plan's cost {cost:,.6f}: bound dropped")
+        bound = None
+    if bound is not None:
+        bound = min(bound, cost)
+    result.objective = cost
+    result.bound = bound
+    if result.status in (OPTIMAL, FEASIBLE):
+        result.status = status_at(cost, bound, rel_gap) if bound is not None else FEASIBLE
+    result.plan = result.plan.model_copy(
+        update={
+            "objective": cost,
+            "bound": bound,
+            "gap": result.gap,
+            "status": result.status,
+            "solver": result.solver,
+        }
+    )
 
 
 def _status(outcome_status: str, objective: float | None, bound: float | None, gap: float) -> str:
@@ -222,6 +262,11 @@ def _solve_per_gpu(
         f"per-GPU model: {pm.model.nvariables()} variables, {pm.model.nconstraints()} "
         f"constraints ({time.perf_counter() - t0:.1f} s)"
     )
+    if pm.unservable:
+        reasons = [
+            f"{u}: no GPU can serve it at any candidate operating point" for u in pm.unservable
+        ]
+        return Result(INFEASIBLE, None, None, 0.0, None, preset.name, [], reasons)
     left = max(1.0, deadline - time.perf_counter())
     out = run_backend(pm.model, preset, time_limit_s=left, rel_gap=gap, progress=note)
     bound = out.bound
@@ -245,7 +290,7 @@ def _dive(prog: pat.PatternProgram, deadline: float) -> tuple[float, np.ndarray]
     try:
         if not lp_dive(session, deadline):
             return None
-    except RuntimeError:
+    except BackendFailure:
         return None
     lp = session.solve()
     values = lp.x[len(session.mp.artificial) :]

@@ -39,6 +39,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from energyopt.catalog.problem import Problem
+from energyopt.formulations.errors import FormulationNotApplicable
 from energyopt.formulations.serving import pattern as pat
 from energyopt.formulations.serving.classes import GpuClass
 from energyopt.formulations.serving.columns import Duals, shared_column, tp_column
@@ -83,6 +84,14 @@ def priced_ops(table: OpTable, costs: Any, classes: list[GpuClass]) -> PricedOps
                 rows.append((o, c.index))
     op = np.asarray([r[0] for r in rows], dtype=np.int64)
     cls = np.asarray([r[1] for r in rows], dtype=np.int64)
+    missing = set(range(len(table.units))) - set(table.unit[op].tolist())
+    if missing:
+        names = ", ".join(
+            f"{table.units[u].workload}:{table.units[u].phase}" for u in sorted(missing)
+        )
+        raise FormulationNotApplicable(
+            f"no class of interchangeable GPUs can host {names} on its own"
+        )
     type_of = [table.type_names[int(t)] for t in table.gpu_type[op]]
     cap_units = np.asarray([table.share_capacity[n] for n in type_of], dtype=np.float64)
     tp = table.tp[op].astype(np.float64)

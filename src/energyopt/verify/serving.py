@@ -14,9 +14,9 @@ import numpy as np
 
 from energyopt.catalog.problem import Problem
 from energyopt.formulations.serving.assemble import power_cap_w
-from energyopt.perf.energy import design_batch, energy_per_request_j
+from energyopt.perf.energy import design_batch, energy_per_request_j, service_latency_ms
 from energyopt.perf.oppoints import op_spec, share_options
-from energyopt.perf.params import OpSpec, build_params
+from energyopt.perf.params import FloatArray, OpParams, OpSpec, build_params
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.perf.queueing import metrics_at
 from energyopt.spec.cluster import Gpu
@@ -24,6 +24,8 @@ from energyopt.spec.plan import GpuPlan, Placement, Plan
 
 REL_TOL = 1e-6
 ABS_RATE_TOL = 1e-6
+OBJECTIVE_REL_TOL = 1e-6
+"""Relative difference at which a stated objective disagrees with the plan's cost."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,15 @@ class PlanEvaluation:
     served_rps: dict[str, float] = field(default_factory=dict)
     headroom: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
     """(GPU, workload:phase) -> (TTFT, TBT) at the planned rate as fractions of the SLO."""
+    static_power_w: float = 0.0
+    """Power of the GPUs that are on with nothing running, at their clocks (W)."""
+    delay_weighted_w: float = 0.0
+    """Dynamic power, each placement's weighted by its unloaded latency over the same
+    unit's at the type's max clock on a full GPU (the ``edp`` objective's term, W)."""
+    moved: int = 0
+    """Current (GPU, unit) placements that the plan does not keep on their GPU."""
+    objective: float = 0.0
+    """The instance's objective evaluated on the plan (see ``plan_objective``)."""
 
 
 def verify_plan(problem: Problem, plan: Plan) -> list[Violation]:
@@ -100,7 +111,85 @@ def evaluate_plan(problem: Problem, plan: Plan) -> PlanEvaluation:
     _check_budgets(problem, ev)
     ev.gpus_on = sum(1 for gp in plans.values() if gp.on)
     ev.total_power_w = sum(ev.gpu_power_w.values())
+    ev.moved = _moved_placements(problem, plans)
+    ev.objective = plan_objective(problem, ev)
     return ev
+
+
+def plan_objective(problem: Problem, ev: PlanEvaluation) -> float:
+    """The instance's objective on an evaluated plan, from its recomputed figures.
+
+    power           : total power (W).
+    power_migration : total power + migration_penalty_w per current placement moved.
+    gpus_on         : GPUs on + total power / the fleet's summed TDP.
+    edp             : on-power + delay-weighted dynamic power (W).
+    """
+    opts = problem.instance.options
+    if opts.objective == "gpus_on":
+        scale = sum(problem.gpu_type(g.type).tdp_w for g in problem.gpus)
+        return ev.gpus_on + ev.total_power_w / scale
+    if opts.objective == "edp":
+        return ev.static_power_w + ev.delay_weighted_w
+    if opts.objective == "power_migration":
+        return ev.total_power_w + opts.migration_penalty_w * ev.moved
+    return ev.total_power_w
+
+
+def _moved_placements(problem: Problem, plans: dict[str, GpuPlan]) -> int:
+    """Current (workload, phase) pairs of each GPU that the plan does not place there
+    as a single-GPU placement."""
+    moved = 0
+    for gpu in problem.gpus:
+        if gpu.state is None:
+            continue
+        current = {(p.workload, p.phase) for p in gpu.state.placements}
+        gp = plans.get(gpu.id)
+        kept = set()
+        if gp is not None and gp.on:
+            kept = {(p.workload, p.phase) for p in gp.placements if p.tp_group is None}
+        moved += len(current - kept)
+    return moved
+
+
+def check_reported(
+    problem: Problem, plan: Plan, ev: PlanEvaluation | None = None
+) -> list[Violation]:
+    """Disagreements between the objective, bound and gap a plan states and its cost.
+
+    A stated objective must equal the plan's objective recomputed here; a bound may
+    not exceed it; a stated gap must be (objective - bound) / |objective|.
+    """
+    ev = ev if ev is not None else evaluate_plan(problem, plan)
+    cost = ev.objective
+    out: list[Violation] = []
+    tol = OBJECTIVE_REL_TOL * max(1.0, abs(cost))
+    if plan.objective is not None and abs(plan.objective - cost) > tol:
+        out.append(
+            Violation(
+                "objective",
+                "plan",
+                f"states objective {plan.objective:,.6g}; the plan's own cost is {cost:,.6g}",
+            )
+        )
+    if plan.bound is not None and plan.bound > cost + tol:
+        out.append(
+            Violation(
+                "bound",
+                "plan",
+                f"states bound {plan.bound:,.6g} above the plan's own cost {cost:,.6g}",
+            )
+        )
+    if plan.gap is not None and plan.bound is not None:
+        gap = max(0.0, cost - plan.bound) / max(abs(cost), 1e-9)
+        if abs(plan.gap - gap) > 1e-6 + OBJECTIVE_REL_TOL:
+            out.append(
+                Violation(
+                    "gap",
+                    "plan",
+                    f"states gap {plan.gap:.6%}; its objective and bound give {gap:.6%}",
+                )
+            )
+    return out
 
 
 def _collect_placements(
@@ -266,12 +355,17 @@ def _check_performance(
     for gp in plans.values():
         if gp.on and gp.clock_mhz is not None:
             power[gp.gpu] = gpu_on_power_w(problem.gpu_type(gp.type), gp.clock_mhz)
+    ev.static_power_w = sum(power.values())
     memory: dict[str, float] = defaultdict(float)
     if valid:
         params = build_params([c.spec for c in valid if c.spec is not None])
         rates = np.asarray([c.placement.rate_rps for c in valid], dtype=np.float64)
         met = metrics_at(params, rates)
-        energy = energy_per_request_j(params, design_batch(params))
+        batch = design_batch(params)
+        energy = energy_per_request_j(params, batch)
+        ev.delay_weighted_w = float(
+            np.sum(energy * rates * _delay_ratio(problem, valid, params, batch))
+        )
         for i, c in enumerate(valid):
             pl = c.placement
             where = f"{'+'.join(g.id for g in c.gpus)} {pl.workload}:{pl.phase}"
@@ -355,6 +449,33 @@ def _check_performance(
                 )
             )
     ev.gpu_power_w = power
+
+
+def _delay_ratio(
+    problem: Problem, valid: list[PlacementCheck], params: OpParams, batch: FloatArray
+) -> FloatArray:
+    """Each placement's unloaded latency over its unit's at max clock on a full GPU."""
+    usable = 1.0 - problem.instance.options.memory_reserve_fraction
+    refs = []
+    for c in valid:
+        gtype = problem.gpu_type(c.plan.type)
+        full = (100, None, 1.0, 1.0, gtype.memory_gb * usable)
+        wl = problem.instance.workload(c.placement.workload)
+        refs.append(
+            op_spec(
+                problem,
+                wl,
+                c.placement.phase,
+                gtype,
+                gtype.max_sm_clock_mhz,
+                full,
+                c.placement.tp_size,
+            )
+        )
+    ref_params = build_params(refs)
+    ref = service_latency_ms(ref_params, design_batch(ref_params))
+    latency = service_latency_ms(params, batch)
+    return np.asarray(np.where(ref > 0, latency / np.where(ref > 0, ref, 1.0), 1.0))
 
 
 def _check_demand(problem: Problem, checks: list[PlacementCheck], ev: PlanEvaluation) -> None:

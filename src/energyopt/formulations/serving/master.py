@@ -16,6 +16,7 @@ import numpy as np
 import pyomo.environ as pyo
 
 from energyopt.catalog.problem import Problem
+from energyopt.formulations.errors import BackendFailure
 from energyopt.formulations.serving.classes import GpuClass
 from energyopt.formulations.serving.columns import Column, Duals
 from energyopt.formulations.serving.costs import Costs
@@ -132,7 +133,9 @@ def add_column(
         mp.entries.append((power_row, z, col.on_power_w - cls.power_cap_w))
     rs = []
     for op, cap in zip(col.ops, col.capacity, strict=True):
-        r = mp.var(float(costs.op_cost[op]), 0.0, np.inf)
+        # Bounded (cap x uses) as well as linked to z below, so that every variable
+        # of the integer master has a finite range (CP-SAT needs one).
+        r = mp.var(float(costs.op_cost[op]), 0.0, float(cap) * uses)
         rs.append(r)
         unit = int(table.unit[op])
         energy = float(table.energy_j[op])
@@ -219,7 +222,7 @@ def to_highs_lp(mp: Master, *, integer: bool) -> highspy.HighsLp:
 
 
 def solve_lp(mp: Master, n_units: int, n_classes: int) -> LpSolution:
-    """Solve the LP relaxation with HiGHS; raise RuntimeError if it does not solve."""
+    """Solve the LP relaxation with HiGHS; raise BackendFailure if it does not solve."""
     h = quiet_highs()
     h.passModel(to_highs_lp(mp, integer=False))
     return _run_lp(h, mp, n_classes)
@@ -228,7 +231,7 @@ def solve_lp(mp: Master, n_units: int, n_classes: int) -> LpSolution:
 def _run_lp(h: highspy.Highs, mp: Master, n_classes: int) -> LpSolution:
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        raise RuntimeError(f"master LP: {h.modelStatusToString(h.getModelStatus())}")
+        raise BackendFailure(f"master LP: {h.modelStatusToString(h.getModelStatus())}")
     sol = h.getSolution()
     x = np.asarray(sol.col_value)
     y = np.asarray(sol.row_dual)
@@ -373,7 +376,7 @@ def lp_dive(session: LpSession, deadline: float, batch_fraction: float = 0.9) ->
             h.changeColBounds(int(z_idx[j]), float(np.ceil(z[j])), float(mp.hi[z_idx[j]]))
         try:
             session.solve()
-        except RuntimeError:
+        except BackendFailure:
             for j in pick:
                 h.changeColBounds(int(z_idx[j]), float(np.floor(z[j])), float(np.floor(z[j])))
     return False

@@ -9,6 +9,7 @@ solve is exact (see docs/formulations/serving.md).
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -18,8 +19,14 @@ import pyomo.environ as pyo
 from numpy.typing import NDArray
 
 from energyopt.catalog.problem import Problem
-from energyopt.formulations.serving.assemble import GpuDecision
-from energyopt.formulations.serving.classes import GpuClass, gpu_classes, split_tp_groups
+from energyopt.formulations.errors import FormulationNotApplicable
+from energyopt.formulations.serving.assemble import GpuDecision, power_cap_w
+from energyopt.formulations.serving.classes import (
+    GpuClass,
+    gpu_classes,
+    split_tp_groups,
+    tp_sizes_by_type,
+)
 from energyopt.formulations.serving.columns import (
     Column,
     Duals,
@@ -61,7 +68,7 @@ EXACT = 2
 """Pricing effort whose knapsack is exact (see ``knapsack_price``)."""
 
 
-class PatternNotApplicable(ValueError):
+class PatternNotApplicable(FormulationNotApplicable):
     """The instance needs the per-GPU formulation (reason in the message)."""
 
 
@@ -122,6 +129,19 @@ def check_applicable(problem: Problem, table: OpTable) -> None:
         raise PatternNotApplicable(
             "GPUs with a current state and tensor-parallel units: use the per-GPU formulation"
         )
+    # Classes hold GPUs of one power cap, so their TP columns never mix caps; a
+    # node whose GPUs of a type have different caps could form such a group.
+    sizes = tp_sizes_by_type(table)
+    caps: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for gpu in problem.gpus:
+        caps[(gpu.node, gpu.type)].append(power_cap_w(problem, gpu))
+    for (node, type_name), node_caps in caps.items():
+        fits = [k for k in sizes.get(type_name, ()) if k <= len(node_caps)]
+        if fits and len(set(node_caps)) > 1:
+            raise PatternNotApplicable(
+                f"node {node} has {type_name} GPUs with different power caps that could "
+                "form one tensor-parallel group: use the per-GPU formulation"
+            )
 
 
 def prepare(
@@ -398,8 +418,17 @@ def _add_branching_aggregates(model: Any, mp: Master, prog: PatternProgram) -> N
         for op in col.ops:
             hosts.setdefault(int(table.unit[op]), []).append(j)
         at.setdefault((col.cls, col.clock_mhz), []).append((j, col.gpus_per_use))
-    model.hosts = pyo.Var(list(hosts), domain=pyo.NonNegativeIntegers)
-    model.gpus_at = pyo.Var(list(at), domain=pyo.NonNegativeIntegers)
+    uses = [mp.hi[z] for z in mp.z_var]
+    model.hosts = pyo.Var(
+        list(hosts),
+        domain=pyo.NonNegativeIntegers,
+        bounds=lambda _, u: (0, sum(uses[j] for j in hosts[u])),
+    )
+    model.gpus_at = pyo.Var(
+        list(at),
+        domain=pyo.NonNegativeIntegers,
+        bounds=lambda _, c, f: (0, sum(k * uses[j] for j, k in at[(c, f)])),
+    )
     model.aggregates = pyo.ConstraintList()
     for u, cols in hosts.items():
         model.aggregates.add(model.hosts[u] == sum(model.v[mp.z_var[j]] for j in cols))

@@ -35,8 +35,12 @@ class PerGpuModel:
     gpus: list[Gpu]
     x_keys: list[tuple[int, int]] = field(default_factory=list)  # (gpu, op)
     y_keys: list[tuple[int, int]] = field(default_factory=list)  # (gpu, clock)
-    tp_keys: list[tuple[str, int]] = field(default_factory=list)  # (node, op)
-    z_keys: list[tuple[int, int]] = field(default_factory=list)  # (gpu, tp op)
+    tp_keys: list[tuple[str, int, int]] = field(default_factory=list)  # (node, op, slot)
+    z_keys: list[tuple[int, int, int]] = field(default_factory=list)  # (gpu, tp op, slot)
+    slot_members: dict[tuple[str, int, int], list[int]] = field(default_factory=dict)
+    """GPUs that may join each TP group slot (node, op, slot)."""
+    unservable: list[str] = field(default_factory=list)
+    """Units no variable of the model can serve (the instance is infeasible)."""
     constant: float = 0.0
 
     def decisions(self) -> dict[str, GpuDecision]:
@@ -50,20 +54,13 @@ class PerGpuModel:
             if pyo.value(m.x[g, o]) > ON:
                 rate = max(0.0, float(pyo.value(m.r[g, o])))
                 out[self.gpus[g].id].ops.append((o, rate))
-        members: dict[tuple[str, int], list[int]] = defaultdict(list)
-        for g, o in self.z_keys:
-            if pyo.value(m.z[g, o]) > ON:
-                members[(tp_key(self, g), o)].append(g)
-        for node, o in self.tp_keys:
-            groups = round(float(pyo.value(m.groups[node, o])))
-            if groups <= 0:
+        for node, o, j in self.tp_keys:
+            if pyo.value(m.w[node, o, j]) <= ON:
                 continue
-            rate = max(0.0, float(pyo.value(m.r_tp[node, o]))) / groups
-            k = int(self.table.tp[o])
-            gs = members[(node, o)]
-            for j in range(groups):
-                gid = f"{node.split('@')[0]}:tp{o}.{j}"
-                for g in gs[j * k : (j + 1) * k]:
+            rate = max(0.0, float(pyo.value(m.r_tp[node, o, j])))
+            gid = f"{node}:tp{o}.{j}"
+            for g in self.slot_members[(node, o, j)]:
+                if pyo.value(m.z[g, o, j]) > ON:
                     out[self.gpus[g].id].tp_ops.append((o, rate, gid))
         return out
 
@@ -88,29 +85,36 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
         t = type_index[gpu.type]
         pm.y_keys.extend((g, f) for f in table.clocks[gpu.type])
         pm.x_keys.extend((g, o) for o in by_type[t])
-    # TP groups are formed of GPUs of one node, type and power cap.
-    nodes_types: dict[tuple[str, int, float], list[int]] = defaultdict(list)
+    # TP groups are formed of GPUs of one node and type, whatever their power caps:
+    # each possible group of an op is a slot j, and each GPU may join one slot.
+    nodes_types: dict[tuple[str, int], list[int]] = defaultdict(list)
+    slot_members = pm.slot_members
     for g, gpu in enumerate(gpus):
-        nodes_types[(gpu.node, type_index[gpu.type], power_cap_w(problem, gpu))].append(g)
-    for (node, t, cap), members in nodes_types.items():
+        nodes_types[(gpu.node, type_index[gpu.type])].append(g)
+    for (node, t), members in nodes_types.items():
         for o in tp_by_type[t]:
-            if int(table.tp[o]) <= len(members):
-                pm.tp_keys.append((f"{node}@{cap:g}", o))
-                pm.z_keys.extend((g, o) for g in members)
+            k = int(table.tp[o])
+            for j in range(len(members) // k):
+                pm.tp_keys.append((node, o, j))
+                pm.z_keys.extend((g, o, j) for g in members)
+                slot_members[(node, o, j)] = members
 
+    capacity = {o: float(table.capacity_rps[o]) for o in range(len(table))}
     m.y = pyo.Var(pm.y_keys, domain=pyo.Binary)
     m.x = pyo.Var(pm.x_keys, domain=pyo.Binary)
-    m.r = pyo.Var(pm.x_keys, domain=pyo.NonNegativeReals)
+    m.r = pyo.Var(pm.x_keys, domain=pyo.NonNegativeReals, bounds=lambda _, g, o: (0, capacity[o]))
     m.z = pyo.Var(pm.z_keys, domain=pyo.Binary)
-    m.groups = pyo.Var(pm.tp_keys, domain=pyo.NonNegativeIntegers)
-    m.r_tp = pyo.Var(pm.tp_keys, domain=pyo.NonNegativeReals)
+    m.w = pyo.Var(pm.tp_keys, domain=pyo.Binary)
+    m.r_tp = pyo.Var(
+        pm.tp_keys, domain=pyo.NonNegativeReals, bounds=lambda _, n, o, j: (0, capacity[o])
+    )
 
     x_of_gpu: dict[int, list[int]] = defaultdict(list)
     for g, o in pm.x_keys:
         x_of_gpu[g].append(o)
-    z_of_gpu: dict[int, list[int]] = defaultdict(list)
-    for g, o in pm.z_keys:
-        z_of_gpu[g].append(o)
+    z_of_gpu: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for g, o, j in pm.z_keys:
+        z_of_gpu[g].append((o, j))
 
     m.cons = pyo.ConstraintList()
     add = m.cons.add
@@ -124,22 +128,24 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
             share_terms = [
                 int(table.share[o]) * m.x[g, o] for o in x_of_gpu[g] if table.clock_mhz[o] == f
             ]
-            share_terms += [cap_units * m.z[g, o] for o in z_of_gpu[g] if table.clock_mhz[o] == f]
+            share_terms += [
+                cap_units * m.z[g, o, j] for o, j in z_of_gpu[g] if table.clock_mhz[o] == f
+            ]
             if share_terms:
                 add(sum(share_terms) <= cap_units * m.y[g, f])
         if strengthen:
             for o in x_of_gpu[g]:
                 add(m.x[g, o] <= m.y[g, int(table.clock_mhz[o])])
                 add(m.r[g, o] <= float(table.capacity_rps[o]) * m.x[g, o])
-            for o in z_of_gpu[g]:
-                add(m.z[g, o] <= m.y[g, int(table.clock_mhz[o])])
+            for o, j in z_of_gpu[g]:
+                add(m.z[g, o, j] <= m.y[g, int(table.clock_mhz[o])])
         else:
             for o in x_of_gpu[g]:
                 big_m = table.units[int(table.unit[o])].rate_rps
                 add(m.r[g, o] <= big_m * m.x[g, o])
                 add(m.r[g, o] <= float(table.capacity_rps[o]))
-            for o in z_of_gpu[g]:
-                add(m.z[g, o] <= sum(m.y[g, f] for f in clocks))
+            for o, j in z_of_gpu[g]:
+                add(m.z[g, o, j] <= sum(m.y[g, f] for f in clocks))
         per_unit: dict[int, list[int]] = defaultdict(list)
         for o in x_of_gpu[g]:
             per_unit[int(table.unit[o])].append(o)
@@ -150,7 +156,7 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
         if not (mig and gtype.mig_profiles) and x_of_gpu[g]:
             add(
                 sum(float(table.memory_gb[o]) * m.x[g, o] for o in x_of_gpu[g])
-                + sum(usable * m.z[g, o] for o in z_of_gpu[g])
+                + sum(usable * m.z[g, o, j] for o, j in z_of_gpu[g])
                 <= usable * sum(m.y[g, f] for f in clocks)
             )
         if mig:
@@ -164,17 +170,26 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
                 add(sum(m.x[g, o] for o in ops) <= limit)
         add(gpu_power(pm, g) <= power_cap_w(problem, gpu))
 
-    for node, o in pm.tp_keys:
-        members = [g for g, oo in pm.z_keys if oo == o and tp_key(pm, g) == node]
+    for node, o, j in pm.tp_keys:
+        members = slot_members[(node, o, j)]
         k = int(table.tp[o])
-        add(sum(m.z[g, o] for g in members) == k * m.groups[node, o])
-        cap = tp_capacity(problem, table, o, [gpus[g] for g in members])
-        add(m.r_tp[node, o] <= cap * m.groups[node, o])
+        add(sum(m.z[g, o, j] for g in members) == k * m.w[node, o, j])
+        add(m.r_tp[node, o, j] <= capacity[o] * m.w[node, o, j])
+        if j > 0 and strengthen:
+            add(m.w[node, o, j] <= m.w[node, o, j - 1])
+        for g in members:
+            # A member's power (on-power + its 1/k of the group's dynamic power) stays
+            # within its own cap: the group is limited by its tightest member.
+            rate_limit = tp_rate_limit(problem, table, o, gpus[g])
+            if rate_limit < capacity[o]:
+                slack = capacity[o] - rate_limit
+                add(m.r_tp[node, o, j] <= capacity[o] - slack * m.z[g, o, j])
 
     for u, unit in enumerate(table.units):
         served = [m.r[g, o] for g, o in pm.x_keys if table.unit[o] == u]
-        served += [m.r_tp[n, o] for n, o in pm.tp_keys if table.unit[o] == u]
+        served += [m.r_tp[n, o, j] for n, o, j in pm.tp_keys if table.unit[o] == u]
         if not served:
+            pm.unservable.append(f"{unit.workload}:{unit.phase}")
             continue
         add(sum(served) == unit.rate_rps)
 
@@ -190,18 +205,12 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
     objective = (
         sum(costs.on_cost[(gpus[g].type, f)] * m.y[g, f] for g, f in pm.y_keys)
         + sum(float(costs.op_cost[o]) * m.r[g, o] for g, o in pm.x_keys)
-        + sum(float(costs.op_cost[o]) * m.r_tp[n, o] for n, o in pm.tp_keys)
+        + sum(float(costs.op_cost[o]) * m.r_tp[n, o, j] for n, o, j in pm.tp_keys)
     )
     if costs.migration_penalty > 0:
         objective = objective + _migration_terms(pm)
     m.obj = pyo.Objective(expr=objective, sense=pyo.minimize)
     return pm
-
-
-def tp_key(pm: PerGpuModel, g: int) -> str:
-    """Node and power cap of GPU g: the pool its TP groups are drawn from."""
-    gpu = pm.gpus[g]
-    return f"{gpu.node}@{power_cap_w(pm.problem, gpu):g}"
 
 
 def gpu_power(pm: PerGpuModel, g: int) -> Any:
@@ -216,22 +225,19 @@ def node_power(pm: PerGpuModel, node: str) -> Any:
     """Predicted power of all GPUs of a node, TP groups included (W)."""
     m, table = pm.model, pm.table
     terms = [gpu_power(pm, g) for g, gpu in enumerate(pm.gpus) if gpu.node == node]
-    terms += [
-        float(table.energy_j[o]) * m.r_tp[n, o] for n, o in pm.tp_keys if n.split("@")[0] == node
-    ]
+    terms += [float(table.energy_j[o]) * m.r_tp[n, o, j] for n, o, j in pm.tp_keys if n == node]
     return sum(terms)
 
 
-def tp_capacity(problem: Problem, table: OpTable, o: int, members: list[Gpu]) -> float:
-    """SLO capacity of a TP op, lowered so each member GPU stays within its power cap."""
-    cap = float(table.capacity_rps[o])
-    k = int(table.tp[o])
+def tp_rate_limit(problem: Problem, table: OpTable, o: int, gpu: Gpu) -> float:
+    """Largest group rate of TP op ``o`` (req/s) at which member ``gpu`` stays within
+    its power cap: on-power + energy * rate / k <= cap. Never negative."""
     energy = float(table.energy_j[o])
-    if energy <= 0 or not members:
-        return cap
-    on = table.on_power[(members[0].type, int(table.clock_mhz[o]))]
-    tightest = min(power_cap_w(problem, g) for g in members)
-    return max(0.0, min(cap, (tightest - on) * k / energy))
+    if energy <= 0:
+        return float(table.capacity_rps[o])
+    on = table.on_power[(gpu.type, int(table.clock_mhz[o]))]
+    k = int(table.tp[o])
+    return max(0.0, (power_cap_w(problem, gpu) - on) * k / energy)
 
 
 def _break_symmetry(pm: PerGpuModel) -> None:
