@@ -99,9 +99,26 @@ def resolve(
                     f"{', '.join(phases[placement.workload])}, not {placement.phase!r}"
                 )
     if instance.options.clocks_mhz:
-        for type_name in instance.options.clocks_mhz:
+        for type_name, clocks in instance.options.clocks_mhz.items():
             if type_name not in catalog.gpus:
                 problems.append(f"{source}: options.clocks_mhz: unknown GPU type {type_name!r}")
+                continue
+            problems.extend(
+                f"{source}: {p}"
+                for p in _unsupported_clocks(catalog.gpus[type_name], clocks, type_name)
+            )
+    for n, node in enumerate(instance.cluster.nodes):
+        for e, entry in enumerate(node.gpus):
+            gtype = catalog.gpus.get(entry.type)
+            if gtype is None or entry.power_cap_w is None:
+                continue
+            if entry.power_cap_w < gtype.power_limit_min_w:
+                field = f"cluster.nodes[{n}]({node.name}).gpus[{e}].power_cap_w"
+                problems.append(
+                    f"{source}: {field}: {entry.power_cap_w:g} W is below the lowest power "
+                    f"limit of {gtype.name} ({gtype.power_limit_min_w:g} W); such a GPU cannot "
+                    "be held under its cap"
+                )
     profiles: dict[tuple[str, str], MeasuredProfile] = {}
     for i, ref in enumerate(instance.profiles):
         where = f"{source}: profiles[{i}]"
@@ -119,6 +136,20 @@ def resolve(
     if problems:
         raise SpecError(problems)
     return Problem(instance, catalog, source, profiles)
+
+
+def _unsupported_clocks(gtype: GpuType, clocks: Sequence[int], type_name: str) -> list[str]:
+    """Problems with the candidate clocks given for one GPU type (MHz)."""
+    field = f"options.clocks_mhz.{type_name}"
+    if not clocks:
+        return [f"{field}: no clock given"]
+    supported = set(gtype.sm_clocks_mhz())
+    return [
+        f"{field}: {clock} MHz is not a supported SM clock of {gtype.name}; nearest supported: "
+        f"{', '.join(str(c) for c in gtype.nearest_clocks_mhz(clock))} MHz"
+        for clock in clocks
+        if clock not in supported
+    ]
 
 
 def _merge_file(catalog: Catalog, path: Path, label: str, problems: list[str]) -> Catalog:
