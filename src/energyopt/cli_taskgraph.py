@@ -12,7 +12,7 @@ import yaml
 from energyopt.formulations.taskgraph.model import TaskGraph, load_taskgraph
 from energyopt.formulations.taskgraph.schedule import Schedule, Totals
 from energyopt.spec.errors import SpecError
-from energyopt.spec.io import file_format
+from energyopt.spec.io import file_format, write_text_atomic
 from energyopt.spec.taskgraph import OBJECTIVE_UNITS
 
 SOLVERS = ("auto", "cpsat", "heuristic")
@@ -165,7 +165,4 @@ def write_schedule(
         text = yaml.safe_dump(data, sort_keys=False)
     else:
         raise SpecError([f"{path}: write the schedule as .json or .yaml"])
-    try:
-        Path(path).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise SpecError([f"{path}: cannot write: {exc.strerror or exc}"]) from None
+    write_text_atomic(path, text)

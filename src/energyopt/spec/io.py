@@ -152,7 +152,7 @@ def field_path(loc: tuple[int | str, ...], data: Any = None) -> str:
             out += f"[{part}]"
             if isinstance(node, list) and 0 <= part < len(node):
                 node = node[part]
-                if isinstance(node, dict) and isinstance(node.get("name"), str):
+                if isinstance(node, dict) and isinstance(node.get("name"), str) and node["name"]:
                     out += f"({node['name']})"
             else:
                 node = None

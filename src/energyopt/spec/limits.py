@@ -24,7 +24,7 @@ class Limits:
 
     gpus: int = 65_536
     """GPUs in one cluster (serving instance, co-location pools, task graph)."""
-    workloads: int = 2_048
+    workloads: int = 512
     """Workloads of one serving instance."""
     workload_gpus: int = 4_194_304
     """Workloads x GPUs of one serving instance (size of the placement decisions)."""

@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from energyopt.spec.errors import SpecError
+from energyopt.spec.io import write_bytes_atomic
 from energyopt.tables.rowlookup import ROW_LIMIT, by_name, compile_rows, finder
 from energyopt.tables.stdlib_reader import (
     ALIGN,
@@ -106,15 +107,11 @@ def write_table(
     for off, data in blobs:
         body[start + off : start + off + len(data)] = data
     digest = hashlib.sha256(body).digest()
-    target = Path(path)
-    tmp = target.with_name(target.name + ".tmp")
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(body)
-            fh.write(digest)
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise TableError(str(path), f"cannot write: {exc.strerror or exc}") from None
+        write_bytes_atomic(path, bytes(body) + digest)
+    except SpecError as exc:
+        reason = exc.problems[0].removeprefix(f"{path}: ")
+        raise TableError(str(path), reason) from None
 
 
 def _axis_indexer(axis: Axis) -> Callable[[Any], int]:
