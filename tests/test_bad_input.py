@@ -245,18 +245,6 @@ def test_limits_parse_and_scope() -> None:
     assert limits() == Limits()
 
 
-def test_missing_kind_of_a_taskgraph_is_named(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    data = read_yaml(TASKGRAPH)
-    del data["kind"]
-    path = tmp_path / "tg.yaml"
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    code, _, err = run(capsys, "validate", str(path))
-    assert code == 2
-    assert err.startswith(f"{path}: ")
-
-
 TASKGRAPH_BAD = [
     ("flops-inf", ("tasks", 1, "flops"), math.inf, "tasks[1](gemm_a).flops"),
     ("flops-1e308", ("tasks", 1, "flops"), 1e308, "tasks[1](gemm_a).flops"),
@@ -524,3 +512,43 @@ def test_table_write_failure_keeps_the_old_table(tmp_path: Path, table_file: Pat
         write_table(target, "oppoints", axes, {})
     assert target.read_bytes() == table_file.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.eot"]
+
+
+def test_duplicate_catalog_entries_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gpu = {**read_yaml(H100), "name": "Site-H100"}
+    catalog = tmp_path / "cat.yaml"
+    catalog.write_text(yaml.safe_dump({"gpus": [gpu, gpu]}), encoding="utf-8")
+    code, _, err = run(capsys, "validate", str(QUICKSTART), "--catalog", str(catalog))
+    assert code == 2
+    assert f"{catalog}: gpus[1](Site-H100).name: 'Site-H100' is given twice" in err
+    data = read_yaml(QUICKSTART)
+    data["gpu_types"] = [gpu, gpu]
+    path = tmp_path / "inline.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    code, _, err = run(capsys, "validate", str(path))
+    assert code == 2
+    assert err.startswith(f"{path}: gpu_types: Value error, 'Site-H100' is given twice")
+
+
+@pytest.mark.parametrize(
+    ("source", "kind"),
+    [
+        (TASKGRAPH, "taskgraph"),
+        (ROOT / "tests" / "data" / "colocation-small.yaml", "colocation"),
+        (ROOT / "instances" / "compile-quickstart.yaml", "plans or kind: oppoints"),
+    ],
+)
+def test_a_missing_kind_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], source: Path, kind: str
+) -> None:
+    data = read_yaml(source)
+    del data["kind"]
+    path = tmp_path / "nokind.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    for command in ("validate", "solve"):
+        code, _, err = run(capsys, command, str(path))
+        assert code == 2
+        assert err == f"{path}: kind: missing; a file with " + err.split("a file with ")[1]
+        assert err.rstrip().endswith(f"(add kind: {kind})")

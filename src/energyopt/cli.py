@@ -94,12 +94,40 @@ def _family(path: str) -> Any | None:
 
     kind = file_kind(path)
     if kind == "serving":
+        _missing_kind(path)
         return None
     module = FAMILY_MODULES.get(kind)
     if module is None:
         known = ", ".join(["serving", *FAMILY_MODULES])
         raise SpecError([f"{path}: kind: unknown problem family {kind!r}; known: {known}"])
     return importlib.import_module(module)
+
+
+FAMILY_SIGNS: tuple[tuple[str, str], ...] = (
+    ("tasks", "taskgraph"),
+    ("jobs", "colocation"),
+    ("load", "evaluate"),
+    ("base", "plans or kind: oppoints"),
+)
+"""A top-level key only a family other than serving has, and that family's kind."""
+
+
+def _missing_kind(path: str) -> None:
+    """SpecError naming ``kind`` when a file without one is plainly of another family
+    (it would otherwise be read as a serving instance, and every key be 'extra')."""
+    from energyopt.spec.io import read_data
+
+    data = read_data(path)
+    if "kind" in data:
+        return
+    for key, kind in FAMILY_SIGNS:
+        if key in data:
+            raise SpecError(
+                [
+                    f"{path}: kind: missing; a file with {key}: is not a serving instance "
+                    f"(add kind: {kind})"
+                ]
+            )
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -167,7 +195,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from energyopt.spec import Plan
     from energyopt.spec.checks import plan_problems
     from energyopt.spec.io import load
-    from energyopt.verify.serving import evaluate_plan
+    from energyopt.verify.serving import check_reported, evaluate_plan
 
     problem = _load(args.instance, args.catalog, check_slos=False)
     plan = load(Plan, args.plan)
@@ -179,9 +207,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
             _err(f"  - {line.removeprefix(args.plan + ': ')}")
         return EXIT_VIOLATION
     ev = evaluate_plan(problem, plan)
-    if ev.violations:
-        _err(f"{args.plan}: {len(ev.violations)} violation(s) of {args.instance}:")
-        for v in ev.violations:
+    violations = ev.violations + check_reported(problem, plan, ev)
+    if violations:
+        _err(f"{args.plan}: {len(violations)} violation(s) of {args.instance}:")
+        for v in violations:
             _err(f"  - {v}")
         return EXIT_VIOLATION
     print(f"{args.plan}: feasible for {args.instance}")

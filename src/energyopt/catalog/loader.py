@@ -94,9 +94,16 @@ def load_catalog_file(path: str | Path) -> tuple[list[GpuType], list[LlmModel]]:
         if not isinstance(entries, list):
             problems.append(f"{path}: {key}: must be a list")
             continue
+        seen: set[str] = set()
         for i, entry in enumerate(entries):
             try:
-                out.append(cls.model_validate(entry))  # type: ignore[arg-type]
+                valid = cls.model_validate(entry)
+                if valid.name in seen:
+                    problems.append(
+                        f"{path}: {key}[{i}]({valid.name}).name: {valid.name!r} is given twice"
+                    )
+                seen.add(valid.name)
+                out.append(valid)  # type: ignore[arg-type]
             except ValidationError as exc:
                 for line in validation_problems(exc, str(path), entry):
                     field = line.removeprefix(f"{path}: ").removeprefix("(top level)")

@@ -130,6 +130,17 @@ class Instance(Spec):
             raise ValueError(f"duplicate workload names: {sorted(dup)}")
         return workloads
 
+    @field_validator("gpu_types", "models")
+    @classmethod
+    def _unique_entries(
+        cls, entries: tuple[GpuType, ...] | tuple[LlmModel, ...]
+    ) -> tuple[GpuType, ...] | tuple[LlmModel, ...]:
+        names = Counter(e.name for e in entries)
+        dup = sorted(n for n, k in names.items() if k > 1)
+        if dup:
+            raise ValueError(f"{dup[0]!r} is given twice")
+        return entries
+
     @model_validator(mode="after")
     def _size(self) -> Instance:
         gpus = sum(e.count for n in self.cluster.nodes for e in n.gpus)
