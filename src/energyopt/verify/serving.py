@@ -68,7 +68,8 @@ class PlanEvaluation:
     """Power of the GPUs that are on with nothing running, at their clocks (W)."""
     delay_weighted_w: float = 0.0
     """Dynamic power, each placement's weighted by its unloaded latency over the same
-    unit's at the type's max clock on a full GPU (the ``edp`` objective's term, W)."""
+    unit's at the type's max clock on a full GPU (the ``edp`` objective's term, W;
+    computed for instances with that objective only)."""
     moved: int = 0
     """Current (GPU, unit) placements that the plan does not keep on their GPU."""
     objective: float = 0.0
@@ -363,9 +364,10 @@ def _check_performance(
         met = metrics_at(params, rates)
         batch = design_batch(params)
         energy = energy_per_request_j(params, batch)
-        ev.delay_weighted_w = float(
-            np.sum(energy * rates * _delay_ratio(problem, valid, params, batch))
-        )
+        if problem.instance.options.objective == "edp":
+            ev.delay_weighted_w = float(
+                np.sum(energy * rates * _delay_ratio(problem, valid, params, batch))
+            )
         for i, c in enumerate(valid):
             pl = c.placement
             where = f"{'+'.join(g.id for g in c.gpus)} {pl.workload}:{pl.phase}"
