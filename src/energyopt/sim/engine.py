@@ -19,6 +19,11 @@ epochs. See docs/evaluation.md for the model; in short:
   finish what they admitted (drain). A GPU that goes off is switched off once
   drained; one that comes on draws idle power for ``power_on_s`` first; a clock
   change stops the GPU's instances for ``clock_change_ms``.
+* With an online policy (``online``; energyopt/online, docs/online.md) the global
+  scheduler routes every new request instead (it may shed it: a miss), re-clocks
+  GPUs, shifts MPS shares and wakes GPUs between plans through this class's
+  ``set_clock``, ``set_share`` and ``wake``; and each co-located instance's local
+  scheduler sets its batch limit and prefill chunk every iteration.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from energyopt.catalog.problem import Problem
+from energyopt.online import GlobalScheduler, GpuInfo, InstanceInfo, LocalScheduler, OnlinePolicy
+from energyopt.online.global_scheduler import OnlineStats
 from energyopt.perf.oppoints import op_spec, share_options
 from energyopt.perf.params import build_params
 from energyopt.perf.power import gpu_on_power_w
@@ -43,6 +50,7 @@ from energyopt.sim.server import Requests, Server
 from energyopt.spec.evaluation import Transitions
 from energyopt.spec.hardware import GpuType
 from energyopt.spec.plan import GpuPlan, Placement, Plan
+from energyopt.tables.local import local_decisions
 
 KV_NEED_FLOOR_BYTES = 1e6
 """Smallest KV need a unit is given when memory is split (bytes)."""
@@ -65,6 +73,7 @@ class GpuSim:
     available_s: float = 0.0  # no iteration starts before this
     powered_s: float = 0.0  # powered on (weights can load) from this time
     to_off: bool = False
+    power_limit_w: float | None = None  # set by the online policy (not enforced)
     servers: list[Server] = field(default_factory=list)
 
 
@@ -85,6 +94,10 @@ class SimResult:
     unfinished: int
     instances_started: int  # instances created after the initial plan (migrations)
     meter: PowerMeter
+    shed: int = 0  # requests the online policy refused on arrival (misses)
+    online: OnlineStats | None = None
+    clock_log: list[tuple[float, str, int, float | None]] = field(default_factory=list)
+    """(time s, GPU, clock MHz, power limit W) of every online clock change."""
 
     @property
     def mean_gpus_on(self) -> float:
@@ -137,6 +150,7 @@ class Simulator:
         bin_s: float = 10.0,
         record: bool = False,
         tables: PassTables | None = None,
+        online: OnlinePolicy | None = None,
     ) -> None:
         self.problem = problem
         self.arrivals = arrivals
@@ -171,6 +185,28 @@ class Simulator:
         self.gpus_on: list[tuple[float, int]] = []
         self.now = 0.0
         self.completed = 0
+        self.shed = 0
+        self.policy = online
+        self.by_sid: dict[int, Server] = {}
+        self.clock_log: list[tuple[float, str, int, float | None]] = []
+        self.caps = {
+            g.id: g.power_cap_w or problem.gpu_type(g.type).power_limit_max_w for g in problem.gpus
+        }
+        self.ctl: GlobalScheduler | None = None
+        if online is not None:
+            budgets = {
+                n.name: n.power_budget_w
+                for n in problem.instance.cluster.nodes
+                if n.power_budget_w is not None
+            }
+            self.ctl = GlobalScheduler(
+                online.lookups,
+                self,
+                [w.slo.ttft_ms / 1e3 for w in problem.instance.workloads],
+                online.config,
+                mps=opts.sharing.mode == "mps",
+                node_budget_w=budgets,
+            )
 
     # -- events -----------------------------------------------------------------------
 
@@ -203,7 +239,16 @@ class Simulator:
                 self.now = t_arr
                 w = workloads[i]
                 self.stats[w].arrived += 1
-                server = self._route(self.entry[w], t_arr)
+                if self.ctl is not None:
+                    sid = self.ctl.route(w, t_arr)
+                    if sid is None:
+                        self.stats[w].shed += 1
+                        self.shed += 1
+                        i += 1
+                        continue
+                    server = self.by_sid[sid]
+                else:
+                    server = self._route(self.entry[w], t_arr)
                 server.waiting.append(i)
                 if not server.busy:
                     self._try_start(server, t_arr)
@@ -221,6 +266,8 @@ class Simulator:
                 self._gpu_wake(obj, t)
             elif code == SERVER_WAKE:
                 assert isinstance(obj, Server)
+                if obj.phase != "decode" and not obj.removed:
+                    self._sync(obj.workload, t)
                 self._try_start(obj, t)
             elif code == EPOCH and replan is not None:
                 new = replan(t)
@@ -240,9 +287,12 @@ class Simulator:
             bin_s=self.meter.bin_s,
             arrived=arrived,
             completed=self.completed,
-            unfinished=arrived - self.completed,
+            unfinished=arrived - self.completed - self.shed,
             instances_started=self.instances_started,
             meter=self.meter,
+            shed=self.shed,
+            online=self.ctl.stats if self.ctl is not None else None,
+            clock_log=self.clock_log,
         )
 
     # -- serving ----------------------------------------------------------------------
@@ -300,6 +350,8 @@ class Simulator:
     def _iteration_end(self, server: Server, now: float) -> None:
         out = server.end(now)
         self.completed += out.completed
+        if self.ctl is not None:
+            self.ctl.tick(server.sid, now)
         for rid in out.handoffs:
             target = self._route(self.decoders[server.workload], now)
             target.joiners.append(rid)
@@ -319,6 +371,8 @@ class Simulator:
         server.removed = True
         pool = self.decoders if server.phase == "decode" else self.entry
         pool[server.workload].remove(server)
+        if server.phase != "decode":
+            self._sync(server.workload, now)
         for gid in server.gpus:
             g = self.gpus[gid]
             g.servers.remove(server)
@@ -450,6 +504,11 @@ class Simulator:
                 old.weight_rps = pl.rate_rps
                 old.kv_budget = budget
                 keep.add(old.sid)
+                share = self._share(self.gpus[ids[0]].gtype, pl)
+                if self.slices[old.sid][0] != share:  # an online share shift ends
+                    self.slices[old.sid] = (share, pl.tp_size)
+                    old.share_frac = share[2]
+                    old.set_table(self._table(old, self.gpus[ids[0]]))
                 continue
             created.append(self._new_server(key, list(ids), pl, budget, now, initial))
         for server in current.values():
@@ -466,6 +525,8 @@ class Simulator:
             if g.to_off and not g.servers:
                 self._switch_off(g, now)
         self._count_on(now)
+        if self.policy is not None:
+            self._online_plan(plan, now)
 
     def _table(self, server: Server, gpu: GpuSim) -> PassTable:
         """The server's latency tables at the GPU's current clock."""
@@ -514,6 +575,7 @@ class Simulator:
         )
         server.last_end_s = now
         self.slices[server.sid] = (share, pl.tp_size)
+        self.by_sid[server.sid] = server
         self.next_sid += 1
         pool = self.decoders if pl.phase == "decode" else self.entry
         pool[w].append(server)
@@ -537,3 +599,153 @@ class Simulator:
                 self._try_start(target, now)
         if server.empty():
             self._remove(server, now)
+
+    # -- online control ---------------------------------------------------------------
+
+    def _online_plan(self, plan: Plan, now: float) -> None:
+        """Hand a new plan to the global scheduler and the local schedulers."""
+        assert self.ctl is not None and self.policy is not None
+        self.ctl.set_gpus(
+            [
+                GpuInfo(
+                    gid,
+                    g.gtype.name,
+                    self.problem.gpus[k].node,
+                    g.on and not g.to_off,
+                    g.clock_mhz,
+                    g.gtype.max_sm_clock_mhz,
+                    self.caps[gid],
+                    g.gtype.power_limit_min_w,
+                )
+                for k, (gid, g) in enumerate(self.gpus.items())
+            ]
+        )
+        for g in self.gpus.values():
+            g.power_limit_w = None
+        for w in self.entry:
+            self._sync(w, now)
+        if not self.policy.local:
+            return
+        decisions = local_decisions(self.problem, plan)
+        for servers in self.entry.values():
+            for s in servers:
+                if s.phase != "both" or s.draining:
+                    continue
+                name = self.problem.instance.workloads[s.workload].name
+                d = decisions.get((s.gpus[0], name))
+                limit, tokens = (d.batch_limit, d.prefill_tokens) if d else (0, self.chunk)
+                self._attach_local(s, limit, tokens)
+
+    def _attach_local(self, server: Server, batch_limit: int, prefill_tokens: int) -> None:
+        assert self.policy is not None
+        wl = self.problem.instance.workloads[server.workload]
+        g = self.gpus[server.gpus[0]]
+        server.local = LocalScheduler(
+            batch_limit=batch_limit,
+            prefill_tokens=prefill_tokens,
+            base_chunk=self.chunk,
+            max_chunk=self.tables.max_chunk,
+            max_batch=self.max_batch,
+            ttft_ms=wl.slo.ttft_ms,
+            tbt_ms=wl.slo.tbt_ms,
+            dynamic_limit_w=self._dynamic_limit_w(g) * server.share_frac,
+            config=self.policy.local_config,
+        )
+
+    def _dynamic_limit_w(self, g: GpuSim) -> float:
+        """Power a GPU's iterations may draw above its static level (W)."""
+        limit = g.power_limit_w if g.power_limit_w is not None else self.caps[g.id]
+        return max(limit - gpu_on_power_w(g.gtype, g.clock_mhz), 0.0)
+
+    def _sync(self, w: int, now: float) -> None:
+        """Tell the global scheduler which instances take requests of workload ``w``."""
+        if self.ctl is None:
+            return
+        name = self.problem.instance.workloads[w].name
+        infos = []
+        for s in self.entry[w]:
+            share, tp = self.slices[s.sid]
+            label = name if s.phase == "both" else f"{name}:{s.phase}"
+            infos.append(
+                InstanceInfo(
+                    s.sid,
+                    w,
+                    label,
+                    tuple(s.gpus),
+                    share[0],
+                    tp,
+                    s.weight_rps,
+                    s.ready_s,
+                    s.draining,
+                    s,
+                )
+            )
+        self.ctl.set_instances(w, infos, now)
+
+    def set_clock(self, gpu: str, clock_mhz: int, power_limit_w: float, now_s: float) -> None:
+        """Online action: lock ``gpu`` at ``clock_mhz`` with power limit ``power_limit_w``
+        (the instances stop for ``clock_change_ms`` when the clock changes)."""
+        g = self.gpus[gpu]
+        if clock_mhz > g.gtype.max_sm_clock_mhz:
+            raise ValueError(f"{gpu}: clock {clock_mhz} MHz above the type's maximum")
+        g.power_limit_w = power_limit_w
+        self.clock_log.append((now_s, gpu, clock_mhz, power_limit_w))
+        if clock_mhz != g.clock_mhz:
+            g.clock_mhz = clock_mhz
+            g.available_s = max(g.available_s, now_s + self.tr.clock_change_ms / 1e3)
+            if g.on and now_s >= g.powered_s:
+                self.meter.set_level(gpu, now_s, gpu_on_power_w(g.gtype, clock_mhz))
+            for s in g.servers:
+                s.set_table(self._table(s, g))
+            self._push(g.available_s, GPU_WAKE, g)
+        for s in g.servers:
+            if s.local is not None:
+                s.local.dynamic_limit_w = self._dynamic_limit_w(g) * s.share_frac
+
+    def set_share(self, instance: int, share: int, now_s: float) -> None:
+        """Online action: give ``instance`` an MPS share of ``share`` percent."""
+        s = self.by_sid[instance]
+        g = self.gpus[s.gpus[0]]
+        old, tp = self.slices[instance]
+        frac = share / 100.0
+        self.slices[instance] = ((share, None, frac, frac, old[4]), tp)
+        s.share_frac = frac
+        s.set_table(self._table(s, g))
+        if s.local is not None:
+            s.local.dynamic_limit_w = self._dynamic_limit_w(g) * frac
+
+    def wake(self, gpu: str, workload: int, clock_mhz: int, now_s: float) -> None:
+        """Online action: switch ``gpu`` on at ``clock_mhz`` with one instance of
+        ``workload`` on all of it (ready after power-on and loading)."""
+        g = self.gpus[gpu]
+        if clock_mhz > g.gtype.max_sm_clock_mhz:
+            raise ValueError(f"{gpu}: clock {clock_mhz} MHz above the type's maximum")
+        self.clock_log.append((now_s, gpu, clock_mhz, None))
+        if not g.on:
+            g.on = True
+            g.to_off = False
+            g.clock_mhz = clock_mhz
+            g.powered_s = now_s + self.tr.power_on_s
+            g.available_s = g.powered_s
+            self.meter.set_level(gpu, now_s, g.gtype.idle_w)
+            self._push(g.powered_s, GPU_WAKE, g)
+            self._count_on(now_s)
+        else:
+            g.to_off = False
+        wl = self.problem.instance.workloads[workload]
+        model = self.problem.model_of(wl)
+        pl = Placement(workload=wl.name, phase="both", share_pct=100, rate_rps=0.0)
+        used = sum(
+            self.problem.model_of(self.problem.instance.workloads[s.workload]).weight_bytes
+            for s in g.servers
+        )
+        free = g.gtype.memory_gb * self.usable_frac * 1e9 - used - model.weight_bytes
+        budget = max(free, 0.0) / model.kv_bytes_per_token
+        key = ((gpu,), wl.name, "both", 100, None, 1)
+        server = self._new_server(key, [gpu], pl, budget, now_s, initial=False)
+        if g.clock_mhz != clock_mhz:
+            self.set_clock(gpu, clock_mhz, self.caps[gpu], now_s)
+        if self.policy is not None and self.policy.local:
+            self._attach_local(server, 0, self.chunk)
+        self._push(server.ready_s, SERVER_WAKE, server)
+        self._sync(workload, now_s)

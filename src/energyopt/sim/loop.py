@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from energyopt.catalog.problem import Problem, load_problem, resolve
+from energyopt.online import ErrorHeadroom, OnlineConfig, OnlinePolicy, OpLookups
+from energyopt.online.local_scheduler import LocalConfig
 from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.engine import SimResult, Simulator
 from energyopt.sim.forecast import peak_rates_rps, planned_rates_rps, raw_rates_rps
@@ -40,6 +42,7 @@ class Tally:
     unplanned_epochs: int = 0  # no plan: the previous one kept
     rejected_plans: int = 0  # plans the verifier rejected at their planned load
     predicted_j: float = 0.0  # the planners' own power figures times epoch lengths
+    headroom: list[list[float]] = field(default_factory=list)  # per epoch, per workload
 
 
 @dataclass
@@ -119,6 +122,21 @@ def planning_problem(problem: Problem, arrivals: Arrivals) -> Problem:
     return resolve(inst, problem.source, Path(problem.source).parent)
 
 
+def online_policy(ev: Evaluation, lookups: OpLookups) -> OnlinePolicy:
+    """The online control the evaluation's ``online:`` block configures."""
+    o = ev.online
+    config = OnlineConfig(
+        risk_utilization=o.risk_utilization,
+        calm_utilization=o.calm_utilization,
+        hold_s=o.hold_s,
+        queue_factor=o.queue_factor,
+        wake_after_s=o.wake_after_s,
+        shift=o.shift,
+        wake=o.wake,
+    )
+    return OnlinePolicy(lookups, config, o.local, LocalConfig(), o.max_chunk)
+
+
 def run_planner(
     ev: Evaluation,
     problem: Problem,
@@ -127,8 +145,12 @@ def run_planner(
     tables: PassTables,
     say: Say = _say_nothing,
     record: bool = False,
+    lookups: OpLookups | None = None,
 ) -> PlannerRun:
-    """Simulate ``planner`` on ``arrivals`` over the evaluation window."""
+    """Simulate ``planner`` on ``arrivals`` over the evaluation window. A planner with
+    ``online: true`` runs the online control (``lookups``: its operating-point
+    table, built from ``problem`` when None) and sizes its forecasts with
+    headroom from the observed forecast error (online/headroom.py)."""
     base = np.asarray([w.rate_rps for w in problem.instance.workloads])
     names = [w.name for w in problem.instance.workloads]
     fc = ev.forecast
@@ -136,9 +158,33 @@ def run_planner(
     run = Tally()
     current: list[Plan | None] = [None]
     since = [0.0]
+    online = planner.spec.online and not planner.static
+    policy: OnlinePolicy | None = None
+    errors: ErrorHeadroom | None = None
+    last_raw: list[tuple[float, np.ndarray]] = []
+    if planner.spec.online:
+        policy = online_policy(ev, lookups or OpLookups.build(problem))
+    if online:
+        errors = ErrorHeadroom(
+            len(names),
+            quantile=ev.online.error_quantile,
+            epochs=ev.online.error_epochs,
+            default=fc.headroom,
+            max_headroom=ev.online.max_headroom,
+        )
+    unit = fc.model_copy(update={"headroom": 1.0})
 
     def decide(now: float, raw: np.ndarray) -> Plan | None:
-        rates = planned_rates_rps(raw, base, fc)
+        if errors is not None:
+            if last_raw:
+                t0, before = last_raw[-1]
+                errors.record(before, arrivals.window_rates_rps(t0, now, fc.window_s))
+            last_raw.append((now, raw))
+            headroom = errors.headroom()
+            run.headroom.append(headroom.tolist())
+            rates = planned_rates_rps(raw * headroom, base, unit)
+        else:
+            rates = planned_rates_rps(raw, base, fc)
         planned = planner.plan(dict(zip(names, rates.tolist(), strict=True)))
         run.solver_s.append(planned.wall_s)
         run.solves += planned.solves
@@ -175,6 +221,7 @@ def run_planner(
         bin_s=ev.power_bin_s,
         record=record,
         tables=tables,
+        online=policy,
     )
 
     def replan(now: float) -> Plan | None:
@@ -210,8 +257,10 @@ def evaluate(
         f"({len(arrivals) / ev.duration_s:.2f} req/s)"
     )
     planning = planning_problem(problem, arrivals)
-    tables = PassTables(planning)
     specs = [p for p in ev.planners if only is None or p.name in only]
+    online = any(p.online for p in specs)
+    tables = PassTables(planning, ev.online.max_chunk if online else 0)
+    lookups = OpLookups.build(planning) if online else None
     if only is not None:
         unknown = sorted(set(only) - {p.name for p in ev.planners})
         if unknown:
@@ -233,7 +282,9 @@ def evaluate(
             continue
         say(f"{spec.name}: simulating")
         try:
-            runs.append(run_planner(ev, planning, arrivals, planner, tables, say))
+            runs.append(
+                run_planner(ev, planning, arrivals, planner, tables, say, lookups=lookups)
+            )
         except PlanningError as exc:
             failed.append(str(exc))
             say(str(exc))

@@ -6,7 +6,8 @@
 * A request *meets its SLO* when its TTFT is within the TTFT SLO and its mean
   time per output token after the first (TPOT) is within the TBT SLO (the
   DistServe definition of SLO attainment). Requests not finished when the
-  simulation stops meet nothing.
+  simulation stops meet nothing; neither do requests the online policy sheds on
+  arrival (counted as arrived, never completed).
 * A workload *meets its SLO* (the percentile form the planner promises) when the
   SLO's percentile of its TTFTs and of its token gaps are within the SLO.
 """
@@ -45,6 +46,7 @@ class WorkloadStats:
     tbt_ok: int = 0
     tbt_hist: list[float] = field(default_factory=lambda: [0.0] * HIST_BINS)
     met_slo: int = 0
+    shed: int = 0  # refused on arrival by the online policy's admission rule (misses)
 
     def first_token(self, ttft_ms: float) -> None:
         """A request's first token after ``ttft_ms``."""

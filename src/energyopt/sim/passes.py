@@ -4,7 +4,8 @@ the roofline model (perf/forward.py) so the event loop looks them up in O(1).
 Decode: every batch size 1..max_batch times a geometric grid of mean contexts
 (four points per doubling, 16 to 262,144 tokens), interpolated linearly in between
 (decode time is piecewise linear in the context). Prefill: every chunk size
-1..chunk_tokens. Energies are the dynamic energy per GPU of the group (J).
+1..chunk_tokens (up to ``max_chunk`` when the online local scheduler may take larger
+chunks). Energies are the dynamic energy per GPU of the group (J).
 """
 
 from __future__ import annotations
@@ -65,8 +66,10 @@ def build_pass_table(
     share: ShareOption,
     tp: int,
     clock_mhz: int,
+    max_chunk: int = 0,
 ) -> PassTable:
-    """Tables of one instance (workload phase on a GPU slice, TP size) at a clock."""
+    """Tables of one instance (workload phase on a GPU slice, TP size) at a clock;
+    prefill chunks up to the larger of ``chunk_tokens`` and ``max_chunk`` tokens."""
     opts = problem.instance.options
     wl = problem.instance.workload(workload)
     base = build_params([op_spec(problem, wl, phase, gpu, clock_mhz, share, tp)])
@@ -76,7 +79,7 @@ def build_pass_table(
     p = base.take(np.zeros(bb.size, dtype=np.int64))
     dec = decode_pass(p, bb.ravel(), cc.ravel())
     shape = bb.shape
-    chunks = np.arange(1, opts.chunk_tokens + 1, dtype=np.float64)
+    chunks = np.arange(1, max(opts.chunk_tokens, max_chunk) + 1, dtype=np.float64)
     q = base.take(np.zeros(chunks.size, dtype=np.int64))
     pre = prefill_pass(q, chunks)
     return PassTable(
@@ -90,8 +93,9 @@ def build_pass_table(
 class PassTables:
     """Tables cached by (workload, phase, GPU type, share, TP, clock)."""
 
-    def __init__(self, problem: Problem) -> None:
+    def __init__(self, problem: Problem, max_chunk: int = 0) -> None:
         self.problem = problem
+        self.max_chunk = max(problem.instance.options.chunk_tokens, max_chunk)
         self._cache: dict[tuple[str, str, str, ShareOption, int, int], PassTable] = {}
 
     def get(
@@ -101,6 +105,8 @@ class PassTables:
         key = (workload, phase, gpu.name, share, tp, clock)
         table = self._cache.get(key)
         if table is None:
-            table = build_pass_table(self.problem, workload, phase, gpu, share, tp, clock)
+            table = build_pass_table(
+                self.problem, workload, phase, gpu, share, tp, clock, self.max_chunk
+            )
             self._cache[key] = table
         return table

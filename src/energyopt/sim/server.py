@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from energyopt.online.local_scheduler import LocalScheduler
 from energyopt.sim.metrics import WorkloadStats
 from energyopt.sim.passes import PassTable
 from energyopt.spec.workload import Phase
@@ -109,6 +110,22 @@ class Server:
         self._chunk_done: list[int] = []
         self._joined: list[int] = []
         self.start_s = 0.0
+        self.local: LocalScheduler | None = None  # online local scheduler, if any
+
+    @property
+    def queued(self) -> int:
+        """Requests routed here without a first token yet (waiting or in prefill)."""
+        return len(self.waiting) + len(self.prefill) + len(self.joiners)
+
+    @property
+    def batch(self) -> int:
+        """Requests decoding now."""
+        return self.n
+
+    @property
+    def kv_fraction(self) -> float:
+        """KV-cache reservation in use over the budget."""
+        return self.kv_used / self.kv_budget if self.kv_budget > 0 else 1.0
 
     @property
     def held(self) -> int:
@@ -151,8 +168,15 @@ class Server:
     def begin(self, now_s: float) -> tuple[float, float] | None:
         """Start an iteration: (duration s, dynamic energy per GPU J), or None if idle."""
         self._joined = []
-        self._admit()
         budget = self.chunk_tokens
+        if self.local is not None:
+            head = self.prefill[0][0] if self.prefill else (self.waiting[0] if self.waiting else -1)
+            wait_ms = (now_s - self.req.arrival_s[head]) * 1e3 if head >= 0 else 0.0
+            ctx = self.ctx_sum / self.n if self.n else 0.0
+            self.max_batch, budget = self.local.step(
+                self.n, ctx, wait_ms, self.table.decode, self.table.prefill
+            )
+        self._admit()
         chunk = 0
         done: list[int] = []
         for entry in self.prefill:

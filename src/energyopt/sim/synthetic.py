@@ -3,7 +3,7 @@
 Each workload's rate is its base rate times a fleet-wide multiplier m(t):
 
 * diurnal: ``m(t) = load_scale (1 + a sin(2 pi t / period - pi / 2))`` (starts at
-  the trough, peaks at half a period);
+  the trough, peaks at half a period), times ``factor`` inside each spike;
 * bursty: a two-state Markov process (exponential burst and gap lengths, means
   ``burst_s`` and ``gap_s``); inside a burst the rate is ``burst_factor`` times the
   rate outside, normalised so the long-run mean multiplier is ``load_scale``.
@@ -70,9 +70,20 @@ def diurnal_multiplier(load: DiurnalLoad, duration_s: float) -> tuple[Multiplier
 
     def m(t: FloatArray) -> FloatArray:
         wave = np.sin(2.0 * np.pi * t / period - 0.5 * np.pi)
-        return np.asarray(load.load_scale * (1.0 + load.amplitude * wave))
+        out = load.load_scale * (1.0 + load.amplitude * wave)
+        for spike in load.spikes:
+            inside = (t >= spike.at_s) & (t < spike.at_s + spike.duration_s)
+            out = np.where(inside, out * spike.factor, out)
+        return np.asarray(out)
 
-    return m, load.load_scale * (1.0 + load.amplitude)
+    top = 1.0  # the largest product of spike factors at any time (changes at starts)
+    for a in load.spikes:
+        product = 1.0
+        for b in load.spikes:
+            if b.at_s <= a.at_s < b.at_s + b.duration_s:
+                product *= b.factor
+        top = max(top, product)
+    return m, load.load_scale * (1.0 + load.amplitude) * max(top, 1.0)
 
 
 def bursty_multiplier(

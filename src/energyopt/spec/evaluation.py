@@ -54,8 +54,18 @@ class TraceLoad(Spec):
         return self
 
 
+class Spike(Spec):
+    """A sudden step of the load: the rate is multiplied by ``factor`` in
+    ``[at_s, at_s + duration_s)``."""
+
+    at_s: float = Field(ge=0, le=7 * 86400, description="start, s")
+    duration_s: float = Field(gt=0, le=7 * 86400, description="length, s")
+    factor: float = Field(gt=0, le=100, description="rate multiplier inside the spike")
+
+
 class DiurnalLoad(Spec):
-    """Poisson arrivals whose rate follows a sine: base x load_scale x (1 + a sin)."""
+    """Poisson arrivals whose rate follows a sine: base x load_scale x (1 + a sin),
+    times each spike's factor while it lasts."""
 
     kind: Literal["diurnal"]
     load_scale: float = Field(default=1.0, gt=0, description="multiplier of every base rate")
@@ -66,10 +76,12 @@ class DiurnalLoad(Spec):
     token_sigma: float = Field(
         default=0.6, ge=0, le=3, description="log-normal shape of token counts (0: fixed)"
     )
+    spikes: tuple[Spike, ...] = Field(default=(), max_length=100)
 
     @model_validator(mode="after")
     def _check(self) -> DiurnalLoad:
-        _load_scale_limit(self.load_scale)
+        peak = max((s.factor for s in self.spikes), default=1.0)
+        _load_scale_limit(self.load_scale * max(peak, 1.0))
         return self
 
 
@@ -147,6 +159,43 @@ class Transitions(Spec):
     )
 
 
+class OnlineOptions(Spec):
+    """The online control of planners with ``online: true`` (docs/online.md)."""
+
+    error_quantile: float = Field(
+        default=0.9, gt=0, lt=1, description="quantile of the forecast error used as headroom"
+    )
+    error_epochs: int = Field(
+        default=3, ge=1, le=10_000, description="epochs of forecast errors the quantile uses"
+    )
+    max_headroom: float = Field(default=2.0, ge=1, le=100, description="largest headroom")
+    risk_utilization: float = Field(
+        default=0.9, gt=0, le=1, description="observed rate / capacity above which at risk"
+    )
+    calm_utilization: float = Field(
+        default=0.75, gt=0, le=1, description="below this at the plan's clock a boost ends"
+    )
+    hold_s: float = Field(default=5.0, ge=0, le=86_400, description="least boost length, s")
+    queue_factor: float = Field(
+        default=2.0, gt=0, le=1_000, description="queue bound in TTFT SLOs of work at max clock"
+    )
+    wake_after_s: float = Field(
+        default=15.0, ge=0, le=86_400, description="forecast error lasting this wakes a GPU, s"
+    )
+    shift: bool = Field(default=True, description="shift MPS share between co-located slices")
+    wake: bool = Field(default=True, description="wake GPUs the plan left off")
+    local: bool = Field(default=True, description="run the phase-aware local scheduler")
+    max_chunk: int = Field(
+        default=4096, ge=1, le=1_000_000, description="largest prefill chunk, tokens"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> OnlineOptions:
+        if self.calm_utilization > self.risk_utilization:
+            raise ValueError("calm_utilization must not exceed risk_utilization")
+        return self
+
+
 class PlannerSpec(Spec):
     """One contender: a baseline, an energyopt solver preset, or a plan table."""
 
@@ -156,6 +205,10 @@ class PlannerSpec(Spec):
     table: str | None = Field(default=None, description="plan table file (kind table)")
     time_limit_s: float = Field(default=20.0, gt=0, le=1e6, description="per solve, s")
     rel_gap: float = Field(default=0.005, ge=0, lt=1)
+    online: bool = Field(
+        default=False,
+        description="run the online control between plans (the evaluation's online: block)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> PlannerSpec:
@@ -198,6 +251,7 @@ class Evaluation(Spec):
         "their busy SM share",
     )
     transitions: Transitions = Transitions()
+    online: OnlineOptions = OnlineOptions()
     drain_s: float = Field(
         default=120.0,
         ge=0,

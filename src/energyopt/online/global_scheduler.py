@@ -1,0 +1,510 @@
+"""The global scheduler: places every request from the plan and GPU state summaries
+with table lookups only, and reacts to forecast error between plans.
+
+Per request of workload w (``route``), in order:
+
+1. *Candidates*: the next instance of a precomputed weighted cycle over the
+   plan's rates (smooth weighted round robin unrolled into ``SCHEDULE_SLOTS``
+   entries when the instances change) and the next one of a plain rotation.
+   The one with the smaller expected backlog ``(queued + 1) / capacity`` wins.
+2. *Risk*: the instance is at risk when its observed rate (an exponentially
+   weighted meter, ``rate_tau_s``) exceeds ``risk_utilization`` x its SLO
+   capacity at the GPU's current clock and share, or its queue exceeds
+   ``backlog_fraction`` x capacity x TTFT SLO (the requests it can start
+   within that part of the SLO).
+3. *Reactions*, cheapest first, while at risk:
+   a. **clock boost**: ``raise_to`` gives the lowest clock at or above the
+      current one at which the slice covers the load plus the backlog's drain
+      rate; the GPU's estimated power at that clock (static on-power plus each
+      slice's energy per request x its observed rate) must fit the GPU's cap and
+      the node's budget, else the highest clock that fits (bisection over the
+      type's clocks). The power limit set with it is that estimate x
+      ``limit_margin``, clamped to [type minimum, cap]. Never above the type's
+      largest candidate clock.
+   b. **share shift** (MPS, one GPU): a co-located instance whose observed rate
+      fits a share one level smaller gives that level to the one at risk.
+   c. **spill**: up to ``spill_probes`` further instances of w are probed; the
+      first not at risk takes the request.
+   d. **wake**: when w's observed rate has exceeded its planned rate by
+      ``wake_error`` for ``wake_after_s`` while its instances were at risk, a GPU
+      the plan left off is switched on with one instance of w on all of it, at
+      the lowest clock covering the excess (at most one per ``wake_after_s`` per
+      workload). The next plan decides its fate.
+4. *Admission*: a request is shed (it misses its SLO; see docs/online.md) when
+   the chosen instance already holds ``queue_limit`` waiting requests, the
+   number it could start within ``queue_factor`` x its TTFT SLO at its largest
+   clock; every queue therefore stays bounded.
+
+``tick`` (after an iteration of an instance, and for the candidates of every
+decision) lowers a boosted GPU back to the plan's clock and shares once
+``hold_s`` has passed since its last change and every instance on it fits the
+plan's capacity at ``calm_utilization`` with a queue below its risk level.
+
+Every step is O(1) in the fleet size: a decision touches at most 2 +
+``spill_probes`` instances and one GPU (with its co-located instances, at most
+the share capacity over the smallest share). ``lookup_budget`` is the most
+table lookups a decision makes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from energyopt.online.lookups import OpLookups
+from energyopt.online.state import Actuator, GpuInfo, GpuState, InstanceInfo, RateMeter, Slot
+
+SCHEDULE_SLOTS = 64
+"""Entries of a workload's weighted cycle."""
+
+
+@dataclass(frozen=True)
+class OnlineConfig:
+    """Thresholds of the global scheduler (dimensionless unless a unit is named)."""
+
+    rate_tau_s: float = 5.0
+    risk_utilization: float = 0.9
+    calm_utilization: float = 0.75
+    backlog_fraction: float = 0.5
+    drain_s: float = 2.0  # backlog is to be cleared within this, s
+    hold_s: float = 5.0  # least time a boost or shift stays, s
+    spill_probes: int = 2
+    wake_error: float = 0.15
+    wake_after_s: float = 15.0
+    wake_tau_s: float = 10.0
+    queue_factor: float = 2.0
+    limit_margin: float = 1.15
+    shift: bool = True
+    wake: bool = True
+
+
+@dataclass
+class OnlineStats:
+    """What the global scheduler did."""
+
+    decisions: int = 0
+    lookups: int = 0
+    max_lookups: int = 0
+    boosts: int = 0
+    restores: int = 0
+    shifts: int = 0
+    spills: int = 0
+    wakes: int = 0
+    shed: int = 0
+    capped: int = 0  # boosts held below the wanted clock by a power cap or budget
+    over_budget: int = 0  # decisions that used more lookups than the stated budget
+    shed_by_workload: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Workload:
+    schedule: list[Slot] = field(default_factory=list)
+    order: list[Slot] = field(default_factory=list)
+    cursor: int = 0
+    rotor: int = 0
+    planned_rps: float = 0.0
+    rate: RateMeter = field(default_factory=lambda: RateMeter(10.0))
+    error_since: float = math.inf
+    last_wake: float = -math.inf
+
+
+def lookup_budget(slots_per_gpu: int, clocks: int) -> int:
+    """Most table lookups of one decision: a boost (one ``raise_to``, then up to
+    ``ceil(log2 clocks) + 1`` power estimates of 1 + ``slots_per_gpu`` lookups,
+    then the new capacities of the GPU's slots), a share shift (two capacities per
+    donor), and a wake (a capacity, a ``raise_to``, a power estimate of 2)."""
+    probes = math.ceil(math.log2(max(clocks, 1))) + 1
+    boost = 1 + probes * (1 + slots_per_gpu) + slots_per_gpu
+    shift = 2 * (slots_per_gpu - 1)
+    wake = 1 + 1 + 2
+    return boost + shift + wake
+
+
+class GlobalScheduler:
+    """Per-request placement and reactions between plans (see module docs)."""
+
+    def __init__(
+        self,
+        lookups: OpLookups,
+        actuator: Actuator,
+        ttft_s: list[float],
+        config: OnlineConfig | None = None,
+        *,
+        mps: bool = True,
+        node_budget_w: dict[str, float] | None = None,
+    ) -> None:
+        self.lk = lookups
+        self.act = actuator
+        self.cfg = config or OnlineConfig()
+        self.ttft_s = ttft_s
+        self.mps = mps
+        self.node_budget_w = node_budget_w or {}
+        self.stats = OnlineStats()
+        self.gpus: dict[str, GpuState] = {}
+        self.slots: dict[int, Slot] = {}
+        self.workloads = [_Workload(rate=RateMeter(self.cfg.wake_tau_s)) for _ in ttft_s]
+        self.node_power_w: dict[str, float] = {}
+        self.off: list[str] = []
+        caps = [
+            max(len(s) for s in lookups.shares.values()) if lookups.shares else 1,
+        ]
+        smallest = min((min(s) for s in lookups.shares.values() if s), default=100)
+        largest = max((max(s) for s in lookups.shares.values() if s), default=100)
+        caps.append(max(1, largest // max(smallest, 1)))
+        clocks = max((len(c) for c in lookups.clocks.values()), default=1)
+        self.budget = lookup_budget(max(caps), clocks)
+
+    # -- state from the plan -----------------------------------------------------------
+
+    def set_gpus(self, gpus: list[GpuInfo]) -> None:
+        """The GPUs as a new plan leaves them (clocks, on/off); boosts end."""
+        self.off = []
+        for info in gpus:
+            old = self.gpus.get(info.id)
+            state = GpuState(info, info.clock_mhz, info.clock_mhz)
+            if old is not None:
+                state.slots = [s for s in old.slots if s.info.id in self.slots]
+            self.gpus[info.id] = state
+            for s in state.slots:
+                s.gpu = state
+            if not info.on:
+                self.off.append(info.id)
+        self.node_power_w = {}
+        for g in self.gpus.values():
+            if g.info.on:
+                g.power_w = self._power(g, g.clock)
+                self.node_power_w[g.info.node] = self.node_power_w.get(g.info.node, 0.0) + g.power_w
+
+    def set_instances(self, workload: int, instances: list[InstanceInfo], now_s: float) -> None:
+        """The instances that take new requests of ``workload`` (plan applied, an
+        instance became ready or went away). Rebuilds that workload's cycles."""
+        wl = self.workloads[workload]
+        keep: list[Slot] = []
+        alive = {i.id for i in instances}
+        for sid in [sid for sid, s in self.slots.items() if s.info.workload == workload]:
+            if sid not in alive:
+                self._drop(self.slots.pop(sid))
+        for info in instances:
+            slot = self.slots.get(info.id)
+            if slot is None:
+                slot = self._new_slot(info, now_s)
+                self.slots[info.id] = slot
+            else:
+                slot.info = info
+            keep.append(slot)
+
+        def tier(s: Slot) -> int:
+            return (0 if now_s >= s.info.ready_s else 2) + (1 if s.info.draining else 0)
+
+        best = min((tier(s) for s in keep), default=0)
+        order = [s for s in keep if tier(s) == best]
+        wl.order = order
+        wl.planned_rps = sum(s.info.planned_rps for s in keep if not s.info.draining)
+        wl.schedule = _weighted_cycle(order)
+        wl.cursor = 0
+        wl.rotor = 0
+
+    def _new_slot(self, info: InstanceInfo, now_s: float) -> Slot:
+        gpu = self.gpus.get(info.gpus[0]) if info.tp == 1 else None
+        meter = RateMeter(self.cfg.rate_tau_s, value=info.planned_rps, at_s=now_s)
+        slot = Slot(info, meter, info.share, info.share, gpu, ttft_s=self.ttft_s[info.workload])
+        if gpu is not None:
+            gpu.slots.append(slot)
+            t = gpu.info.gpu_type
+            slot.capacity_rps = self.lk.capacity_rps(info.label, t, gpu.clock, info.share)
+            slot.plan_capacity_rps = self.lk.capacity_rps(info.label, t, gpu.plan_clock, info.share)
+            top = self.lk.capacity_rps(info.label, t, gpu.info.max_clock_mhz, info.share)
+        else:
+            # a tensor-parallel group is not re-clocked online: its planned rate
+            # stands for its capacity
+            slot.capacity_rps = slot.plan_capacity_rps = top = max(info.planned_rps, 1e-3)
+        slot.queue_limit = max(1, math.ceil(self.cfg.queue_factor * top * slot.ttft_s))
+        return slot
+
+    def _drop(self, slot: Slot) -> None:
+        if slot.gpu is not None and slot in slot.gpu.slots:
+            slot.gpu.slots.remove(slot)
+
+    # -- decisions ---------------------------------------------------------------------
+
+    def route(self, workload: int, now_s: float) -> int | None:
+        """The instance (id) that takes a new request of ``workload``, or None: shed."""
+        start = self.lk.counter.count
+        st = self.stats
+        st.decisions += 1
+        wl = self.workloads[workload]
+        if not wl.schedule:
+            raise RuntimeError(f"no instance serves workload {workload}")
+        a = wl.schedule[wl.cursor % len(wl.schedule)]
+        wl.cursor += 1
+        b = wl.order[wl.rotor % len(wl.order)]
+        wl.rotor += 1
+        chosen = a if b is a or _backlog(a) <= _backlog(b) else b
+        other = b if chosen is a else a
+        w_rate = wl.rate.add(now_s)
+        self.tick(other.info.id, now_s)
+        chosen.rate.add(now_s)
+        risky = self._at_risk(chosen, now_s)
+        if risky:
+            self._boost(chosen, now_s)
+            risky = self._at_risk(chosen, now_s)
+            if risky and self.cfg.shift and self.mps:
+                self._shift(chosen, now_s)
+                risky = self._at_risk(chosen, now_s)
+            if risky:
+                alt = self._spill(wl, chosen, now_s)
+                if alt is not None:
+                    chosen.rate.value -= 1.0 / chosen.rate.tau_s
+                    alt.rate.add(now_s)
+                    chosen = alt
+                    st.spills += 1
+                    risky = False
+        else:
+            self.tick(chosen.info.id, now_s)
+        self._track_error(workload, wl, w_rate, risky, now_s)
+        used = self.lk.counter.count - start
+        st.lookups += used
+        st.max_lookups = max(st.max_lookups, used)
+        if used > self.budget:
+            st.over_budget += 1
+        if chosen.info.view.queued >= chosen.queue_limit:
+            st.shed += 1
+            st.shed_by_workload[workload] = st.shed_by_workload.get(workload, 0) + 1
+            chosen.rate.value -= 1.0 / chosen.rate.tau_s
+            return None
+        return chosen.info.id
+
+    def _at_risk(self, s: Slot, now_s: float) -> bool:
+        cap = s.capacity_rps
+        load = s.rate.read(now_s)
+        return (
+            load > self.cfg.risk_utilization * cap
+            or s.info.view.queued > self.cfg.backlog_fraction * cap * s.ttft_s
+        )
+
+    def _need_rps(self, s: Slot, now_s: float) -> float:
+        """Load the slice must cover: the observed rate plus draining the backlog."""
+        load = s.rate.read(now_s) / self.cfg.risk_utilization
+        return load + s.info.view.queued / self.cfg.drain_s
+
+    def _power(self, g: GpuState, clock: int) -> float:
+        """Estimated draw of ``g`` at ``clock`` with its slices' observed rates (W)."""
+        t = g.info.gpu_type
+        total = self.lk.on_power_w(t, clock)
+        for s in g.slots:
+            e = self.lk.energy_j(s.info.label, t, clock, s.share)
+            if e == e:
+                total += e * s.rate.read(s.rate.at_s)
+        return total
+
+    def _fits(self, g: GpuState, power_w: float) -> bool:
+        if power_w > g.info.cap_w:
+            return False
+        budget = self.node_budget_w.get(g.info.node)
+        if budget is None:
+            return True
+        node = self.node_power_w.get(g.info.node, 0.0) - g.power_w + power_w
+        return node <= budget
+
+    def _set_clock(self, g: GpuState, clock: int, power_w: float, now_s: float) -> None:
+        node = g.info.node
+        self.node_power_w[node] = self.node_power_w.get(node, 0.0) - g.power_w + power_w
+        g.power_w = power_w
+        g.clock = clock
+        g.changed_s = now_s
+        limit = min(g.info.cap_w, max(g.info.min_limit_w, power_w * self.cfg.limit_margin))
+        g.limit_w = limit
+        self.act.set_clock(g.info.id, clock, limit, now_s)
+        t = g.info.gpu_type
+        for s in g.slots:
+            s.capacity_rps = self.lk.capacity_rps(s.info.label, t, clock, s.share)
+
+    def _boost(self, s: Slot, now_s: float) -> None:
+        g = s.gpu
+        if g is None or not g.info.on:
+            return
+        t = g.info.gpu_type
+        clocks = self.lk.clocks.get(t, ())
+        if not clocks or g.clock >= clocks[-1]:
+            return
+        others = sum(o.share for o in g.slots if o is not s)
+        want, _ = self.lk.raise_to(s.info.label, t, g.clock, others, self._need_rps(s, now_s))
+        if want < 0:
+            want = clocks[-1]
+        want = min(want, clocks[-1], g.info.max_clock_mhz)
+        if want <= g.clock:
+            return
+        power = self._power(g, want)
+        if not self._fits(g, power):
+            self.stats.capped += 1
+            lo = _index_at_least(clocks, g.clock)
+            hi = _index_at_least(clocks, want)
+            best = -1
+            best_w = 0.0
+            while lo < hi:  # the highest clock in (current, want) whose power fits
+                mid = (lo + hi + 1) // 2
+                w = self._power(g, clocks[mid])
+                if self._fits(g, w) and clocks[mid] > g.clock:
+                    best, best_w, lo = mid, w, mid
+                else:
+                    hi = mid - 1
+            if best < 0:
+                return
+            want, power = clocks[best], best_w
+        self._set_clock(g, want, power, now_s)
+        g.boosted = True
+        self.stats.boosts += 1
+
+    def _shift(self, s: Slot, now_s: float) -> None:
+        g = s.gpu
+        if g is None or len(g.slots) < 2:
+            return
+        t = g.info.gpu_type
+        levels = self.lk.shares.get(t, ())
+        up = _next_level(levels, s.share)
+        if up is None:
+            return
+        gain = up - s.share
+        for d in g.slots:
+            new_down = d.share - gain
+            if d is s or new_down not in levels:
+                continue
+            cap_d = self.lk.capacity_rps(d.info.label, t, g.clock, new_down)
+            if d.rate.read(now_s) > self.cfg.calm_utilization * cap_d or d.info.view.queued > 0:
+                continue
+            cap_s = self.lk.capacity_rps(s.info.label, t, g.clock, up)
+            if cap_s <= s.capacity_rps:
+                return
+            d.share, d.capacity_rps = new_down, cap_d
+            s.share, s.capacity_rps = up, cap_s
+            self.act.set_share(d.info.id, new_down, now_s)
+            self.act.set_share(s.info.id, up, now_s)
+            g.changed_s = now_s
+            g.boosted = True
+            self.stats.shifts += 1
+            return
+
+    def _spill(self, wl: _Workload, chosen: Slot, now_s: float) -> Slot | None:
+        n = len(wl.order)
+        for _ in range(min(self.cfg.spill_probes, n)):
+            cand = wl.order[wl.rotor % n]
+            wl.rotor += 1
+            if cand is not chosen and not self._at_risk(cand, now_s):
+                return cand
+        return None
+
+    def _track_error(
+        self, workload: int, wl: _Workload, w_rate: float, risky: bool, now_s: float
+    ) -> None:
+        """Wake a GPU when the forecast error persists (see module docs)."""
+        if not (risky and w_rate > (1.0 + self.cfg.wake_error) * wl.planned_rps):
+            wl.error_since = math.inf
+            return
+        if wl.error_since == math.inf:
+            wl.error_since = now_s
+        if (
+            not self.cfg.wake
+            or now_s - wl.error_since < self.cfg.wake_after_s
+            or now_s - wl.last_wake < self.cfg.wake_after_s
+            or not self.off
+        ):
+            return
+        gid = self.off[-1]
+        g = self.gpus[gid]
+        t = g.info.gpu_type
+        label = wl.order[0].info.label
+        clocks = self.lk.clocks.get(t, ())
+        share = max(self.lk.shares.get(t, (0,)))
+        if not clocks or self.lk.capacity_rps(label, t, clocks[-1], share) <= 0:
+            return
+        excess = w_rate - wl.planned_rps
+        clock, _ = self.lk.raise_to(label, t, clocks[0], 0, excess)
+        if clock < 0:
+            clock = clocks[-1]
+        clock = min(clock, g.info.max_clock_mhz)
+        power = self.lk.on_power_w(t, clock) + self.lk.energy_j(label, t, clock, share) * excess
+        if power != power or not self._fits(g, power):
+            return
+        self.off.pop()
+        g.info = GpuInfo(
+            g.info.id,
+            t,
+            g.info.node,
+            True,
+            clock,
+            g.info.max_clock_mhz,
+            g.info.cap_w,
+            g.info.min_limit_w,
+        )
+        g.clock = g.plan_clock = clock
+        g.power_w = power
+        self.node_power_w[g.info.node] = self.node_power_w.get(g.info.node, 0.0) + power
+        g.limit_w = min(g.info.cap_w, max(g.info.min_limit_w, power * self.cfg.limit_margin))
+        wl.last_wake = now_s
+        wl.error_since = math.inf
+        self.stats.wakes += 1
+        self.act.wake(gid, workload, clock, now_s)
+
+    def tick(self, instance: int, now_s: float) -> None:
+        """Lower a boosted GPU of ``instance`` back to the plan once calm."""
+        s = self.slots.get(instance)
+        if s is None or s.gpu is None:
+            return
+        g = s.gpu
+        if not g.boosted or now_s - g.changed_s < self.cfg.hold_s:
+            return
+        cfg = self.cfg
+        for o in g.slots:
+            load = o.rate.read(now_s)
+            if load > cfg.calm_utilization * o.plan_capacity_rps or o.info.view.queued > (
+                cfg.backlog_fraction * o.plan_capacity_rps * o.ttft_s
+            ):
+                g.changed_s = now_s  # look again after another hold
+                return
+        g.boosted = False
+        self.stats.restores += 1
+        for o in g.slots:
+            if o.share != o.plan_share:
+                o.share = o.plan_share
+                self.act.set_share(o.info.id, o.share, now_s)
+        if g.clock != g.plan_clock:
+            self._set_clock(g, g.plan_clock, self._power(g, g.plan_clock), now_s)
+        else:
+            for o in g.slots:
+                o.capacity_rps = o.plan_capacity_rps
+
+
+def _backlog(s: Slot) -> float:
+    """Expected time to start a new request at ``s`` (s): queue over capacity."""
+    return (s.info.view.queued + 1) / max(s.capacity_rps, 1e-9)
+
+
+def _weighted_cycle(order: list[Slot]) -> list[Slot]:
+    """Smooth weighted round robin over ``order`` by planned rate, unrolled."""
+    if not order:
+        return []
+    weights = [max(s.info.planned_rps, 1e-9) for s in order]
+    total = sum(weights)
+    current = [0.0] * len(order)
+    out: list[Slot] = []
+    for _ in range(max(SCHEDULE_SLOTS, len(order))):
+        for i, w in enumerate(weights):
+            current[i] += w
+        k = max(range(len(order)), key=current.__getitem__)
+        current[k] -= total
+        out.append(order[k])
+    return out
+
+
+def _index_at_least(values: tuple[int, ...], x: int) -> int:
+    for i, v in enumerate(values):
+        if v >= x:
+            return i
+    return len(values) - 1
+
+
+def _next_level(levels: tuple[int, ...], share: int) -> int | None:
+    for v in levels:
+        if v > share:
+            return v
+    return None
