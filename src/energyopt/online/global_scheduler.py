@@ -8,8 +8,9 @@ Per request of workload w (``route``), in order:
    entries when the instances change) and the next one of a plain rotation.
    The one with the smaller expected backlog ``(queued + 1) / capacity`` wins.
 2. *Risk*: the instance is at risk when its observed rate (an exponentially
-   weighted meter, ``rate_tau_s``) exceeds ``risk_utilization`` x its SLO
-   capacity at the GPU's current clock and share, or its queue exceeds
+   weighted meter, ``rate_tau_s``) exceeds both its planned rate (which the
+   plan was verified at) and ``risk_utilization`` x its SLO capacity at the
+   GPU's current clock and share, or its queue exceeds
    ``backlog_fraction`` x capacity x TTFT SLO (the requests it can start
    within that part of the SLO).
 3. *Reactions*, cheapest first, while at risk:
@@ -36,9 +37,17 @@ Per request of workload w (``route``), in order:
    clock; every queue therefore stays bounded.
 
 ``tick`` (after an iteration of an instance, and for the candidates of every
-decision) lowers a boosted GPU back to the plan's clock and shares once
-``hold_s`` has passed since its last change and every instance on it fits the
-plan's capacity at ``calm_utilization`` with a queue below its risk level.
+decision), at most once per ``hold_s`` per GPU, lowers a boosted GPU back to the
+plan's clock and shares once ``hold_s`` has passed since its last change and
+every instance on it is calm at
+the plan's settings: its observed rate within ``calm_utilization /
+risk_utilization`` of the larger of its planned rate and ``risk_utilization`` x
+its capacity at the plan's clock and share (hysteresis), and its queue below its
+risk level. On a GPU that is not boosted it **trims**: with ``raise_to`` from the
+type's lowest clock it finds the lowest clock at which every slice covers its
+observed rate / ``calm_utilization`` and lowers the clock to it when that is
+below the current one (also below the plan's: the plan was sized for the peak
+of the forecast plus headroom). A slice at risk later boosts it back up.
 
 Every step is O(1) in the fleet size: a decision touches at most 2 +
 ``spill_probes`` instances and one GPU (with its co-located instances, at most
@@ -62,10 +71,10 @@ SCHEDULE_SLOTS = 64
 class OnlineConfig:
     """Thresholds of the global scheduler (dimensionless unless a unit is named)."""
 
-    rate_tau_s: float = 5.0
-    risk_utilization: float = 0.9
-    calm_utilization: float = 0.75
-    backlog_fraction: float = 0.5
+    rate_tau_s: float = 10.0
+    risk_utilization: float = 1.0
+    calm_utilization: float = 0.85
+    backlog_fraction: float = 1.0
     drain_s: float = 2.0  # backlog is to be cleared within this, s
     hold_s: float = 5.0  # least time a boost or shift stays, s
     spill_probes: int = 2
@@ -76,6 +85,7 @@ class OnlineConfig:
     limit_margin: float = 1.15
     shift: bool = True
     wake: bool = True
+    trim: bool = True
 
 
 @dataclass
@@ -87,6 +97,7 @@ class OnlineStats:
     max_lookups: int = 0
     boosts: int = 0
     restores: int = 0
+    trims: int = 0
     shifts: int = 0
     spills: int = 0
     wakes: int = 0
@@ -109,15 +120,22 @@ class _Workload:
 
 
 def lookup_budget(slots_per_gpu: int, clocks: int) -> int:
-    """Most table lookups of one decision: a boost (one ``raise_to``, then up to
-    ``ceil(log2 clocks) + 1`` power estimates of 1 + ``slots_per_gpu`` lookups,
-    then the new capacities of the GPU's slots), a share shift (two capacities per
-    donor), and a wake (a capacity, a ``raise_to``, a power estimate of 2)."""
+    """Most table lookups of one decision with ``slots_per_gpu`` = k slices on a GPU
+    and a type of ``clocks`` candidate clocks:
+
+    * one ``tick`` of the other candidate's GPU: a trim (k ``raise_to``, a power
+      estimate of 1 + k, the k new capacities) or a restore (fewer): 3k + 1;
+    * a boost: one ``raise_to``, up to ``ceil(log2 clocks) + 1`` power estimates
+      of 1 + k (the first, then a bisection under the cap), the k new capacities;
+    * a share shift: one capacity per donor (k - 1) and one for the receiver: k;
+    * a wake: a capacity, a ``raise_to``, an on-power and an energy: 4.
+
+    A calm decision makes two ticks and nothing else (6k + 2 at most)."""
+    k = slots_per_gpu
     probes = math.ceil(math.log2(max(clocks, 1))) + 1
-    boost = 1 + probes * (1 + slots_per_gpu) + slots_per_gpu
-    shift = 2 * (slots_per_gpu - 1)
-    wake = 1 + 1 + 2
-    return boost + shift + wake
+    tick = 3 * k + 1
+    boost = 1 + probes * (1 + k) + k
+    return tick + max(boost + k + 4, tick)
 
 
 class GlobalScheduler:
@@ -278,7 +296,7 @@ class GlobalScheduler:
         cap = s.capacity_rps
         load = s.rate.read(now_s)
         return (
-            load > self.cfg.risk_utilization * cap
+            load > max(self.cfg.risk_utilization * cap, s.info.planned_rps)
             or s.info.view.queued > self.cfg.backlog_fraction * cap * s.ttft_s
         )
 
@@ -327,7 +345,8 @@ class GlobalScheduler:
         clocks = self.lk.clocks.get(t, ())
         if not clocks or g.clock >= clocks[-1]:
             return
-        others = sum(o.share for o in g.slots if o is not s)
+        # share in use by everything but this slice's own share: the answer fits in it
+        others = self.lk.share_capacity[t] - s.share
         want, _ = self.lk.raise_to(s.info.label, t, g.clock, others, self._need_rps(s, now_s))
         if want < 0:
             want = clocks[-1]
@@ -451,12 +470,18 @@ class GlobalScheduler:
         if s is None or s.gpu is None:
             return
         g = s.gpu
-        if not g.boosted or now_s - g.changed_s < self.cfg.hold_s:
+        if now_s - g.changed_s < self.cfg.hold_s:
+            return
+        if not g.boosted:
+            if self.cfg.trim:
+                self._trim(g, now_s)
             return
         cfg = self.cfg
+        calm = cfg.calm_utilization / cfg.risk_utilization
         for o in g.slots:
             load = o.rate.read(now_s)
-            if load > cfg.calm_utilization * o.plan_capacity_rps or o.info.view.queued > (
+            safe = max(cfg.risk_utilization * o.plan_capacity_rps, o.info.planned_rps)
+            if load > calm * safe or o.info.view.queued > (
                 cfg.backlog_fraction * o.plan_capacity_rps * o.ttft_s
             ):
                 g.changed_s = now_s  # look again after another hold
@@ -472,6 +497,36 @@ class GlobalScheduler:
         else:
             for o in g.slots:
                 o.capacity_rps = o.plan_capacity_rps
+
+    def _trim(self, g: GpuState, now_s: float) -> None:
+        """Lower a calm GPU to the lowest clock at which every slice on it covers its
+        observed rate at ``calm_utilization`` of capacity (possibly below the
+        plan's clock: the plan was sized for the forecast's peak). Looked at once
+        per ``hold_s``."""
+        g.changed_s = now_s
+        if not g.slots or not g.info.on:
+            return
+        t = g.info.gpu_type
+        clocks = self.lk.clocks.get(t, ())
+        if not clocks or g.clock <= clocks[0]:
+            return
+        cfg = self.cfg
+        target = clocks[0]
+        for o in g.slots:
+            if o.share != o.plan_share or o.info.view.queued > (
+                cfg.backlog_fraction * o.capacity_rps * o.ttft_s
+            ):
+                return
+            need = max(o.rate.read(now_s), 1e-6) / cfg.calm_utilization
+            used = self.lk.share_capacity[t] - o.share
+            c, _ = self.lk.raise_to(o.info.label, t, clocks[0], used, need)
+            if c < 0:
+                return
+            target = max(target, c)
+        if target >= g.clock:
+            return
+        self._set_clock(g, target, self._power(g, target), now_s)
+        self.stats.trims += 1
 
 
 def _backlog(s: Slot) -> float:

@@ -3,8 +3,10 @@
 After every epoch the raw forecast made for it (requests/s, before headroom) is
 compared with the rate measured in each ``window_s`` window of that epoch: the
 error sample is ``observed / forecast - 1``. The headroom of a workload is ``1 +``
-the ``quantile`` of its samples of the last ``epochs`` epochs (at least 1, at
-most ``max_headroom``); until ``min_samples`` samples exist, the configured
+the ``quantile`` of its samples of the last ``epochs`` epochs, clipped to
+[``min_headroom``, ``max_headroom``] (below 1 when even that quantile of the
+observed rates is below the forecast: the trend forecast takes the highest
+window of the past, so it often overshoots); until ``min_samples`` samples exist, the configured
 fixed headroom is used.
 """
 
@@ -28,6 +30,7 @@ class ErrorHeadroom:
         epochs: int = 3,
         default: float = 1.1,
         max_headroom: float = 2.0,
+        min_headroom: float = 1.0,
         min_samples: int = 5,
     ) -> None:
         if not 0.0 < quantile < 1.0:
@@ -35,6 +38,7 @@ class ErrorHeadroom:
         self.quantile = quantile
         self.default = default
         self.max_headroom = max_headroom
+        self.min_headroom = min_headroom
         self.min_samples = min_samples
         self.history: list[deque[FloatArray]] = [deque(maxlen=epochs) for _ in range(workloads)]
 
@@ -51,7 +55,7 @@ class ErrorHeadroom:
                 hist.append(obs[:, k] / f - 1.0)
 
     def headroom(self) -> FloatArray:
-        """Multiplier of each workload's raw forecast (>= 1)."""
+        """Multiplier of each workload's raw forecast."""
         out = np.full(len(self.history), self.default)
         for k, hist in enumerate(self.history):
             if not hist:
@@ -60,5 +64,5 @@ class ErrorHeadroom:
             if samples.size < self.min_samples:
                 continue
             q = float(np.quantile(samples, self.quantile))
-            out[k] = min(max(1.0 + q, 1.0), self.max_headroom)
+            out[k] = min(max(1.0 + q, self.min_headroom), self.max_headroom)
         return out

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from energyopt.catalog.problem import Problem
-from energyopt.perf.oppoints import candidate_clocks, share_options
+from energyopt.perf.oppoints import candidate_clocks, share_capacity, share_options
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.tables.format import Table, TableError, write_table
 from energyopt.tables.oppoints import build_oppoint_columns
@@ -66,11 +66,15 @@ class OpLookups:
         self.load_top_rps = float(table.meta.get("load_max_rps", 0.0))
         self.clocks: dict[str, tuple[int, ...]] = {}
         self.shares: dict[str, tuple[int, ...]] = {}
+        self.share_capacity: dict[str, int] = {
+            str(k): int(v) for k, v in table.meta.get("share_capacity", {}).items()
+        }
         self._on_power: dict[tuple[str, int], float] = {}
         for name in problem.gpu_types_used():
             gpu = problem.gpu_type(name)
             self.clocks[name] = candidate_clocks(problem, gpu)
             self.shares[name] = tuple(sorted({s[0] for s in share_options(problem, gpu)}))
+            self.share_capacity.setdefault(name, share_capacity(problem, gpu))
             for clock in self.clocks[name]:
                 self._on_power[(name, clock)] = gpu_on_power_w(gpu, clock)
 

@@ -96,6 +96,7 @@ class SimResult:
     meter: PowerMeter
     shed: int = 0  # requests the online policy refused on arrival (misses)
     online: OnlineStats | None = None
+    online_budget: int = 0  # most table lookups one online decision may make
     clock_log: list[tuple[float, str, int, float | None]] = field(default_factory=list)
     """(time s, GPU, clock MHz, power limit W) of every online clock change."""
 
@@ -292,6 +293,7 @@ class Simulator:
             meter=self.meter,
             shed=self.shed,
             online=self.ctl.stats if self.ctl is not None else None,
+            online_budget=self.ctl.budget if self.ctl is not None else 0,
             clock_log=self.clock_log,
         )
 

@@ -129,6 +129,8 @@ def online_policy(ev: Evaluation, lookups: OpLookups) -> OnlinePolicy:
         risk_utilization=o.risk_utilization,
         calm_utilization=o.calm_utilization,
         hold_s=o.hold_s,
+        rate_tau_s=o.rate_tau_s,
+        backlog_fraction=o.backlog_fraction,
         queue_factor=o.queue_factor,
         wake_after_s=o.wake_after_s,
         shift=o.shift,
@@ -171,6 +173,7 @@ def run_planner(
             epochs=ev.online.error_epochs,
             default=fc.headroom,
             max_headroom=ev.online.max_headroom,
+            min_headroom=ev.online.min_headroom,
         )
     unit = fc.model_copy(update={"headroom": 1.0})
 
@@ -282,9 +285,7 @@ def evaluate(
             continue
         say(f"{spec.name}: simulating")
         try:
-            runs.append(
-                run_planner(ev, planning, arrivals, planner, tables, say, lookups=lookups)
-            )
+            runs.append(run_planner(ev, planning, arrivals, planner, tables, say, lookups=lookups))
         except PlanningError as exc:
             failed.append(str(exc))
             say(str(exc))

@@ -169,13 +169,22 @@ class OnlineOptions(Spec):
         default=3, ge=1, le=10_000, description="epochs of forecast errors the quantile uses"
     )
     max_headroom: float = Field(default=2.0, ge=1, le=100, description="largest headroom")
+    min_headroom: float = Field(
+        default=0.8, gt=0, le=1, description="smallest headroom (below 1: the forecast overshoots)"
+    )
     risk_utilization: float = Field(
-        default=0.9, gt=0, le=1, description="observed rate / capacity above which at risk"
+        default=1.0, gt=0, le=1, description="observed rate / capacity above which at risk"
     )
     calm_utilization: float = Field(
-        default=0.75, gt=0, le=1, description="below this at the plan's clock a boost ends"
+        default=0.85, gt=0, le=1, description="below this at the plan's clock a boost ends"
     )
     hold_s: float = Field(default=5.0, ge=0, le=86_400, description="least boost length, s")
+    rate_tau_s: float = Field(
+        default=10.0, gt=0, le=86_400, description="time constant of the observed-rate meters, s"
+    )
+    backlog_fraction: float = Field(
+        default=1.0, gt=0, le=1_000, description="queue (in TTFT SLOs of capacity) that is at risk"
+    )
     queue_factor: float = Field(
         default=2.0, gt=0, le=1_000, description="queue bound in TTFT SLOs of work at max clock"
     )
