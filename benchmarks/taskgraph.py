@@ -76,7 +76,7 @@ def section_savings(quick: bool) -> None:
                 t0 = time.perf_counter()
                 r = solve_heuristic(tg)
                 wall = time.perf_counter() - t0
-                tot = totals(tg, checked(tg, r.schedule))
+                tot = totals(tg, checked(tg, r.plan))
                 e_save = 1 - tot.energy_j / base.energy_j
                 edp_save = 1 - tot.energy_j * tot.makespan / (base.energy_j * base.makespan)
                 ratio = tot.makespan / base.makespan
@@ -114,8 +114,8 @@ def section_exact(cp_time: float) -> None:
                 tg = with_objective(spec, kind)
                 h = solve_heuristic(tg)
                 c = solve_cpsat(tg, time_limit_s=cp_time)
-                checked(tg, h.schedule)
-                checked(tg, c.schedule)
+                checked(tg, h.plan)
+                checked(tg, c.plan)
                 assert h.objective is not None and c.objective is not None
                 ratio = h.objective / c.objective
                 gap = "n/a" if c.gap is None else f"{100 * c.gap:.2f}%"
@@ -146,7 +146,7 @@ def section_scale() -> None:
             t0 = time.perf_counter()
             r = solve_heuristic(tg)
             wall = time.perf_counter() - t0
-            tot = totals(tg, checked(tg, r.schedule))
+            tot = totals(tg, checked(tg, r.plan))
             base = totals(tg, heft_max_clock(tg))
             saved = 100 * (1 - tot.energy_j / base.energy_j)
             print(

@@ -132,7 +132,7 @@ def test_solve_prints_plan_bound_gap_and_writes_the_plan(
     }
 
 
-@pytest.mark.parametrize("solver", ["highs-exact", "exact", "isolated"])
+@pytest.mark.parametrize("solver", ["auto", "exact", "isolated"])
 def test_solvers_by_name(capfd: pytest.CaptureFixture[str], solver: str) -> None:
     code, out, err = run(capfd, "solve", str(SMALL), "--solver", solver, "-q")
     assert code == EXIT_OK, err
@@ -144,8 +144,11 @@ def test_solvers_by_name(capfd: pytest.CaptureFixture[str], solver: str) -> None
 def test_unknown_solver_lists_the_valid_ones(capfd: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capfd, "solve", str(SMALL), "--solver", "highs-pattern")
     assert code == EXIT_BAD_INPUT
-    assert "unknown co-location solver 'highs-pattern'" in err
+    assert "no solver 'highs-pattern' for colocation problems" in err
     assert "shadow-price" in err and "isolated" in err
+    # A serving preset name is not silently taken for another family's solver.
+    code, _, err = run(capfd, "solve", str(SMALL), "--solver", "highs-exact")
+    assert code == EXIT_BAD_INPUT and "no solver 'highs-exact'" in err
 
 
 def test_infeasible_instance_exits_3_with_a_reason(

@@ -34,7 +34,7 @@ def test_solve_prints_summary_and_writes_schedule(
 
 def test_unknown_solver_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["solve", HETERO, "--solver", "highs-pattern", "-q"]) == EXIT_BAD_INPUT
-    assert "use auto, cpsat, heuristic" in capsys.readouterr().err
+    assert "available: auto, cpsat, heuristic" in capsys.readouterr().err
 
 
 def test_bad_file_names_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

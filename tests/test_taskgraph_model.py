@@ -88,7 +88,11 @@ def test_task_no_gpu_can_run(tmp_path: Path) -> None:
         "measured": [{"gpu_type": "L40S", "clock_mhz": 1500, "time_ms": 1.0, "power_w": 90}],
     }
     lines = _errors(tmp_path, data)
-    assert any("tasks[0](x): no GPU of the platform can run it" in line for line in lines)
+    # Refused at the measured point that names a GPU type the platform lacks.
+    assert any(
+        "tasks[0](x).measured[0].gpu_type: no GPU of type 'L40S' in gpus" in line
+        for line in lines
+    )
 
 
 def test_clock_outside_range(tmp_path: Path) -> None:

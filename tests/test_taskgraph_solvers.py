@@ -42,7 +42,7 @@ def _agree(tg: TaskGraph, s: Schedule) -> None:
 
 def test_checker_catches_each_kind_of_violation() -> None:
     tg = _with(stencil(2, 3, 2**24, platform("L4", 2)), "energy_within")
-    s = solve_heuristic(tg, search_evals=0).schedule
+    s = solve_heuristic(tg, search_evals=0).plan
     assert s is not None
     _agree(tg, s)
     # an input arriving late
@@ -115,8 +115,8 @@ def test_cpsat_matches_brute_force_on_a_chain(kind: ObjectiveKind) -> None:
     tg = build_taskgraph(spec)
     exact = _brute_force_single_gpu(tg)
     r = solve_cpsat(tg, time_limit_s=20, workers=1, search_evals=0)
-    assert r.schedule is not None and r.objective is not None and r.bound is not None
-    _agree(tg, r.schedule)
+    assert r.plan is not None and r.objective is not None and r.bound is not None
+    _agree(tg, r.plan)
     assert r.status == OPTIMAL
     assert r.objective == pytest.approx(exact, rel=1e-4)
     assert r.bound <= exact * (1 + 1e-9)
@@ -128,8 +128,8 @@ def test_heuristic_close_to_cpsat_on_small_graphs(kind: ObjectiveKind) -> None:
     exact = solve_cpsat(tg, time_limit_s=20, workers=1, search_evals=40)
     heur = solve_heuristic(tg, search_evals=40)
     for r in (exact, heur):
-        assert r.schedule is not None and r.objective is not None and r.bound is not None
-        _agree(tg, r.schedule)
+        assert r.plan is not None and r.objective is not None and r.bound is not None
+        _agree(tg, r.plan)
         assert r.bound <= r.objective * (1 + 1e-9)
     assert exact.objective is not None and heur.objective is not None
     assert exact.bound is not None
@@ -163,11 +163,11 @@ def test_heuristic_schedules_pass_the_checker_and_never_lose_to_heft(
         transition_ms=transition_ms,
     )
     r = solve_heuristic(tg, search_evals=4)
-    assert r.schedule is not None and r.objective is not None and r.bound is not None
-    _agree(tg, r.schedule)
+    assert r.plan is not None and r.objective is not None and r.bound is not None
+    _agree(tg, r.plan)
     baseline = heft_max_clock(tg)
     _agree(replace(tg, deadline=None), baseline)
     assert r.objective <= totals(tg, baseline).objective * (1 + 1e-12)
     assert lower_bounds(tg).objective(tg) == r.bound <= r.objective * (1 + 1e-12)
     if tg.deadline is not None:
-        assert r.schedule.makespan(tg) <= tg.deadline
+        assert r.plan.makespan(tg) <= tg.deadline

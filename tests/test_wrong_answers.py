@@ -12,12 +12,13 @@ import yaml
 
 from energyopt.catalog import resolve
 from energyopt.cli import main
+from energyopt.families import Stated, check_stated, family
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.result import INFEASIBLE, OPTIMAL
 from energyopt.solvers.serving import solve
 from energyopt.spec import Instance
 from energyopt.spec.errors import SpecError
-from energyopt.verify.serving import check_reported, evaluate_plan
+from energyopt.verify.serving import evaluate_plan
 from tests.serving_exhaustive import exhaustive_optimum
 
 H100 = "H100-SXM5-80GB"
@@ -101,10 +102,10 @@ def test_check_reported_accepts_the_solvers_own_figures() -> None:
     problem = resolve(Instance.model_validate(tp_pair((None, None))), "tp")
     res = solve(problem, load_preset("highs-exact"))
     assert res.plan is not None
-    assert check_reported(problem, res.plan) == []
+    assert reported(problem, res.plan) == []
     assert res.plan.objective == res.objective == evaluate_plan(problem, res.plan).objective
     wrong = res.plan.model_copy(update={"gap": 0.5})
-    assert [v.kind for v in check_reported(problem, wrong)] == ["gap"]
+    assert [v.kind for v in reported(problem, wrong)] == ["gap"]
 
 
 def test_unsupported_candidate_clock_is_refused_with_the_nearest_ones() -> None:
@@ -124,3 +125,9 @@ def test_cap_below_the_lowest_power_limit_is_refused() -> None:
     text = "\n".join(err.value.problems)
     assert "caps.yaml: cluster.nodes[0](n0).gpus[0].power_cap_w: 150 W" in text
     assert "lowest power limit" in text
+
+
+def reported(problem: Any, plan: Any) -> list[Any]:
+    """What ``energyopt verify`` finds wrong with the figures a serving plan states."""
+    stated = Stated(plan.objective, plan.bound, plan.gap)
+    return check_stated(family("serving"), problem, plan, stated, "min")

@@ -48,7 +48,7 @@ def format_plan(problem: Problem, plan: Plan, ev: PlanEvaluation) -> list[str]:
 
 
 def format_totals(
-    problem: Problem, plan: Plan, ev: PlanEvaluation, result: Result | None
+    problem: Problem, plan: Plan, ev: PlanEvaluation, result: Result[Plan] | None
 ) -> list[str]:
     """Totals: power, GPUs on, objective, bound, gap, time."""
     lines = [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import highspy
 import numpy as np
@@ -12,14 +11,14 @@ from energyopt.formulations.colocation.milp import Milp, build_milp
 from energyopt.formulations.colocation.model import ColocationModel
 from energyopt.formulations.colocation.schedule import Schedule, to_plan
 from energyopt.formulations.serving.master import quiet_highs
+from energyopt.progress import Progress
 from energyopt.solvers.colocation_diagnose import diagnose
-from energyopt.solvers.colocation_result import ColocationResult, Sense
-from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL
-
-Progress = Callable[[str], None]
+from energyopt.solvers.colocation_result import ColocationResult, colocation_result
+from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Sense
 
 
-def _highs_lp(milp: Milp) -> highspy.HighsLp:
+def highs_lp(milp: Milp) -> highspy.HighsLp:
+    """The unit MILP as a HiGHS model (0/1 columns)."""
     lp = highspy.HighsLp()
     n = len(milp)
     lp.num_col_ = n
@@ -64,7 +63,7 @@ def solve_exact(
     if len(milp) == 0:
         return _infeasible(model, sense, t0, "no unit configuration fits the horizon")
     h = quiet_highs()
-    h.passModel(_highs_lp(milp))
+    h.passModel(highs_lp(milp))
     h.setOptionValue("time_limit", max(0.5, time_limit_s))
     h.setOptionValue("mip_rel_gap", rel_gap)
 
@@ -89,7 +88,7 @@ def solve_exact(
     bound_raw = float(info.mip_dual_bound)
     bound = model.display_objective(bound_raw) if np.isfinite(bound_raw) else None
     if info.primal_solution_status != 2:  # no feasible solution
-        return ColocationResult(NO_SOLUTION, None, bound, sense, wall, None, "exact")
+        return colocation_result(NO_SOLUTION, None, bound, sense, wall, None, "exact")
     values = np.asarray(h.getSolution().col_value)
     sched = schedule_of(milp, values, model)
     objective = model.display_objective(sched.objective(model))
@@ -97,7 +96,7 @@ def solve_exact(
     if bound is not None:
         # HiGHS stops at its own tolerance; never report a bound past the plan
         bound = min(bound, objective) if sense == "min" else max(bound, objective)
-    return ColocationResult(
+    return colocation_result(
         OPTIMAL if done else FEASIBLE,
         objective,
         bound,
@@ -110,7 +109,7 @@ def solve_exact(
 
 
 def _infeasible(model: ColocationModel, sense: Sense, t0: float, reason: str) -> ColocationResult:
-    return ColocationResult(
+    return colocation_result(
         INFEASIBLE,
         None,
         None,

@@ -16,8 +16,8 @@ import numpy as np
 
 from energyopt.formulations.colocation.model import ColocationModel
 from energyopt.formulations.colocation.timemodel import progress_by
-from energyopt.solvers.colocation_result import ColocationResult, Sense
-from energyopt.solvers.result import FEASIBLE, INFEASIBLE
+from energyopt.solvers.colocation_result import ColocationResult, colocation_result
+from energyopt.solvers.result import FEASIBLE, INFEASIBLE, Sense
 from energyopt.spec.colocation import ColocationPlan, PlanUnit, UnitJob
 
 SECONDS_PER_HOUR = 3600.0
@@ -75,7 +75,7 @@ def solve_isolated(model: ColocationModel) -> ColocationResult:
                     break
         if best is None:
             diag = [f"job {job.name}: no whole-GPU configuration fits the cluster and budget"]
-            return ColocationResult(
+            return colocation_result(
                 INFEASIBLE,
                 None,
                 None,
@@ -115,7 +115,7 @@ def solve_isolated(model: ColocationModel) -> ColocationResult:
     else:
         objective = done * SECONDS_PER_HOUR / problem.instance.options.horizon_s
     plan = ColocationPlan(instance=problem.instance.name, units=tuple(planned))
-    return ColocationResult(
+    return colocation_result(
         FEASIBLE,
         objective,
         None,

@@ -1,41 +1,37 @@
-"""The result every co-location solver returns, in the user's terms."""
+"""Co-location solvers return the one ``Result``, with their plan type and sense."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
-
-from energyopt.solvers.result import relative_gap
+from energyopt.solvers.result import Result, Sense, Status
 from energyopt.spec.colocation import ColocationPlan
 
-Sense = Literal["min", "max"]
+ColocationResult = Result[ColocationPlan]
+"""``objective`` and ``bound`` are in the objective's own units: mean JCT in s
+(``sense`` min, the bound is a lower bound) or jobs per hour (``sense`` max, the
+bound is an upper bound). Both are the planning model's figures (the interference
+predictor's); the checker recomputes them with the ground truth."""
 
 
-@dataclass
-class ColocationResult:
-    """Outcome of a co-location solve.
-
-    ``objective`` and ``bound`` are in the objective's own units: mean JCT in s
-    (``sense`` min, the bound is a lower bound) or jobs per hour (``sense`` max,
-    the bound is an upper bound). Both are the planning model's figures (the
-    interference predictor's); the checker recomputes them with the ground truth.
-    """
-
-    status: str
-    objective: float | None
-    bound: float | None
-    sense: Sense
-    wall_s: float
-    plan: ColocationPlan | None
-    solver: str
-    log: list[str] = field(default_factory=list)
-    diagnosis: list[str] = field(default_factory=list)
-
-    @property
-    def gap(self) -> float | None:
-        """Relative optimality gap, or None without both a plan and a bound."""
-        if self.objective is None or self.bound is None:
-            return None
-        if self.sense == "min":
-            return relative_gap(self.objective, self.bound)
-        return relative_gap(-self.objective, -self.bound)
+def colocation_result(
+    status: Status,
+    objective: float | None,
+    bound: float | None,
+    sense: Sense,
+    wall_s: float,
+    plan: ColocationPlan | None,
+    solver: str,
+    log: list[str] | None = None,
+    diagnosis: list[str] | None = None,
+) -> ColocationResult:
+    """A co-location Result (arguments in the order the solvers state them)."""
+    return Result(
+        status,
+        objective,
+        bound,
+        wall_s,
+        plan,
+        solver,
+        list(log or []),
+        list(diagnosis or []),
+        sense=sense,
+    )

@@ -20,7 +20,6 @@ lower bound, then updates the prices by the Polyak subgradient rule. Every
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -30,14 +29,14 @@ from energyopt.formulations.colocation.model import ColocationModel
 from energyopt.formulations.colocation.relaxation import Relaxation, build_relaxation
 from energyopt.formulations.colocation.schedule import Schedule, group_configs, place_units, to_plan
 from energyopt.perf.params import FloatArray
+from energyopt.progress import Progress
 from energyopt.solvers.colocation_diagnose import diagnose
 from energyopt.solvers.colocation_lagrangian import Subgradient
-from energyopt.solvers.colocation_result import ColocationResult, Sense
-from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL
+from energyopt.solvers.colocation_result import ColocationResult, colocation_result
+from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Sense
 from energyopt.spec.colocation import TrainingJob
 
 IntArray = NDArray[np.int64]
-Progress = Callable[[str], None]
 CHUNK = 200_000
 
 
@@ -164,7 +163,7 @@ def solve_shadow(
     relax = build_relaxation(model)
     missing = sorted(set(range(model.n_jobs)) - set(relax.job.tolist()))
     if missing and not relax.optional:
-        return ColocationResult(
+        return colocation_result(
             INFEASIBLE,
             None,
             None,
@@ -212,13 +211,13 @@ def solve_shadow(
     if best is None:
         status = NO_SOLUTION if relax.optional else INFEASIBLE
         diag = [] if relax.optional else diagnose(model)
-        return ColocationResult(status, None, bound, sense, wall, None, "shadow-price", log, diag)
+        return colocation_result(status, None, bound, sense, wall, None, "shadow-price", log, diag)
     objective = model.display_objective(best.objective(model))
     if bound is not None:
         bound = min(bound, objective) if sense == "min" else max(bound, objective)
     status = OPTIMAL if _gap(upper, sg.best_value) <= 1e-9 else FEASIBLE
     log.append(f"{it} iterations, {wall:.1f} s")
-    return ColocationResult(
+    return colocation_result(
         status, objective, bound, sense, wall, to_plan(model, best), "shadow-price", log
     )
 

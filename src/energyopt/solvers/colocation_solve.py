@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from energyopt.formulations.colocation.interference import Slowdown
 from energyopt.formulations.colocation.model import ColocationModel, build_model
 from energyopt.formulations.colocation.problem import ColocationProblem
+from energyopt.progress import Progress
 from energyopt.solvers.colocation_exact import solve_exact
 from energyopt.solvers.colocation_isolated import solve_isolated
 from energyopt.solvers.colocation_result import ColocationResult
 from energyopt.solvers.colocation_shadow import solve_shadow
 from energyopt.spec.errors import SpecError
 
-Progress = Callable[[str], None]
-SOLVERS = {
-    "auto": "exact MILP when it has at most EXACT_MAX_COLUMNS columns, else shadow-price",
-    "shadow-price": "shadow-price decomposition with repair; certified bound and gap",
-    "exact": "time-indexed unit MILP with HiGHS; optimal or best plan and bound at the limit",
-    "isolated": "static isolated allocation baseline (whole GPUs, FIFO); no bound",
-}
-DEFAULT_ALIASES = ("highs-exact",)
-"""The command line's serving default means ``auto`` for this family."""
+SOLVERS = ("auto", "shadow-price", "exact", "isolated")
+"""Names; what each guarantees is listed by the co-location family's ``solvers()``."""
 EXACT_MAX_COLUMNS = 20_000
 DEFAULT_TIME_LIMIT_S = 60.0
 DEFAULT_GAP = {"exact": 1e-4, "shadow-price": 1e-3}
@@ -29,8 +21,6 @@ DEFAULT_GAP = {"exact": 1e-4, "shadow-price": 1e-3}
 
 def solver_name(name: str) -> str:
     """The family's solver for a ``--solver`` value; SpecError listing valid names."""
-    if name in DEFAULT_ALIASES:
-        return "auto"
     if name not in SOLVERS:
         raise SpecError(
             [f"--solver: unknown co-location solver {name!r}; available: {', '.join(SOLVERS)}"]

@@ -21,7 +21,8 @@ import pyomo.environ as pyo
 from ortools.sat.python import cp_model
 from pyomo.repn import generate_standard_repn
 
-from energyopt.solvers.highs_backend import MilpOutcome, Progress, solve_milp
+from energyopt.progress import Progress
+from energyopt.solvers.highs_backend import MilpOutcome, solve_milp
 
 ROW_SCALE = 1e6
 MAX_COEF = 1e12

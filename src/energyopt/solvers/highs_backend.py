@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyomo.contrib.solver.common.factory import SolverFactory
 from pyomo.contrib.solver.common.results import SolutionStatus, TerminationCondition
 
-Progress = Callable[[str], None]
+from energyopt.progress import Progress
 
 
 class _LineStream(io.TextIOBase):

@@ -15,7 +15,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from energyopt.formulations.serving.master import Master, quiet_highs, to_highs_lp
-from energyopt.solvers.highs_backend import MilpOutcome, Progress
+from energyopt.progress import Progress
+from energyopt.solvers.highs_backend import MilpOutcome
 
 
 def solve_master_mip(

@@ -17,7 +17,6 @@ import dataclasses
 import random
 import time
 from collections import defaultdict
-from typing import Any
 
 import numpy as np
 
@@ -27,6 +26,7 @@ from energyopt.formulations.serving.columns import Duals
 from energyopt.formulations.serving.costs import objective_costs
 from energyopt.formulations.serving.unit_bound import best_unit_bound
 from energyopt.perf.oppoints import OpTable
+from energyopt.progress import Progress
 from energyopt.solvers.presets import SolverPreset, load_preset
 from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, Result, status_at
 from energyopt.solvers.result import relative_gap as rel_gap_of
@@ -34,8 +34,6 @@ from energyopt.spec.cluster import Node
 from energyopt.spec.plan import Plan
 from energyopt.spec.workload import Workload
 from energyopt.verify.serving import evaluate_plan
-
-Progress = Any
 
 
 def split_problem(problem: Problem, parts: int, seed: int) -> list[Problem]:
@@ -106,7 +104,7 @@ def solve_pop(
     deadline: float,
     gap: float,
     note: Progress,
-) -> Result:
+) -> Result[Plan]:
     """Partitioned solve; see the module docstring."""
     from energyopt.solvers.serving import solve
 

@@ -5,7 +5,6 @@ backend, assemble the plan, verify it, and explain infeasibility.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ from energyopt.formulations.serving.master import LpSession, lp_dive
 from energyopt.formulations.serving.per_gpu import build_per_gpu
 from energyopt.formulations.serving.unit_bound import best_unit_bound
 from energyopt.perf.oppoints import OpTable, build_op_table
+from energyopt.progress import Progress
 from energyopt.solvers.cpsat_backend import solve_cpsat
 from energyopt.solvers.diagnose import diagnose_infeasible, unservable_units
 from energyopt.solvers.highs_backend import MilpOutcome, solve_milp
@@ -30,12 +30,14 @@ from energyopt.solvers.result import (
     NO_SOLUTION,
     OPTIMAL,
     Result,
+    Status,
     relative_gap,
+    settle,
     status_at,
 )
-from energyopt.verify.serving import OBJECTIVE_REL_TOL, evaluate_plan
+from energyopt.spec.plan import Plan
+from energyopt.verify.serving import evaluate_plan
 
-Progress = Callable[[str], None]
 FIRST_STAGE_SHARE = 0.3
 FIRST_STAGE_MAX_S = 10.0
 MAX_FILTERED_COLUMNS = 20_000
@@ -45,6 +47,11 @@ DIVE_SHARE = 0.3
 EXACT_UNIT_BOUND_MAX_UNITS = 8
 """Up to this many units the exact solver proves each unit's cover bound with HiGHS;
 above it (and always for decompositions) the grid DP bound is used."""
+
+
+ServingResult = Result[Plan]
+"""What every serving solver returns: the plan, its cost in the instance's objective
+(W for power), a valid lower bound and the gap."""
 
 
 class PlanVerificationError(RuntimeError):
@@ -114,7 +121,7 @@ def solve(
     time_limit_s: float | None = None,
     rel_gap: float | None = None,
     progress: Progress | None = None,
-) -> Result:
+) -> ServingResult:
     """Minimum-objective plan for ``problem``, verified, with its bound and gap."""
     say = progress or _quiet
     start = time.perf_counter()
@@ -172,12 +179,9 @@ def solve(
     return result
 
 
-def certify(problem: Problem, result: Result, rel_gap: float, note: Progress) -> None:
-    """Verify ``result.plan`` and make the reported figures the plan's own.
+def certify(problem: Problem, result: ServingResult, rel_gap: float, note: Progress) -> None:
+    """Verify ``result.plan`` and make the reported figures the plan's own (``settle``).
 
-    The objective becomes the plan's cost recomputed by the verifier; a backend value
-    that differs is logged as a backend failure. A bound above that cost is invalid
-    and dropped (logged); status and gap follow from the recomputed objective.
     Raises PlanVerificationError when the plan breaks a constraint.
     """
     assert result.plan is not None
@@ -186,36 +190,21 @@ def certify(problem: Problem, result: Result, rel_gap: float, note: Progress) ->
         raise PlanVerificationError(
             "solver plan fails verification:\n" + "\n".join(str(v) for v in ev.violations)
         )
-    cost = ev.objective
-    tol = OBJECTIVE_REL_TOL * max(1.0, abs(cost))
-    if result.objective is None or abs(result.objective - cost) > tol:
-        stated = "none" if result.objective is None else f"{result.objective:,.6f}"
-        note(
-            f"backend failure: reported objective {stated}, but the plan it returned costs "
-            f"{cost:,.6f}; reporting the plan's cost"
-        )
-    bound = result.bound
-    if bound is not None and bound > cost + tol:
-        note(f"invalid bound {bound:,.6f} above the plan's cost {cost:,.6f}: bound dropped")
-        bound = None
-    if bound is not None:
-        bound = min(bound, cost)
-    result.objective = cost
-    result.bound = bound
-    if result.status in (OPTIMAL, FEASIBLE):
-        result.status = status_at(cost, bound, rel_gap) if bound is not None else FEASIBLE
+    settle(result, ev.objective, rel_gap, note)
     result.plan = result.plan.model_copy(
         update={
-            "objective": cost,
-            "bound": bound,
+            "objective": result.objective,
+            "bound": result.bound,
             "gap": result.gap,
-            "status": result.status,
+            "status": str(result.status),
             "solver": result.solver,
         }
     )
 
 
-def _status(outcome_status: str, objective: float | None, bound: float | None, gap: float) -> str:
+def _status(
+    outcome_status: str, objective: float | None, bound: float | None, gap: float
+) -> Status:
     if objective is None:
         return NO_SOLUTION if outcome_status != INFEASIBLE else INFEASIBLE
     if bound is not None:
@@ -255,7 +244,7 @@ def _solve_per_gpu(
     note: Progress,
     *,
     strengthen: bool,
-) -> Result:
+) -> ServingResult:
     t0 = time.perf_counter()
     pm = build_per_gpu(problem, table, strengthen=strengthen)
     note(
@@ -319,7 +308,7 @@ def solve_configurations(
     note: Progress,
     *,
     exact: bool = True,
-) -> Result:
+) -> ServingResult:
     """Configuration formulation. ``exact``: finish with reduced-cost filtering so
     the integer solve covers every configuration that could improve the plan;
     otherwise (column generation as a decomposition) one integer solve over the

@@ -50,12 +50,13 @@ from energyopt.formulations.serving.knapsack import (
 )
 from energyopt.formulations.serving.unit_bound import best_unit_bound
 from energyopt.perf.oppoints import OpTable
+from energyopt.progress import Progress
 from energyopt.solvers.highs_direct import solve_master_mip
 from energyopt.solvers.presets import SolverPreset
 from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, Result, status_at
 from energyopt.solvers.result import relative_gap as rel_gap_of
+from energyopt.spec.plan import Plan
 
-Progress = Any
 STALL_ITERATIONS = 5
 REPAIR_ITERATIONS = 8
 """How many of the last iterations' choices are packed into repair columns."""
@@ -258,7 +259,7 @@ def solve_shadow_price(
     deadline: float,
     gap: float,
     note: Progress,
-) -> Result:
+) -> Result[Plan]:
     """Lagrangian bound by elastic shadow prices, and a repaired plan."""
     t0 = time.perf_counter()
     prog = pat.prepare(problem, table, note, pricing="knapsack")

@@ -22,9 +22,16 @@ from energyopt.formulations.taskgraph.bounds import lower_bounds
 from energyopt.formulations.taskgraph.cpsat import CpTaskGraph, build_cp_model, hint
 from energyopt.formulations.taskgraph.model import TaskGraph
 from energyopt.formulations.taskgraph.schedule import Schedule, totals
-from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, relative_gap
+from energyopt.solvers.result import (
+    FEASIBLE,
+    INFEASIBLE,
+    NO_SOLUTION,
+    OPTIMAL,
+    Result,
+    Termination,
+    relative_gap,
+)
 from energyopt.solvers.taskgraph_heuristic import solve_heuristic
-from energyopt.solvers.taskgraph_result import TaskGraphResult
 
 
 def horizon_from(tg: TaskGraph, objective: float) -> int:
@@ -49,7 +56,7 @@ def solve_cpsat(
     workers: int = 2,
     progress: Callable[[str], None] | None = None,
     search_evals: int | None = None,
-) -> TaskGraphResult:
+) -> Result[Schedule]:
     """Best schedule CP-SAT finds within the limits, with a valid bound and gap.
 
     ``search_evals`` is passed to the warm-starting list scheduler."""
@@ -57,7 +64,7 @@ def solve_cpsat(
     say = progress or (lambda _line: None)
     warm = solve_heuristic(tg, search_evals=search_evals)
     log = [f"heuristic: {line}" for line in warm.log]
-    if warm.schedule is not None and warm.objective is not None:
+    if warm.plan is not None and warm.objective is not None:
         horizon = horizon_from(tg, warm.objective)
         say(
             f"list scheduler: objective {warm.objective:.6g}; CP-SAT horizon "
@@ -66,8 +73,8 @@ def solve_cpsat(
     else:
         horizon = tg.deadline if tg.deadline is not None else _serial_horizon(tg)
     cp = build_cp_model(tg, horizon)
-    if warm.schedule is not None:
-        hint(cp, tg, warm.schedule)
+    if warm.plan is not None:
+        hint(cp, tg, warm.plan)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.1, time_limit_s - (time.perf_counter() - begin))
     solver.parameters.num_workers = workers
@@ -81,8 +88,8 @@ def solve_cpsat(
     say(f"CP-SAT {name} after {solver.wall_time:.1f} s")
     wall = time.perf_counter() - begin
     if status == cp_model.INFEASIBLE:
-        if warm.schedule is None:
-            return TaskGraphResult(
+        if warm.plan is None:
+            return Result(
                 INFEASIBLE,
                 None,
                 None,
@@ -97,13 +104,13 @@ def solve_cpsat(
     bound: float | None = cheap
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         bound = max(cheap, solver.best_objective_bound * cp.objective_scale)
-    best = warm.schedule
+    best = warm.plan
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         s = _read(cp, tg, solver)
         if best is None or totals(tg, s).objective < totals(tg, best).objective:
             best = s
     if best is None:
-        return TaskGraphResult(
+        return Result(
             NO_SOLUTION,
             None,
             bound,
@@ -117,8 +124,16 @@ def solve_cpsat(
     assert bound is not None
     gap = relative_gap(tot.objective, bound)
     state = OPTIMAL if gap <= rel_gap else FEASIBLE
-    return TaskGraphResult(
-        state, tot.objective, bound, wall, None, "cpsat", log, schedule=best, totals=tot
+    return Result(
+        state,
+        tot.objective,
+        bound,
+        wall,
+        best,
+        "cpsat",
+        log,
+        termination=Termination.CONVERGED if state == OPTIMAL else Termination.TIME_LIMIT,
+        algorithm="cp-sat warm-started by the list scheduler",
     )
 
 

@@ -32,8 +32,14 @@ from energyopt.formulations.taskgraph.bounds import lower_bounds
 from energyopt.formulations.taskgraph.heft import heft_max_clock, upward_ranks
 from energyopt.formulations.taskgraph.model import TaskGraph, TaskOptions
 from energyopt.formulations.taskgraph.schedule import Schedule, earliest_starts, totals
-from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, OPTIMAL, relative_gap
-from energyopt.solvers.taskgraph_result import TaskGraphResult
+from energyopt.solvers.result import (
+    FEASIBLE,
+    NO_SOLUTION,
+    OPTIMAL,
+    Result,
+    Termination,
+    relative_gap,
+)
 
 SWEEP = (1.0, 1.03, 1.07, 1.15, 1.3, 1.5, 1.8, 2.2, 3.0)
 SWEEP_LARGE = (1.0, 1.1, 1.3, 1.8)
@@ -418,7 +424,7 @@ def solve_heuristic(
     tg: TaskGraph,
     progress: Callable[[str], None] | None = None,
     search_evals: int | None = None,
-) -> TaskGraphResult:
+) -> Result[Schedule]:
     """Schedule ``tg`` for its objective; every returned schedule is checked by the caller.
 
     ``search_evals``: re-clocked placements the placement search may evaluate
@@ -431,7 +437,7 @@ def solve_heuristic(
     say(f"HEFT at max clock: makespan {tg.ms(base_makespan):.3f} ms")
     log = [f"heft makespan {tg.ms(base_makespan):.6f} ms"]
     if tg.deadline is not None and base_makespan > tg.deadline:
-        return TaskGraphResult(
+        return Result(
             NO_SOLUTION,
             None,
             None,
@@ -455,16 +461,16 @@ def solve_heuristic(
     tot = totals(tg, best)
     bound = lower_bounds(tg).objective(tg)
     status = OPTIMAL if relative_gap(tot.objective, bound) <= 1e-9 else FEASIBLE
-    return TaskGraphResult(
+    return Result(
         status,
         tot.objective,
         bound,
         time.perf_counter() - start,
-        None,
+        best,
         "heuristic",
         log,
-        schedule=best,
-        totals=tot,
+        termination=Termination.HEURISTIC,
+        algorithm="HEFT placement, slack reclaiming and local search",
     )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Annotated
 
-import networkx as nx
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from energyopt.spec.base import Spec
@@ -160,18 +159,3 @@ class Cluster(Spec):
                     )
                     index += 1
         return out
-
-    def topology(self) -> nx.Graph:
-        """Interconnect as a graph: GPU nodes joined to their server, servers by links.
-
-        Inter-node edges carry ``bandwidth_gbps`` (GB/s); GPU-server edges ``intra_node``.
-        """
-        graph = nx.Graph()
-        for node in self.nodes:
-            graph.add_node(node.name, kind="node", power_budget_w=node.power_budget_w)
-        for gpu in self.gpus():
-            graph.add_node(gpu.id, kind="gpu", type=gpu.type)
-            graph.add_edge(gpu.id, gpu.node, intra_node=True)
-        for link in self.links:
-            graph.add_edge(link.a, link.b, bandwidth_gbps=link.bandwidth_gbps)
-        return graph

@@ -240,3 +240,10 @@ class ColocationPlan(Spec):
     unscheduled: tuple[str, ...] = Field(
         default=(), description="jobs not started within the horizon (throughput objective)"
     )
+    objective: float | None = Field(
+        default=None, description="planning model's objective: mean JCT s, or jobs per hour"
+    )
+    bound: float | None = Field(default=None, description="valid bound, same unit")
+    gap: float | None = None
+    status: str = ""
+    solver: str = ""

@@ -394,11 +394,6 @@ class Table:
         out["in_grid"] = in_grid
         return out
 
-    @property
-    def checksum(self) -> str:
-        """The stored SHA-256 (hex)."""
-        return _stored_digest(self.path)
-
     def describe(self) -> list[str]:
         """Lines for ``energyopt inspect``: format, axes, columns, sizes."""
         lines = [

@@ -37,7 +37,7 @@ from energyopt.formulations.colocation.rates import (
 )
 from energyopt.formulations.colocation.timemodel import pair_durations, progress_by
 from energyopt.spec.colocation import ColocationPlan, PlanUnit
-from energyopt.verify.serving import Violation
+from energyopt.verify.violation import Violation
 
 REL_TOL = 1e-6
 SECONDS_PER_HOUR = 3600.0
@@ -92,13 +92,6 @@ class _Unit:
     power_after_w: float  # while only the longer-running job is left
     first_end: float  # run time until the first job ends
     span: float
-
-
-def verify_colocation(
-    problem: ColocationProblem, plan: ColocationPlan, slowdown: Slowdown = true_slowdown
-) -> list[Violation]:
-    """Every constraint the plan breaks; empty when it is feasible."""
-    return evaluate_colocation(problem, plan, slowdown).violations
 
 
 def evaluate_colocation(

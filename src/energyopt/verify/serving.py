@@ -21,23 +21,10 @@ from energyopt.perf.power import gpu_on_power_w
 from energyopt.perf.queueing import metrics_at
 from energyopt.spec.cluster import Gpu
 from energyopt.spec.plan import GpuPlan, Placement, Plan
+from energyopt.verify.violation import Violation
 
 REL_TOL = 1e-6
 ABS_RATE_TOL = 1e-6
-OBJECTIVE_REL_TOL = 1e-6
-"""Relative difference at which a stated objective disagrees with the plan's cost."""
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One broken constraint: its kind, where, and a sentence a user can act on."""
-
-    kind: str
-    where: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"[{self.kind}] {self.where}: {self.message}"
 
 
 Report = Callable[[Violation], None]
@@ -150,47 +137,6 @@ def _moved_placements(problem: Problem, plans: dict[str, GpuPlan]) -> int:
             kept = {(p.workload, p.phase) for p in gp.placements if p.tp_group is None}
         moved += len(current - kept)
     return moved
-
-
-def check_reported(
-    problem: Problem, plan: Plan, ev: PlanEvaluation | None = None
-) -> list[Violation]:
-    """Disagreements between the objective, bound and gap a plan states and its cost.
-
-    A stated objective must equal the plan's objective recomputed here; a bound may
-    not exceed it; a stated gap must be (objective - bound) / |objective|.
-    """
-    ev = ev if ev is not None else evaluate_plan(problem, plan)
-    cost = ev.objective
-    out: list[Violation] = []
-    tol = OBJECTIVE_REL_TOL * max(1.0, abs(cost))
-    if plan.objective is not None and abs(plan.objective - cost) > tol:
-        out.append(
-            Violation(
-                "objective",
-                "plan",
-                f"states objective {plan.objective:,.6g}; the plan's own cost is {cost:,.6g}",
-            )
-        )
-    if plan.bound is not None and plan.bound > cost + tol:
-        out.append(
-            Violation(
-                "bound",
-                "plan",
-                f"states bound {plan.bound:,.6g} above the plan's own cost {cost:,.6g}",
-            )
-        )
-    if plan.gap is not None and plan.bound is not None:
-        gap = max(0.0, cost - plan.bound) / max(abs(cost), 1e-9)
-        if abs(plan.gap - gap) > 1e-6 + OBJECTIVE_REL_TOL:
-            out.append(
-                Violation(
-                    "gap",
-                    "plan",
-                    f"states gap {plan.gap:.6%}; its objective and bound give {gap:.6%}",
-                )
-            )
-    return out
 
 
 def _collect_placements(

@@ -11,7 +11,6 @@ type that is no slower for any of its jobs and uses no more GPUs and power.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -259,8 +258,3 @@ def _units_from_rows(
 def slots_needed(span_s: FloatArray, slot_s: float) -> IntArray:
     """Whole slots a unit holds its GPUs for (at least one)."""
     return np.maximum(np.ceil(span_s / slot_s - 1e-9), 1).astype(np.int64)
-
-
-def occupancy_slots(span_s: float, slot_s: float) -> int:
-    """``slots_needed`` of one span."""
-    return max(math.ceil(span_s / slot_s - 1e-9), 1)

@@ -221,13 +221,6 @@ def to_highs_lp(mp: Master, *, integer: bool) -> highspy.HighsLp:
     return lp
 
 
-def solve_lp(mp: Master, n_units: int, n_classes: int) -> LpSolution:
-    """Solve the LP relaxation with HiGHS; raise BackendFailure if it does not solve."""
-    h = quiet_highs()
-    h.passModel(to_highs_lp(mp, integer=False))
-    return _run_lp(h, mp, n_classes)
-
-
 def _run_lp(h: highspy.Highs, mp: Master, n_classes: int) -> LpSolution:
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:

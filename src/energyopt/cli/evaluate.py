@@ -27,20 +27,21 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the evaluation; exit 0, or 2 on bad input (SpecError, handled by main)."""
-    from energyopt.cli import EXIT_OK, _progress
+    from energyopt.cli.common import EXIT_OK, progress
+    from energyopt.cli.documents import validate_evaluation
     from energyopt.sim.loop import evaluate
     from energyopt.sim.plots import PLOT_HINT, write_plots
     from energyopt.sim.report import format_table, write_csvs
     from energyopt.spec.errors import SpecError
     from energyopt.spec.evaluation import load_evaluation
 
-    validate_file(args.spec, args.catalog)  # refuse what validate refuses, before any work
+    validate_evaluation(args.spec, args.catalog)  # refuse what validate refuses, before any work
     ev = load_evaluation(args.spec)
     if args.duration is not None:
         if args.duration <= 0:
             raise SpecError([f"--duration: must be positive, got {args.duration:g}"])
         ev = ev.model_copy(update={"duration_s": args.duration})
-    say = _progress(args.quiet)
+    say = progress(args.quiet)
     say(f"evaluating {args.spec}")
     res = evaluate(ev, args.spec, only=args.planner, say=say, catalogs=args.catalog)
     folder = Path(args.output_dir or ev.output_dir)
@@ -52,46 +53,3 @@ def run(args: argparse.Namespace) -> int:
     written += plots or []
     print(f"written: {', '.join(str(p) for p in written)}")
     return EXIT_OK
-
-
-def validate_file(path: str, catalogs: list[str]) -> str:
-    """One-line summary of a valid evaluation spec; its base instance is checked too."""
-    from energyopt.cli import _load
-    from energyopt.sim.trace import read_trace
-    from energyopt.solvers.presets import load_preset
-    from energyopt.spec.errors import SpecError
-    from energyopt.spec.evaluation import load_evaluation, resolve_relative
-
-    ev = load_evaluation(path)
-    base = resolve_relative(path, ev.base)
-    if not base.is_file():
-        raise SpecError([f"{path}: base: no such file {base}"])
-    problem = _load(str(base), catalogs, check_slos=False)
-    if ev.load.kind == "trace":
-        trace = resolve_relative(path, ev.load.file)
-        if not trace.is_file():
-            raise SpecError([f"{path}: load.file: no such file {trace}"])
-        read_trace(trace)
-    for i, planner in enumerate(ev.planners):
-        if planner.kind == "table":
-            continue
-        try:
-            load_preset(planner.solver)
-        except SpecError as exc:
-            raise SpecError(
-                [f"{path}: planners[{i}]({planner.name}): {p}" for p in exc.problems]
-            ) from None
-    return (
-        f"evaluation spec: base {base.name} ({len(problem.gpus)} GPUs), {ev.load.kind} load, "
-        f"{ev.duration_s:g} s, {len(ev.planners)} planners"
-    )
-
-
-def solve_file(args: argparse.Namespace) -> int:
-    """An evaluation spec is run, not solved: SpecError that says what to run."""
-    from energyopt.spec.errors import SpecError
-
-    validate_file(args.file, list(args.catalog))
-    raise SpecError(
-        [f"{args.file}: kind: an evaluation spec; run it with `energyopt evaluate {args.file}`"]
-    )

@@ -1,0 +1,5 @@
+"""``python -m energyopt.cli``."""
+
+from energyopt.cli import main
+
+raise SystemExit(main())

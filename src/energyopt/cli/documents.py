@@ -1,0 +1,96 @@
+"""Files that are not problems but describe work on one: compile specs (``kind:
+plans`` / ``oppoints``, for ``energyopt compile``) and evaluation specs (``kind:
+evaluate``, for ``energyopt evaluate``). ``validate`` checks them and their base
+instance; ``solve`` on one says which command runs it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from energyopt.spec.errors import SpecError
+
+
+def validate_compile_spec(path: str, catalogs: Sequence[str]) -> str:
+    """One-line summary of a valid compile spec; SpecError naming the file and field.
+
+    A compile spec's base instance names its catalog, so extra catalogs are refused."""
+    from energyopt.solvers.presets import load_preset
+    from energyopt.tables.spec import load_checked
+
+    if catalogs:
+        raise SpecError([f"{path}: --catalog: a compile spec's base instance names its catalog"])
+    spec, base, problem = load_checked(path)
+    if spec.kind == "oppoints":
+        types = len(spec.gpu_types) or len(problem.gpu_types_used())
+        return (
+            f"oppoints compile spec: base {base.name}, {len(problem.instance.workloads)} "
+            f"workloads, {types} GPU types, {max(len(spec.slo_tiers), 1)} SLO tiers, "
+            f"{spec.load_points} load points"
+        )
+    try:
+        load_preset(spec.solver)
+    except SpecError as exc:
+        raise SpecError(
+            [f"{path}: solver: {line.removeprefix('--solver: ')}" for line in exc.problems]
+        ) from None
+    return f"plans compile spec: base {base.name}, {spec.cells()} cells, solver {spec.solver}"
+
+
+def validate_evaluation(path: str, catalogs: Sequence[str]) -> str:
+    """One-line summary of a valid evaluation spec; its base instance is checked too."""
+    from energyopt.families.serving import load_instance
+    from energyopt.sim.trace import read_trace
+    from energyopt.solvers.presets import load_preset
+    from energyopt.spec.evaluation import load_evaluation, resolve_relative
+
+    ev = load_evaluation(path)
+    base = resolve_relative(path, ev.base)
+    if not base.is_file():
+        raise SpecError([f"{path}: base: no such file {base}"])
+    problem = load_instance(str(base), catalogs, check_slos=False)
+    if ev.load.kind == "trace":
+        trace = resolve_relative(path, ev.load.file)
+        if not trace.is_file():
+            raise SpecError([f"{path}: load.file: no such file {trace}"])
+        read_trace(trace)
+    for i, planner in enumerate(ev.planners):
+        if planner.kind == "table":
+            continue
+        try:
+            load_preset(planner.solver)
+        except SpecError as exc:
+            raise SpecError(
+                [f"{path}: planners[{i}]({planner.name}): {p}" for p in exc.problems]
+            ) from None
+    return (
+        f"evaluation spec: base {base.name} ({len(problem.gpus)} GPUs), {ev.load.kind} load, "
+        f"{ev.duration_s:g} s, {len(ev.planners)} planners"
+    )
+
+
+Validator = Callable[[str, Sequence[str]], str]
+
+DOCUMENTS: dict[str, tuple[Validator, str]] = {
+    "plans": (
+        validate_compile_spec,
+        "this is a compile spec; build its table with `energyopt compile {path} -o TABLE.eot` "
+        "(--workers N for parallel cells)",
+    ),
+    "oppoints": (
+        validate_compile_spec,
+        "this is a compile spec; build its table with `energyopt compile {path} -o TABLE.eot` "
+        "(--workers N for parallel cells)",
+    ),
+    "evaluate": (
+        validate_evaluation,
+        "an evaluation spec; run it with `energyopt evaluate {path}`",
+    ),
+}
+"""kind -> (validator, what to run instead of solve)."""
+
+
+def not_a_problem(path: str, kind: str, catalogs: Sequence[str]) -> SpecError:
+    """The error ``solve``, ``show`` and ``verify`` give for a document (validated first)."""
+    validate, hint = DOCUMENTS[kind]
+    validate(path, catalogs)
+    return SpecError([f"{path}: kind: {hint.format(path=path)}"])

@@ -1,0 +1,267 @@
+"""Verbs on problem files of every family: validate, show, solve, verify, export,
+schema, solvers, catalog. Each dispatches through the family registry."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from energyopt.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_INFEASIBLE,
+    EXIT_OK,
+    EXIT_VIOLATION,
+    err,
+    progress,
+)
+from energyopt.cli.documents import DOCUMENTS, not_a_problem
+from energyopt.families import (
+    AnyFamily,
+    NotExportable,
+    certify,
+    check_stated,
+    families,
+    family,
+    solver_entry,
+)
+from energyopt.spec.errors import SpecError
+
+FAMILY_SIGNS: tuple[tuple[str, str], ...] = (
+    ("tasks", "taskgraph"),
+    ("jobs", "colocation"),
+    ("load", "evaluate"),
+    ("base", "plans or kind: oppoints"),
+)
+"""A top-level key only a kind other than serving has, and that kind."""
+
+
+def kind_of(path: str) -> str:
+    """The file's ``kind``; SpecError naming ``kind`` when a file without one is
+    plainly of another family (it would otherwise be read as a serving instance)."""
+    from energyopt.spec.io import file_kind, read_data
+
+    kind = file_kind(path)
+    if kind != "serving":
+        return kind
+    data = read_data(path)
+    if "kind" not in data:
+        for key, other in FAMILY_SIGNS:
+            if key in data:
+                raise SpecError(
+                    [
+                        f"{path}: kind: missing; a file with {key}: is not a serving instance "
+                        f"(add kind: {other})"
+                    ]
+                )
+    return kind
+
+
+def problem_family(path: str, catalogs: list[str]) -> AnyFamily:
+    """The family of a problem file; SpecError for documents and unknown kinds."""
+    kind = kind_of(path)
+    if kind in DOCUMENTS:
+        raise not_a_problem(path, kind, catalogs)
+    try:
+        return family(kind)
+    except SpecError as exc:
+        known = ", ".join([*(f.kind for f in families()), *DOCUMENTS])
+        raise SpecError(
+            [f"{path}: kind: unknown problem family {kind!r}; known: {known}"]
+        ) from exc
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    failed = 0
+    for path in args.files:
+        try:
+            kind = kind_of(path)
+            if kind in DOCUMENTS:
+                summary = DOCUMENTS[kind][0](path, args.catalog)
+            else:
+                fam = problem_family(path, args.catalog)
+                summary = fam.summary(fam.load(path, args.catalog))
+        except SpecError as exc:
+            failed += 1
+            for line in exc.problems:
+                err(line)
+            continue
+        print(f"{path}: ok ({summary})")
+    return EXIT_BAD_INPUT if failed else EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    fam = problem_family(args.file, args.catalog)
+    print("\n".join(fam.show(fam.load(args.file, args.catalog))))
+    return EXIT_OK
+
+
+def cmd_solve(args: argparse.Namespace) -> int:
+    from energyopt.spec.io import dump
+
+    fam = problem_family(args.file, args.catalog)
+    entry = solver_entry(fam, args.solver)
+    if args.output:
+        from energyopt.spec.io import file_format
+
+        file_format(Path(args.output))  # refuse an unknown suffix before the solve
+    problem = fam.load(args.file, args.catalog)
+    say = progress(args.quiet)
+    result = fam.solve(
+        problem, entry.name, time_limit_s=args.time_limit, rel_gap=args.gap, progress=say
+    )
+    certify(fam, problem, result, args.gap if args.gap is not None else 1e-4, say)
+    if result.plan is None:
+        err(f"{args.file}: no plan ({result.status}) after {result.wall_s:.1f} s")
+        for line in result.diagnosis:
+            err(f"  - {line}")
+        return EXIT_INFEASIBLE
+    if result.fallback:
+        err(f"{args.file}: {result.fallback}")
+    print("\n".join(fam.report(problem, result)))
+    if args.output:
+        dump(fam.to_file(problem, result), args.output)
+        print(f"plan written to {args.output}")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from energyopt.spec.io import read_data
+
+    fam = problem_family(args.instance, args.catalog)
+    problem = fam.load_for_plan(args.instance, args.catalog)
+    plan, stated = fam.from_file(problem, read_data(args.plan), args.plan)
+    violations = fam.verify(problem, plan)
+    if not violations:
+        violations = check_stated(fam, problem, plan, stated, fam.sense(problem))
+    if violations:
+        err(f"{args.plan}: {len(violations)} violation(s) of {args.instance}:")
+        for v in violations:
+            err(f"  - {v}")
+        return EXIT_VIOLATION
+    print(f"{args.plan}: feasible for {args.instance}")
+    print(f"objective {fam.cost(problem, plan):,.6g} (recomputed from the plan)")
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from energyopt.solvers.export import write_program
+
+    fam = problem_family(args.file, args.catalog)
+    problem = fam.load(args.file, args.catalog)
+    try:
+        program = fam.program(problem)
+    except NotExportable as exc:
+        raise SpecError([f"{args.file}: {fam.kind}: {exc}"]) from None
+    fmt = args.format or Path(args.output).suffix.lstrip(".").lower()
+    if fmt not in ("mps", "lp"):
+        raise SpecError([f"{args.output}: --format: mps or lp (or a .mps / .lp file name)"])
+    write_program(program, args.output, fmt)
+    print(f"{fam.kind} program of {args.file} written to {args.output} ({fmt.upper()})")
+    return EXIT_OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from pydantic import BaseModel
+
+    from energyopt.spec.hardware import GpuType
+    from energyopt.spec.llm import LlmModel
+
+    models: dict[str, type[BaseModel]] = {"gpu": GpuType, "model": LlmModel}
+    for fam in families():
+        models[fam.kind] = fam.problem_model
+        models[f"{fam.kind}-plan"] = fam.plan_model
+    models["instance"] = models["serving"]
+    models["plan"] = models["serving-plan"]
+    if args.kind not in models:
+        raise SpecError([f"schema: no file kind {args.kind!r}; known: {', '.join(models)}"])
+    print(json.dumps(models[args.kind].model_json_schema(), indent=2))
+    return EXIT_OK
+
+
+def schema_kinds() -> list[str]:
+    """Names ``energyopt schema`` accepts."""
+    kinds = ["instance", "plan", "gpu", "model"]
+    for fam in families():
+        kinds += [fam.kind, f"{fam.kind}-plan"]
+    return kinds
+
+
+def cmd_solvers(args: argparse.Namespace) -> int:
+    for fam in families():
+        print(f"{fam.kind}: {fam.title}")
+        for i, entry in enumerate(fam.solvers()):
+            default = " (default)" if i == 0 else ""
+            ok = "" if entry.available() else " [not available here]"
+            print(f"  {entry.name:<16} {entry.guarantee:<16} {entry.description}{default}{ok}")
+    return EXIT_OK
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from energyopt.catalog import builtin_catalog
+
+    cat = builtin_catalog()
+    for g in cat.gpus.values():
+        print(
+            f"gpu   {g.name:<16} {g.sm_count} SMs, {g.memory_gb:g} GB, "
+            f"{g.memory_bandwidth_gbps:g} GB/s, {g.peak_bf16_tflops:g} TFLOP/s, "
+            f"{g.min_sm_clock_mhz}-{g.max_sm_clock_mhz} MHz, TDP {g.tdp_w:g} W"
+        )
+    for m in cat.models.values():
+        print(
+            f"model {m.name:<16} {m.params_total_b:g}B params ({m.params_active_b:g}B active), "
+            f"{m.layers} layers, {m.weight_bytes / 1e9:.1f} GB"
+        )
+    return EXIT_OK
+
+
+CATALOG_HELP = "extra catalog file (gpus:/models: lists); overrides entries by name"
+
+
+def configure(sub: Any) -> None:
+    """Add the problem verbs to the ``energyopt`` subcommands."""
+    p = sub.add_parser("schema", help="print the JSON Schema of a file kind")
+    p.add_argument("kind", nargs="?", default="instance", choices=schema_kinds())
+    p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("validate", help="check problem files and specs of every kind")
+    p.add_argument("files", nargs="+")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("show", help="print a problem (serving: its operating points)")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("solve", help="find the best plan of a problem file of any kind")
+    p.add_argument("file")
+    p.add_argument(
+        "--solver", default=None, help="solver name (energyopt solvers) or preset TOML file"
+    )
+    p.add_argument("--time-limit", type=float, default=None, help="seconds")
+    p.add_argument("--gap", type=float, default=None, help="relative gap to stop at, e.g. 0.005")
+    p.add_argument("-o", "--output", help="write the plan (JSON, YAML or TOML by suffix)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=cmd_solve)
+
+    p = sub.add_parser("verify", help="check a plan file against its problem file")
+    p.add_argument("instance")
+    p.add_argument("plan")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("export", help="write a problem's MILP as MPS or LP for other solvers")
+    p.add_argument("file")
+    p.add_argument("-o", "--output", required=True, help="file to write (.mps or .lp)")
+    p.add_argument("--format", choices=["mps", "lp"], default=None, help="default: by suffix")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("catalog", help="list the embedded GPU types and models")
+    p.set_defaults(func=cmd_catalog)
+
+    p = sub.add_parser("solvers", help="list every family's solvers and what each guarantees")
+    p.set_defaults(func=cmd_solvers)
+
+    for name in ("validate", "show", "solve", "verify", "export"):
+        sub.choices[name].add_argument(
+            "--catalog", action="append", default=[], metavar="FILE", help=CATALOG_HELP
+        )

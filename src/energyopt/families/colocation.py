@@ -1,0 +1,226 @@
+"""Co-location (``kind: colocation``): training and offline-inference jobs sharing
+GPUs by MPS share, clock and start time, for mean JCT or throughput."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel
+
+from energyopt.families.contract import SolverEntry, Stated
+from energyopt.formulations.colocation.problem import ColocationProblem, load_colocation
+from energyopt.progress import Progress
+from energyopt.solvers.result import Result
+from energyopt.spec.colocation import ColocationInstance, ColocationPlan, PlanUnit, TrainingJob
+from energyopt.spec.io import parse
+from energyopt.verify.violation import Violation
+
+ColocationResult = Result[ColocationPlan]
+
+
+class ColocationFamily:
+    """Jobs as families of resource-performance configurations (ElastiCo)."""
+
+    kind = "colocation"
+    title = "co-location: training and inference jobs sharing GPUs, mean JCT or throughput"
+    problem_model: type[BaseModel] = ColocationInstance
+    plan_model: type[BaseModel] = ColocationPlan
+
+    def load(self, path: str, catalogs: Sequence[str]) -> ColocationProblem:
+        return load_colocation(path, catalogs)
+
+    def load_for_plan(self, path: str, catalogs: Sequence[str]) -> ColocationProblem:
+        return self.load(path, catalogs)
+
+    def summary(self, problem: ColocationProblem) -> str:
+        inst = problem.instance
+        gpus = sum(p.count for p in inst.cluster.pools)
+        training = sum(isinstance(j, TrainingJob) for j in inst.jobs)
+        return (
+            f"co-location: {gpus} GPUs, {training} training and {len(inst.jobs) - training} "
+            f"inference jobs, objective {inst.options.objective}"
+        )
+
+    def show(self, problem: ColocationProblem) -> list[str]:
+        inst = problem.instance
+        lines = [self.summary(problem)]
+        for pool in inst.cluster.pools:
+            lines.append(f"pool {pool.name}: {pool.count}x {pool.type}")
+        lines.append(f"{'job':<24} {'kind':<10} {'model':<16} GPUs")
+        for job in inst.jobs:
+            kind = "training" if isinstance(job, TrainingJob) else "inference"
+            lines.append(f"{job.name:<24} {kind:<10} {job.model:<16} {job.min_gpus}-{job.max_gpus}")
+        return lines
+
+    def solvers(self) -> list[SolverEntry]:
+        from energyopt.solvers.colocation_solve import EXACT_MAX_COLUMNS
+
+        return [
+            SolverEntry(
+                "auto",
+                self.kind,
+                "certified bound",
+                f"exact up to {EXACT_MAX_COLUMNS:,} MILP columns, else shadow-price",
+            ),
+            SolverEntry(
+                "exact",
+                self.kind,
+                "exact",
+                "time-indexed unit MILP with HiGHS; optimal or best plan and bound at the limit",
+                ("time limit", "gap", "export"),
+            ),
+            SolverEntry(
+                "shadow-price",
+                self.kind,
+                "certified bound",
+                "elastic shadow prices per job with a repair; Lagrangian bound and gap",
+                ("time limit", "gap"),
+            ),
+            SolverEntry(
+                "isolated",
+                self.kind,
+                "heuristic",
+                "static isolated allocation baseline (whole GPUs, FIFO); no bound",
+            ),
+        ]
+
+    def solve(
+        self,
+        problem: ColocationProblem,
+        solver: str,
+        *,
+        time_limit_s: float | None,
+        rel_gap: float | None,
+        progress: Progress,
+    ) -> ColocationResult:
+        from energyopt.solvers.colocation_solve import solve_colocation
+
+        objective = problem.instance.options.objective
+        progress(f"solving {problem.source} (co-location, objective {objective})")
+        _, result = solve_colocation(
+            problem, solver, time_limit_s=time_limit_s, rel_gap=rel_gap, progress=progress
+        )
+        return result
+
+    def verify(self, problem: ColocationProblem, plan: ColocationPlan) -> list[Violation]:
+        from energyopt.verify.colocation import evaluate_colocation
+
+        return evaluate_colocation(problem, plan).violations
+
+    def cost(self, problem: ColocationProblem, plan: ColocationPlan) -> float:
+        """The planning model's objective (mean JCT s or jobs per hour) of ``plan``,
+        recomputed on the verifier's timeline with the interference predictor the
+        solvers plan with (the ground-truth outcome is in ``report``)."""
+        from energyopt.formulations.colocation.interference import default_predictor
+        from energyopt.verify.colocation import evaluate_colocation
+
+        return evaluate_colocation(problem, plan, default_predictor()).objective
+
+    def sense(self, problem: ColocationProblem) -> Literal["min", "max"]:
+        return "min" if problem.instance.options.objective == "jct" else "max"
+
+    def report(self, problem: ColocationProblem, result: ColocationResult) -> list[str]:
+        from energyopt.verify.colocation import evaluate_colocation
+
+        plan = result.plan
+        assert plan is not None
+        ev = evaluate_colocation(problem, plan)
+        objective = problem.instance.options.objective
+        lines = [f"plan for {problem.instance.name} ({problem.source}), objective {objective}"]
+        lines.append("start s    end s      clock     GPUs                                jobs")
+        for unit in plan.units:
+            runs = [ev.runs.get(uj.job) for uj in unit.jobs]
+            start = min((r.start_s for r in runs if r is not None), default=float("nan"))
+            end = max((r.end_s for r in runs if r is not None), default=float("nan"))
+            jobs = "; ".join(
+                f"{uj.job} {uj.share_pct}%"
+                + (f" (slowdown {r.slowdown:.3f})" if r is not None and len(unit.jobs) == 2 else "")
+                for uj, r in zip(unit.jobs, runs, strict=True)
+            )
+            lines.append(
+                f"{start:<10,.0f} {end:<10,.0f} {unit.clock_mhz:>4} MHz  {_gpus(unit):<35} {jobs}"
+            )
+        if plan.unscheduled:
+            lines.append(f"not started within the horizon: {', '.join(plan.unscheduled)}")
+        lines.append(
+            f"outcome (ground-truth interference): {len(ev.runs)} jobs run, mean JCT "
+            f"{ev.mean_jct_s:,.0f} s, makespan {ev.makespan_s:,.0f} s, throughput "
+            f"{ev.jobs_per_hour:.2f} jobs/h ({ev.horizon_jobs_per_hour:.2f} within the horizon), "
+            f"GPU utilization {100 * ev.sm_utilization:.1f}% of SM time "
+            f"({100 * ev.gpu_allocation:.1f}% of GPU time held), peak power "
+            f"{ev.peak_power_w:,.0f} W"
+        )
+        unit_name = "s mean JCT" if objective == "jct" else "jobs/h within the horizon"
+        obj = "none" if result.objective is None else f"{result.objective:,.3f}"
+        bound = "none (heuristic)" if result.bound is None else f"{result.bound:,.3f}"
+        gap = "n/a" if result.gap is None else f"{100 * result.gap:.3f}%"
+        kind = "lower" if result.sense == "min" else "upper"
+        lines.append(
+            f"planning model: objective {obj} {unit_name}, {kind} bound {bound}, gap {gap}, "
+            f"status {result.status}"
+        )
+        pairs = [u for u in plan.units if len(u.jobs) == 2]
+        if pairs:
+            lines.append(
+                f"interference predictor on this plan's pairs: {_pair_error(problem, pairs)}"
+            )
+        lines.append(f"solver {result.solver}, {result.wall_s:.2f} s; {problem.source}")
+        return lines
+
+    def to_file(self, problem: ColocationProblem, result: ColocationResult) -> BaseModel:
+        assert result.plan is not None
+        return result.plan.model_copy(
+            update={
+                "objective": result.objective,
+                "bound": result.bound,
+                "gap": result.gap,
+                "status": str(result.status),
+                "solver": result.solver,
+            }
+        )
+
+    def from_file(
+        self, problem: ColocationProblem, data: Any, source: str
+    ) -> tuple[ColocationPlan, Stated]:
+        plan = parse(ColocationPlan, data, source)
+        return plan, Stated(plan.objective, plan.bound, plan.gap)
+
+    def program(self, problem: ColocationProblem) -> Any:
+        """The exact solver's time-indexed unit MILP (a HiGHS model)."""
+        from energyopt.formulations.colocation.milp import build_milp
+        from energyopt.formulations.colocation.model import build_model
+        from energyopt.solvers.colocation_exact import highs_lp
+
+        return highs_lp(build_milp(build_model(problem)))
+
+
+def _gpus(unit: PlanUnit) -> str:
+    ids = unit.gpus
+    shown = ", ".join(ids) if len(ids) <= 2 else f"{ids[0]} .. {ids[-1]}"
+    return f"{len(ids)}x {shown}"
+
+
+def _pair_error(problem: ColocationProblem, pairs: list[PlanUnit]) -> str:
+    """Predictor error against the ground truth on the plan's co-located jobs."""
+    from energyopt.formulations.colocation.configs import pair_features
+    from energyopt.formulations.colocation.interference import (
+        default_predictor,
+        prediction_error,
+    )
+    from energyopt.formulations.colocation.rates import JobPoint, evaluate_points
+
+    names = {j.name: i for i, j in enumerate(problem.jobs)}
+    points = []
+    for u in pairs:
+        for uj in u.jobs:
+            points.append(
+                JobPoint(names[uj.job], u.gpu_type, len(u.gpus), u.clock_mhz, uj.share_pct)
+            )
+    phys = evaluate_points(problem, points)
+    a = np.arange(0, len(points), 2, dtype=np.int64)
+    b = a + 1
+    both_a = np.concatenate([a, b])
+    both_b = np.concatenate([b, a])
+    return prediction_error(default_predictor(), pair_features(phys, both_a, both_b)).line()

@@ -1,0 +1,159 @@
+"""Serving (``kind: serving``, the default): LLM workloads on a GPU fleet, minimum
+power (or another objective of ``options.objective``) under TTFT/TBT SLOs and caps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from energyopt.catalog.problem import Problem, load_problem
+from energyopt.families.contract import SolverEntry, Stated
+from energyopt.progress import Progress
+from energyopt.solvers.result import Result
+from energyopt.spec.errors import SpecError
+from energyopt.spec.instance import Instance
+from energyopt.spec.io import parse
+from energyopt.spec.plan import Plan
+from energyopt.verify.violation import Violation
+
+DEFAULT_SOLVER = "highs-exact"
+EXACT_FORMULATIONS = ("auto", "pattern", "per_gpu", "plain")
+
+
+def load_instance(
+    path: str | Path, catalogs: Sequence[str] = (), check_slos: bool = True
+) -> Problem:
+    """The problem of a serving instance file, checked as every command needs it:
+    schema, catalog names, catalog-dependent ranges and (``check_slos``) SLOs that
+    some GPU can meet. SpecError naming the file and the field otherwise."""
+    from energyopt.perf.reachability import unreachable_slos
+    from energyopt.spec.checks import instance_problems
+
+    problem = load_problem(path, catalogs)
+    problems = instance_problems(
+        problem.instance, problem.catalog.gpus, problem.catalog.models, str(path)
+    )
+    if problems:
+        raise SpecError(problems)
+    if check_slos:
+        problems = unreachable_slos(problem)
+        if problems:
+            raise SpecError([f"{path}: {p}" for p in problems])
+    return problem
+
+
+class ServingFamily:
+    """Serving instances; solvers are the presets in ``solvers/*.toml``."""
+
+    kind = "serving"
+    title = "LLM serving: placement, SM shares and clocks under TTFT/TBT SLOs"
+    problem_model: type[BaseModel] = Instance
+    plan_model: type[BaseModel] = Plan
+
+    def load(self, path: str, catalogs: Sequence[str]) -> Problem:
+        return load_instance(path, catalogs)
+
+    def load_for_plan(self, path: str, catalogs: Sequence[str]) -> Problem:
+        """The instance a plan is checked against: unreachable SLOs are the plan's
+        violations to report, not a reason to refuse the instance."""
+        return load_instance(path, catalogs, check_slos=False)
+
+    def summary(self, problem: Problem) -> str:
+        inst = problem.instance
+        return f"{len(problem.gpus)} GPUs, {len(inst.workloads)} workloads"
+
+    def show(self, problem: Problem) -> list[str]:
+        from energyopt.perf.oppoints import build_op_table
+        from energyopt.report import format_problem
+
+        return format_problem(problem, build_op_table(problem))
+
+    def solvers(self) -> list[SolverEntry]:
+        from energyopt.solvers.presets import available_presets, load_preset
+
+        names = sorted(available_presets(), key=lambda n: (n != DEFAULT_SOLVER, n))
+        out = []
+        for name in names:
+            p = load_preset(name)
+            exact = p.formulation in EXACT_FORMULATIONS
+            guarantee: Literal["exact", "certified bound"] = "exact" if exact else "certified bound"
+            out.append(
+                SolverEntry(
+                    name,
+                    self.kind,
+                    guarantee,
+                    p.description,
+                    (f"backend {p.backend}", f"formulation {p.formulation}"),
+                )
+            )
+        return out
+
+    def solve(
+        self,
+        problem: Problem,
+        solver: str,
+        *,
+        time_limit_s: float | None,
+        rel_gap: float | None,
+        progress: Progress,
+    ) -> Result[Plan]:
+        from energyopt.solvers.presets import load_preset
+        from energyopt.solvers.serving import solve
+
+        preset = load_preset(solver)
+        progress(f"solving {problem.source} with {preset.name}")
+        return solve(problem, preset, time_limit_s=time_limit_s, rel_gap=rel_gap, progress=progress)
+
+    def verify(self, problem: Problem, plan: Plan) -> list[Violation]:
+        from energyopt.spec.checks import plan_problems
+        from energyopt.verify.serving import evaluate_plan
+
+        mode = problem.instance.options.sharing.mode
+        structural = plan_problems(plan, problem.catalog.gpus, "", mode)
+        if structural:
+            return [Violation("plan", "", line.removeprefix(": ")) for line in structural]
+        return evaluate_plan(problem, plan).violations
+
+    def cost(self, problem: Problem, plan: Plan) -> float:
+        from energyopt.verify.serving import evaluate_plan
+
+        return evaluate_plan(problem, plan).objective
+
+    def sense(self, problem: Problem) -> Literal["min", "max"]:
+        return "min"
+
+    def report(self, problem: Problem, result: Result[Plan]) -> list[str]:
+        from energyopt.report import format_plan, format_totals
+        from energyopt.verify.serving import evaluate_plan
+
+        assert result.plan is not None
+        ev = evaluate_plan(problem, result.plan)
+        lines = [f"plan for {problem.instance.name} ({problem.source})"]
+        lines += format_plan(problem, result.plan, ev)
+        lines += format_totals(problem, result.plan, ev, result)
+        return lines
+
+    def to_file(self, problem: Problem, result: Result[Plan]) -> BaseModel:
+        assert result.plan is not None
+        return result.plan.model_copy(
+            update={
+                "objective": result.objective,
+                "bound": result.bound,
+                "gap": result.gap,
+                "status": str(result.status),
+                "solver": result.solver,
+            }
+        )
+
+    def from_file(self, problem: Problem, data: Any, source: str) -> tuple[Plan, Stated]:
+        plan = parse(Plan, data, source)
+        return plan, Stated(plan.objective, plan.bound, plan.gap)
+
+    def program(self, problem: Problem) -> Any:
+        from energyopt.formulations.serving.per_gpu import build_per_gpu
+        from energyopt.perf.oppoints import build_op_table
+
+        return build_per_gpu(problem, build_op_table(problem)).model
