@@ -118,22 +118,32 @@ def _same_kind(a: Any, b: Any) -> bool:
 
 @st.composite
 def edits(draw: st.DrawFn, data: dict[str, Any], ops: tuple[str, ...] | None = None) -> Edit:
-    """One edit of ``data`` (not applied): the operation, where, and the new value."""
+    """One edit of ``data`` (not applied): the operation, where, and the new value.
+
+    ``ops`` limits the operations (delete, retype, extreme, number, duplicate);
+    ``number`` is ``extreme`` aimed at a numeric leaf, so that numbers, which the
+    other operations reach rarely in a file of names and text, get half the
+    extreme values."""
     every = nodes(data)
     maps = [p for p, v in every if isinstance(v, dict) and v]
     keyed = [p for p, _ in every if isinstance(p[-1], str)]
     leaves = [p for p, v in every if not isinstance(v, dict | list)]
+    numbers = [p for p, v in every if isinstance(v, int | float) and not isinstance(v, bool)]
     choices = [
         op
         for op, where in (
             ("delete", keyed),
             ("retype", leaves),
             ("extreme", [p for p, _ in every]),
+            ("number", numbers),
             ("duplicate", [(), *maps]),
         )
         if where and (ops is None or op in ops)
     ]
     op = draw(st.sampled_from(choices))
+    if op == "number":  # a number made extreme: the edit most likely to get through
+        value = draw(st.sampled_from(EXTREME_VALUES))
+        return Edit("extreme", draw(st.sampled_from(numbers)), value)
     if op == "delete":
         return Edit(op, draw(st.sampled_from(keyed)))
     if op == "retype":

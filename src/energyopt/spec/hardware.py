@@ -71,12 +71,12 @@ class GpuType(Spec):
 
     name: str = Field(min_length=1)
     sm_count: int = Field(gt=0, le=10_000)
-    memory_gb: float = Field(gt=0, le=10_000, description="device memory, GB (1e9 bytes)")
+    memory_gb: float = Field(ge=0.1, le=10_000, description="device memory, GB (1e9 bytes)")
     memory_bandwidth_gbps: float = Field(
-        gt=0, le=100_000, description="peak memory bandwidth, GB/s"
+        ge=1, le=100_000, description="peak memory bandwidth, GB/s (at least 1)"
     )
     peak_bf16_tflops: float = Field(
-        gt=0, le=100_000, description="dense BF16 tensor peak at max clock"
+        ge=0.01, le=100_000, description="dense BF16 tensor peak at max clock (TFLOP/s)"
     )
     max_sm_clock_mhz: int = Field(gt=0, le=MAX_CLOCK_MHZ)
     min_sm_clock_mhz: int = Field(gt=0, le=MAX_CLOCK_MHZ)
@@ -88,9 +88,9 @@ class GpuType(Spec):
         default=None, min_length=1, description="explicit NVML list; else min..max by step"
     )
     tdp_w: float = Field(gt=0, le=MAX_POWER_W)
-    idle_w: float = Field(gt=0, le=MAX_POWER_W)
-    power_limit_min_w: float = Field(gt=0, le=MAX_POWER_W)
-    power_limit_max_w: float = Field(gt=0, le=MAX_POWER_W)
+    idle_w: float = Field(ge=0.1, le=MAX_POWER_W)
+    power_limit_min_w: float = Field(ge=1, le=MAX_POWER_W)
+    power_limit_max_w: float = Field(ge=1, le=MAX_POWER_W)
     nvlink_gbps: float = Field(
         default=0.0, ge=0, le=100_000, description="per-GPU NVLink bandwidth, GB/s"
     )
