@@ -7,10 +7,10 @@ import time
 import highspy
 import numpy as np
 
+from energyopt.backends.highs import quiet_highs
 from energyopt.formulations.colocation.milp import Milp, build_milp
 from energyopt.formulations.colocation.model import ColocationModel
 from energyopt.formulations.colocation.schedule import Schedule, to_plan
-from energyopt.formulations.serving.master import quiet_highs
 from energyopt.progress import Progress
 from energyopt.solvers.colocation_diagnose import diagnose
 from energyopt.solvers.colocation_result import ColocationResult, colocation_result

@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 from energyopt.formulations.colocation.relaxation import Relaxation
 from energyopt.perf.params import FloatArray
+from energyopt.solvers.subgradient import PolyakControl, projected_step
 
 IntArray = NDArray[np.int64]
 
@@ -51,7 +52,7 @@ class Subgradient:
     history: list[float] = field(init=False, default_factory=list)
     _bounds: IntArray = field(init=False)
     _jobs: IntArray = field(init=False)
-    _stall: int = field(init=False, default=0)
+    _control: PolyakControl = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.relax
@@ -60,6 +61,7 @@ class Subgradient:
         sorted_jobs = np.sort(r.job)
         self._bounds = np.flatnonzero(np.r_[True, np.diff(sorted_jobs) != 0])
         self._jobs = sorted_jobs[self._bounds]
+        self._control = PolyakControl(self.theta, self.patience)
 
     def evaluate(self, prices: FloatArray) -> DualPoint:
         """L(prices), the minimizing columns and a subgradient."""
@@ -82,26 +84,17 @@ class Subgradient:
         """Evaluate at the current prices, then move them by the Polyak rule."""
         point = self.evaluate(self.prices)
         self.history.append(point.value)
-        improved = not np.isfinite(self.best_value) or point.value > self.best_value + 1e-12 * max(
-            1.0, abs(self.best_value)
-        )
-        if improved:
+        if self._control.observe(point.value):
             self.best_value = point.value
             self.best_prices = self.prices.copy()
-            self._stall = 0
-        else:
-            self._stall += 1
-            if self._stall >= self.patience:
-                self.theta /= 2.0
-                self._stall = 0
-        g = point.subgradient.copy()
-        # an inequality row at a zero price with slack cannot move down: no direction
-        g[(~self.relax.equality) & (self.prices <= 0.0) & (g < 0.0)] = 0.0
-        norm2 = float(g @ g)
-        if norm2 > 0.0:
-            target = upper if np.isfinite(upper) else point.value + abs(point.value) * 0.1 + 1.0
-            size = self.theta * max(target - point.value, 0.0) / norm2
-            self.prices = self.prices + size * g
-            ineq = ~self.relax.equality
-            self.prices[ineq] = np.maximum(self.prices[ineq], 0.0)
+        target = upper if np.isfinite(upper) else point.value + abs(point.value) * 0.1 + 1.0
+        self.prices, _ = projected_step(
+            self.prices,
+            point.subgradient,
+            point.value,
+            target,
+            self._control.theta,
+            free=self.relax.equality,
+        )
+        self.theta = self._control.theta
         return point

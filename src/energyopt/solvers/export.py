@@ -7,7 +7,7 @@ from typing import Any
 
 import highspy
 
-from energyopt.formulations.serving.master import quiet_highs
+from energyopt.backends.highs import quiet_highs
 from energyopt.spec.errors import SpecError
 
 

@@ -14,7 +14,8 @@ import highspy
 import numpy as np
 from numpy.typing import NDArray
 
-from energyopt.formulations.serving.master import Master, quiet_highs, to_highs_lp
+from energyopt.backends.highs import quiet_highs
+from energyopt.formulations.serving.master import Master, to_highs_lp
 from energyopt.progress import Progress
 from energyopt.solvers.highs_backend import MilpOutcome
 

@@ -55,6 +55,7 @@ from energyopt.solvers.highs_direct import solve_master_mip
 from energyopt.solvers.presets import SolverPreset
 from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, Result, status_at
 from energyopt.solvers.result import relative_gap as rel_gap_of
+from energyopt.solvers.subgradient import PolyakControl, projected_step
 from energyopt.spec.plan import Plan
 
 STALL_ITERATIONS = 5
@@ -220,35 +221,26 @@ def find_prices(
         sum(table.on_power[(c.type_name, max(table.clocks[c.type_name]))] * c.size for c in classes)
     ) + float(np.dot(rates, [ops.on_power_per_rps[ops.unit == u].max() for u in range(len(rates))]))
     best_l, best_prices = -np.inf, prices
-    theta, stall = step, 0
+    control = PolyakControl(theta=step, patience=STALL_ITERATIONS, rel_improvement=1e-9)
     recent: list[NDArray[np.int64]] = []
     it = 0
+    sizes = (len(classes), len(classes), len(budgets))
     for it in range(iterations):
         value, choice = evaluate(prices)
         recent = [*recent, choice][-REPAIR_ITERATIONS:]
-        if value > best_l + 1e-9 * max(1.0, abs(value)):
-            best_l, best_prices, stall = value, prices, 0
-        else:
-            stall += 1
-            if stall >= STALL_ITERATIONS:
-                theta, stall = theta / 2.0, 0
-        g_gpu, g_mem, g_pow = subgradient(choice)
-        # Only violated or priced constraints move: a slack constraint at price 0
-        # would be projected back to 0 anyway.
-        g_gpu = np.where((g_gpu > 0) | (prices.gpu > 0), g_gpu, 0.0)
-        g_mem = np.where((g_mem > 0) | (prices.mem > 0), g_mem, 0.0)
-        g_pow = np.where((g_pow > 0) | (prices.budget > 0), g_pow, 0.0)
-        norm = float(np.dot(g_gpu, g_gpu) + np.dot(g_mem, g_mem) + np.dot(g_pow, g_pow))
+        if control.observe(value):
+            best_l, best_prices = value, prices
         if note is not None and it % 10 == 0:
             note(f"shadow prices, iteration {it + 1}: Lagrangian bound {best_l:,.3f}")
+        flat = np.concatenate([prices.gpu, prices.mem, prices.budget])
+        g = np.concatenate(subgradient(choice))
+        moved, norm = projected_step(
+            flat, g, value, upper, control.theta, min_gap=1e-6 * abs(upper)
+        )
         if norm <= 1e-18 or time.perf_counter() > t0 + time_limit_s:
             break
-        size = theta * max(upper - value, 1e-6 * abs(upper)) / norm
-        prices = Prices(
-            np.maximum(0.0, prices.gpu + size * g_gpu),
-            np.maximum(0.0, prices.mem + size * g_mem),
-            np.maximum(0.0, prices.budget + size * g_pow),
-        )
+        gpu, mem, budget = np.split(moved, np.cumsum(sizes)[:2])
+        prices = Prices(gpu, mem, budget)
     return PriceRun(best_l, best_prices, recent, it + 1, ops, budgets, member)
 
 

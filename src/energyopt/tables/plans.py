@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from energyopt.backends.highs import single_threaded_highs
 from energyopt.catalog.problem import Problem, load_problem
 from energyopt.perf.oppoints import units_of
 from energyopt.solvers.presets import load_preset
@@ -283,7 +284,7 @@ def _solve_in_parallel(
 
     context = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(
-        max_workers=workers - 1, mp_context=context, initializer=_single_threaded_highs
+        max_workers=workers - 1, mp_context=context, initializer=single_threaded_highs
     )
 
     def feed() -> None:
@@ -317,21 +318,10 @@ def _single_threaded_highs_here() -> None:
     """Run this process's HiGHS single-threaded too when it solves cells beside the
     workers (one core per worker), unless HiGHS already ran here: its thread pool
     is fixed at the first run, and changing it afterwards breaks every solve."""
-    from energyopt.formulations.serving import master
+    from energyopt.backends.highs import highs_started, single_threaded_highs
 
-    if not master.highs_started():
-        _single_threaded_highs()
-
-
-def _single_threaded_highs() -> None:
-    """Fix HiGHS' process-wide thread pool at one thread (worker processes run in
-    parallel already); it must be the first HiGHS run of the process."""
-    from energyopt.formulations.serving.master import quiet_highs
-
-    h = quiet_highs()
-    h.setOptionValue("threads", 1)
-    h.addVars(1, np.zeros(1), np.ones(1))
-    h.run()
+    if not highs_started():
+        single_threaded_highs()
 
 
 def _solve_on_dask(

@@ -4,10 +4,7 @@ and as a Pyomo MILP (the integer solve over the selected columns).
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +12,7 @@ import highspy
 import numpy as np
 import pyomo.environ as pyo
 
+from energyopt.backends.highs import quiet_highs
 from energyopt.catalog.problem import Problem
 from energyopt.formulations.errors import BackendFailure
 from energyopt.formulations.serving.classes import GpuClass
@@ -148,38 +146,6 @@ def add_column(
         if power_row is not None:
             mp.entries.append((power_row, r, energy))
     mp.r_vars.append(rs)
-
-
-_BANNER_SHOWN = False
-
-_new_highs: Callable[[], highspy.Highs] = highspy.Highs
-"""``highspy.Highs`` with a typed signature (its ``__init__`` is unannotated)."""
-
-
-def highs_started() -> bool:
-    """Whether this process has created a HiGHS instance (through ``quiet_highs``)."""
-    return _BANNER_SHOWN
-
-
-def quiet_highs() -> highspy.Highs:
-    """A silent HiGHS instance (the first one per process prints a banner to fd 1)."""
-    global _BANNER_SHOWN
-    if _BANNER_SHOWN:
-        h = _new_highs()
-    else:
-        sys.stdout.flush()
-        saved = os.dup(1)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, 1)
-            h = _new_highs()
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
-            os.close(devnull)
-        _BANNER_SHOWN = True
-    h.setOptionValue("output_flag", False)
-    return h
 
 
 @dataclass

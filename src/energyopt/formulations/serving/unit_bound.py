@@ -18,10 +18,10 @@ from __future__ import annotations
 import highspy
 import numpy as np
 
+from energyopt.backends.highs import quiet_highs
 from energyopt.formulations.serving.classes import GpuClass
 from energyopt.formulations.serving.columns import Duals
 from energyopt.formulations.serving.costs import Costs
-from energyopt.formulations.serving.master import quiet_highs
 from energyopt.perf.oppoints import OpTable
 
 SEARCH_STEPS = 5

@@ -1,0 +1,1 @@
+"""Solver backends' process-wide state, below every layer that calls a solver."""
