@@ -140,3 +140,33 @@ def test_table_planner_replays_plans_of_a_compiled_table(
     assert int(lookup["arrived"]) == int(lookup["completed"]) > 0
     assert int(lookup["rejected_plans"]) == 0
     assert int(lookup["solves"]) == 0
+
+
+def test_evaluate_keeps_the_catalog_given_on_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Derived problems (each epoch's rates, the baselines' options) stay bound to the
+    catalog of --catalog: a GPU type defined only there keeps working."""
+    from energyopt.catalog import builtin_catalog
+
+    monkeypatch.setattr(plots, "_pyplot", lambda: None)
+    h100 = builtin_catalog().gpu("H100-SXM5-80GB").model_dump(mode="json")
+    h100["name"] = "H100-site-tuned"
+    h100.pop("sources", None)
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(yaml.safe_dump({"gpus": [h100]}))
+    base = dict(BASE)
+    base["cluster"] = {"nodes": [{"name": "n0", "gpus": [{"type": "H100-site-tuned", "count": 2}]}]}
+    base["options"] = {"clocks_mhz": {"H100-site-tuned": [990, 1410, 1980]}}
+    spec = write_spec(
+        tmp_path,
+        planners=[
+            {"name": "performance-first", "kind": "performance-first"},
+            {"name": "joint", "kind": "energyopt"},
+        ],
+    )
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    assert main(["validate", str(spec), "--catalog", str(extra)]) == 0
+    assert main(["evaluate", str(spec), "-q", "--no-plots", "--catalog", str(extra)]) == 0
+    out = capsys.readouterr().out
+    assert "joint" in out and "performance-first" in out

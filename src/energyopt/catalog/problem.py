@@ -39,6 +39,19 @@ class Problem:
         """Catalog model of ``workload``."""
         return self.catalog.model(workload.model)
 
+    def with_instance(self, instance: Instance) -> Problem:
+        """A problem derived from this one (rates, options, cluster changed), bound to
+        the same catalog and measured profiles: entries from ``--catalog`` and the
+        instance's own catalog files, and their overrides of built-in ones, stay.
+        SpecError naming ``source`` if the derived instance names what the catalog lacks."""
+        types = {e.type for n in instance.cluster.nodes for e in n.gpus}
+        models = {w.model for w in instance.workloads}
+        missing = [f"GPU type {t!r}" for t in sorted(types - set(self.catalog.gpus))]
+        missing += [f"model {m!r}" for m in sorted(models - set(self.catalog.models))]
+        if missing:
+            raise SpecError([f"{self.source}: not in the bound catalog: {', '.join(missing)}"])
+        return Problem(instance, self.catalog, self.source, self.profiles)
+
     def gpu_types_used(self) -> list[str]:
         """Names of the GPU types present in the cluster, in first-seen order."""
         seen: dict[str, None] = {}

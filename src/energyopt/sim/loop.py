@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from energyopt.catalog.problem import Problem, load_problem, resolve
+from energyopt.catalog.problem import Problem, load_problem
 from energyopt.online import ErrorHeadroom, OnlineConfig, OnlinePolicy, OpLookups
 from energyopt.online.local_scheduler import LocalConfig
 from energyopt.sim.arrivals import Arrivals
@@ -119,7 +119,7 @@ def planning_problem(problem: Problem, arrivals: Arrivals) -> Problem:
             )
         )
     inst = problem.instance.model_copy(update={"workloads": tuple(workloads)})
-    return resolve(inst, problem.source, Path(problem.source).parent)
+    return problem.with_instance(inst)
 
 
 def online_policy(ev: Evaluation, lookups: OpLookups) -> OnlinePolicy:

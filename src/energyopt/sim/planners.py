@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from energyopt.catalog.problem import Problem, resolve
+from energyopt.catalog.problem import Problem
 from energyopt.solvers.presets import SolverPreset, load_preset
 from energyopt.solvers.result import INFEASIBLE
 from energyopt.spec.errors import SpecError
@@ -60,8 +60,7 @@ def restricted(problem: Problem, *, max_clock_only: bool, exclusive: bool) -> Pr
         opts = opts.model_copy(
             update={"sharing": opts.sharing.model_copy(update={"mode": "exclusive"})}
         )
-    base_dir = Path(problem.source).parent
-    return resolve(inst.model_copy(update={"options": opts}), problem.source, base_dir)
+    return problem.with_instance(inst.model_copy(update={"options": opts}))
 
 
 class SolverPlanner:

@@ -4,9 +4,8 @@ of a tier, every GPU of the fleet of one type."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
-from energyopt.catalog.problem import Problem, resolve
+from energyopt.catalog.problem import Problem
 from energyopt.spec.cluster import Cluster, GpuEntry, Node
 from energyopt.tables.spec import SloTier
 
@@ -50,7 +49,7 @@ def variant(
         )
         cluster = cluster.model_copy(update={"nodes": nodes})
     changed = inst.model_copy(update={"workloads": tuple(workloads), "cluster": cluster})
-    return resolve(changed, problem.source, Path(problem.source).parent)
+    return problem.with_instance(changed)
 
 
 def one_gpu_per_type(problem: Problem, types: Sequence[str]) -> Problem:
@@ -58,4 +57,4 @@ def one_gpu_per_type(problem: Problem, types: Sequence[str]) -> Problem:
     (the operating-point table tabulates single-GPU ops of these types)."""
     node = Node(name="types", gpus=tuple(GpuEntry(type=t) for t in types))
     changed = problem.instance.model_copy(update={"cluster": Cluster(nodes=(node,))})
-    return resolve(changed, problem.source, Path(problem.source).parent)
+    return problem.with_instance(changed)
