@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -112,3 +113,35 @@ def load_catalog_file(path: str | Path) -> tuple[list[GpuType], list[LlmModel]]:
     if problems:
         raise SpecError(problems)
     return gpus, models
+
+
+def bind_catalog(
+    files: Sequence[tuple[str, str | Path]] = (),
+    inline_gpus: Sequence[GpuType] = (),
+    inline_models: Sequence[LlmModel] = (),
+    extra: Sequence[str | Path] = (),
+) -> tuple[Catalog, list[str]]:
+    """The catalog a file is bound to, and the problems met building it.
+
+    One rule for every family: the embedded catalog, then each of the file's own
+    catalog files (labelled, e.g. ``inst.yaml: catalog[0]``), then its inline
+    entries, then the command line's ``--catalog`` files; a later entry replaces an
+    earlier one of the same name. A file that cannot be read is reported with its
+    label and skipped.
+    """
+    catalog = builtin_catalog()
+    problems: list[str] = []
+    labelled = [*files, *((f"--catalog {p}", p) for p in extra)]
+    inline_at = len(files)
+    for i, (label, path) in enumerate(labelled):
+        if i == inline_at:
+            catalog = catalog.merged(list(inline_gpus), list(inline_models))
+        try:
+            gpus, models = load_catalog_file(path)
+        except SpecError as exc:
+            problems.extend(f"{label}: {p}" for p in exc.problems)
+            continue
+        catalog = catalog.merged(gpus, models)
+    if inline_at == len(labelled):
+        catalog = catalog.merged(list(inline_gpus), list(inline_models))
+    return catalog, problems

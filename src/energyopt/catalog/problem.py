@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from energyopt.catalog.loader import Catalog, builtin_catalog, load_catalog_file
+from energyopt.catalog.loader import Catalog, bind_catalog
 from energyopt.catalog.profiles import MeasuredProfile, read_profile
 from energyopt.spec.cluster import Gpu
 from energyopt.spec.errors import SpecError
@@ -73,16 +73,13 @@ def resolve(
     ``extra_catalogs`` (the command line's ``--catalog``). Raises SpecError
     naming ``source`` and the field of every unknown name.
     """
-    catalog = builtin_catalog()
-    problems: list[str] = []
+    files = []
     for i, rel in enumerate(instance.catalog):
         path = Path(rel)
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
-        catalog = _merge_file(catalog, path, f"{source}: catalog[{i}]", problems)
-    catalog = catalog.merged(instance.gpu_types, instance.models)
-    for extra in extra_catalogs:
-        catalog = _merge_file(catalog, Path(extra), f"--catalog {extra}", problems)
+        files.append((f"{source}: catalog[{i}]", path))
+    catalog, problems = bind_catalog(files, instance.gpu_types, instance.models, extra_catalogs)
     for n, node in enumerate(instance.cluster.nodes):
         for e, entry in enumerate(node.gpus):
             if entry.type not in catalog.gpus:
@@ -163,16 +160,6 @@ def _unsupported_clocks(gtype: GpuType, clocks: Sequence[int], type_name: str) -
         for clock in clocks
         if clock not in supported
     ]
-
-
-def _merge_file(catalog: Catalog, path: Path, label: str, problems: list[str]) -> Catalog:
-    """``catalog`` with the entries of a catalog file; its errors go to ``problems``."""
-    try:
-        gpus, models = load_catalog_file(path)
-    except SpecError as exc:
-        problems.extend(f"{label}: {p}" for p in exc.problems)
-        return catalog
-    return catalog.merged(gpus, models)
 
 
 def load_problem(path: str | Path, extra_catalogs: Sequence[str | Path] = ()) -> Problem:

@@ -28,13 +28,12 @@ def _nvml_errors(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 
 
 def _nvml_catalog(files: list[str]) -> Catalog:
-    from energyopt.catalog import builtin_catalog, load_catalog_file
+    from energyopt.catalog.loader import bind_catalog
 
-    cat = builtin_catalog()
-    for path in files:
-        gpus, models = load_catalog_file(path)
-        cat = cat.merged(gpus, models)
-    return cat
+    catalog, problems = bind_catalog(extra=files)
+    if problems:
+        raise SpecError(problems)
+    return catalog
 
 
 @_nvml_errors

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from energyopt.catalog.loader import Catalog, builtin_catalog, load_catalog_file
+from energyopt.catalog.loader import Catalog, bind_catalog
 from energyopt.spec.colocation import ColocationInstance, InferenceJob, TrainingJob
 from energyopt.spec.errors import SpecError
 from energyopt.spec.hardware import GpuType
@@ -67,18 +67,9 @@ def resolve_colocation(
 
     Raises SpecError naming ``source`` and the field of every unknown name.
     """
-    catalog = builtin_catalog()
-    problems: list[str] = []
     files = [(f"{source}: catalog[{i}]", Path(rel)) for i, rel in enumerate(instance.catalog)]
     files = [(label, base_dir / p if base_dir and not p.is_absolute() else p) for label, p in files]
-    files += [(f"--catalog {extra}", Path(extra)) for extra in extra_catalogs]
-    for label, path in files:
-        try:
-            gpus, models = load_catalog_file(path)
-        except SpecError as exc:
-            problems.extend(f"{label}: {p}" for p in exc.problems)
-            continue
-        catalog = catalog.merged(gpus, models)
+    catalog, problems = bind_catalog(files, extra=extra_catalogs)
     for i, pool in enumerate(instance.cluster.pools):
         if pool.type not in catalog.gpus:
             try:

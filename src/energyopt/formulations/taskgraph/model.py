@@ -16,7 +16,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 
-from energyopt.catalog.loader import Catalog, builtin_catalog, load_catalog_file
+from energyopt.catalog.loader import Catalog, bind_catalog, builtin_catalog
 from energyopt.formulations.taskgraph.costs import default_clocks_mhz, kernel_costs
 from energyopt.perf.params import PCIE_GBPS
 from energyopt.spec.errors import SpecError
@@ -134,15 +134,7 @@ def load_taskgraph(path: str | Path, extra_catalogs: Sequence[str | Path] = ()) 
     p = Path(path)
     data = read_data(p)
     spec = parse(TaskGraphFile, data, str(p))
-    catalog = builtin_catalog()
-    problems: list[str] = []
-    for extra in extra_catalogs:
-        try:
-            gpus, models = load_catalog_file(extra)
-        except SpecError as exc:
-            problems.extend(f"--catalog {extra}: {line}" for line in exc.problems)
-            continue
-        catalog = catalog.merged(gpus, models)
+    catalog, problems = bind_catalog(extra=extra_catalogs)
     if problems:
         raise SpecError(problems)
     return build_taskgraph(spec, str(p), catalog)
