@@ -377,7 +377,7 @@ def test_mig_profile_in_an_mps_plan_is_refused(
     assert "3g.40gb is a MIG profile, but the instance shares GPUs by mps" in err
 
     def mixed(data: dict[str, Any]) -> None:
-        data["gpus"][1]["placements"][0]["mig_profile"] = "3g.40gb"
+        data["gpus"][0]["placements"][0].update(mig_profile="3g.40gb", share_pct=75)
 
     path = _edited_plan(plan_file, tmp_path, mixed)
     with mock.patch.dict(os.environ, {"ENERGYOPT_NVML_BACKEND": "sim"}):
