@@ -12,6 +12,7 @@ from numpy.typing import NDArray
 
 from energyopt.catalog import mig
 from energyopt.catalog.problem import Problem
+from energyopt.perf.clocks import candidate_clocks_mhz
 from energyopt.perf.energy import design_batch, energy_per_request_j, service_latency_ms
 from energyopt.perf.params import FloatArray, OpSpec, build_params
 from energyopt.perf.power import gpu_on_power_w
@@ -20,8 +21,6 @@ from energyopt.spec.hardware import GpuType
 from energyopt.spec.workload import Phase, Workload
 
 IntArray = NDArray[np.int64]
-CLOCK_RANGE_FLOOR = 0.45
-"""Lowest default candidate clock as a fraction of the max SM clock."""
 TP_SIZES = (1, 2, 4, 8)
 
 
@@ -42,15 +41,8 @@ class Unit:
 
 def candidate_clocks(problem: Problem, gpu: GpuType) -> tuple[int, ...]:
     """Candidate SM clocks of a GPU type (MHz, ascending): given, or evenly spread."""
-    given = problem.instance.options.clocks_mhz
-    if given and gpu.name in given:
-        return tuple(sorted(set(given[gpu.name])))
-    supported = np.asarray(gpu.sm_clocks_mhz(), dtype=np.float64)
-    count = problem.instance.options.clock_count
-    lo = max(gpu.min_sm_clock_mhz, CLOCK_RANGE_FLOOR * gpu.max_sm_clock_mhz)
-    targets = np.linspace(gpu.max_sm_clock_mhz, lo, count)
-    picked = {int(supported[np.argmin(np.abs(supported - t))]) for t in targets}
-    return tuple(sorted(picked))
+    opts = problem.instance.options
+    return candidate_clocks_mhz(gpu, opts.clocks_mhz, opts.clock_count)
 
 
 def share_options(

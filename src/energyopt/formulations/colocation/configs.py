@@ -26,7 +26,7 @@ from energyopt.formulations.colocation.rates import (
     work_units,
 )
 from energyopt.formulations.colocation.timemodel import pair_durations
-from energyopt.perf.oppoints import CLOCK_RANGE_FLOOR
+from energyopt.perf.clocks import candidate_clocks_mhz
 from energyopt.perf.params import BoolArray, FloatArray
 from energyopt.spec.colocation import TrainingJob
 
@@ -36,15 +36,8 @@ NO_JOB = -1
 
 def candidate_clocks(problem: ColocationProblem, type_name: str) -> tuple[int, ...]:
     """Candidate SM clocks of a GPU type (MHz, ascending): given, or evenly spread."""
-    given = problem.instance.options.clocks_mhz
-    if given and type_name in given:
-        return tuple(sorted(set(given[type_name])))
-    gpu = problem.gpu_type(type_name)
-    supported = np.asarray(gpu.sm_clocks_mhz(), dtype=np.float64)
-    count = problem.instance.options.clock_count
-    lo = max(gpu.min_sm_clock_mhz, CLOCK_RANGE_FLOOR * gpu.max_sm_clock_mhz)
-    targets = np.linspace(gpu.max_sm_clock_mhz, lo, count)
-    return tuple(sorted({int(supported[np.argmin(np.abs(supported - t))]) for t in targets}))
+    opts = problem.instance.options
+    return candidate_clocks_mhz(problem.gpu_type(type_name), opts.clocks_mhz, opts.clock_count)
 
 
 def job_shares(problem: ColocationProblem, job_index: int) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from energyopt.perf.clocks import spread_clocks_mhz
 from energyopt.perf.forward import kernel_pass
 from energyopt.perf.params import FloatArray, OpParams
 from energyopt.perf.power import gpu_on_power_w
@@ -95,9 +96,4 @@ def default_clocks_mhz(gpu: GpuType, levels: int) -> tuple[int, ...]:
     40% lies below the power model's voltage knee, so memory-bound kernels can
     use the low clocks and compute-bound ones the clocks around the knee.
     """
-    supported = np.asarray(gpu.sm_clocks_mhz(), dtype=np.float64)
-    if levels == 1:
-        return (gpu.max_sm_clock_mhz,)
-    targets = np.linspace(0.4 * gpu.max_sm_clock_mhz, gpu.max_sm_clock_mhz, levels)
-    picked = {int(supported[np.argmin(np.abs(supported - t))]) for t in targets}
-    return tuple(sorted(picked))
+    return spread_clocks_mhz(gpu, levels, 0.4 * gpu.max_sm_clock_mhz)
