@@ -35,7 +35,6 @@ from energyopt.formulations.colocation.rates import (
     on_extra_w,
     work_units,
 )
-from energyopt.formulations.colocation.timemodel import pair_durations, progress_by
 from energyopt.spec.colocation import ColocationPlan, PlanUnit
 from energyopt.verify.violation import Violation
 
@@ -206,15 +205,7 @@ def _evaluate_unit(
             float(slowdown(pair_features(phys, a, b))[0]),
             float(slowdown(pair_features(phys, b, a))[0]),
         ]
-        da, db = pair_durations(
-            work[:1],
-            phys.rate[:1],
-            np.asarray(sig[:1]),
-            work[1:],
-            phys.rate[1:],
-            np.asarray(sig[1:]),
-        )
-        durations = [float(da[0]), float(db[0])]
+        durations = _run_pair([float(w) for w in work], [float(r) for r in phys.rate], sig)
     else:
         sig = [1.0]
         durations = [float(work[0] / phys.rate[0])]
@@ -232,6 +223,34 @@ def _evaluate_unit(
     unit.first_end = min(durations)
     unit.span = max(durations)
     return unit
+
+
+def _run_pair(work: list[float], rate: list[float], slowdown: list[float]) -> list[float]:
+    """Run time (s) of each job of a pair, stepped event by event (the checker's own
+    arithmetic, not the formulation's closed form): both progress at rate / slowdown
+    until the first finishes; the other then runs alone at its full rate."""
+    speed = [r / s for r, s in zip(rate, slowdown, strict=True)]
+    left = list(work)
+    first = min(range(2), key=lambda k: (left[k] / speed[k], k))
+    other = 1 - first
+    t_first = left[first] / speed[first]
+    left[other] -= speed[other] * t_first
+    return (
+        [t_first, t_first + max(left[other], 0.0) / rate[other]]
+        if first == 0
+        else [t_first + max(left[other], 0.0) / rate[other], t_first]
+    )
+
+
+def _work_done(
+    elapsed_s: float, work: float, rate: float, slowdown: float, overlap_s: float
+) -> float:
+    """Fraction of a job's work done ``elapsed_s`` after its unit started: at
+    rate / slowdown during the first ``overlap_s`` seconds, at rate after."""
+    t = max(elapsed_s, 0.0)
+    slow = min(t, overlap_s)
+    done = rate / slowdown * slow + rate * max(t - overlap_s, 0.0)
+    return min(done / work, 1.0)
 
 
 def _check_memory_and_tdp(problem: ColocationProblem, unit: _Unit) -> list[Violation]:
@@ -332,14 +351,12 @@ def _figures(
     for unit, start in started:
         overlap = unit.first_end if len(unit.jobs) == 2 else 0.0
         for k, j in enumerate(unit.jobs):
-            done += float(
-                progress_by(
-                    np.asarray(horizon - start),
-                    np.asarray(work_units(problem.jobs[j])),
-                    np.asarray(unit.rates[k]),
-                    np.asarray(unit.slowdowns[k]),
-                    np.asarray(overlap),
-                )
+            done += _work_done(
+                horizon - start,
+                float(work_units(problem.jobs[j])),
+                unit.rates[k],
+                unit.slowdowns[k],
+                overlap,
             )
     ev.horizon_jobs_per_hour = done * SECONDS_PER_HOUR / horizon
     busy = sum(r.sm_busy_s for r in ev.runs.values())
