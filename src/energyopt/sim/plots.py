@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import io
 from pathlib import Path
 from typing import Any
 
 from energyopt.sim.loop import EvaluationResult
+from energyopt.spec.io import write_bytes_atomic
 
 PLOT_HINT = "plots need matplotlib: pip install 'energyopt[plot]'"
 
@@ -50,7 +52,7 @@ def write_plots(res: EvaluationResult, folder: Path) -> list[Path] | None:
     ax_on.grid(alpha=0.3)
     fig.tight_layout()
     power = folder / "power.png"
-    fig.savefig(power, dpi=120)
+    _save(fig, power)
     plt.close(fig)
 
     names = [s.name for s in res.runs[0].result.stats] if res.runs else []
@@ -70,6 +72,13 @@ def write_plots(res: EvaluationResult, folder: Path) -> list[Path] | None:
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     slo = folder / "slo.png"
-    fig.savefig(slo, dpi=120)
+    _save(fig, slo)
     plt.close(fig)
     return [power, slo]
+
+
+def _save(fig: Any, path: Path) -> None:
+    """Save ``fig`` as a PNG at ``path`` by way of a temporary file and a rename."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=120, format="png")
+    write_bytes_atomic(path, buffer.getvalue())

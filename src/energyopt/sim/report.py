@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
+from collections.abc import Iterator
 from pathlib import Path
 
 from energyopt.sim.loop import EvaluationResult, PlannerRun
+from energyopt.spec.io import write_text_atomic
 
 HEADER = (
     "planner",
@@ -125,6 +129,15 @@ def format_table(res: EvaluationResult) -> list[str]:
     return lines
 
 
+@contextlib.contextmanager
+def _written(path: Path) -> Iterator[io.StringIO]:
+    """A text buffer written to ``path`` (temporary file and rename) when the block
+    ends without an error: an interrupted evaluation never leaves half a CSV."""
+    buffer = io.StringIO(newline="")
+    yield buffer
+    write_text_atomic(path, buffer.getvalue())
+
+
 def write_csvs(res: EvaluationResult, folder: Path) -> list[Path]:
     """summary.csv, workloads.csv, power.csv and gpus_on.csv (step changes) in
     ``folder``; their paths."""
@@ -132,14 +145,14 @@ def write_csvs(res: EvaluationResult, folder: Path) -> list[Path]:
     rows = summary_rows(res)
     out = []
     path = folder / "summary.csv"
-    with path.open("w", newline="") as fh:
+    with _written(path) as fh:
         if rows:
             writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
     out.append(path)
     path = folder / "workloads.csv"
-    with path.open("w", newline="") as fh:
+    with _written(path) as fh:
         w = csv.writer(fh)
         w.writerow(
             [
@@ -174,7 +187,7 @@ def write_csvs(res: EvaluationResult, folder: Path) -> list[Path]:
                 )
     out.append(path)
     path = folder / "power.csv"
-    with path.open("w", newline="") as fh:
+    with _written(path) as fh:
         w = csv.writer(fh)
         w.writerow(["time_s", *(run.name for run in res.runs)])
         length = max((len(run.result.power_w) for run in res.runs), default=0)
@@ -187,7 +200,7 @@ def write_csvs(res: EvaluationResult, folder: Path) -> list[Path]:
             w.writerow([f"{k * bin_s:g}", *values])
     out.append(path)
     path = folder / "gpus_on.csv"
-    with path.open("w", newline="") as fh:
+    with _written(path) as fh:
         w = csv.writer(fh)
         w.writerow(["planner", "time_s", "gpus_on"])
         for run in res.runs:

@@ -36,6 +36,7 @@ from energyopt.perf.oppoints import units_of
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL
 from energyopt.spec.errors import SpecError
+from energyopt.spec.io import write_text_atomic
 from energyopt.spec.plan import Plan
 from energyopt.tables.format import Axis, ColumnData
 from energyopt.tables.local import local_decisions, unit_label
@@ -176,7 +177,7 @@ def _open_cells_dir(output: str | Path, print_: str) -> Path:
                 ]
             )
     else:
-        stamp.write_text(print_ + "\n")
+        write_text_atomic(stamp, print_ + "\n")
     return folder
 
 
