@@ -432,3 +432,15 @@ def test_diurnal_spikes_multiply_the_rate_inside_them() -> None:
     got = m(np.array([5.0, 11.0, 13.0, 16.0, 20.0]))
     assert list(got) == pytest.approx([1.0, 2.0, 3.0, 1.5, 1.0])
     assert top == pytest.approx(3.0)
+
+
+def test_a_new_plan_refreshes_the_capacities_of_instances_it_keeps() -> None:
+    view = View()
+    ctl, _ = scheduler(700.0, [view])
+    assert ctl.slots[0].capacity_rps == LOOKUPS.capacity_rps("a", H100, 990, 100)
+    ctl.set_gpus([GpuInfo("n0/0", H100, "n0", True, 1410, MAX_CLOCK, 700.0, 200.0)])
+    ctl.set_instances(0, [InstanceInfo(0, 0, "a", ("n0/0",), 100, 1, 18.0, 0.0, False, view)], 10.0)
+    slot = ctl.slots[0]
+    assert slot.capacity_rps == LOOKUPS.capacity_rps("a", H100, 1410, 100)
+    assert slot.plan_capacity_rps == slot.capacity_rps
+    assert slot.gpu is ctl.gpus["n0/0"] and slot in ctl.gpus["n0/0"].slots

@@ -128,14 +128,15 @@ def lookup_budget(slots_per_gpu: int, clocks: int) -> int:
     * a boost: one ``raise_to``, up to ``ceil(log2 clocks) + 1`` power estimates
       of 1 + k (the first, then a bisection under the cap), the k new capacities;
     * a share shift: one capacity per donor (k - 1) and one for the receiver: k;
-    * a wake: a capacity, a ``raise_to``, an on-power and an energy: 4.
+    * a wake: a capacity, a ``raise_to``, an on-power and an energy, then the
+      new instance's three capacities (current, plan and highest clock): 7.
 
     A calm decision makes two ticks and nothing else (6k + 2 at most)."""
     k = slots_per_gpu
     probes = math.ceil(math.log2(max(clocks, 1))) + 1
     tick = 3 * k + 1
     boost = 1 + probes * (1 + k) + k
-    return tick + max(boost + k + 4, tick)
+    return tick + max(boost + k + 7, tick)
 
 
 class GlobalScheduler:
@@ -163,6 +164,7 @@ class GlobalScheduler:
         self.workloads = [_Workload(rate=RateMeter(self.cfg.wake_tau_s)) for _ in ttft_s]
         self.node_power_w: dict[str, float] = {}
         self.off: list[str] = []
+        self.epoch = 0  # plans seen; a slot of an older plan is refreshed
         caps = [
             max(len(s) for s in lookups.shares.values()) if lookups.shares else 1,
         ]
@@ -175,7 +177,9 @@ class GlobalScheduler:
     # -- state from the plan -----------------------------------------------------------
 
     def set_gpus(self, gpus: list[GpuInfo]) -> None:
-        """The GPUs as a new plan leaves them (clocks, on/off); boosts end."""
+        """The GPUs as a new plan leaves them (clocks, on/off); boosts end, and the
+        instances given next by ``set_instances`` get the new plan's capacities."""
+        self.epoch += 1
         self.off = []
         for info in gpus:
             old = self.gpus.get(info.id)
@@ -209,6 +213,8 @@ class GlobalScheduler:
                 self.slots[info.id] = slot
             else:
                 slot.info = info
+                if slot.epoch != self.epoch:
+                    self._refresh(slot)
             keep.append(slot)
 
         def tier(s: Slot) -> int:
@@ -228,6 +234,16 @@ class GlobalScheduler:
         slot = Slot(info, meter, info.share, info.share, gpu, ttft_s=self.ttft_s[info.workload])
         if gpu is not None:
             gpu.slots.append(slot)
+        self._refresh(slot)
+        return slot
+
+    def _refresh(self, slot: Slot) -> None:
+        """The slot's share, capacities and queue bound under the current plan."""
+        info = slot.info
+        slot.epoch = self.epoch
+        slot.share = slot.plan_share = info.share
+        gpu = slot.gpu
+        if gpu is not None:
             t = gpu.info.gpu_type
             slot.capacity_rps = self.lk.capacity_rps(info.label, t, gpu.clock, info.share)
             slot.plan_capacity_rps = self.lk.capacity_rps(info.label, t, gpu.plan_clock, info.share)
@@ -237,7 +253,6 @@ class GlobalScheduler:
             # stands for its capacity
             slot.capacity_rps = slot.plan_capacity_rps = top = max(info.planned_rps, 1e-3)
         slot.queue_limit = max(1, math.ceil(self.cfg.queue_factor * top * slot.ttft_s))
-        return slot
 
     def _drop(self, slot: Slot) -> None:
         if slot.gpu is not None and slot in slot.gpu.slots:
@@ -432,6 +447,8 @@ class GlobalScheduler:
         g = self.gpus[gid]
         t = g.info.gpu_type
         label = wl.order[0].info.label
+        if ":" in label:  # a disaggregated workload: woken instances run both phases
+            return
         clocks = self.lk.clocks.get(t, ())
         share = max(self.lk.shares.get(t, (0,)))
         if not clocks or self.lk.capacity_rps(label, t, clocks[-1], share) <= 0:

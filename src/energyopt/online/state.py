@@ -131,3 +131,4 @@ class Slot:
     plan_capacity_rps: float = 0.0  # at the plan's clock and share
     ttft_s: float = 1.0
     queue_limit: int = 1
+    epoch: int = 0  # the plan its capacities belong to
