@@ -62,7 +62,8 @@ def format_totals(
             f"objective {plan.objective:,.3f}, bound {bound}, gap {gap}, status {plan.status}"
         )
     if result is not None:
-        lines.append(f"solver {result.solver}, {result.wall_s:.2f} s")
+        how = f" ({result.formulation} formulation)" if result.formulation else ""
+        lines.append(f"solver {result.solver}{how}, {result.wall_s:.2f} s")
     return lines
 
 

@@ -169,6 +169,10 @@ def solve(
     except (FormulationNotApplicable, BackendFailure) as exc:
         note(f"{formulation} formulation not used ({exc}); falling back to per-GPU")
         result = _solve_per_gpu(problem, table, preset, deadline, gap, note, strengthen=True)
+        result.fallback = f"{formulation} formulation not used ({exc}); solved per-GPU"
+        formulation = "per_gpu"
+    result.formulation = formulation
+    result.algorithm = result.algorithm or preset.backend
     result.log = log + [line for line in result.log if line not in log]
     result.solver = preset.name
     result.wall_s = time.perf_counter() - start
