@@ -208,7 +208,7 @@ def predict_vidur_layer_ms(gpu: GpuType, model: LlmModel, rows: VidurRows) -> Fl
     flops = 2.0 * p.active_params * rows.tokens
     compute_ms = flops / (p.peak_flops * p.clock_ratio * p.eff_compute * p.tp) * 1e3
     memory_ms = p.weight_bytes / (p.peak_bw * p.eff_memory * p.tp) * 1e3
-    overhead = p.overhead_ms * clock_stretch(CLOCK_RESPONSE.overhead_fixed, p.clock_ratio)
+    overhead = p.overhead_ms * clock_stretch(p.overhead_clock_fixed, p.clock_ratio)
     return np.asarray((np.maximum(compute_ms, memory_ms) + overhead) / p.layers)
 
 

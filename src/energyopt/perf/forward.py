@@ -21,6 +21,7 @@ from energyopt.perf.power import (
     memory_power_w,
     static_power_factor,
 )
+from energyopt.spec.hardware import Efficiency
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,13 @@ class ClockResponse:
     overhead_fixed: float
 
 
-CLOCK_RESPONSE = ClockResponse(compute_fixed=0.2471, overhead_fixed=0.3847)
-"""Shipped clock response (values and fits: docs/performance-model.md, §7)."""
+CLOCK_RESPONSE = ClockResponse(
+    compute_fixed=Efficiency().compute_clock_fixed,
+    overhead_fixed=Efficiency().overhead_clock_fixed,
+)
+"""Shipped clock response, the catalog's default (values and fits:
+docs/performance-model.md, §7). A GPU type's ``efficiency.compute_clock_fixed`` and
+``overhead_clock_fixed`` override it for that type (``energyopt calibrate`` fits them)."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,7 @@ def weights_touched(p: OpParams, tokens: FloatArray) -> FloatArray:
     return np.where(dense, p.weight_bytes, np.minimum(moe, p.weight_bytes))
 
 
-def clock_stretch(fixed: float, clock_ratio: FloatArray) -> FloatArray:
+def clock_stretch(fixed: float | FloatArray, clock_ratio: FloatArray) -> FloatArray:
     """Time at ``clock_ratio`` relative to the max clock of work whose ``fixed`` part does
     not follow the clock: ``fixed + (1 - fixed) / r``."""
     return np.asarray(fixed + (1.0 - fixed) / clock_ratio)
@@ -92,16 +98,20 @@ def _finish(
     flops: FloatArray,
     total_bytes: FloatArray,
     tokens: FloatArray,
-    clock: ClockResponse = CLOCK_RESPONSE,
+    clock: ClockResponse | None = None,
 ) -> Pass:
-    """Turn a pass's FLOPs and bytes (whole group) into time and power per GPU."""
+    """Turn a pass's FLOPs and bytes (whole group) into time and power per GPU.
+
+    ``clock`` replaces the GPU types' clock response (the calibration fits it); by
+    default each op takes its type's ``compute_clock_fixed`` and ``overhead_clock_fixed``.
+    """
+    compute_fixed = p.compute_clock_fixed if clock is None else clock.compute_fixed
+    overhead_fixed = p.overhead_clock_fixed if clock is None else clock.overhead_fixed
     flops_rate = p.peak_flops * p.sm_fraction * p.eff_compute
     bw = p.peak_bw * p.bw_fraction * p.eff_memory
-    compute_ms = (
-        flops / (flops_rate * p.tp) * 1e3 * clock_stretch(clock.compute_fixed, p.clock_ratio)
-    )
+    compute_ms = flops / (flops_rate * p.tp) * 1e3 * clock_stretch(compute_fixed, p.clock_ratio)
     memory_ms = total_bytes / (bw * p.tp) * 1e3
-    overhead_ms = p.overhead_ms * clock_stretch(clock.overhead_fixed, p.clock_ratio)
+    overhead_ms = p.overhead_ms * clock_stretch(overhead_fixed, p.clock_ratio)
     # Two all-reduces per layer of the activations (ring: 2(k-1)/k of the message).
     msg = tokens * p.hidden * 2.0
     ring = 2.0 * (p.tp - 1.0) / p.tp * msg / p.link_bw * 1e3
@@ -120,7 +130,7 @@ def _finish(
 
 
 def _prefill(
-    p: OpParams, tokens: FloatArray, seqs: FloatArray | float, clock: ClockResponse
+    p: OpParams, tokens: FloatArray, seqs: FloatArray | float, clock: ClockResponse | None
 ) -> Pass:
     total = tokens * seqs
     flops = 2.0 * p.active_params * total + 2.0 * p.layers * tokens**2 * p.attn_dim * seqs
@@ -128,7 +138,9 @@ def _prefill(
     return _finish(p, flops, total_bytes, total, clock)
 
 
-def _decode(p: OpParams, batch: FloatArray, context: FloatArray, clock: ClockResponse) -> Pass:
+def _decode(
+    p: OpParams, batch: FloatArray, context: FloatArray, clock: ClockResponse | None
+) -> Pass:
     flops = 2.0 * p.active_params * batch + 4.0 * p.layers * batch * context * p.attn_dim
     total_bytes = weights_touched(p, batch) + batch * context * p.kv_bytes_per_token
     return _finish(p, flops, total_bytes, batch, clock)
@@ -138,7 +150,7 @@ def prefill_pass(
     p: OpParams,
     tokens: FloatArray,
     seqs: FloatArray | float = 1.0,
-    clock: ClockResponse = CLOCK_RESPONSE,
+    clock: ClockResponse | None = None,
 ) -> Pass:
     """Prefill of ``seqs`` prompts of ``tokens`` tokens each, batched (causal attention)."""
     out = _prefill(p, tokens, seqs, clock)
@@ -146,7 +158,7 @@ def prefill_pass(
 
 
 def decode_pass(
-    p: OpParams, batch: FloatArray, context: FloatArray, clock: ClockResponse = CLOCK_RESPONSE
+    p: OpParams, batch: FloatArray, context: FloatArray, clock: ClockResponse | None = None
 ) -> Pass:
     """One decode step for ``batch`` sequences of mean ``context`` tokens."""
     out = _decode(p, batch, context, clock)
@@ -221,7 +233,7 @@ def kernel_pass(
     p: OpParams,
     flops: FloatArray,
     total_bytes: FloatArray,
-    clock: ClockResponse = CLOCK_RESPONSE,
+    clock: ClockResponse | None = None,
 ) -> Pass:
     """A generic kernel of ``flops`` FLOPs moving ``total_bytes`` bytes on one GPU.
 

@@ -66,6 +66,9 @@ class OpParams:
     voltage_floor: FloatArray
     knee_fraction: FloatArray
     locked_clock_w: FloatArray
+    compute_clock_fixed: FloatArray  # share of compute time that does not follow the clock
+    overhead_clock_fixed: FloatArray  # share of the per-pass overhead that is host time
+    latency_margin: FloatArray  # plan as if passes took (1 + margin) times as long
     # model
     layers: FloatArray
     hidden: FloatArray
@@ -166,6 +169,13 @@ def build_params(specs: list[OpSpec]) -> OpParams:
             "voltage_floor": g.power.voltage_floor,
             "knee_fraction": g.power.knee_fraction,
             "locked_clock_w": g.power.locked_clock_w,
+            "compute_clock_fixed": g.efficiency.compute_clock_fixed,
+            "overhead_clock_fixed": g.efficiency.overhead_clock_fixed,
+            "latency_margin": (
+                g.efficiency.latency_error
+                if s.options.latency_margin == "calibrated"
+                else s.options.latency_margin
+            ),
             "layers": m.layers,
             "hidden": m.hidden_size,
             "attn_dim": m.heads * m.head_dim_eff,

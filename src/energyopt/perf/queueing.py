@@ -1,17 +1,25 @@
-"""Queueing model of continuous batching: latency percentiles at a request rate,
-and the SLO capacity (largest rate whose TTFT and TBT percentiles meet the SLO).
+"""Queueing model of continuous batching with chunked prefill: latency percentiles at
+a request rate, and the SLO capacity (largest rate whose TTFT and TBT percentiles
+meet the SLO).
 
-The model is written out in docs/performance-model.md. In short, for a placement
-that serves rate lambda (requests/s) with prompts of P tokens and outputs of O:
+It models the iteration policy the simulator runs (sim/server.py): every iteration
+is one decode step of every decoding request plus one prefill chunk of up to C
+tokens taken first come first served from the queued prompts (several short prompts
+share a chunk; a long one spans several iterations). The model is written out in
+docs/performance-model.md (§4). In short, for a placement at rate lambda (req/ms)
+with prompts of P tokens, outputs of O tokens and chunk budget C:
 
-* prefill busy fraction  rho_p = lambda * t_prefill(P)
-* decode batch n: Little's law n = lambda * O * tau with mean TBT
-  tau = t_decode(n) / (1 - rho_p) (prefill has priority, decode takes the rest)
-* TBT percentile: t_decode(n), plus one prefill chunk when more than (1 - q) of
-  iterations carry a chunk
-* TTFT percentile: the prompt's chunks ride ceil(P / C) iterations, so its
-  service time is S = t_prefill(P) + ceil(P / C) * t_decode(n); queueing for the
-  prefill slot uses the M/M/1 waiting-time tail P(W > t) = rho * exp(-(1 - rho) t / S)
+* the prefill slot is a single server (M/D/1) whose customers are prompts: a prompt
+  that finds no other prompt waiting takes ceil(P / C) iterations of its own, one
+  that arrives behind others takes P / C iterations' worth of chunk budget (chunks
+  are full); the utilisation rho solves rho = lambda * (S_full + (1 - rho) * D);
+* the waiting time has the M/D/1 exponential tail (Cramér-Lundberg; exact to a
+  percent at the 90th-99th percentiles), plus, when decode steps run, the rest of
+  the decode-only iteration in flight (an arrival joins the next iteration);
+* the decode batch n follows Little's law n = lambda * O * tau, with mean TBT
+  tau = t_decode(n) / (1 - rho_p), rho_p the time share of prefill chunk passes;
+* a token gap is one decode step at the batch it finds (Poisson around n, size
+  biased), plus a prefill chunk for the share of iterations that carry one.
 """
 
 from __future__ import annotations
@@ -19,16 +27,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import lambertw, ndtr, ndtri
 
-from energyopt.perf.forward import Pass, decode_pass, prefill_pass
+from energyopt.perf.forward import decode_pass, prefill_pass
 from energyopt.perf.params import BoolArray, FloatArray, OpParams
 
 BISECTION_STEPS = 48
+QUANTILE_STEPS = 40
+"""Bisection steps of the latency quantiles (each halves a bracket of at most one
+decode step plus one chunk pass)."""
 CAPACITY_MARGIN = 1e-5
-"""Capacity is reported this fraction below the threshold: the TBT percentile is a
-step function of the rate, and solvers' feasibility tolerances are ~1e-7."""
+"""Capacity is reported this fraction below the threshold: the TBT percentile rises
+steeply where the share of iterations carrying a chunk crosses 1 - q, and solvers'
+feasibility tolerances are ~1e-7."""
 MEM_PEAK_SIGMAS = 2.0
 """Concurrent requests held in memory: mean + 2 standard deviations (Poisson)."""
+STALL_SHARE_SAFETY = 2.0
+"""Share of token gaps taken to carry a prefill chunk, as a multiple of its mean-rate
+estimate: chunks cluster (prompts arrive in bursts, and the batch is larger while they
+wait), and where the share crosses 1 - q the percentile jumps by a whole chunk pass,
+so the model counts the stall from half the share on (docs/performance-model.md §4)."""
+MAX_FEEDBACK = 0.9
+"""Cap of the batch's self-amplification (a larger batch slows every step, so each
+request decodes longer and the batch grows further)."""
+HEAVY_TRAFFIC = 1e-4
+"""Below this 1 - rho the M/D/1 decay rate is taken as its heavy-traffic limit."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +83,7 @@ def chunk_tokens(p: OpParams) -> FloatArray:
 
 
 def chunks_per_prompt(p: OpParams) -> FloatArray:
-    """Iterations a prompt's prefill is spread over."""
+    """Iterations the prefill of a prompt that waits behind no other is spread over."""
     return np.asarray(np.ceil(p.prompt_tokens / p.chunk_tokens))
 
 
@@ -86,39 +109,257 @@ def _solve_batch(p: OpParams, k: FloatArray) -> FloatArray:
     return np.where(over, np.inf, hi)
 
 
-def _wait_quantile_ms(service_ms: FloatArray, rho: FloatArray, q: FloatArray) -> FloatArray:
-    """Waiting time at quantile q of a single-server queue (M/M/1 tail), ms."""
-    safe_rho = np.clip(rho, 1e-12, 1.0 - 1e-12)
-    wait = service_ms * np.maximum(0.0, np.log(safe_rho / (1.0 - q))) / (1.0 - safe_rho)
-    return np.asarray(np.where(rho < 1.0, wait, np.inf))
+@dataclass(frozen=True)
+class PrefillWork:
+    """Chunk passes of one prompt (ms): alone, and as a share of full chunks."""
+
+    alone_ms: FloatArray  # ceil(P / C) chunk passes, the last one partial
+    full_ms: FloatArray  # (P / C) of a full chunk pass: the prompt's share when queued
+    chunk_ms: FloatArray  # one pass of a full chunk of min(P, C) ... C tokens
+    iterations_alone: FloatArray  # ceil(P / C)
+    iterations_full: FloatArray  # P / C
+
+
+def prefill_work(p: OpParams) -> PrefillWork:
+    """The prefill chunk passes of a prompt (see ``PrefillWork``)."""
+    c = p.chunk_tokens
+    m = chunks_per_prompt(p)
+    last = p.prompt_tokens - (m - 1.0) * c
+    full = prefill_pass(p, c).ms
+    alone = (m - 1.0) * full + prefill_pass(p, last).ms
+    share = p.prompt_tokens / c
+    # a prompt shorter than the chunk budget takes a whole chunk only when others wait
+    return PrefillWork(
+        alone_ms=np.asarray(alone),
+        full_ms=np.asarray(np.minimum(share * full, alone)),
+        chunk_ms=np.asarray(full),
+        iterations_alone=m,
+        iterations_full=np.asarray(np.minimum(share, m)),
+    )
+
+
+def _busy_fraction(lam: FloatArray, full: FloatArray, alone: FloatArray) -> FloatArray:
+    """rho solving rho = lam * (full + (1 - rho) * (alone - full)): a prompt that finds
+    no other waiting (probability 1 - rho) needs ``alone``, one behind others ``full``."""
+    extra = alone - full
+    return np.asarray(lam * (full + extra) / (1.0 + lam * extra))
+
+
+def _md1_tail(rho: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """(u, c) of the M/D/1 waiting-time tail P(W > x) ~ c exp(-u x / S) (S the service
+    time): u > 0 solves rho (e^u - 1) = u, and c = (1 - rho) / (rho e^u - 1)."""
+    r = np.clip(rho, 1e-12, 1.0 - 1e-12)
+    branch = np.real(lambertw(-r * np.exp(-r), k=-1))
+    u = np.where(1.0 - r < HEAVY_TRAFFIC, 2.0 * (1.0 - r), -branch - r)
+    u = np.maximum(u, 1e-300)
+    c = (1.0 - r) / np.maximum(r * np.exp(u) - 1.0, 1e-300)
+    return np.asarray(u), np.asarray(np.minimum(c, 1.0))
+
+
+def _wait_quantile_ms(
+    service_ms: FloatArray,
+    rho: FloatArray,
+    q: FloatArray,
+    residual_ms: FloatArray,
+    residual_prob: FloatArray,
+) -> FloatArray:
+    """Quantile q of W + R (ms): W the M/D/1 wait for the prefill slot (service time
+    ``service_ms``, utilisation ``rho``), R independent, 0 with probability
+    1 - ``residual_prob`` and else uniform on [0, ``residual_ms``] (the rest of the
+    decode-only iteration in flight, whose end a new prompt waits for).
+
+    Within one service time the M/D/1 waiting-time distribution is exact (Erlang):
+    P(W > y) = 1 - (1 - rho) e^(lambda y), y < S; beyond it the exponential tail
+    c e^(-u y / S) (``_md1_tail``), within a percent of the exact one there."""
+    stable = rho < 1.0
+    s = np.where(service_ms > 0, service_ms, 1.0)
+    u, c = _md1_tail(rho)
+    theta = u / s
+    r = np.clip(rho, 0.0, 1.0 - 1e-12)
+    lam = r / s
+
+    def tail(y: FloatArray) -> FloatArray:  # P(W > y), y >= 0
+        head = 1.0 - (1.0 - r) * np.exp(lam * np.minimum(y, s))
+        return np.asarray(np.where(y < s, head, c * np.exp(-theta * y)))
+
+    def area(a: FloatArray) -> FloatArray:  # integral of P(W > y) over [0, a], a >= 0
+        b = np.minimum(a, s)
+        head = b - (1.0 - r) * s * np.expm1(lam * b) / np.maximum(r, 1e-300)
+        head = np.where(r > 1e-12, head, 0.0)
+        beyond = c / theta * (np.exp(-theta * s) - np.exp(-theta * np.maximum(a, s)))
+        return np.asarray(head + beyond)
+
+    v = np.maximum(residual_ms, 0.0)
+    has_v = (v > 0) & (residual_prob > 0)
+    v_safe = np.where(has_v, v, 1.0)
+
+    def excess(x: FloatArray) -> FloatArray:  # P(W + R > x)
+        before = np.where(x >= v, area(x) - area(np.maximum(x - v, 0.0)), (v - x) + area(x))
+        spread = before / v_safe
+        with_r = residual_prob * spread + (1.0 - residual_prob) * tail(x)
+        return np.asarray(np.where(has_v, with_r, tail(x)))
+
+    level = 1.0 - q
+    in_head = np.log((1.0 - level) / (1.0 - r)) / np.maximum(lam, 1e-300)
+    in_tail = np.log(np.maximum(c, 1e-300) / level) / theta
+    w_alone = np.where(r > level, np.where(tail(s) > level, in_tail, in_head), 0.0)
+    w_alone = np.maximum(w_alone, 0.0)
+    lo = np.asarray(w_alone, dtype=np.float64)
+    hi = np.asarray(w_alone + np.where(has_v, v, 0.0), dtype=np.float64)
+    for _ in range(QUANTILE_STEPS):
+        mid = 0.5 * (lo + hi)
+        above = excess(mid) > level
+        lo = np.where(above, mid, lo)
+        hi = np.where(above, hi, mid)
+    return np.asarray(np.where(stable, hi, np.inf))
+
+
+def _gap_quantile_ms(
+    mean_ms: FloatArray, sd_ms: FloatArray, stall_ms: FloatArray, share: FloatArray, q: FloatArray
+) -> FloatArray:
+    """Quantile q of a token gap N(mean, sd) plus ``stall_ms`` with probability ``share``."""
+    sd = np.maximum(sd_ms, 1e-9 * np.maximum(mean_ms, 1.0))
+    z = ndtri(q)
+    lo = mean_ms + sd * z
+    hi = lo + stall_ms
+    level = 1.0 - q
+    for _ in range(QUANTILE_STEPS):
+        mid = 0.5 * (lo + hi)
+        above = (
+            share * ndtr((mean_ms + stall_ms - mid) / sd)
+            + (1.0 - share) * ndtr((mean_ms - mid) / sd)
+            > level
+        )
+        lo = np.where(above, mid, lo)
+        hi = np.where(above, hi, mid)
+    return np.asarray(hi)
+
+
+def _backlog_swing(
+    rho: FloatArray, service_ms: FloatArray, window_ms: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """(variance, lift) of the share of a decode residence (``window_ms``) during which
+    the prefill slot is busy (its mean is rho).
+
+    The busy indicator of an M/D/1 queue at utilisation rho has variance rho (1 - rho);
+    it is taken as exponentially correlated over the queue's relaxation time
+    rho S / (1 - rho)^2 (its heavy-traffic diffusion), so the variance of its average
+    over the window is rho (1 - rho) g(x), g(x) = 2 (x - 1 + e^-x) / x^2, x = window /
+    relaxation time. The lift is 1 - rho: through the long waits that make the TTFT
+    tail the slot is busy all along, so the share rises from rho to 1.
+    """
+    r = np.clip(rho, 0.0, 1.0 - 1e-12)
+    relax = np.maximum(r * service_ms / (1.0 - r) ** 2, 1e-300)
+    x = np.minimum(np.maximum(window_ms, 0.0) / relax, 1e12)
+    small = x < 1e-6
+    xs = np.where(small, 1.0, x)
+    g = np.where(small, 1.0 - x / 3.0, 2.0 * (xs - 1.0 + np.exp(-xs)) / xs**2)
+    return np.asarray(r * (1.0 - r) * g), np.asarray(1.0 - r)
+
+
+def _stall_ms(p: OpParams, rho: FloatArray, share: FloatArray, q: FloatArray) -> FloatArray:
+    """The chunk pass that lengthens the token gaps in the tail (ms).
+
+    A prompt of at least C tokens fills whole chunks. Shorter prompts share a chunk
+    when several wait: among the iterations that carry a chunk, the gaps beyond the
+    q-quantile are the top (1 - q) / share of them; j prompts wait with probability
+    about rho^(j-1), so the chunk holds j = 1 + floor(ln((1 - q) / share) / ln rho)
+    prompts, at most C tokens."""
+    level = np.clip((1.0 - q) / np.maximum(share, 1e-300), 1e-300, 1.0)
+    r = np.clip(rho, 1e-12, 1.0 - 1e-12)
+    waiting = 1.0 + np.floor(np.log(level) / np.log(r))
+    tokens = np.minimum(p.chunk_tokens, p.prompt_tokens * waiting)
+    return np.asarray(prefill_pass(p, tokens).ms)
 
 
 def metrics_at(p: OpParams, rate_rps: FloatArray) -> Metrics:
-    """Latency percentiles, batch and memory of each op serving ``rate_rps``."""
+    """Latency percentiles, batch and memory of each op serving ``rate_rps``.
+
+    With a latency margin m (``Options.latency_margin``) every pass is taken to last
+    a = 1 + m times its modelled time. Scaling every time by a is the same queue at a
+    times the rate on a clock a times slower, so the percentiles are a times those at
+    rate a lambda, and the batch and memory those at rate a lambda.
+    """
+    rate = np.asarray(rate_rps, dtype=np.float64)
+    stretch = 1.0 + p.latency_margin
+    if not np.any(p.latency_margin > 0):
+        return _metrics(p, rate)
+    m = _metrics(p, rate * stretch)
+    return Metrics(
+        rate_rps=rate,
+        batch=m.batch,
+        ttft_ms=np.asarray(m.ttft_ms * stretch),
+        tbt_ms=np.asarray(m.tbt_ms * stretch),
+        memory_bytes=m.memory_bytes,
+        stable=m.stable,
+    )
+
+
+def _metrics(p: OpParams, rate_rps: FloatArray) -> Metrics:
+    """``metrics_at`` without the latency margin."""
     lam = np.asarray(rate_rps, dtype=np.float64) / 1e3  # requests per ms
     q = p.quantile
     has_prefill = p.phase != 2
     has_decode = p.phase != 1
-    pre: Pass = prefill_pass(p, p.prompt_tokens)
-    t_pf = np.where(has_prefill, pre.ms, 0.0)
-    t_chunk = prefill_pass(p, chunk_tokens(p)).ms
     colocated = p.phase == 0
-    rho_p = np.where(colocated, lam * t_pf, 0.0)
+    work = prefill_work(p)
+    alone_pf = np.where(has_prefill, work.alone_ms, 0.0)
+    full_pf = np.where(has_prefill, work.full_ms, 0.0)
+    # time share of chunk passes (prefill has priority; decode steps take the rest)
+    rho_p = np.where(colocated, _busy_fraction(lam, full_pf, alone_pf), 0.0)
     decode_share = np.maximum(1.0 - rho_p, 1e-12)
     k = np.where(has_decode, lam * p.output_tokens / decode_share, 0.0)
     batch = np.where(has_decode, _solve_batch(p, k), 0.0)
     finite = np.isfinite(batch)
-    t_dec = np.where(has_decode & finite, _decode_ms(p, np.where(finite, batch, 1.0)), 0.0)
+    n = np.where(finite, batch, 0.0)
+    t_dec = np.where(has_decode & finite, _decode_ms(p, n), 0.0)
+    # the prefill slot: an iteration carries one chunk and, colocated, a decode step
+    t_step = np.where(colocated, t_dec, 0.0)
+    alone = alone_pf + work.iterations_alone * t_step
+    full = np.minimum(full_pf + work.iterations_full * t_step, alone)
+    rho_s = np.where(has_prefill, _busy_fraction(lam, full, alone), 0.0)
+    # The decode batch swings with the prefill backlog: while prompts wait, every
+    # iteration carries a chunk, decoding requests stay longer and the batch grows.
     tau = t_dec / decode_share
-    chunk_frac = np.minimum(1.0, lam * chunks_per_prompt(p) * tau)
-    stall = np.where(colocated & (chunk_frac > 1.0 - q), t_chunk, 0.0)
-    tbt = np.where(has_decode, t_dec + stall, 0.0)
-    service = t_pf + np.where(colocated, chunks_per_prompt(p) * t_dec, 0.0)
-    rho_s = lam * service
-    ttft = np.where(has_prefill, service + _wait_quantile_ms(service, rho_s, q), 0.0)
+    swing = np.where(colocated, lam * p.output_tokens * work.chunk_ms, 0.0)
+    busy_share, busy_lift = _backlog_swing(
+        rho_s, rho_s / np.maximum(lam, 1e-300), tau * p.output_tokens
+    )
+    gain = np.clip(k * (_decode_ms(p, n + 1.0) - t_dec), 0.0, MAX_FEEDBACK)
+    n_busy = n + swing * busy_lift / (1.0 - gain)
+    batch_var = (n + swing**2 * busy_share) / (1.0 - gain)
+    # an iteration of the slot carries a decode step only while something decodes
+    decoding = -np.expm1(-n_busy)
+    t_busy = np.where(colocated & finite, _decode_ms(p, n_busy) * decoding, 0.0)
+    alone_b = alone_pf + work.iterations_alone * t_busy
+    full_b = np.minimum(full_pf + work.iterations_full * t_busy, alone_b)
+    rho_s = np.where(has_prefill, _busy_fraction(lam, full_b, alone_b), 0.0)
+    # Work ahead of a prompt of at least C tokens is served at the full-chunk rate (the
+    # last chunk of the prompt ahead is topped up with the waiting prompt's first
+    # tokens); a shorter prompt waits out the iterations ahead, shared only when
+    # several prompts wait (the mean service).
+    long_prompt = p.prompt_tokens >= p.chunk_tokens
+    mean_service = np.where(lam > 0, rho_s / np.maximum(lam, 1e-300), alone_b)
+    ahead = np.where(long_prompt, full_b, mean_service)
+    busy_decoding = np.where(colocated, 1.0 - np.exp(-n), 0.0)
+    wait = _wait_quantile_ms(ahead, lam * ahead, q, t_step, busy_decoding)
+    wait = np.where(rho_s < 1.0, wait, np.inf)
+    ttft = np.where(has_prefill, alone + wait, 0.0)
+    # token gaps: a decode step at the batch a gap sees (size biased), plus a chunk
+    per_prompt = work.iterations_full + (1.0 - rho_s) * (
+        work.iterations_alone - work.iterations_full
+    )
+    chunk_share = np.where(
+        colocated, np.minimum(1.0, STALL_SHARE_SAFETY * lam * per_prompt * tau), 0.0
+    )
+    step_seen = _decode_ms(p, n + 1.0)
+    slope = _decode_ms(p, n + 2.0) - step_seen
+    stall = np.where(colocated, _stall_ms(p, rho_s, chunk_share, q), 0.0)
+    gap = _gap_quantile_ms(step_seen, slope * np.sqrt(batch_var), stall, chunk_share, q)
+    tbt = np.where(has_decode & finite, gap, np.where(has_decode, np.inf, 0.0))
     # memory: weights plus KV of the requests held (decode batch, or prompts in flight)
     in_prefill = np.where(has_prefill, lam * np.where(np.isfinite(ttft), ttft, 0.0), 0.0)
-    held = np.where(has_decode, np.where(finite, batch, 0.0), 0.0) + in_prefill
+    held = np.where(has_decode, n, 0.0) + in_prefill
     held_peak = held + MEM_PEAK_SIGMAS * np.sqrt(held)
     ctx = np.where(has_decode, p.prompt_tokens + p.output_tokens, p.prompt_tokens)
     memory = (p.weight_bytes + held_peak * ctx * p.kv_bytes_per_token) / p.tp
@@ -135,14 +376,13 @@ def metrics_at(p: OpParams, rate_rps: FloatArray) -> Metrics:
 
 def rate_upper_bound(p: OpParams) -> FloatArray:
     """A rate no op can sustain (requests/s): prefill or decode saturation."""
-    t_pf = prefill_pass(p, p.prompt_tokens).ms
+    work = prefill_work(p)
     top = np.asarray(p.max_batch, dtype=np.float64)
     t_dec = decode_pass(p, top, decode_context(p)).ms
     decode_cap = top / (p.output_tokens * t_dec) * 1e3
-    prefill_cap = 1e3 / t_pf
-    return np.asarray(
-        np.where(p.phase == 1, prefill_cap, np.where(p.phase == 2, decode_cap, prefill_cap))
-    )
+    prefill_cap = 1e3 / work.full_ms
+    bound = np.where(p.phase == 2, decode_cap, prefill_cap) / (1.0 + p.latency_margin)
+    return np.asarray(bound)
 
 
 def slo_capacity(p: OpParams) -> FloatArray:

@@ -64,6 +64,27 @@ class Efficiency(Spec):
         description="fixed cost of one tensor-parallel all-reduce (ms)",
     )
     link: float = Field(default=0.7, gt=0, le=1, description="achieved / peak GPU-GPU bandwidth")
+    compute_clock_fixed: float = Field(
+        default=0.2471,
+        ge=0,
+        le=1,
+        description="part of compute-bound time at the max clock that does not follow the SM "
+        "clock (default: fitted on the Perseus A100 sweep)",
+    )
+    overhead_clock_fixed: float = Field(
+        default=0.3847,
+        ge=0,
+        le=1,
+        description="part of step_overhead_ms that is host time and does not follow the SM "
+        "clock (default: fitted on the H100 NVL sweep)",
+    )
+    latency_error: float = Field(
+        default=0.0,
+        ge=0,
+        le=10,
+        description="measured error of the modelled pass latency on this type (fraction): the "
+        "margin that options.latency_margin: calibrated plans with",
+    )
 
 
 class GpuType(Spec):

@@ -84,6 +84,12 @@ class Options(Spec):
     max_batch: int = Field(
         default=256, gt=0, le=1_000_000, description="largest decode batch per placement"
     )
+    latency_margin: Annotated[float, Field(ge=0, le=10)] | Literal["calibrated"] = Field(
+        default=0.0,
+        description="plan as if every pass took (1 + margin) times its modelled time, which "
+        "derates every operating point's SLO capacity; calibrated: each GPU type's measured "
+        "latency error (efficiency.latency_error)",
+    )
 
     @field_validator("clocks_mhz")
     @classmethod

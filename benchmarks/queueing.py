@@ -1,0 +1,261 @@
+"""The queueing model against the simulator, operating point by operating point.
+
+For every (workload, GPU type, SM clock) of the grid, the SLO capacity of one whole
+GPU is computed by the model (perf/queueing.py); the simulator (energyopt.sim) then
+serves Poisson arrivals of mean-sized requests at 10 % to 95 % of that capacity on
+one GPU, and its P99 TTFT and P99 TBT are set against the model's at the same rate.
+Target (issue 12): the model within 15 % of the simulator at every point and never
+more than 10 % below it. The simulator's latencies come from the same pass model
+(perf/forward.py), so the table measures the queueing approximation alone.
+
+    python benchmarks/queueing.py                   # the full grid, up to 40,000 requests a point
+    python benchmarks/queueing.py --requests 10000  # quicker, noisier at high load
+
+A point simulates at most ITERATION_BUDGET decode iterations (fewer requests where
+the decode batch is small; at least MIN_REQUESTS).
+
+Besides the grid (prompts a multiple of the 512-token chunk, the quickstart
+workloads), it prints two other prompt shapes on the H100: a prompt that ends in a
+partial chunk (1,155 tokens, the Azure conversation trace's mean) and a prompt
+shorter than a chunk (300 tokens). Results are in docs/performance-model.md (§4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from energyopt.catalog import Problem, resolve
+from energyopt.perf.oppoints import op_spec, share_options
+from energyopt.perf.params import OpParams, build_params
+from energyopt.perf.queueing import metrics_at, slo_capacity
+from energyopt.sim.arrivals import Arrivals
+from energyopt.sim.engine import Simulator
+from energyopt.spec import Instance
+from energyopt.spec.plan import GpuPlan, Placement, Plan
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A workload of the grid: model, mean prompt and output tokens, SLO (ms, P99)."""
+
+    label: str
+    model: str
+    prompt: int
+    output: int
+    ttft_ms: float
+    tbt_ms: float
+
+
+GRID_SHAPES = (
+    Shape("Llama-3.1-8B 1024/256", "Llama-3.1-8B", 1024, 256, 600.0, 60.0),
+    Shape("Mistral-7B 512/128", "Mistral-7B", 512, 128, 400.0, 40.0),
+    Shape("Qwen2.5-14B 2048/256", "Qwen2.5-14B", 2048, 256, 1500.0, 80.0),
+)
+OTHER_SHAPES = (
+    Shape("Llama-3.1-8B 1155/211", "Llama-3.1-8B", 1155, 211, 800.0, 60.0),
+    Shape("Mistral-7B 300/128", "Mistral-7B", 300, 128, 300.0, 40.0),
+)
+CLOCKS = {"H100-SXM5-80GB": (1980, 1410, 990), "A100-SXM4-80GB": (1410, 1110, 810)}
+LOADS = (0.1, 0.3, 0.5, 0.7, 0.85, 0.95)
+TARGET_WITHIN = 0.15
+TARGET_BELOW = 0.10
+PERCENTILE = 99.0
+ITERATION_BUDGET = 400_000
+"""Simulated decode iterations a point may take: fewer requests where the batch is small."""
+MIN_REQUESTS = 3_000
+
+
+def single_gpu_problem(shape: Shape, gpu: str, rate_rps: float) -> Problem:
+    """One GPU of ``gpu`` serving one workload of ``shape`` at ``rate_rps``."""
+    data = {
+        "name": "queueing-check",
+        "cluster": {"nodes": [{"name": "n0", "gpus": [{"type": gpu, "count": 1}]}]},
+        "workloads": [
+            {
+                "name": "w",
+                "model": shape.model,
+                "rate_rps": rate_rps,
+                "prompt_tokens": {"mean": shape.prompt},
+                "output_tokens": {"mean": shape.output},
+                "slo": {"ttft_ms": shape.ttft_ms, "tbt_ms": shape.tbt_ms, "percentile": PERCENTILE},
+            }
+        ],
+    }
+    return resolve(Instance.model_validate(data), "queueing-check")
+
+
+def op_params(problem: Problem, gpu: str, clock_mhz: int) -> OpParams:
+    """The model's operating point: the workload on the whole GPU at ``clock_mhz``."""
+    gtype = problem.gpu_type(gpu)
+    whole = next(s for s in share_options(problem, gtype) if s[0] == 100)
+    wl = problem.instance.workloads[0]
+    return build_params([op_spec(problem, wl, "both", gtype, clock_mhz, whole, 1)])
+
+
+def simulate(
+    problem: Problem, gpu: str, clock_mhz: int, rate_rps: float, requests: int, seed: int
+) -> tuple[float, float]:
+    """(P99 TTFT, P99 TBT) in ms of the simulator serving ``requests`` Poisson arrivals
+    of mean-sized requests at ``rate_rps`` on one GPU at ``clock_mhz``."""
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.exponential(1.0 / rate_rps, requests))
+    wl = problem.instance.workloads[0]
+    arrivals = Arrivals(
+        times,
+        np.zeros(requests, dtype=np.int64),
+        np.full(requests, int(wl.prompt_tokens.mean), dtype=np.int64),
+        np.full(requests, int(wl.output_tokens.mean), dtype=np.int64),
+        ("w",),
+    )
+    gtype = problem.gpu_type(gpu)
+    plan = Plan(
+        instance=problem.instance.name,
+        gpus=(
+            GpuPlan(
+                gpu="n0/0",
+                type=gpu,
+                on=True,
+                clock_mhz=clock_mhz,
+                power_limit_w=gtype.tdp_w,
+                placements=(Placement(workload="w", rate_rps=rate_rps),),
+            ),
+        ),
+    )
+    sim = Simulator(problem, arrivals, window_s=float(times[-1]) + 1e-3, drain_s=600.0)
+    stats = sim.run(plan).stats[0]
+    q = PERCENTILE / 100.0
+    return stats.ttft_percentile_ms(q), stats.tbt_percentile_ms(q)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One row of the table: model and simulator percentiles at one rate."""
+
+    shape: str
+    gpu: str
+    clock_mhz: int
+    load: float
+    rate_rps: float
+    ttft_model_ms: float
+    ttft_sim_ms: float
+    tbt_model_ms: float
+    tbt_sim_ms: float
+
+    @property
+    def ttft_error(self) -> float:
+        """Model over simulator, minus 1."""
+        return self.ttft_model_ms / self.ttft_sim_ms - 1.0
+
+    @property
+    def tbt_error(self) -> float:
+        """Model over simulator, minus 1."""
+        return self.tbt_model_ms / self.tbt_sim_ms - 1.0
+
+    @property
+    def met(self) -> bool:
+        """Both errors within the target band."""
+        return all(-TARGET_BELOW <= e <= TARGET_WITHIN for e in (self.ttft_error, self.tbt_error))
+
+
+def compare(
+    shape: Shape,
+    gpu: str,
+    clock_mhz: int,
+    loads: tuple[float, ...],
+    requests: int,
+    seed: int = 1,
+) -> list[Point]:
+    """Model and simulator at each load (fraction of the model's SLO capacity)."""
+    base = single_gpu_problem(shape, gpu, 1.0)
+    params = op_params(base, gpu, clock_mhz)
+    capacity = float(slo_capacity(params)[0])
+    out: list[Point] = []
+    for load in loads:
+        rate = capacity * load
+        model = metrics_at(params, np.asarray([rate]))
+        # a request costs about O / batch decode iterations of the event loop
+        batch = max(float(model.batch[0]), 1.0)
+        count = int(min(requests, max(MIN_REQUESTS, ITERATION_BUDGET * batch / shape.output)))
+        ttft, tbt = simulate(
+            single_gpu_problem(shape, gpu, rate), gpu, clock_mhz, rate, count, seed
+        )
+        out.append(
+            Point(
+                shape.label,
+                gpu,
+                clock_mhz,
+                load,
+                rate,
+                float(model.ttft_ms[0]),
+                ttft,
+                float(model.tbt_ms[0]),
+                tbt,
+            )
+        )
+    return out
+
+
+def print_table(points: list[Point]) -> None:
+    """One line per point."""
+    print(
+        f"{'workload':22s} {'GPU':15s} {'MHz':>5s} {'load':>5s} {'req/s':>7s} "
+        f"{'TTFT model':>10s} {'sim':>7s} {'err':>7s} {'TBT model':>9s} {'sim':>6s} {'err':>7s}"
+    )
+    for pt in points:
+        print(
+            f"{pt.shape:22s} {pt.gpu:15s} {pt.clock_mhz:5d} {pt.load:5.2f} {pt.rate_rps:7.2f} "
+            f"{pt.ttft_model_ms:10.1f} {pt.ttft_sim_ms:7.1f} {pt.ttft_error:+7.1%} "
+            f"{pt.tbt_model_ms:9.1f} {pt.tbt_sim_ms:6.1f} {pt.tbt_error:+7.1%}"
+            + ("" if pt.met else "  MISS"),
+            flush=True,
+        )
+
+
+def summary(label: str, points: list[Point]) -> None:
+    """Extremes and medians of the errors, and whether the target is met."""
+    ttft = np.asarray([p.ttft_error for p in points])
+    tbt = np.asarray([p.tbt_error for p in points])
+    missed = sum(1 for p in points if not p.met)
+    print(
+        f"{label}: {len(points)} points; TTFT error {ttft.min():+.1%} .. {ttft.max():+.1%} "
+        f"(median |err| {np.median(np.abs(ttft)):.1%}); TBT error {tbt.min():+.1%} .. "
+        f"{tbt.max():+.1%} (median |err| {np.median(np.abs(tbt)):.1%}); target (within "
+        f"{TARGET_WITHIN:.0%}, never more than {TARGET_BELOW:.0%} below): "
+        + ("met" if missed == 0 else f"MISS at {missed} points")
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the grid and the other prompt shapes; exit 1 if the grid misses the target."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=40_000, help="simulated requests a point")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--gpu", choices=sorted(CLOCKS), help="only this GPU type's part")
+    args = ap.parse_args(argv)
+    grid: list[Point] = []
+    for gpu, clocks in CLOCKS.items():
+        if args.gpu is not None and gpu != args.gpu:
+            continue
+        for shape in GRID_SHAPES:
+            for clock in clocks:
+                points = compare(shape, gpu, clock, LOADS, args.requests, args.seed)
+                print_table(points)
+                grid.extend(points)
+    others: list[Point] = []
+    for shape in OTHER_SHAPES if args.gpu in (None, "H100-SXM5-80GB") else ():
+        for clock in CLOCKS["H100-SXM5-80GB"]:
+            points = compare(shape, "H100-SXM5-80GB", clock, LOADS, args.requests, args.seed)
+            print_table(points)
+            others.extend(points)
+    summary("grid (3 workloads x 2 GPU types x 3 clocks x 6 loads)", grid)
+    if others:
+        summary("other prompt shapes (H100)", others)
+    return 0 if all(p.met for p in grid) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
