@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from energyopt import __version__
-from energyopt.cli import evaluate, executor, problems, tables
+from energyopt.cli import calibrate, evaluate, executor, problems, profile, tables
 from energyopt.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_DEVICE,
@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     problems.configure(sub)
     executor.configure(sub)
     tables.configure(sub)
+    calibrate.configure(sub)
+    profile.configure(sub)
     p = sub.add_parser("evaluate", help="simulate planners on a trace or synthetic load")
     evaluate.configure(p)
     for name in ("validate", "show", "solve", "verify", "export", "compile", "evaluate"):

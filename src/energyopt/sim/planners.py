@@ -20,6 +20,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -49,10 +50,19 @@ class Planned:
     objective: float | None = None
 
 
-def restricted(problem: Problem, *, max_clock_only: bool, exclusive: bool) -> Problem:
-    """``problem`` with only the max clock and/or without SM sharing."""
+def restricted(
+    problem: Problem,
+    *,
+    max_clock_only: bool,
+    exclusive: bool,
+    latency_margin: float | Literal["calibrated"] | None = None,
+) -> Problem:
+    """``problem`` with only the max clock and/or without SM sharing, and planned with
+    ``latency_margin`` (``Options.latency_margin``) where given."""
     inst = problem.instance
     opts = inst.options
+    if latency_margin is not None:
+        opts = opts.model_copy(update={"latency_margin": latency_margin})
     if max_clock_only:
         clocks = {t: (problem.gpu_type(t).max_sm_clock_mhz,) for t in problem.gpu_types_used()}
         opts = opts.model_copy(update={"clocks_mhz": clocks})
@@ -74,7 +84,12 @@ class SolverPlanner:
         self.static = static
         max_only = spec.kind in ("performance-first", "consolidation-only", "sharing-only")
         exclusive = spec.kind in ("performance-first", "consolidation-only", "frequency-only")
-        self.problem = restricted(problem, max_clock_only=max_only, exclusive=exclusive)
+        self.problem = restricted(
+            problem,
+            max_clock_only=max_only,
+            exclusive=exclusive,
+            latency_margin=spec.latency_margin,
+        )
         self.preset = preset
         self.base_rates = {w.name: w.rate_rps for w in problem.instance.workloads}
         self._cache: dict[tuple[float, ...], Planned] = {}
