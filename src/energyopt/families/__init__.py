@@ -13,6 +13,7 @@ from typing import Any
 
 from energyopt.families.colocation import ColocationFamily
 from energyopt.families.contract import Family, NotExportable, SolverEntry, Stated
+from energyopt.families.keepalive import KeepAliveFamily
 from energyopt.families.serving import ServingFamily
 from energyopt.families.taskgraph import TaskGraphFamily
 from energyopt.solvers.result import OBJECTIVE_REL_TOL, Result, objective_tolerance, settle
@@ -32,7 +33,7 @@ def register(family: AnyFamily) -> None:
     _REGISTRY[family.kind] = family
 
 
-for _f in (ServingFamily(), TaskGraphFamily(), ColocationFamily()):
+for _f in (ServingFamily(), TaskGraphFamily(), ColocationFamily(), KeepAliveFamily()):
     register(_f)
 
 

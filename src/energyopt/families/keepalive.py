@@ -1,0 +1,203 @@
+"""Keep-alive (``kind: keepalive``): each serverless function warm, tepid or cold in
+every window, on a node, for least energy within memory and power budgets, start
+SLOs and an optional cold-start cap."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from energyopt.families.contract import SolverEntry, Stated
+from energyopt.formulations.keepalive.model import KeepAliveProblem, load_keepalive
+from energyopt.progress import Progress
+from energyopt.solvers.result import Result
+from energyopt.spec.errors import SpecError
+from energyopt.spec.io import parse
+from energyopt.spec.keepalive import KeepAliveFile, KeepAlivePlan
+from energyopt.verify.violation import Violation
+
+AUTO_MILP_COLUMNS = 200_000
+"""``auto`` solves the whole-horizon MILP up to this many columns, else Lagrangian."""
+DEFAULT_TIME_LIMIT_S = 60.0
+DEFAULT_GAP = 1e-4
+
+
+class KeepAliveFamily:
+    """Tepid-aware keep-alive and placement of serverless containers."""
+
+    kind = "keepalive"
+    title = "keep-alive: serverless functions warm, tepid or cold per window, on nodes"
+    problem_model: type[BaseModel] = KeepAliveFile
+    plan_model: type[BaseModel] = KeepAlivePlan
+
+    def load(self, path: str, catalogs: Sequence[str]) -> KeepAliveProblem:
+        return load_keepalive(path)
+
+    def load_for_plan(self, path: str, catalogs: Sequence[str]) -> KeepAliveProblem:
+        return self.load(path, catalogs)
+
+    def summary(self, p: KeepAliveProblem) -> str:
+        cap = p.spec.objective.max_cold_start_rate
+        objective = "energy" if cap is None else f"energy, cold starts <= {cap:g} per request"
+        return (
+            f"keep-alive: {p.n_functions} functions, {p.n_nodes} nodes, {p.n_windows} windows "
+            f"of {p.window_s:g} s, {int(p.arrivals.sum()):,} requests, objective {objective}"
+        )
+
+    def show(self, p: KeepAliveProblem) -> list[str]:
+        lines = [self.summary(p), f"{'node':<14} {'GPU GB':>8} {'host GB':>8} {'budget W':>9}"]
+        for n in p.spec.nodes:
+            lines.append(
+                f"{n.name:<14} {n.gpu_memory_gb:>8g} {n.host_memory_gb:>8g} {n.power_budget_w:>9g}"
+            )
+        lines.append(
+            f"{'function':<26} {'requests':>8} {'warm GB/W':>12} {'tepid GB/W':>12} "
+            f"{'resume s':>8} {'cold s':>7} {'cold J':>8}  SLO"
+        )
+        for fn in p.spec.functions:
+            tep = fn.tepid
+            tepid = "-" if tep is None else f"{tep.host_memory_gb:g}h/{tep.power_w:g}"
+            resume = "-" if tep is None else f"{tep.resume_s:g}"
+            slo = fn.slo or p.spec.slo
+            slo_text = (
+                "none" if slo is None else f"p{slo.percentile:g} <= {slo.start_latency_s:g} s"
+            )
+            lines.append(
+                f"{fn.name:<26} {sum(fn.arrivals):>8,} "
+                f"{f'{fn.warm.gpu_memory_gb:g}/{fn.warm.power_w:g}':>12} {tepid:>12} "
+                f"{resume:>8} {fn.cold_start.time_s:>7g} {fn.cold_start.energy_j:>8g}  {slo_text}"
+            )
+        return lines
+
+    def solvers(self) -> list[SolverEntry]:
+        return [
+            SolverEntry(
+                "auto",
+                self.kind,
+                "certified bound",
+                f"milp up to {AUTO_MILP_COLUMNS:,} columns, else lagrangian",
+            ),
+            SolverEntry(
+                "milp",
+                self.kind,
+                "exact",
+                "whole-horizon arc-flow MILP with HiGHS; best plan and bound at the limit",
+                ("time limit", "gap", "export"),
+            ),
+            SolverEntry(
+                "lagrangian",
+                self.kind,
+                "certified bound",
+                "Lagrangian on node budgets, SLOs and cap: per-function shortest paths, repair",
+                ("time limit", "gap"),
+            ),
+            SolverEntry(
+                "rolling",
+                self.kind,
+                "heuristic",
+                "rolling-horizon MILP (15 windows ahead, 5 kept per step); no bound",
+                ("time limit",),
+            ),
+        ]
+
+    def solve(
+        self,
+        p: KeepAliveProblem,
+        solver: str,
+        *,
+        time_limit_s: float | None,
+        rel_gap: float | None,
+        progress: Progress,
+    ) -> Result[KeepAlivePlan]:
+        from energyopt.formulations.keepalive.milp import build_milp
+        from energyopt.solvers.keepalive_lagrangian import solve_lagrangian
+        from energyopt.solvers.keepalive_milp import solve_milp, solve_rolling
+
+        limit = time_limit_s or DEFAULT_TIME_LIMIT_S
+        gap = rel_gap if rel_gap is not None else DEFAULT_GAP
+        chosen = solver
+        if solver == "auto":
+            chosen = "milp" if len(build_milp(p)) <= AUTO_MILP_COLUMNS else "lagrangian"
+        progress(f"solving {p.source} (keep-alive, {p.n_functions} functions) with {chosen}")
+        if chosen == "milp":
+            result = solve_milp(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+        elif chosen == "lagrangian":
+            result = solve_lagrangian(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+        elif chosen == "rolling":
+            result = solve_rolling(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+        else:
+            raise SpecError([f"--solver: no solver {solver!r} for keepalive problems"])
+        result.solver = solver
+        return result
+
+    def verify(self, p: KeepAliveProblem, plan: KeepAlivePlan) -> list[Violation]:
+        from energyopt.verify.keepalive import evaluate_keepalive
+
+        return evaluate_keepalive(p.spec, plan).violations
+
+    def cost(self, p: KeepAliveProblem, plan: KeepAlivePlan) -> float:
+        from energyopt.verify.keepalive import evaluate_keepalive
+
+        return evaluate_keepalive(p.spec, plan).energy_j
+
+    def sense(self, p: KeepAliveProblem) -> Literal["min", "max"]:
+        return "min"
+
+    def report(self, p: KeepAliveProblem, result: Result[KeepAlivePlan]) -> list[str]:
+        from energyopt.verify.keepalive import evaluate_keepalive
+
+        plan = result.plan
+        assert plan is not None
+        ev = evaluate_keepalive(p.spec, plan)
+        lines = [f"keep-alive plan for {p.spec.name} ({p.source})"]
+        lines.append(f"{'function':<26} {'warm':>5} {'tepid':>5} {'cold':>5}  late  nodes")
+        for s in plan.functions:
+            counts = {k: s.states.count(k) for k in ("warm", "tepid", "cold")}
+            nodes = ", ".join(dict.fromkeys(s.nodes))
+            lines.append(
+                f"{s.function:<26} {counts['warm']:>5} {counts['tepid']:>5} {counts['cold']:>5}  "
+                f"{ev.late.get(s.function, 0.0):>4g}  {nodes}"
+            )
+        rate = ev.cold_starts / ev.requests if ev.requests else 0.0
+        lines.append(
+            f"energy {ev.energy_j / 3.6e6:.4f} kWh ({ev.energy_j:,.0f} J: kept {ev.keep_j:,.0f}, "
+            f"service {ev.serve_j:,.0f}, starts {ev.start_j:,.0f}, moves {ev.move_j:,.0f})"
+        )
+        lines.append(
+            f"{ev.requests:,.0f} requests, {ev.cold_starts:,.0f} cold starts ({100 * rate:.2f}%), "
+            f"{ev.tepid_starts:,.0f} tepid resumes; GPU memory-time "
+            f"{ev.gpu_gb_s / 3600:,.1f} GB h"
+        )
+        bound = "none" if result.bound is None else f"{result.bound:,.1f} J"
+        gap = "n/a" if result.gap is None else f"{100 * result.gap:.3f}%"
+        lines.append(
+            f"objective {result.objective:,.1f} J, bound {bound}, gap {gap}, status {result.status}"
+        )
+        lines.append(f"solver {result.solver} ({result.algorithm}), {result.wall_s:.2f} s")
+        return lines
+
+    def to_file(self, p: KeepAliveProblem, result: Result[KeepAlivePlan]) -> BaseModel:
+        assert result.plan is not None
+        return result.plan.model_copy(
+            update={
+                "objective": result.objective,
+                "bound": result.bound,
+                "gap": result.gap,
+                "status": str(result.status),
+                "solver": result.solver,
+            }
+        )
+
+    def from_file(
+        self, p: KeepAliveProblem, data: Any, source: str
+    ) -> tuple[KeepAlivePlan, Stated]:
+        plan = parse(KeepAlivePlan, data, source)
+        return plan, Stated(plan.objective, plan.bound, plan.gap)
+
+    def program(self, p: KeepAliveProblem) -> Any:
+        """The whole-horizon MILP the ``milp`` solver solves (a HiGHS model)."""
+        from energyopt.formulations.keepalive.milp import build_milp, highs_lp
+
+        return highs_lp(build_milp(p))

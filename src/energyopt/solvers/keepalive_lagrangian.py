@@ -1,0 +1,425 @@
+"""Lagrangian decomposition of the keep-alive MILP on its coupling rows.
+
+Pricing every node's GPU memory, host memory and power per window (y >= 0), each
+function's SLO allowance and the cold-start cap, the MILP falls apart by function:
+each function's best plan is a shortest path through its states x windows, with
+arc costs
+
+    move_j(a, b) (1 + y_pow[n(b), t] / dt)
+    + state_j(t, b) (1 + y_pow[n(b), t] / dt) + y_gpu[n(b), t] gpu(b) + y_host[n(b), t] host(b)
+    + y_slo lambda_t late(b) + y_cold lambda_t cold(b),
+
+and the dual function L(y) = sum_f shortest path_f(y) - y . budgets is a lower bound
+on the optimum for every y >= 0. The prices move by the projected subgradient
+with Polyak steps (solvers/subgradient.py); the best L is the certified bound.
+
+Repair: functions in turn (most requested first) take the cheapest path that fits
+in what the functions before them left of every node budget, with their SLO kept
+exactly by a dynamic programme over late requests; costs are the true energies,
+or the energies at the current prices (to leave room where it is scarce); a
+cold-start cap is met by a growing penalty on cold requests.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from energyopt.formulations.keepalive.milp import FORMULATION_NAME
+from energyopt.formulations.keepalive.model import FloatArray, IntArray, KeepAliveProblem
+from energyopt.progress import Progress, quiet
+from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, Result, Termination, relative_gap
+from energyopt.solvers.subgradient import PolyakControl, projected_step
+from energyopt.spec.keepalive import KeepAlivePlan
+
+TOL = 1e-9
+"""Relative slack of the repair's budget checks (float rounding only)."""
+REPAIR_EVERY = 10
+"""Subgradient iterations between repairs."""
+MAX_LATE_STATES = 20_000
+"""Largest SLO allowance (late requests) the repair's exact programme tracks per
+function; beyond it the repair keeps the SLO by a penalty on late requests."""
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Prices of the coupling rows: per node and window (N, T), per function (F,), one cap."""
+
+    gpu: FloatArray
+    host: FloatArray
+    power: FloatArray
+    slo: FloatArray
+    cold: float
+
+    @staticmethod
+    def zero(p: KeepAliveProblem) -> Prices:
+        shape = (p.n_nodes, p.n_windows)
+        return Prices(
+            np.zeros(shape), np.zeros(shape), np.zeros(shape), np.zeros(p.n_functions), 0.0
+        )
+
+    def vector(self) -> FloatArray:
+        return np.concatenate(
+            [self.gpu.ravel(), self.host.ravel(), self.power.ravel(), self.slo, [self.cold]]
+        )
+
+    @staticmethod
+    def of(p: KeepAliveProblem, v: FloatArray) -> Prices:
+        k = p.n_nodes * p.n_windows
+        shape = (p.n_nodes, p.n_windows)
+        return Prices(
+            v[:k].reshape(shape),
+            v[k : 2 * k].reshape(shape),
+            v[2 * k : 3 * k].reshape(shape),
+            v[3 * k : 3 * k + p.n_functions],
+            float(v[-1]),
+        )
+
+
+def _priced(p: KeepAliveProblem, y: Prices) -> tuple[FloatArray, FloatArray]:
+    """(F, T, S) priced state costs (inf where not allowed) and (T, S) move factors."""
+    node = p.node_of()
+    dt = p.window_s
+    factor = (1.0 + y.power[node, :] / dt).T  # (T, S)
+    late = np.where(np.isfinite(p.slo_budget), y.slo, 0.0)[:, None, None] * (
+        p.arrivals[:, :, None] * p.slow[:, None, :]
+    )
+    cold = y.cold * p.arrivals[:, :, None] * p.is_cold()[None, None, :]
+    cost = (
+        p.state_j * factor[None, :, :]
+        + y.gpu[node, :].T[None, :, :] * p.gpu_gb[:, None, :]
+        + y.host[node, :].T[None, :, :] * p.host_gb[:, None, :]
+        + late
+        + cold
+    )
+    return np.where(p.allowed[:, None, :], cost, np.inf), factor
+
+
+def shortest_paths(p: KeepAliveProblem, y: Prices) -> tuple[FloatArray, IntArray]:
+    """Each function's cheapest path at prices ``y``: (F,) priced costs, (F, T) states."""
+    cost, factor = _priced(p, y)
+    n_f, n_t, n_s = p.n_functions, p.n_windows, p.n_states
+    moves = p.trans_j[:, :n_s, :]
+    back = np.zeros((n_t, n_f, n_s), dtype=np.int64)
+    value = p.trans_j[:, p.source_state, :] * factor[0] + cost[:, 0, :]
+    for t in range(1, n_t):
+        total = value[:, :, None] + moves * factor[t][None, None, :]
+        back[t] = np.argmin(total, axis=1)
+        value = np.take_along_axis(total, back[t][:, None, :], axis=1)[:, 0, :] + cost[:, t, :]
+    states = np.zeros((n_f, n_t), dtype=np.int64)
+    states[:, -1] = np.argmin(value, axis=1)
+    for t in range(n_t - 1, 0, -1):
+        states[:, t - 1] = back[t][np.arange(n_f), states[:, t]]
+    return value.min(axis=1), states
+
+
+def usage(
+    p: KeepAliveProblem, states: IntArray, functions: IntArray | None = None
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """(N, T) GPU memory GB, host memory GB and average power W of the states (rows:
+    ``functions``, default all)."""
+    n_f, n_t = states.shape
+    node = p.node_of()[states]
+    fns = np.arange(n_f) if functions is None else functions
+    f = np.repeat(fns, n_t).reshape(n_f, n_t)
+    t = np.tile(np.arange(n_t), n_f).reshape(n_f, n_t)
+    prev = np.concatenate([np.full((n_f, 1), p.source_state), states[:, :-1]], axis=1)
+    energy = p.state_j[f, t, states] + p.trans_j[f, prev, states]
+    out = []
+    for value in (p.gpu_gb[f, states], p.host_gb[f, states], energy / p.window_s):
+        grid = np.zeros((p.n_nodes, n_t))
+        np.add.at(grid, (node, t), value)
+        out.append(grid)
+    return out[0], out[1], out[2]
+
+
+def plan_energy(p: KeepAliveProblem, states: IntArray) -> float:
+    """Energy of a plan's states over the horizon, J (the solver's own figure)."""
+    n_f, n_t = states.shape
+    f = np.arange(n_f)[:, None]
+    t = np.arange(n_t)[None, :]
+    prev = np.concatenate([np.full((n_f, 1), p.source_state), states[:, :-1]], axis=1)
+    return float((p.state_j[f, t, states] + p.trans_j[f, prev, states]).sum())
+
+
+def dual_point(p: KeepAliveProblem, y: Prices) -> tuple[float, IntArray, FloatArray]:
+    """L(y), the functions' paths and a subgradient (usage minus budgets)."""
+    values, states = shortest_paths(p, y)
+    gpu, host, power = usage(p, states)
+    slo_on = np.isfinite(p.slo_budget)
+    budget = np.where(slo_on, p.slo_budget, 0.0)
+    late = (p.arrivals * p.slow[np.arange(p.n_functions)[:, None], states]).sum(axis=1)
+    cold_on = np.isfinite(p.cold_cap)
+    colds = float((p.arrivals * p.is_cold()[states]).sum())
+    cap = p.cold_cap if cold_on else 0.0
+    value = float(values.sum())
+    value -= float((y.gpu * p.gpu_cap[:, None]).sum() + (y.host * p.host_cap[:, None]).sum())
+    value -= float((y.power * p.power_cap[:, None]).sum())
+    value -= float((y.slo * budget).sum()) + y.cold * cap
+    g = np.concatenate(
+        [
+            (gpu - p.gpu_cap[:, None]).ravel(),
+            (host - p.host_cap[:, None]).ravel(),
+            (power - p.power_cap[:, None]).ravel(),
+            np.where(slo_on, late - budget, 0.0),
+            [colds - cap if cold_on else 0.0],
+        ]
+    )
+    return value, states, g
+
+
+def _one_function(
+    p: KeepAliveProblem,
+    f: int,
+    cost: FloatArray,
+    factor: FloatArray,
+    free_gpu: FloatArray,
+    free_host: FloatArray,
+    free_power: FloatArray,
+    late_penalty: float,
+) -> IntArray | None:
+    """Function f's cheapest path (by ``cost`` (T, S) and move ``factor``) that fits
+    in the free budgets (N, T) and keeps its SLO; None if there is none."""
+    n_t, n_s = p.n_windows, p.n_states
+    node = p.node_of()
+    dt = p.window_s
+    fits = (
+        p.allowed[f][None, :]
+        & (p.gpu_gb[f][None, :] <= free_gpu[node, :].T * (1 + TOL) + TOL)
+        & (p.host_gb[f][None, :] <= free_host[node, :].T * (1 + TOL) + TOL)
+    )
+    power_room = free_power[node, :].T * (1 + TOL) + TOL  # (T, S)
+    lam = p.arrivals[f]
+    slow = p.slow[f]
+    budget = p.slo_budget[f]
+    tracked = np.isfinite(budget) and float(lam.sum()) * slow.any() > budget
+    if tracked and budget > MAX_LATE_STATES:
+        cost = cost + late_penalty * lam[:, None] * slow[None, :]
+        tracked = False
+    width = int(np.floor(budget + 1e-9)) + 1 if tracked else 1
+    step = (
+        (lam[:, None] * slow[None, :]).astype(np.int64)
+        if tracked
+        else np.zeros((n_t, n_s), np.int64)
+    )
+
+    def arc_ok(t: int, a_moves: FloatArray) -> FloatArray:
+        """Move energies into each state (rows: from) with inf where the arc breaks
+        the power budget or the target does not fit."""
+        power = (p.state_j[f, t][None, :] + a_moves) / dt
+        ok = fits[t][None, :] & (power <= power_room[t][None, :])
+        return np.where(ok, a_moves * factor[t][None, :], np.inf)
+
+    value = np.full((n_s, width), np.inf)
+    start = arc_ok(0, p.trans_j[f, p.source_state][None, :])[0] + cost[0]
+    for b in range(n_s):
+        if step[0, b] < width:
+            value[b, step[0, b]] = start[b]
+    backs: list[IntArray] = []
+    for t in range(1, n_t):
+        moves = arc_ok(t, p.trans_j[f, :n_s, :])  # (S, S)
+        total = value[:, None, :] + moves[:, :, None]  # (a, b, v)
+        arg = np.argmin(total, axis=0)  # (b, v)
+        best = np.take_along_axis(total, arg[None, :, :], axis=0)[0]
+        new = np.full((n_s, width), np.inf)
+        shifted_arg = np.zeros((n_s, width), dtype=np.int64)
+        for b in range(n_s):
+            k = int(step[t, b])
+            if k >= width:
+                continue
+            new[b, k:] = best[b, : width - k] + cost[t, b]
+            shifted_arg[b, k:] = arg[b, : width - k]
+        backs.append(shifted_arg)
+        value = new
+    flat = int(np.argmin(value))
+    if not np.isfinite(value.flat[flat]):
+        return None
+    b, v = divmod(flat, width)
+    path = np.zeros(n_t, dtype=np.int64)
+    path[-1] = b
+    for t in range(n_t - 1, 0, -1):
+        a = int(backs[t - 1][b, v])
+        v -= int(step[t, b])
+        b = a
+        path[t - 1] = b
+    return path
+
+
+def repair_orders(p: KeepAliveProblem) -> list[IntArray]:
+    """Orders in which the repair places functions: largest warm GPU memory first
+    (the hardest to fit), most requested first, and most SLO-bound first (the
+    functions with the most requests in states slower than their SLO)."""
+    f = np.arange(p.n_functions)
+    warm_gb = p.gpu_gb.max(axis=1)
+    requests = p.arrivals.sum(axis=1)
+    late = np.where(np.isfinite(p.slo_budget), requests * p.slow.any(axis=1) - p.slo_budget, 0.0)
+    orders = [
+        np.lexsort((f, -requests, -warm_gb)),
+        np.lexsort((f, -warm_gb, -requests)),
+        np.lexsort((f, -warm_gb, -late)),
+    ]
+    unique: list[IntArray] = []
+    for order in orders:
+        if not any(np.array_equal(order, u) for u in unique):
+            unique.append(order.astype(np.int64))
+    return unique
+
+
+def repair(
+    p: KeepAliveProblem, guide: Prices, cold_penalty: float, order: IntArray
+) -> IntArray | None:
+    """A plan within the node budgets and SLOs built function by function, starting
+    in ``order``: a function that finds no path that fits moves to the front and
+    the placement restarts (at most F times); None if that does not help."""
+    current = [int(f) for f in order]
+    for _ in range(p.n_functions + 1):
+        states, failed = _place(p, guide, cold_penalty, current)
+        if states is not None:
+            return states
+        assert failed is not None
+        if current[0] == failed:
+            return None
+        current.remove(failed)
+        current.insert(0, failed)
+    return None
+
+
+def _place(
+    p: KeepAliveProblem, guide: Prices, cold_penalty: float, order: list[int]
+) -> tuple[IntArray | None, int | None]:
+    """(plan, None) placing the functions in ``order`` at the costs ``guide`` gives,
+    or (None, the first function that finds no path that fits)."""
+    cost_all, factor = _priced(p, Prices(guide.gpu, guide.host, guide.power, guide.slo * 0, 0.0))
+    cold = p.is_cold()
+    free_gpu = np.tile(p.gpu_cap[:, None], (1, p.n_windows)).astype(np.float64)
+    free_host = np.tile(p.host_cap[:, None], (1, p.n_windows)).astype(np.float64)
+    free_power = np.tile(p.power_cap[:, None], (1, p.n_windows)).astype(np.float64)
+    states = np.zeros((p.n_functions, p.n_windows), dtype=np.int64)
+    late_penalty = float(np.max(p.state_j)) + 1.0
+    for f in order:
+        cost = cost_all[f] + cold_penalty * p.arrivals[f][:, None] * cold[None, :]
+        path = _one_function(p, int(f), cost, factor, free_gpu, free_host, free_power, late_penalty)
+        if path is None:
+            return None, int(f)
+        states[f] = path
+        gpu, host, power = usage(p, path[None, :], np.array([f]))
+        free_gpu -= gpu
+        free_host -= host
+        free_power -= power
+    return states, None
+
+
+def feasible_states(p: KeepAliveProblem, states: IntArray) -> bool:
+    """Whether the plan keeps the SLOs and the cold-start cap (the repair keeps the
+    node budgets by construction)."""
+    f = np.arange(p.n_functions)[:, None]
+    late = (p.arrivals * p.slow[f, states]).sum(axis=1)
+    if np.any(late > p.slo_budget * (1 + TOL) + TOL):
+        return False
+    colds = float((p.arrivals * p.is_cold()[states]).sum())
+    return colds <= p.cold_cap * (1 + TOL) + TOL
+
+
+def best_repair(p: KeepAliveProblem, y: Prices) -> IntArray | None:
+    """The cheapest feasible plan of the repairs at true and at priced costs, in
+    every order of ``repair_orders``."""
+    best: IntArray | None = None
+    best_cost = np.inf
+    finite = np.isfinite(p.trans_j)
+    base = float(np.mean(p.trans_j[finite])) if finite.any() else 1.0
+    step = base / max(1.0, float(p.arrivals.mean()))
+    for guide in (Prices.zero(p), y):
+        for order in repair_orders(p):
+            penalty = y.cold
+            for _ in range(16):
+                states = repair(p, guide, penalty, order)
+                if states is None:
+                    break
+                if feasible_states(p, states):
+                    cost = plan_energy(p, states)
+                    if cost < best_cost:
+                        best, best_cost = states, cost
+                    break
+                penalty = max(4.0 * penalty, step)
+    return best
+
+
+def solve_lagrangian(
+    p: KeepAliveProblem,
+    *,
+    time_limit_s: float = 60.0,
+    rel_gap: float = 1e-4,
+    max_iterations: int = 300,
+    progress: Progress = quiet,
+) -> Result[KeepAlivePlan]:
+    """Projected subgradient on the coupling rows with repairs; the best plan, the
+    best dual value as its certified lower bound, J."""
+    t0 = time.perf_counter()
+    control = PolyakControl(theta=1.0, patience=10)
+    y = Prices.zero(p)
+    prices = y.vector()
+    best_bound = -np.inf
+    best_plan: IntArray | None = None
+    upper = np.inf
+    iterations = 0
+    termination = Termination.EFFORT_LIMIT
+    while iterations < max_iterations:
+        iterations += 1
+        value, paths, g = dual_point(p, y)
+        if control.observe(value):
+            best_bound = max(best_bound, value)
+        if iterations == 1 or iterations % REPAIR_EVERY == 0:
+            states = best_repair(p, y)
+            if states is not None:
+                cost = plan_energy(p, states)
+                if cost < upper:
+                    upper, best_plan = cost, states
+                    progress(f"lagrangian: plan {upper:,.0f} J, bound {best_bound:,.0f} J")
+        if np.isfinite(upper) and relative_gap(upper, best_bound) <= rel_gap:
+            termination = Termination.CONVERGED
+            break
+        if time.perf_counter() - t0 > time_limit_s:
+            termination = Termination.TIME_LIMIT
+            break
+        target = upper if np.isfinite(upper) else value + 0.1 * abs(value) + 1.0
+        prices, norm2 = projected_step(prices, g, value, target, control.theta)
+        if norm2 <= 1e-18:
+            # every row holds and every priced row is tight: the paths are feasible
+            # and, by complementary slackness, optimal
+            cost = plan_energy(p, paths)
+            if cost < upper:
+                upper, best_plan = cost, paths
+            termination = Termination.CONVERGED
+            break
+        y = Prices.of(p, prices)
+    log = [f"{iterations} subgradient iterations, best dual {best_bound:,.3f} J"]
+    wall = time.perf_counter() - t0
+    bound = float(best_bound) if np.isfinite(best_bound) else None
+    if best_plan is None:
+        return Result(
+            NO_SOLUTION,
+            None,
+            bound,
+            wall,
+            None,
+            "lagrangian",
+            log=log,
+            diagnosis=["the repair found no plan within the node budgets, SLOs and cap"],
+            termination=termination,
+            formulation=FORMULATION_NAME,
+            algorithm="Lagrangian on the node budgets, SLOs and cap; shortest paths; repair",
+        )
+    return Result(
+        FEASIBLE,
+        upper,
+        bound,
+        wall,
+        p.plan_of(best_plan),
+        "lagrangian",
+        log=log,
+        termination=termination,
+        formulation=FORMULATION_NAME,
+        algorithm="Lagrangian on the node budgets, SLOs and cap; shortest paths; repair",
+    )

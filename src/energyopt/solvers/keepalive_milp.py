@@ -1,0 +1,209 @@
+"""Keep-alive MILP with HiGHS: the whole horizon at once (exact), or rolled over
+the horizon a few windows at a time (a heuristic for long horizons)."""
+
+from __future__ import annotations
+
+import time
+
+import highspy
+import numpy as np
+
+from energyopt.backends.highs import quiet_highs
+from energyopt.formulations.keepalive.milp import (
+    FORMULATION_NAME,
+    Milp,
+    build_milp,
+    highs_lp,
+    states_of,
+)
+from energyopt.formulations.keepalive.model import IntArray, KeepAliveProblem
+from energyopt.progress import Progress, quiet
+from energyopt.solvers.result import (
+    FEASIBLE,
+    INFEASIBLE,
+    NO_SOLUTION,
+    OPTIMAL,
+    Result,
+    Termination,
+)
+from energyopt.spec.keepalive import KeepAlivePlan
+
+FORMULATION = FORMULATION_NAME
+
+
+def _run(milp: Milp, time_limit_s: float, rel_gap: float) -> highspy.Highs:
+    h = quiet_highs()
+    h.passModel(highs_lp(milp))
+    h.setOptionValue("time_limit", max(0.1, time_limit_s))
+    h.setOptionValue("mip_rel_gap", rel_gap)
+    h.run()
+    return h
+
+
+def solve_milp(
+    p: KeepAliveProblem,
+    *,
+    time_limit_s: float = 60.0,
+    rel_gap: float = 1e-6,
+    progress: Progress = quiet,
+) -> Result[KeepAlivePlan]:
+    """The whole horizon's MILP: the optimum within ``rel_gap`` or, at the time
+    limit, the best plan with HiGHS' bound. Objective in J."""
+    t0 = time.perf_counter()
+    milp = build_milp(p)
+    progress(f"milp: {len(milp):,} columns, {milp.matrix.shape[0]:,} rows")
+    h = _run(milp, time_limit_s, rel_gap)
+    status = h.getModelStatus()
+    info = h.getInfo()
+    wall = time.perf_counter() - t0
+    log = [f"HiGHS: {h.modelStatusToString(status)}, {len(milp):,} columns"]
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return Result(
+            INFEASIBLE,
+            None,
+            None,
+            wall,
+            None,
+            "milp",
+            log=log,
+            diagnosis=_diagnosis(p),
+            termination=Termination.INFEASIBLE,
+            formulation=FORMULATION,
+            algorithm="HiGHS branch and cut",
+        )
+    has_plan = info.primal_solution_status == 2
+    bound = float(info.mip_dual_bound)
+    bound_or_none = bound if np.isfinite(bound) else None
+    termination = (
+        Termination.CONVERGED
+        if status == highspy.HighsModelStatus.kOptimal
+        else Termination.TIME_LIMIT
+    )
+    if not has_plan:
+        return Result(
+            NO_SOLUTION,
+            None,
+            bound_or_none,
+            wall,
+            None,
+            "milp",
+            log=log,
+            termination=termination,
+            formulation=FORMULATION,
+            algorithm="HiGHS branch and cut",
+        )
+    values = np.asarray(h.getSolution().col_value)
+    states = states_of(milp, values, p.n_functions, 0, p.n_windows)
+    objective = float(milp.cost @ np.round(values))
+    return Result(
+        OPTIMAL if status == highspy.HighsModelStatus.kOptimal else FEASIBLE,
+        objective,
+        bound_or_none,
+        wall,
+        p.plan_of(states),
+        "milp",
+        log=log,
+        termination=termination,
+        formulation=FORMULATION,
+        algorithm="HiGHS branch and cut",
+    )
+
+
+def solve_rolling(
+    p: KeepAliveProblem,
+    *,
+    lookahead: int = 15,
+    step: int = 5,
+    time_limit_s: float = 60.0,
+    rel_gap: float = 1e-4,
+    progress: Progress = quiet,
+) -> Result[KeepAlivePlan]:
+    """Rolling horizon: solve ``lookahead`` windows, keep the first ``step``, roll
+    on from the kept states with what is left of the SLO and cold-start allowances.
+    Each step sees only part of the forecast, so the plan carries no bound."""
+    t0 = time.perf_counter()
+    n_t = p.n_windows
+    states = np.full((p.n_functions, n_t), -1, dtype=np.int64)
+    start: IntArray = np.full(p.n_functions, p.source_state, dtype=np.int64)
+    slo_left = p.slo_budget.copy()
+    cold_left = p.cold_cap
+    cold = p.is_cold()
+    first = 0
+    steps = 0
+    total = 0.0
+    log: list[str] = []
+    while first < n_t:
+        last = min(n_t, first + lookahead)
+        keep = n_t if last == n_t else min(last, first + step)
+        left = time_limit_s - (time.perf_counter() - t0)
+        milp = build_milp(p, first, last, start, slo_left, cold_left)
+        h = _run(milp, max(0.1, left), rel_gap)
+        steps += 1
+        if h.getInfo().primal_solution_status != 2:
+            status = h.modelStatusToString(h.getModelStatus())
+            log.append(f"windows {first}-{last - 1}: no plan ({status})")
+            return Result(
+                NO_SOLUTION,
+                None,
+                None,
+                time.perf_counter() - t0,
+                None,
+                "rolling",
+                log=log,
+                diagnosis=[
+                    f"the rolling horizon found no plan for windows {first}-{last - 1} from "
+                    "the states it had kept; the whole-horizon solver (milp) may"
+                ],
+                termination=Termination.HEURISTIC,
+                formulation=FORMULATION,
+                algorithm=f"rolling horizon, lookahead {lookahead}, step {step}",
+            )
+        values = np.round(np.asarray(h.getSolution().col_value))
+        part = states_of(milp, values, p.n_functions, first, last)
+        kept = (milp.win < keep) & (values > 0.5)
+        total += float(milp.cost[kept].sum())
+        states[:, first:keep] = part[:, : keep - first]
+        window = np.arange(first, keep)
+        lam = p.arrivals[:, window]
+        chosen = states[:, first:keep]
+        fidx = np.arange(p.n_functions)[:, None]
+        slo_left = slo_left - (lam * p.slow[fidx, chosen]).sum(axis=1)
+        cold_left = cold_left - float((lam * cold[chosen]).sum())
+        start = states[:, keep - 1].copy()
+        progress(f"rolling: windows {first}-{keep - 1} fixed, energy so far {total:,.0f} J")
+        first = keep
+    log.append(f"{steps} MILPs of at most {lookahead} windows")
+    return Result(
+        FEASIBLE,
+        total,
+        None,
+        time.perf_counter() - t0,
+        p.plan_of(states),
+        "rolling",
+        log=log,
+        termination=Termination.HEURISTIC,
+        formulation=FORMULATION,
+        algorithm=f"rolling horizon, lookahead {lookahead}, step {step}",
+    )
+
+
+def _diagnosis(p: KeepAliveProblem) -> list[str]:
+    """Why a keep-alive problem may have no plan, from its numbers."""
+    out = []
+    fast = ~p.slow & p.allowed
+    for f, fn in enumerate(p.spec.functions):
+        if np.isfinite(p.slo_budget[f]) and not fast[f].any():
+            out.append(
+                f"{fn.name}: no state starts requests within its SLO; at most "
+                f"{p.slo_budget[f]:g} of its requests may start late"
+            )
+    if np.isfinite(p.cold_cap):
+        out.append(
+            f"the cold-start cap allows {p.cold_cap:g} cold starts; functions that fit no "
+            "node warm or tepid must start cold"
+        )
+    out.append(
+        "the node budgets cannot hold the warm or tepid states the SLOs and the cold-start "
+        "cap require"
+    )
+    return out

@@ -1,0 +1,183 @@
+"""Keep-alive file (``kind: keepalive``): serverless functions kept warm, tepid or cold.
+
+Time is cut into windows of ``window_s`` seconds. In every window each function
+is in one state on one node:
+
+- ``warm``: loaded and ready on the node's GPU; holds ``warm`` memory and power,
+  a request starts at once;
+- ``tepid``: kept in a cheaper state (weights in host memory, container paused);
+  holds ``tepid`` memory and power, a request first resumes (``tepid.resume_s``,
+  ``tepid.resume_j``) and the container pauses again afterwards (``tepid.enter_j``);
+- ``cold``: nothing kept; a request pays the full cold start (``cold_start``) on
+  the node, and the container is evicted afterwards.
+
+Moving between states at a window boundary costs the transition's energy, and a
+transition that takes longer than a window is impossible. Units are in the field
+names; docs/formulations/keepalive.md states the model.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from energyopt.spec.base import Spec
+
+MAX_WINDOWS = 10_080
+"""Most windows in one file (a week of minutes)."""
+MAX_TIME_S = 86_400.0
+"""Longest time any keep-alive field takes, s (one day)."""
+MAX_POWER_W = 1e6
+MAX_MEMORY_GB = 1e6
+MAX_ENERGY_J = 1e12
+MAX_REQUESTS_PER_WINDOW = 10_000_000
+
+State = Literal["warm", "tepid", "cold"]
+STATES: tuple[State, ...] = ("warm", "tepid", "cold")
+
+
+class Holding(Spec):
+    """What a function holds while kept in one state."""
+
+    gpu_memory_gb: float = Field(ge=0, le=MAX_MEMORY_GB, description="GPU memory held, GB")
+    host_memory_gb: float = Field(ge=0, le=MAX_MEMORY_GB, description="host memory held, GB")
+    power_w: float = Field(ge=0, le=MAX_POWER_W, description="power drawn while kept, W")
+
+
+class TepidState(Holding):
+    """The tepid state: what it holds and how the function enters and leaves it."""
+
+    enter_s: float = Field(ge=0, le=MAX_TIME_S, description="warm -> tepid time, s")
+    enter_j: float = Field(ge=0, le=MAX_ENERGY_J, description="warm -> tepid energy, J")
+    resume_s: float = Field(ge=0, le=MAX_TIME_S, description="tepid -> warm time, s")
+    resume_j: float = Field(ge=0, le=MAX_ENERGY_J, description="tepid -> warm energy, J")
+
+
+class ColdStart(Spec):
+    """A cold start: container start plus weight load onto the GPU."""
+
+    time_s: float = Field(ge=0, le=MAX_TIME_S, description="cold -> warm time, s")
+    energy_j: float = Field(ge=0, le=MAX_ENERGY_J, description="cold -> warm energy, J")
+
+
+class Service(Spec):
+    """One request once its container is warm."""
+
+    time_s: float = Field(gt=0, le=MAX_TIME_S, description="service time per request, s")
+    power_w: float = Field(ge=0, le=MAX_POWER_W, description="power while serving, W")
+
+
+class StartSlo(Spec):
+    """Start latency (time from arrival until the request starts on a warm container)."""
+
+    start_latency_s: float = Field(ge=0, le=MAX_TIME_S, description="start-latency limit, s")
+    percentile: float = Field(
+        gt=0, le=100, description="share of the function's requests, %, that start within it"
+    )
+
+
+class Function(Spec):
+    """One serverless function (a model instance or any GPU function)."""
+
+    name: str = Field(min_length=1)
+    warm: Holding
+    tepid: TepidState | None = Field(
+        default=None, description="the tepid state; none: the function has no tepid state"
+    )
+    cold_start: ColdStart
+    service: Service
+    arrivals: tuple[int, ...] = Field(
+        min_length=1,
+        max_length=MAX_WINDOWS,
+        description="forecast requests in each window (one count per window)",
+    )
+    slo: StartSlo | None = Field(default=None, description="overrides the file's slo")
+    nodes: tuple[str, ...] | None = Field(
+        default=None, description="nodes the function may be placed on; default all"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Function:
+        if any(a < 0 or a > MAX_REQUESTS_PER_WINDOW for a in self.arrivals):
+            raise ValueError(f"arrivals: request counts must lie in 0..{MAX_REQUESTS_PER_WINDOW:,}")
+        if self.nodes is not None and len(set(self.nodes)) != len(self.nodes):
+            raise ValueError("nodes: a node is named twice")
+        return self
+
+
+class Node(Spec):
+    """A node: its GPU memory (all its GPUs together), host memory and power budget."""
+
+    name: str = Field(min_length=1)
+    gpu_memory_gb: float = Field(gt=0, le=MAX_MEMORY_GB, description="GPU memory, GB")
+    host_memory_gb: float = Field(gt=0, le=MAX_MEMORY_GB, description="host memory, GB")
+    power_budget_w: float = Field(
+        gt=0,
+        le=MAX_POWER_W,
+        description="average power the functions on it may draw in any window, W",
+    )
+
+
+class KeepAliveObjective(Spec):
+    """Least energy, optionally with a cap on the share of requests that start cold."""
+
+    kind: Literal["energy"] = "energy"
+    max_cold_start_rate: float | None = Field(
+        default=None, ge=0, le=1, description="cold starts per request over the horizon"
+    )
+
+
+class KeepAliveFile(Spec):
+    """A keep-alive problem: functions, nodes, their forecast and the objective."""
+
+    kind: Literal["keepalive"]
+    name: str = Field(min_length=1)
+    description: str = ""
+    window_s: float = Field(gt=0, le=MAX_TIME_S, description="length of one window, s")
+    nodes: tuple[Node, ...] = Field(min_length=1, max_length=1_000)
+    functions: tuple[Function, ...] = Field(min_length=1, max_length=10_000)
+    slo: StartSlo | None = Field(default=None, description="start-latency SLO of every function")
+    objective: KeepAliveObjective = KeepAliveObjective()
+
+    @model_validator(mode="after")
+    def _check(self) -> KeepAliveFile:
+        for what, names in (
+            ("nodes", [n.name for n in self.nodes]),
+            ("functions", [f.name for f in self.functions]),
+        ):
+            seen: set[str] = set()
+            for name in names:
+                if name in seen:
+                    raise ValueError(f"{what}: {name!r} is named twice")
+                seen.add(name)
+        lengths = {len(f.arrivals) for f in self.functions}
+        if len(lengths) > 1:
+            raise ValueError(
+                "functions: every function's arrivals must cover the same windows "
+                f"(lengths {sorted(lengths)})"
+            )
+        return self
+
+
+class FunctionSchedule(Spec):
+    """One function's state and node in every window."""
+
+    function: str = Field(min_length=1)
+    states: tuple[State, ...] = Field(min_length=1, max_length=MAX_WINDOWS)
+    nodes: tuple[str, ...] = Field(min_length=1, max_length=MAX_WINDOWS)
+
+
+class KeepAlivePlan(Spec):
+    """A keep-alive plan, with the figures of the solve that made it."""
+
+    UNCHECKED_NUMBERS = frozenset({"objective", "bound", "gap"})
+
+    name: str = ""
+    functions: tuple[FunctionSchedule, ...] = Field(min_length=1)
+    objective: float | None = Field(default=None, description="energy over the horizon, J")
+    objective_unit: str = "J"
+    bound: float | None = Field(default=None, description="lower bound on the optimum, J")
+    gap: float | None = None
+    status: str = ""
+    solver: str = ""
