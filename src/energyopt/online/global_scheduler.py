@@ -73,7 +73,7 @@ class OnlineConfig:
 
     rate_tau_s: float = 10.0
     risk_utilization: float = 1.0
-    calm_utilization: float = 0.95
+    calm_utilization: float = 0.85
     backlog_fraction: float = 1.0
     drain_s: float = 2.0  # backlog is to be cleared within this, s
     hold_s: float = 5.0  # least time a boost or shift stays, s

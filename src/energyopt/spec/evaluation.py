@@ -176,7 +176,7 @@ class OnlineOptions(Spec):
         default=1.0, gt=0, le=1, description="observed rate / capacity above which at risk"
     )
     calm_utilization: float = Field(
-        default=0.95, gt=0, le=1, description="below this at the plan's clock a boost ends"
+        default=0.85, gt=0, le=1, description="below this at the plan's clock a boost ends"
     )
     hold_s: float = Field(default=5.0, ge=0, le=86_400, description="least boost length, s")
     rate_tau_s: float = Field(
