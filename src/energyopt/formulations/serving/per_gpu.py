@@ -22,6 +22,8 @@ from energyopt.perf.oppoints import OpTable
 from energyopt.spec.cluster import Gpu
 
 ON = 0.5
+POOLED = -1
+"""Slot index of the TP key of interchangeable GPUs (one cap): its w counts groups."""
 
 
 @dataclass
@@ -55,12 +57,15 @@ class PerGpuModel:
                 rate = max(0.0, float(pyo.value(m.r[g, o])))
                 out[self.gpus[g].id].ops.append((o, rate))
         for node, o, j in self.tp_keys:
-            if pyo.value(m.w[node, o, j]) <= ON:
+            groups = round(float(pyo.value(m.w[node, o, j])))
+            if groups <= 0:
                 continue
-            rate = max(0.0, float(pyo.value(m.r_tp[node, o, j])))
-            gid = f"{node}:tp{o}.{j}"
-            for g in self.slot_members[(node, o, j)]:
-                if pyo.value(m.z[g, o, j]) > ON:
+            rate = max(0.0, float(pyo.value(m.r_tp[node, o, j]))) / groups
+            chosen = [g for g in self.slot_members[(node, o, j)] if pyo.value(m.z[g, o, j]) > ON]
+            k = int(self.table.tp[o])
+            for i in range(groups):
+                gid = f"{node}:tp{o}.{j if j != POOLED else i}"
+                for g in chosen[i * k : (i + 1) * k]:
                     out[self.gpus[g].id].tp_ops.append((o, rate, gid))
         return out
 
@@ -85,16 +90,20 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
         t = type_index[gpu.type]
         pm.y_keys.extend((g, f) for f in table.clocks[gpu.type])
         pm.x_keys.extend((g, o) for o in by_type[t])
-    # TP groups are formed of GPUs of one node and type, whatever their power caps:
-    # each possible group of an op is a slot j, and each GPU may join one slot.
+    # TP groups are formed of GPUs of one node and type, whatever their power caps.
+    # Where those GPUs share one cap they are interchangeable: one POOLED key whose
+    # integer w counts the groups. Otherwise each possible group of an op is a slot
+    # j (binary w), each GPU may join one slot, and each member's cap limits it.
     nodes_types: dict[tuple[str, int], list[int]] = defaultdict(list)
     slot_members = pm.slot_members
     for g, gpu in enumerate(gpus):
         nodes_types[(gpu.node, type_index[gpu.type])].append(g)
     for (node, t), members in nodes_types.items():
+        pooled = len({power_cap_w(problem, gpus[g]) for g in members}) == 1
         for o in tp_by_type[t]:
             k = int(table.tp[o])
-            for j in range(len(members) // k):
+            slots = [POOLED] if pooled and len(members) >= k else range(len(members) // k)
+            for j in slots:
                 pm.tp_keys.append((node, o, j))
                 pm.z_keys.extend((g, o, j) for g in members)
                 slot_members[(node, o, j)] = members
@@ -104,9 +113,19 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
     m.x = pyo.Var(pm.x_keys, domain=pyo.Binary)
     m.r = pyo.Var(pm.x_keys, domain=pyo.NonNegativeReals, bounds=lambda _, g, o: (0, capacity[o]))
     m.z = pyo.Var(pm.z_keys, domain=pyo.Binary)
-    m.w = pyo.Var(pm.tp_keys, domain=pyo.Binary)
+
+    def most_groups(n: str, o: int, j: int) -> int:
+        return 1 if j != POOLED else len(slot_members[(n, o, j)]) // int(table.tp[o])
+
+    m.w = pyo.Var(
+        pm.tp_keys,
+        domain=pyo.NonNegativeIntegers,
+        bounds=lambda _, n, o, j: (0, most_groups(n, o, j)),
+    )
     m.r_tp = pyo.Var(
-        pm.tp_keys, domain=pyo.NonNegativeReals, bounds=lambda _, n, o, j: (0, capacity[o])
+        pm.tp_keys,
+        domain=pyo.NonNegativeReals,
+        bounds=lambda _, n, o, j: (0, capacity[o] * most_groups(n, o, j)),
     )
 
     x_of_gpu: dict[int, list[int]] = defaultdict(list)
@@ -174,6 +193,11 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
         members = slot_members[(node, o, j)]
         k = int(table.tp[o])
         add(sum(m.z[g, o, j] for g in members) == k * m.w[node, o, j])
+        if j == POOLED:
+            # One cap for every member: each group's rate within it.
+            per_group = min(capacity[o], tp_rate_limit(problem, table, o, gpus[members[0]]))
+            add(m.r_tp[node, o, j] <= per_group * m.w[node, o, j])
+            continue
         add(m.r_tp[node, o, j] <= capacity[o] * m.w[node, o, j])
         if j > 0 and strengthen:
             add(m.w[node, o, j] <= m.w[node, o, j - 1])
