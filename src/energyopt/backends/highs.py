@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import highspy
 import numpy as np
+from numpy.typing import NDArray
 
 _BANNER_SHOWN = False
 
@@ -53,3 +55,28 @@ def single_threaded_highs() -> None:
     h.setOptionValue("threads", 1)
     h.addVars(1, np.zeros(1), np.ones(1))
     h.run()
+
+
+def binary_lp(
+    cost: NDArray[np.float64],
+    matrix: Any,
+    row_lo: NDArray[np.float64],
+    row_hi: NDArray[np.float64],
+) -> highspy.HighsLp:
+    """A 0/1 program min cost.x, row_lo <= matrix x <= row_hi as a HiGHS model
+    (``matrix`` a scipy CSC matrix, one column per variable)."""
+    lp = highspy.HighsLp()
+    n = len(cost)
+    lp.num_col_ = n
+    lp.num_row_ = matrix.shape[0]
+    lp.col_cost_ = cost
+    lp.col_lower_ = np.zeros(n)
+    lp.col_upper_ = np.ones(n)
+    lp.row_lower_ = row_lo
+    lp.row_upper_ = row_hi
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = matrix.indptr.astype(np.int32)
+    lp.a_matrix_.index_ = matrix.indices.astype(np.int32)
+    lp.a_matrix_.value_ = matrix.data.astype(np.float64)
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * n
+    return lp

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel
 
-from energyopt.families.contract import SolverEntry, Stated
+from energyopt.families.contract import SolverEntry, Stated, stamped
 from energyopt.formulations.colocation.problem import ColocationProblem, load_colocation
 from energyopt.progress import Progress
 from energyopt.solvers.result import Result
@@ -171,15 +171,7 @@ class ColocationFamily:
 
     def to_file(self, problem: ColocationProblem, result: ColocationResult) -> BaseModel:
         assert result.plan is not None
-        return result.plan.model_copy(
-            update={
-                "objective": result.objective,
-                "bound": result.bound,
-                "gap": result.gap,
-                "status": str(result.status),
-                "solver": result.solver,
-            }
-        )
+        return stamped(result.plan, result)
 
     def from_file(
         self, problem: ColocationProblem, data: Any, source: str

@@ -123,3 +123,20 @@ class Stated:
     objective: float | None = None
     bound: float | None = None
     gap: float | None = None
+
+
+PlanFileT = TypeVar("PlanFileT", bound=BaseModel)
+
+
+def stamped(plan: PlanFileT, result: Result[Any]) -> PlanFileT:
+    """``plan`` (a file model with objective, bound, gap, status and solver fields)
+    carrying the figures of ``result``, written once from it."""
+    return plan.model_copy(
+        update={
+            "objective": result.objective,
+            "bound": result.bound,
+            "gap": result.gap,
+            "status": str(result.status),
+            "solver": result.solver,
+        }
+    )

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from energyopt.families.contract import SolverEntry, Stated
+from energyopt.families.contract import SolverEntry, Stated, stamped
 from energyopt.formulations.keepalive.model import KeepAliveProblem, load_keepalive
 from energyopt.progress import Progress
 from energyopt.solvers.result import Result
@@ -180,15 +180,7 @@ class KeepAliveFamily:
 
     def to_file(self, p: KeepAliveProblem, result: Result[KeepAlivePlan]) -> BaseModel:
         assert result.plan is not None
-        return result.plan.model_copy(
-            update={
-                "objective": result.objective,
-                "bound": result.bound,
-                "gap": result.gap,
-                "status": str(result.status),
-                "solver": result.solver,
-            }
-        )
+        return stamped(result.plan, result)
 
     def from_file(
         self, p: KeepAliveProblem, data: Any, source: str

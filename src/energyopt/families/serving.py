@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from energyopt.catalog.problem import Problem, load_problem
-from energyopt.families.contract import SolverEntry, Stated
+from energyopt.families.contract import SolverEntry, Stated, stamped
 from energyopt.progress import Progress
 from energyopt.solvers.result import Result
 from energyopt.spec.errors import SpecError
@@ -138,15 +138,7 @@ class ServingFamily:
 
     def to_file(self, problem: Problem, result: Result[Plan]) -> BaseModel:
         assert result.plan is not None
-        return result.plan.model_copy(
-            update={
-                "objective": result.objective,
-                "bound": result.bound,
-                "gap": result.gap,
-                "status": str(result.status),
-                "solver": result.solver,
-            }
-        )
+        return stamped(result.plan, result)
 
     def from_file(self, problem: Problem, data: Any, source: str) -> tuple[Plan, Stated]:
         plan = parse(Plan, data, source)

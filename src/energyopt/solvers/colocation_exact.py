@@ -7,7 +7,7 @@ import time
 import highspy
 import numpy as np
 
-from energyopt.backends.highs import quiet_highs
+from energyopt.backends.highs import binary_lp, quiet_highs
 from energyopt.formulations.colocation.milp import Milp, build_milp
 from energyopt.formulations.colocation.model import ColocationModel
 from energyopt.formulations.colocation.schedule import Schedule, to_plan
@@ -19,21 +19,7 @@ from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL,
 
 def highs_lp(milp: Milp) -> highspy.HighsLp:
     """The unit MILP as a HiGHS model (0/1 columns)."""
-    lp = highspy.HighsLp()
-    n = len(milp)
-    lp.num_col_ = n
-    lp.num_row_ = milp.matrix.shape[0]
-    lp.col_cost_ = milp.cost
-    lp.col_lower_ = np.zeros(n)
-    lp.col_upper_ = np.ones(n)
-    lp.row_lower_ = milp.row_lo
-    lp.row_upper_ = milp.row_hi
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = milp.matrix.indptr.astype(np.int32)
-    lp.a_matrix_.index_ = milp.matrix.indices.astype(np.int32)
-    lp.a_matrix_.value_ = milp.matrix.data.astype(np.float64)
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * n
-    return lp
+    return binary_lp(milp.cost, milp.matrix, milp.row_lo, milp.row_hi)
 
 
 def schedule_of(milp: Milp, values: np.ndarray, model: ColocationModel) -> Schedule:

@@ -26,6 +26,7 @@ import highspy
 import numpy as np
 import scipy.sparse as sp
 
+from energyopt.backends.highs import binary_lp
 from energyopt.formulations.keepalive.model import FloatArray, IntArray, KeepAliveProblem
 
 FORMULATION_NAME = "keep-alive arc-flow MILP (states x windows, node budgets, SLO, cold cap)"
@@ -185,21 +186,7 @@ def build_milp(
 
 def highs_lp(milp: Milp) -> highspy.HighsLp:
     """The MILP as a HiGHS model (0/1 columns), as ``energyopt export`` writes it."""
-    lp = highspy.HighsLp()
-    n = len(milp)
-    lp.num_col_ = n
-    lp.num_row_ = milp.matrix.shape[0]
-    lp.col_cost_ = milp.cost
-    lp.col_lower_ = np.zeros(n)
-    lp.col_upper_ = np.ones(n)
-    lp.row_lower_ = milp.row_lo
-    lp.row_upper_ = milp.row_hi
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = milp.matrix.indptr.astype(np.int32)
-    lp.a_matrix_.index_ = milp.matrix.indices.astype(np.int32)
-    lp.a_matrix_.value_ = milp.matrix.data.astype(np.float64)
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * n
-    return lp
+    return binary_lp(milp.cost, milp.matrix, milp.row_lo, milp.row_hi)
 
 
 def states_of(milp: Milp, values: FloatArray, n_functions: int, first: int, last: int) -> IntArray:
