@@ -64,7 +64,7 @@ def op_grid(problem: Problem) -> OpGrid:
             clocks.index(int(ot.clock_mhz[i])),
             shares.index(int(ot.share[i])),
         )
-        # MIG profiles with equal compute slices collapse to the largest capacity
+        # A +me MIG profile shares its base profile's share units: keep the larger capacity
         if cell not in best or ot.capacity_rps[i] > ot.capacity_rps[best[cell]]:
             best[cell] = int(i)
     cells = sorted(best)
