@@ -81,13 +81,21 @@ class OpLookups:
     @classmethod
     def build(cls, problem: Problem, directory: str | Path | None = None) -> OpLookups:
         """Compile the operating-point table of ``problem`` (default grid) into a file
-        in ``directory`` (a temporary one when None) and open it."""
+        in ``directory`` and open it. Without ``directory`` the file is written to a
+        temporary folder removed right after opening (the getters hold their rows
+        as Python lists, or a memory map that stays valid on POSIX systems; where
+        the removal fails the folder is left)."""
         axes, columns, meta = build_oppoint_columns(problem)
-        if directory is None:
-            directory = tempfile.mkdtemp(prefix="energyopt-online-")
-        path = Path(directory) / "oppoints.eot"
-        write_table(path, "oppoints", axes, columns, meta)
-        return cls(Table.open(path), problem)
+        if directory is not None:
+            path = Path(directory) / "oppoints.eot"
+            write_table(path, "oppoints", axes, columns, meta)
+            return cls(Table.open(path), problem)
+        with tempfile.TemporaryDirectory(
+            prefix="energyopt-online-", ignore_cleanup_errors=True
+        ) as tmp:
+            path = Path(tmp) / "oppoints.eot"
+            write_table(path, "oppoints", axes, columns, meta)
+            return cls(Table.open(path), problem)
 
     def capacity_rps(self, label: str, gpu_type: str, clock: int, share: int) -> float:
         """SLO capacity of the slice (requests/s; 0 where no op exists)."""
