@@ -79,7 +79,7 @@ class OnlineConfig:
     hold_s: float = 5.0  # least time a boost or shift stays, s
     spill_probes: int = 2
     wake_error: float = 0.15
-    wake_after_s: float = 15.0
+    wake_after_s: float = 5.0
     wake_tau_s: float = 10.0
     queue_factor: float = 2.0
     limit_margin: float = 1.15

@@ -189,7 +189,7 @@ class OnlineOptions(Spec):
         default=2.0, gt=0, le=1_000, description="queue bound in TTFT SLOs of work at max clock"
     )
     wake_after_s: float = Field(
-        default=15.0, ge=0, le=86_400, description="forecast error lasting this wakes a GPU, s"
+        default=5.0, ge=0, le=86_400, description="forecast error lasting this wakes a GPU, s"
     )
     shift: bool = Field(default=True, description="shift MPS share between co-located slices")
     wake: bool = Field(default=True, description="wake GPUs the plan left off")
