@@ -62,8 +62,8 @@ def main() -> None:
         "--gap",
         type=float,
         default=None,
-        help="decompositions' target gap (default: the instance's target, 1 % on fleet-64, "
-        "2 % above)",
+        help="decompositions' target gap (default: the instance's target, 1 %% on fleet-64, "
+        "2 %% above)",
     )
     parser.add_argument("--exact-limit", type=float, default=600.0)
     parser.add_argument("--exact-on", nargs="*", default=["fleet-64"])
