@@ -59,10 +59,18 @@ def test_compile_lookup_inspect_of_a_tiered_oppoints_table(
     out = tmp_path / "ops.eot"
     assert main(["compile", str(spec), "-o", str(out), "-q"]) == EXIT_OK
     assert "table written" in capsys.readouterr().out
-    key = ["slo_tier=gold", "workload=chat-llama", "gpu_type=H100-SXM5-80GB"]
-    assert main(["lookup", str(out), *key, "clock_mhz=1980", "share_used=30", "load=2"]) == 0
-    values = dict(line.split(" = ") for line in capsys.readouterr().out.splitlines())
-    # 30 % in use rounds up to 50 %: at most 50 % is free for the new slice
-    assert values["in_grid"] == "True" and 0 < int(values["place_share"]) <= 50
+    def place_share(tier: str, share_used: int) -> int:
+        key = [f"slo_tier={tier}", "workload=chat-llama", "gpu_type=H100-SXM5-80GB"]
+        args = [*key, "clock_mhz=1980", f"share_used={share_used}", "load=2"]
+        assert main(["lookup", str(out), *args]) == 0
+        values = dict(line.split(" = ") for line in capsys.readouterr().out.splitlines())
+        assert values["in_grid"] == "True"
+        return int(values["place_share"])
+
+    # 30 % in use rounds up to 50 %: at most 50 % is free for the new slice.
+    assert 0 < place_share("bronze", 30) <= 50
+    # Gold's tighter TBT needs more than half the GPU: it fits an idle GPU only.
+    assert place_share("gold", 0) > 50
+    assert place_share("gold", 30) == -1
     assert main(["inspect", str(out)]) == EXIT_OK
     assert "slo_tier" in capsys.readouterr().out

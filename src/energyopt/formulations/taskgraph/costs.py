@@ -63,6 +63,8 @@ def kernel_params(
         voltage_floor=full(gpu.power.voltage_floor),
         knee_fraction=full(gpu.power.knee_fraction),
         locked_clock_w=full(gpu.power.locked_clock_w),
+        compute_clock_fixed=full(gpu.efficiency.compute_clock_fixed),
+        overhead_clock_fixed=full(gpu.efficiency.overhead_clock_fixed),
         profile_clock_ratio=full(1.0),
     )
     return OpParams(**values)
