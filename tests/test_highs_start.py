@@ -44,3 +44,47 @@ def test_start_at_the_wrong_clock_returns_values_of_the_reported_objective(rate:
     assert out.objective == pytest.approx(values_objective(mp, values), rel=1e-9, abs=1e-9)
     assert out.objective == pytest.approx(free.objective, rel=1e-6)
     assert np.any(values[low] > 0.5)
+
+
+def test_a_backend_that_returns_the_start_with_its_own_objective_is_solved_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reported highspy behaviour, emulated: with a start, the first run reports
+    the objective of its own solution but hands back the start's values."""
+    import energyopt.solvers.highs_direct as hd
+
+    problem = tiny_instance(
+        [A100, A100],
+        [("Llama-3.1-8B", 3.0, 1200.0, 100.0), ("Mistral-7B", 1.5, 1200.0, 100.0)],
+        clocks={A100: [630, 1410]},
+    )
+    prog = pat.prepare(problem, build_op_table(problem))
+    pat.generate_columns(prog)
+    mp = pat.integer_model(prog, pyomo=False).master
+    free, _ = solve_master_mip(mp, time_limit_s=30, rel_gap=1e-9)
+    low = [mp.z_var[j] for j, col in enumerate(prog.columns) if col.clock_mhz == 630]
+    saved = [mp.hi[i] for i in low]
+    for i in low:
+        mp.hi[i] = 0.0
+    forced, start = solve_master_mip(mp, time_limit_s=30, rel_gap=1e-9)
+    for i, hi in zip(low, saved, strict=True):
+        mp.hi[i] = hi
+    assert start is not None and forced.objective is not None and free.objective is not None
+    assert forced.objective > free.objective + 1e-6
+
+    real = hd._read_mip
+    calls = []
+
+    def buggy(h, master, wall):  # type: ignore[no-untyped-def]
+        outcome, values = real(h, master, wall)
+        calls.append(1)
+        if len(calls) == 1:  # first run: HiGHS' objective, the start's values
+            return outcome, np.array(start, dtype=float)
+        return outcome, values
+
+    monkeypatch.setattr(hd, "_read_mip", buggy)
+    out, values = solve_master_mip(mp, time_limit_s=30, rel_gap=1e-9, start=start)
+    assert len(calls) == 2  # the mismatch was noticed and the model solved again
+    assert out.objective is not None and values is not None
+    assert out.objective == pytest.approx(values_objective(mp, values), rel=1e-9, abs=1e-9)
+    assert out.objective == pytest.approx(free.objective, rel=1e-6)
