@@ -552,3 +552,34 @@ def test_a_missing_kind_is_named(
         assert code == 2
         assert err == f"{path}: kind: missing; a file with " + err.split("a file with ")[1]
         assert err.rstrip().endswith(f"(add kind: {kind})")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        (("workloads", 0, "prompt_tokens"), {"mean": 200_000}, "exceed Llama-3.1-8B's context"),
+        (("workloads", 0, "tensor_parallel"), [3], "does not divide"),
+        (
+            ("cluster", "nodes", 0, "gpus"),
+            [
+                {"type": "H100-SXM5-80GB", "count": 1, "state": {"clock_mhz": 2500}},
+                {"type": "H100-SXM5-80GB", "count": 3},
+            ],
+            "outside H100-SXM5-80GB's range",
+        ),
+    ],
+)
+def test_library_resolve_refuses_what_the_command_line_refuses(
+    field: tuple[str | int, ...], value: Any, named: str
+) -> None:
+    """A library caller (``resolve`` / ``load_problem``, as in the README) gets the same
+    catalog-dependent checks as ``energyopt solve``: a prompt beyond the model's context
+    was solved as an 'infeasible' SLO before, with a diagnosis that blamed the GPUs."""
+    from energyopt.catalog.problem import resolve
+    from energyopt.spec.instance import Instance
+
+    data = yaml.safe_load(QUICKSTART.read_text())
+    set_at(*field, value=value)(data)
+    with pytest.raises(SpecError) as err:
+        resolve(Instance.model_validate(data), "inline.yaml")
+    assert any(p.startswith("inline.yaml: ") and named in p for p in err.value.problems)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from energyopt.catalog.loader import Catalog, bind_catalog
 from energyopt.catalog.profiles import MeasuredProfile, read_profile
+from energyopt.spec.checks import instance_problems
 from energyopt.spec.cluster import Gpu
 from energyopt.spec.errors import SpecError
 from energyopt.spec.hardware import GpuType
@@ -143,6 +144,9 @@ def resolve(
             profiles[(ref.gpu, ref.model)] = read_profile(path, ref.gpu, ref.model, clock)
         except SpecError as exc:
             problems.extend(f"{where}: {p}" for p in exc.problems)
+    # The catalog-dependent ranges (context length, TP sizes, MIG names, current
+    # clocks) hold for library callers exactly as for the command line.
+    problems.extend(instance_problems(instance, catalog.gpus, catalog.models, source))
     if problems:
         raise SpecError(problems)
     return Problem(instance, catalog, source, profiles)

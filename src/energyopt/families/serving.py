@@ -30,14 +30,8 @@ def load_instance(
     schema, catalog names, catalog-dependent ranges and (``check_slos``) SLOs that
     some GPU can meet. SpecError naming the file and the field otherwise."""
     from energyopt.perf.reachability import unreachable_slos
-    from energyopt.spec.checks import instance_problems
 
     problem = load_problem(path, catalogs)
-    problems = instance_problems(
-        problem.instance, problem.catalog.gpus, problem.catalog.models, str(path)
-    )
-    if problems:
-        raise SpecError(problems)
     if check_slos:
         problems = unreachable_slos(problem)
         if problems:

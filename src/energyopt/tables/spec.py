@@ -10,7 +10,6 @@ from pydantic import Field, field_validator, model_validator
 
 from energyopt.catalog.problem import Problem, load_problem
 from energyopt.spec.base import Spec
-from energyopt.spec.checks import instance_problems
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import load
 from energyopt.spec.limits import over_limit
@@ -145,11 +144,6 @@ def load_checked(path: str | Path) -> tuple[CompileSpec, Path, Problem]:
     if not base.is_file():
         raise SpecError([f"{path}: base: {base}: no such file"])
     problem = load_problem(base)
-    checks = instance_problems(
-        problem.instance, problem.catalog.gpus, problem.catalog.models, str(base)
-    )
-    if checks:
-        raise SpecError(checks)
     lines = spec_problems(spec, problem, str(path))
     if lines:
         raise SpecError(lines)
