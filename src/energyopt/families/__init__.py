@@ -14,6 +14,8 @@ from typing import Any
 from energyopt.families.colocation import ColocationFamily
 from energyopt.families.contract import Family, NotExportable, SolverEntry, Stated
 from energyopt.families.keepalive import KeepAliveFamily
+from energyopt.families.moe_edge import MoeEdgeFamily
+from energyopt.families.serverless import ServerlessFamily
 from energyopt.families.serving import ServingFamily
 from energyopt.families.taskgraph import TaskGraphFamily
 from energyopt.solvers.result import OBJECTIVE_REL_TOL, Result, objective_tolerance, settle
@@ -33,8 +35,15 @@ def register(family: AnyFamily) -> None:
     _REGISTRY[family.kind] = family
 
 
-for _f in (ServingFamily(), TaskGraphFamily(), ColocationFamily(), KeepAliveFamily()):
+for _f in (
+    ServingFamily(),
+    TaskGraphFamily(),
+    ColocationFamily(),
+    KeepAliveFamily(),
+    MoeEdgeFamily(),
+):
     register(_f)
+register(ServerlessFamily())
 
 
 def families() -> list[AnyFamily]:

@@ -1,0 +1,281 @@
+"""MoE placement at full size: a Lagrangian bound with the memory rows (and the SLO,
+TTFT and power rows) priced, and a price-directed repair heuristic.
+
+Bound. Per configuration, the secant relaxation's rows are priced with multipliers
+y >= 0; what is left separates per expert (each takes its cheapest priced option):
+
+    L(y) = sum_i min_o (c_io + sum_r y_r a_rio) - sum_r y_r b_r - (pair savings),
+
+a lower bound on the configuration's optimum for every y >= 0 (pair savings are taken
+at their largest). The projected subgradient (``solvers.subgradient``) raises it. The
+bound is the least configuration bound over every configuration.
+
+Plan. The priced SLO, TTFT and power rows are kept as prices on the costs, the
+memory rows exactly: with equal-sized experts the memory-only program is a
+transportation problem whose LP vertex is integral. The side prices are scaled by
+bisection until the plan meets the true SLO, TTFT and cap; a final pass moves single
+experts and swaps pairs while the objective falls and the plan stays feasible.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from energyopt.formulations.moe_edge.figures import Figures, figures
+from energyopt.formulations.moe_edge.milp import (
+    FORMULATION_NAME,
+    allowed,
+    build_milp,
+    constant_objective,
+    item_objective,
+    pair_saving,
+    secant,
+    v_max,
+)
+from energyopt.formulations.moe_edge.model import (
+    Config,
+    ConfigCosts,
+    FloatArray,
+    IntArray,
+    MoeEdgeProblem,
+)
+from energyopt.progress import Progress, quiet
+from energyopt.solvers.moe_edge_milp import run_milp
+from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, Result, Termination, status_at
+from energyopt.solvers.subgradient import PolyakControl, projected_step
+from energyopt.spec.moe_edge import MoeEdgePlan
+
+ITERATIONS = 150
+BISECTION_STEPS = 14
+
+
+def _rows(p: MoeEdgeProblem, c: ConfigCosts) -> tuple[list[FloatArray], FloatArray, list[str]]:
+    """The priced rows' coefficients (each (I, O)), right-hand sides and names; pair
+    savings are taken at their largest (a relaxation)."""
+    spec = p.spec
+    w = p.expert_gb
+    coefs: list[FloatArray] = []
+    rhs: list[float] = []
+    names: list[str] = []
+    for g in range(p.n_gpus):
+        a = np.zeros((p.n_items, p.n_options))
+        a[:, g] = w
+        coefs.append(a)
+        rhs.append(float(c.gpu_free_gb[g]))
+        names.append(f"gpu{g}")
+    a = np.zeros((p.n_items, p.n_options))
+    a[:, p.fetch] = w
+    a[:, p.cpu] = w
+    coefs.append(a)
+    rhs.append(p.host_gb_free)
+    names.append("host")
+    form = secant(v_max(c))
+    saved = float(c.pair_save_ms.sum())
+    coefs.append(np.asarray(c.time_ms + p.kappa * form.slope * c.var_ms2))
+    rhs.append(spec.slo.tbt_ms - c.dense_ms + saved)
+    names.append("slo")
+    if spec.slo.ttft_ms is not None:
+        coefs.append(np.asarray(c.prefill_ms))
+        rhs.append(spec.slo.ttft_ms - c.dense_prefill_ms)
+        names.append("ttft")
+    cap = spec.objective.power_cap_w
+    if spec.objective.kind == "latency" and cap is not None:
+        coefs.append(np.asarray(c.energy_j - cap * c.time_ms / 1e3))
+        coef_w = -(c.static_w - cap) * c.pair_save_ms / 1e3
+        rhs.append(cap * c.dense_ms / 1e3 - c.dense_j - float(np.minimum(coef_w, 0.0).sum()))
+        names.append("power")
+    return coefs, np.asarray(rhs, dtype=np.float64), names
+
+
+def lagrangian_bound(
+    p: MoeEdgeProblem, c: ConfigCosts, target: float, iterations: int = ITERATIONS
+) -> tuple[float, FloatArray]:
+    """(best L(y), its prices) for configuration ``c``; ``target`` is a value at or above
+    the optimum (a plan's objective) for the Polyak step."""
+    ok = allowed(p, c)
+    obj = np.where(ok, item_objective(p, c), np.inf)
+    const = constant_objective(p, c) - float(pair_saving(p, c).sum())
+    coefs, rhs, _ = _rows(p, c)
+    stack = np.stack([np.where(ok, a, 0.0) for a in coefs])  # (R, I, O)
+    y = np.zeros(len(rhs))
+    ctrl = PolyakControl(patience=8)
+    best, best_y = -np.inf, y.copy()
+    scale = max(abs(target), 1e-9)
+    idx = np.arange(p.n_items)
+    for _ in range(iterations):
+        priced = obj + np.tensordot(y, stack, axes=1)
+        pick = np.argmin(priced, axis=1)
+        value = float(priced[idx, pick].sum()) - float(y @ rhs) + const
+        if not np.isfinite(value):
+            return np.inf, y
+        if ctrl.observe(value):
+            best, best_y = value, y.copy()
+        g = stack[:, idx, pick].sum(axis=1) - rhs
+        aim = max(target, best + 1e-3 * scale)
+        y, norm2 = projected_step(y, g, value, aim, ctrl.theta, min_gap=1e-4 * scale)
+        if norm2 <= 1e-18:
+            break
+    return best, best_y
+
+
+def _plan_at(p: MoeEdgeProblem, c: ConfigCosts, side: FloatArray, scale: float) -> IntArray | None:
+    """The memory-exact plan with the side rows' prices ``side`` times ``scale`` on the costs."""
+    coefs, _, names = _rows(p, c)
+    extra = np.zeros((p.n_items, p.n_options))
+    for k, name in enumerate(names):
+        if name in ("slo", "ttft", "power"):
+            extra += scale * side[k] * np.where(np.isfinite(coefs[k]), coefs[k], 0.0)
+    milp = build_milp(p, c, secant(v_max(c)), extra_cost=extra, side_rows=False, integer=False)
+    choice, _, _ = run_milp(milp, p, 30.0, 1e-9, None)
+    if choice is None or (choice < 0).any():
+        return None
+    return choice
+
+
+def repair(p: MoeEdgeProblem, c: ConfigCosts, prices: FloatArray) -> IntArray | None:
+    """A feasible plan for configuration ``c`` from the Lagrangian prices, or None."""
+    _, _, names = _rows(p, c)
+    side = np.array(
+        [prices[k] if n in ("slo", "ttft", "power") else 0.0 for k, n in enumerate(names)]
+    )
+    if not side.any():
+        side = np.array([1.0 if n in ("slo", "ttft", "power") else 0.0 for n in names])
+    lo, hi = 0.0, 1.0
+    found: IntArray | None = None
+    first = _plan_at(p, c, side, 1.0)
+    if first is not None and figures(p, c, first).feasible:
+        found, hi = first, 1.0
+    else:
+        for _ in range(12):  # grow the prices until the plan is feasible
+            hi *= 4.0
+            trial = _plan_at(p, c, np.maximum(side, 1e-6 * max(side.max(), 1.0)), hi)
+            if trial is not None and figures(p, c, trial).feasible:
+                found = trial
+                break
+            lo = hi
+        if found is None:
+            return None
+    for _ in range(BISECTION_STEPS):
+        mid = 0.5 * (lo + hi)
+        trial = _plan_at(p, c, side, mid)
+        if trial is not None and figures(p, c, trial).feasible:
+            found, hi = trial, mid
+        else:
+            lo = mid
+    return improve(p, c, found)
+
+
+def improve(p: MoeEdgeProblem, c: ConfigCosts, choice: IntArray, passes: int = 3) -> IntArray:
+    """Single moves and swaps that lower the objective and keep the plan feasible."""
+    ok = allowed(p, c)
+    obj = item_objective(p, c)
+    best = choice.copy()
+    fig = figures(p, c, best)
+    for _ in range(passes):
+        moved = False
+        current = obj[np.arange(p.n_items), best]
+        gain = current[:, None] - np.where(ok, obj, np.inf)  # (I, O) gain of moving i to o
+        for i, o in zip(
+            *np.unravel_index(np.argsort(-gain, axis=None)[:2000], gain.shape), strict=True
+        ):
+            if gain[i, o] <= 1e-12 * max(1.0, abs(fig.objective)):
+                break
+            trial = best.copy()
+            trial[i] = o
+            f = figures(p, c, trial)
+            if not f.feasible and o < p.n_gpus:
+                # make room: send the least valuable resident of o to i's old option
+                on = np.flatnonzero(trial == o)
+                on = on[on != i]
+                if len(on):
+                    loss = obj[on, best[i]] - obj[on, o]
+                    j = on[np.argmin(np.where(ok[on, best[i]], loss, np.inf))]
+                    if ok[j, best[i]]:
+                        trial[j] = best[i]
+                        f = figures(p, c, trial)
+            if f.feasible and f.objective < fig.objective - 1e-12 * max(1.0, abs(fig.objective)):
+                best, fig, moved = trial, f, True
+                current = obj[np.arange(p.n_items), best]
+                gain = current[:, None] - np.where(ok, obj, np.inf)
+        if not moved:
+            break
+    return best
+
+
+def solve_lagrangian(
+    p: MoeEdgeProblem,
+    *,
+    time_limit_s: float = 60.0,
+    rel_gap: float = 1e-4,
+    progress: Progress = quiet,
+) -> Result[MoeEdgePlan]:
+    """Lagrangian bound and repaired plan over every configuration."""
+    t0 = time.perf_counter()
+    configs = p.configs()
+    best: tuple[float, Config, IntArray] | None = None
+    bounds: list[float] = []
+    timed_out = False
+    for n, config in enumerate(configs):
+        if time.perf_counter() - t0 > time_limit_s:
+            timed_out = True
+            bounds.append(-np.inf)
+            continue
+        c = p.costs(config)
+        if c.gpu_free_gb[config.dense] < 0:
+            bounds.append(np.inf)
+            continue
+        target = best[0] if best is not None else abs(_rough(p, c)) * 1.5
+        bound, prices = lagrangian_bound(p, c, target)
+        bounds.append(bound)
+        if best is not None and bound >= best[0]:
+            continue
+        choice = repair(p, c, prices)
+        if choice is not None:
+            f: Figures = figures(p, c, choice)
+            if f.feasible and (best is None or f.objective < best[0]):
+                best = (f.objective, config, choice)
+        progress(
+            f"lagrangian: config {n + 1}/{len(configs)}: bound {bound:.6g}"
+            + ("" if best is None else f", best {best[0]:.6g}")
+        )
+    bound = min(bounds) if bounds else -np.inf
+    bound_or_none = float(bound) if np.isfinite(bound) else None
+    wall = time.perf_counter() - t0
+    termination = Termination.TIME_LIMIT if timed_out else Termination.CONVERGED
+    log = [f"{len(configs)} configurations, {ITERATIONS} subgradient steps each"]
+    if best is None:
+        return Result(
+            NO_SOLUTION,
+            None,
+            bound_or_none,
+            wall,
+            None,
+            "lagrangian",
+            log=log,
+            termination=termination,
+            formulation=FORMULATION_NAME,
+            algorithm="Lagrangian (memory, SLO priced) + transportation repair",
+        )
+    obj, config, choice = best
+    status = FEASIBLE if bound_or_none is None else status_at(obj, bound_or_none, rel_gap)
+    return Result(
+        status,
+        obj,
+        bound_or_none,
+        wall,
+        p.plan_of(config, choice),
+        "lagrangian",
+        log=log,
+        termination=termination,
+        formulation=FORMULATION_NAME,
+        algorithm="Lagrangian (memory, SLO priced) + transportation repair",
+    )
+
+
+def _rough(p: MoeEdgeProblem, c: ConfigCosts) -> float:
+    """An objective scale: every expert at its dearest available option."""
+    ok = allowed(p, c)
+    obj = np.where(ok, item_objective(p, c), -np.inf)
+    return constant_objective(p, c) + float(obj.max(axis=1).sum())
