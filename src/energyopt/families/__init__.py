@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from energyopt.families.collective import CollectiveFamily
 from energyopt.families.colocation import ColocationFamily
 from energyopt.families.contract import Family, NotExportable, SolverEntry, Stated
 from energyopt.families.keepalive import KeepAliveFamily
@@ -43,6 +44,7 @@ for _f in (
     MoeEdgeFamily(),
 ):
     register(_f)
+register(CollectiveFamily())
 register(ServerlessFamily())
 
 

@@ -1,0 +1,191 @@
+"""Collectives (``kind: collective``): the communication schedule of every collective
+of a trace (algorithm, protocol, chunks, channels, rank order, SM clock) for least
+time or energy on a topology with degraded links and stragglers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from energyopt.families.contract import NotExportable, SolverEntry, Stated, stamped
+from energyopt.formulations.collective.model import CollectiveProblem, load_collective
+from energyopt.progress import Progress
+from energyopt.solvers.result import Result
+from energyopt.spec.collective import CollectiveFile, CollectivePlan
+from energyopt.spec.errors import SpecError
+from energyopt.spec.io import parse
+from energyopt.verify.violation import Violation
+
+DEFAULT_TIME_LIMIT_S = 60.0
+
+
+class CollectiveFamily:
+    """Collective-communication schedules chosen by the cluster's state."""
+
+    kind = "collective"
+    title = "collectives: communication schedules by topology, link health and stragglers"
+    problem_model: type[BaseModel] = CollectiveFile
+    plan_model: type[BaseModel] = CollectivePlan
+
+    def load(self, path: str, catalogs: Sequence[str]) -> CollectiveProblem:
+        return load_collective(path, catalogs)
+
+    def load_for_plan(self, path: str, catalogs: Sequence[str]) -> CollectiveProblem:
+        return self.load(path, catalogs)
+
+    def summary(self, p: CollectiveProblem) -> str:
+        h = p.spec.health
+        obj = p.spec.objective
+        objective = "time" if obj.kind == "time" else f"energy within {obj.max_time_ratio:g}x time"
+        return (
+            f"collective: {p.n} ranks on {p.n_nodes} node(s) of {p.gpu.name}, "
+            f"{len(p.collectives)} collectives ({sum(c.count for c in p.collectives):,} runs), "
+            f"{len(h.links)} degraded links, {len(h.stragglers)} stragglers, objective {objective}"
+        )
+
+    def show(self, p: CollectiveProblem) -> list[str]:
+        r = p.rates
+        lines = [
+            self.summary(p),
+            f"NVLink {r.nvlink_gbs:g} GB/s {r.nvlink_us:g} us; network {r.network_gbs:g} GB/s "
+            f"{r.network_us:g} us; channel {r.channel_gbs:g} GB/s, reduce {r.reduce_gbs:g} GB/s, "
+            f"launch {r.launch_us:g} us",
+        ]
+        for lh in p.spec.health.links:
+            lines.append(f"degraded {lh.link} of {lh.gpu}: {lh.factor:g} of its bandwidth")
+        for st in p.spec.health.stragglers:
+            lines.append(f"straggler {st.gpu}: {st.slowdown:g}x slower")
+        lines.append(f"{'collective':<20} {'op':<15} {'bytes':>13} {'count':>7}")
+        for i, c in enumerate(p.collectives):
+            lines.append(f"{p.name_of(i):<20} {c.op:<15} {c.bytes:>13,} {c.count:>7,}")
+        return lines
+
+    def solvers(self) -> list[SolverEntry]:
+        return [
+            SolverEntry(
+                "auto",
+                self.kind,
+                "certified bound",
+                "selection among candidate schedules, and MILP synthesis up to 8 ranks; the better",
+                ("time limit",),
+            ),
+            SolverEntry(
+                "select",
+                self.kind,
+                "certified bound",
+                "ring, tree, halving-doubling, hierarchical, direct x protocol x chunks x "
+                "channels x clock on the cost model",
+            ),
+            SolverEntry(
+                "milp",
+                self.kind,
+                "certified bound",
+                "time-expanded MILP synthesis with HiGHS (up to 8 ranks), else selection",
+                ("time limit", "export"),
+            ),
+            SolverEntry(
+                "nccl",
+                self.kind,
+                "certified bound",
+                "NCCL 2.30.7's tuning model's algorithm, protocol and channels (Ring, Tree)",
+            ),
+            SolverEntry(
+                "ring",
+                self.kind,
+                "certified bound",
+                "a fixed ring, Simple protocol, NCCL's channel count",
+            ),
+        ]
+
+    def solve(
+        self,
+        p: CollectiveProblem,
+        solver: str,
+        *,
+        time_limit_s: float | None,
+        rel_gap: float | None,
+        progress: Progress,
+    ) -> Result[CollectivePlan]:
+        from energyopt.solvers.collective_select import solve_nccl, solve_ring, solve_select
+        from energyopt.solvers.collective_synth import solve_synthesis
+
+        limit = time_limit_s or DEFAULT_TIME_LIMIT_S
+        progress(f"solving {p.source} (collective, {p.n} ranks) with {solver}")
+        if solver == "auto":
+            result = solve_synthesis(p, time_limit_s=limit, keep_better=True, progress=progress)
+        elif solver == "select":
+            result = solve_select(p, progress=progress)
+        elif solver == "milp":
+            result = solve_synthesis(p, time_limit_s=limit, progress=progress)
+        elif solver == "nccl":
+            result = solve_nccl(p, progress=progress)
+        elif solver == "ring":
+            result = solve_ring(p, progress=progress)
+        else:
+            raise SpecError([f"--solver: no solver {solver!r} for collective problems"])
+        result.solver = solver
+        return result
+
+    def verify(self, p: CollectiveProblem, plan: CollectivePlan) -> list[Violation]:
+        from energyopt.verify.collective import evaluate_collective
+
+        return evaluate_collective(p, plan).violations
+
+    def cost(self, p: CollectiveProblem, plan: CollectivePlan) -> float:
+        from energyopt.verify.collective import plan_cost
+
+        return plan_cost(p, plan)
+
+    def sense(self, p: CollectiveProblem) -> Literal["min", "max"]:
+        return "min"
+
+    def report(self, p: CollectiveProblem, result: Result[CollectivePlan]) -> list[str]:
+        from energyopt.verify.collective import evaluate_collective
+
+        plan = result.plan
+        assert plan is not None
+        ev = evaluate_collective(p, plan)
+        lines = [f"collective plan for {p.spec.name} ({p.source})"]
+        lines.append(
+            f"{'collective':<20} {'algorithm':<17} {'proto':<6} {'chunks':>6} {'ch':>3} "
+            f"{'MHz':>5} {'time us':>10} {'energy mJ':>10}"
+        )
+        for ch in plan.choices:
+            lines.append(
+                f"{ch.collective:<20} {ch.algorithm:<17} {ch.protocol:<6} {ch.chunks:>6} "
+                f"{ch.channels:>3} {ch.clock_mhz:>5} {ev.time_us.get(ch.collective, 0.0):>10,.2f} "
+                f"{1e3 * ev.energy_j.get(ch.collective, 0.0):>10,.3f}"
+            )
+        unit = "J" if p.spec.objective.kind == "energy" else "us"
+        bound = "none" if result.bound is None else f"{result.bound:,.2f} {unit}"
+        gap = "n/a" if result.gap is None else f"{100 * result.gap:.2f}%"
+        lines.append(
+            f"trace: {ev.total_time_us:,.1f} us, {ev.total_energy_j:,.4f} J; objective "
+            f"{result.objective:,.2f} {unit}, bound {bound}, gap {gap}, status {result.status}"
+        )
+        lines.extend(result.log)
+        lines.append(f"solver {result.solver} ({result.algorithm}), {result.wall_s:.2f} s")
+        return lines
+
+    def to_file(self, p: CollectiveProblem, result: Result[CollectivePlan]) -> BaseModel:
+        assert result.plan is not None
+        return stamped(result.plan, result)
+
+    def from_file(
+        self, p: CollectiveProblem, data: Any, source: str
+    ) -> tuple[CollectivePlan, Stated]:
+        plan = parse(CollectivePlan, data, source)
+        return plan, Stated(plan.objective, plan.bound, plan.gap)
+
+    def program(self, p: CollectiveProblem) -> Any:
+        """The synthesis MILP of the file's first collective (a HiGHS model)."""
+        from energyopt.formulations.collective.synthesis import MAX_RANKS, build_milp
+        from energyopt.solvers.collective_synth import ROUNDS
+
+        if p.n > MAX_RANKS:
+            raise NotExportable(
+                f"the synthesis MILP takes at most {MAX_RANKS} ranks; this file has {p.n}"
+            )
+        return build_milp(p, p.collectives[0], min(ROUNDS, p.n - 1)).lp

@@ -1,0 +1,1 @@
+"""Collective-communication schedules (``kind: collective``)."""

@@ -1,0 +1,211 @@
+"""The alpha-beta-gamma cost of a program on the topology, with link contention
+(collective.md, section 2), and lower bounds on every schedule's time and energy.
+
+A step takes as long as its slowest flow. A flow from a to b costs the protocol's
+step overhead (times the slower end's straggler factor) plus the latency of its
+route (alpha), its bytes over its rate (beta): the least over the route's links of
+the link's capacity shared equally by the flows on it, and one channel's copy rate
+at the clock; times the protocol's efficiency; a reducing flow adds its bytes over
+one channel's reduction rate at the clock (gamma). A collective takes the launch
+cost plus its steps. Energy: every rank draws, for the whole time, its on-power at
+the clock plus the dynamic power of the SMs its channels use, and the memory
+system moves every byte sent, received and reduced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from energyopt.formulations.collective.constants import PROTOCOL_EFFICIENCY, PROTOCOL_STEP_US
+from energyopt.formulations.collective.model import CollectiveProblem, FloatArray, IntArray
+from energyopt.formulations.collective.program import Program, pipelined
+from energyopt.perf.power import (
+    HBM_PJ_PER_BIT,
+    clock_power_factor,
+    dynamic_range_w,
+    gpu_on_power_w,
+)
+from energyopt.spec.collective import Collective, Protocol
+
+HBM_TOUCHES_PER_REDUCED_BYTE = 3.0
+"""A reduction reads the received and the local byte and writes the sum: the GPU's
+reductions in one step share its memory bandwidth over 3."""
+SMS_PER_CHANNEL = 1
+"""One channel is one thread block on one SM (NCCL's channel model)."""
+
+
+@dataclass(frozen=True)
+class Flows:
+    """A pipelined program as flat arrays, ready for many protocol and clock pairs."""
+
+    step: IntArray
+    src: IntArray
+    dst: IntArray
+    reduce: IntArray
+    share: FloatArray
+    """Share of the message bytes each flow carries."""
+    n_steps: int
+    link_share: FloatArray
+    """(F,): least over the flow's route of link capacity / flows on the link, GB/s."""
+    route_us: FloatArray
+    """(F,): latency of the flow's route, us."""
+
+
+def route_table(p: CollectiveProblem) -> tuple[IntArray, IntArray]:
+    """Padded (n, n, L) edge indices of every route (-1 padding) and their lengths."""
+    n = p.n
+    width = max((len(r) for row in p.routes for r in row), default=1)
+    table = np.full((n, n, max(width, 1)), -1, dtype=np.int64)
+    lengths = np.zeros((n, n), dtype=np.int64)
+    for a in range(n):
+        for b in range(n):
+            r = p.routes[a][b]
+            table[a, b, : len(r)] = r
+            lengths[a, b] = len(r)
+    return table, lengths
+
+
+def flows_of(p: CollectiveProblem, prog: Program, chunks: int) -> Flows:
+    """The flows of ``prog`` cut into ``chunks`` pipelined chunks."""
+    table, _ = route_table(p)
+    per_step = pipelined(prog, chunks)
+    steps, src, dst, red, share = [], [], [], [], []
+    for g, (flows, sh) in enumerate(per_step):
+        steps.append(np.full(len(sh), g, dtype=np.int64))
+        src.append(flows[:, 0])
+        dst.append(flows[:, 1])
+        red.append(flows[:, 2])
+        share.append(sh)
+    step = np.concatenate(steps) if steps else np.zeros(0, dtype=np.int64)
+    s = np.concatenate(src) if src else np.zeros(0, dtype=np.int64)
+    d = np.concatenate(dst) if dst else np.zeros(0, dtype=np.int64)
+    edges = table[s, d]  # (F, L)
+    n_e = len(p.edge_gbs)
+    valid = edges >= 0
+    key = step[:, None] * n_e + np.where(valid, edges, 0)
+    load = np.zeros(len(per_step) * n_e)
+    np.add.at(load, key[valid], 1.0)
+    cap = np.where(
+        valid, p.edge_gbs[np.where(valid, edges, 0)] / np.maximum(load[key], 1.0), np.inf
+    )
+    us = np.where(valid, p.edge_us[np.where(valid, edges, 0)], 0.0).sum(axis=1)
+    return Flows(
+        step=step,
+        src=s,
+        dst=d,
+        reduce=np.concatenate(red) if red else np.zeros(0, dtype=np.int64),
+        share=np.concatenate(share) if share else np.zeros(0),
+        n_steps=len(per_step),
+        link_share=cap.min(axis=1) if len(step) else np.zeros(0),
+        route_us=us,
+    )
+
+
+def time_us(
+    p: CollectiveProblem, fl: Flows, message_bytes: int, protocol: Protocol, clock_mhz: int
+) -> float:
+    """Time of one run of the collective, us."""
+    ratio = clock_mhz / p.gpu.max_sm_clock_mhz
+    slow = np.maximum(p.slowdown[fl.src], p.slowdown[fl.dst])
+    rate = np.minimum(fl.link_share, p.rates.channel_gbs * ratio / slow)
+    rate = rate * PROTOCOL_EFFICIENCY[protocol]
+    nbytes = fl.share * message_bytes
+    t = PROTOCOL_STEP_US[protocol] * slow + fl.route_us + nbytes / rate / 1e3
+    red = fl.reduce > 0
+    reducing = np.zeros(fl.n_steps * p.n)
+    np.add.at(reducing, (fl.step * p.n + fl.dst)[red], 1.0)
+    k_dst = np.maximum(reducing[fl.step * p.n + fl.dst], 1.0)
+    hbm = p.gpu.memory_bandwidth_gbps / HBM_TOUCHES_PER_REDUCED_BYTE / k_dst
+    gamma = nbytes * p.slowdown[fl.dst] / np.minimum(p.rates.reduce_gbs * ratio, hbm) / 1e3
+    t = t + np.where(red, gamma, 0.0)
+    per_step = np.zeros(fl.n_steps)
+    np.maximum.at(per_step, fl.step, t)
+    return float(p.rates.launch_us + per_step.sum())
+
+
+def rank_power_w(p: CollectiveProblem, channels: int, clock_mhz: int) -> float:
+    """Power of one rank while the collective runs, W: on-power at the clock plus the
+    dynamic power of its channels' SMs (memory-bound activity)."""
+    g = p.gpu
+    ratio = np.asarray([clock_mhz / g.max_sm_clock_mhz])
+    dyn = float(
+        dynamic_range_w(
+            np.asarray(g.tdp_w), np.asarray(g.idle_w), np.asarray(g.power.locked_clock_w)
+        )
+    )
+    share = min(1.0, channels * SMS_PER_CHANNEL / g.sm_count)
+    factor = float(
+        clock_power_factor(
+            ratio, np.asarray([g.power.voltage_floor]), np.asarray([g.power.knee_fraction])
+        )[0]
+    )
+    active = dyn * g.power.sm_fraction * share * g.power.memory_bound_sm_activity * factor
+    return gpu_on_power_w(g, clock_mhz) + active
+
+
+def memory_energy_j(fl: Flows, message_bytes: int) -> float:
+    """Energy of HBM traffic: each byte read at the sender and written at the
+    receiver, a reduced byte also read there, J."""
+    touches = fl.share * message_bytes * (2.0 + (fl.reduce > 0))
+    return float(touches.sum() * 8.0 * HBM_PJ_PER_BIT * 1e-12)
+
+
+def energy_j(
+    p: CollectiveProblem, fl: Flows, message_bytes: int, channels: int, clock_mhz: int, t_us: float
+) -> float:
+    """Energy of one run, J, all ranks together."""
+    return p.n * rank_power_w(p, channels, clock_mhz) * t_us * 1e-6 + memory_energy_j(
+        fl, message_bytes
+    )
+
+
+def _needs(c: Collective, n: int) -> tuple[FloatArray, FloatArray]:
+    """Bytes every rank must receive and send at least, by the collective's semantics."""
+    m = float(c.bytes)
+    into = np.zeros(n)
+    out = np.zeros(n)
+    if c.op == "all_gather":
+        into[:] = m * (n - 1) / n
+    elif c.op == "reduce_scatter":
+        out[:] = m * (n - 1) / n
+    elif c.op == "all_reduce":
+        into[:] = m
+        out[:] = m * (n - 1) / n
+    elif c.op == "broadcast":
+        into[:] = m
+        into[c.root] = 0.0
+        out[c.root] = m
+    else:
+        into[:] = m * (n - 1) / n
+        out[:] = m * (n - 1) / n
+    return into, out
+
+
+def time_bound_us(p: CollectiveProblem, c: Collective) -> float:
+    """A lower bound on the time of every schedule of ``c`` (any algorithm, protocol,
+    chunking, channels and clock): launch, one step's least overhead and route
+    latency, and each rank's bytes through its links at full capacity."""
+    n = p.n
+    into, out = _needs(c, n)
+    cap_in = np.zeros(n)
+    cap_out = np.zeros(n)
+    for r, name in enumerate(p.ranks):
+        for _, _, d in p.graph.in_edges(name, data=True):
+            cap_in[r] += d["gbs"]
+        for _, _, d in p.graph.out_edges(name, data=True):
+            cap_out[r] += d["gbs"]
+    least_route = min(
+        float(p.edge_us[list(p.routes[a][b])].sum()) for a in range(n) for b in range(n) if a != b
+    )
+    alpha = min(PROTOCOL_STEP_US.values()) + least_route
+    beta = max(float(np.max(into / cap_in)), float(np.max(out / cap_out))) / 1e3
+    return p.rates.launch_us + alpha + beta
+
+
+def energy_bound_j(p: CollectiveProblem, c: Collective) -> float:
+    """A lower bound on every schedule's energy: all ranks at the least power of any
+    clock (one channel) for the least time."""
+    least = min(rank_power_w(p, 1, f) for f in p.clocks_mhz)
+    return p.n * least * time_bound_us(p, c) * 1e-6

@@ -1,0 +1,263 @@
+"""Exact schedule synthesis for small topologies: a MILP over a time-expanded graph
+(in the spirit of TACCL and TE-CCL; collective.md, section 4).
+
+Rounds k = 0..K-1 are steps. Piece q may go from rank u to rank v in round k
+(x[q,u,v,k], 0/1) only if u holds it at the start of the round (h[q,u,k]); v
+holds it from the next round on. Every rank that must end with a piece holds it
+after round K-1, and receives it at most once. Round k takes T_k >= A y_k +
+sum over the sends crossing link e of (piece bytes / capacity of e) for every
+link e, where y_k says the round is used and A is the least step overhead and
+route latency: a relaxation of the cost model's step time (no channel cap, no
+reduction term, fair sharing replaced by the link's total load), so the optimum
+is a lower bound on the cost-model time of every schedule of K rounds of these
+pieces. Copy collectives (all-gather, broadcast, all-to-all) are synthesized
+directly; a reduce-scatter is the all-gather schedule reversed (each send turned
+round, reducing, rounds in reverse order) and an all-reduce is that reduce-scatter
+then the all-gather, as TACCL does.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import highspy
+import numpy as np
+import scipy.sparse as sp
+
+from energyopt.backends.highs import quiet_highs
+from energyopt.formulations.collective.constants import PROTOCOL_STEP_US
+from energyopt.formulations.collective.model import CollectiveProblem
+from energyopt.spec.collective import Choice, Collective, Transfer
+
+MAX_RANKS = 8
+"""Largest rank count the synthesis accepts (the MILP grows as pieces x n^2 x K)."""
+
+
+@dataclass(frozen=True)
+class Synthesis:
+    """A synthesized schedule of one collective and what the MILP proved."""
+
+    choice: Choice
+    milp_us: float
+    """The MILP's objective (its own relaxed step times, launch included), us."""
+    milp_bound_us: float
+    """HiGHS' dual bound on it, us."""
+    optimal: bool
+    wall_s: float
+    rounds: int
+
+
+@dataclass(frozen=True)
+class _Copy:
+    pieces: int
+    owner: list[int]
+    need: list[list[int]]
+    piece_bytes: float
+
+
+def _copy_problem(p: CollectiveProblem, c: Collective) -> _Copy:
+    n = p.n
+    if c.op in ("all_gather", "reduce_scatter", "all_reduce"):
+        return _Copy(
+            n, list(range(n)), [[v for v in range(n) if v != q] for q in range(n)], c.bytes / n
+        )
+    if c.op == "broadcast":
+        k = 2
+        return _Copy(k, [c.root] * k, [[v for v in range(n) if v != c.root]] * k, c.bytes / k)
+    owner = [s for s in range(n) for _ in range(n)]
+    need = [[d] if d != s else [] for s in range(n) for d in range(n)]
+    return _Copy(n * n, owner, need, c.bytes / n)
+
+
+@dataclass(frozen=True)
+class Milp:
+    """The synthesis MILP of one collective and how to read its columns."""
+
+    lp: highspy.HighsLp
+    copy: _Copy
+    pairs: list[tuple[int, int]]
+    rounds: int
+
+
+def build_milp(p: CollectiveProblem, c: Collective, rounds: int) -> Milp:
+    """The time-expanded MILP of ``c`` with ``rounds`` rounds (objective in us)."""
+    n = p.n
+    cp = _copy_problem(p, c)
+    Q, K = cp.pieces, rounds
+    pairs = [(u, v) for u in range(n) for v in range(n) if u != v]
+    nx_ = Q * len(pairs) * K
+    nh = Q * n * (K + 1)
+    ny, nt = K, K
+
+    def xi(q: int, e: int, k: int) -> int:
+        return (q * len(pairs) + e) * K + k
+
+    def hi(q: int, v: int, k: int) -> int:
+        return nx_ + (q * n + v) * (K + 1) + k
+
+    def yi(k: int) -> int:
+        return nx_ + nh + k
+
+    def ti(k: int) -> int:
+        return nx_ + nh + ny + k
+
+    ncol = nx_ + nh + ny + nt
+    lo = np.zeros(ncol)
+    up = np.ones(ncol)
+    up[nx_ + nh + ny :] = np.inf
+    for q in range(Q):
+        for v in range(n):
+            held = 1.0 if v == cp.owner[q] else 0.0
+            lo[hi(q, v, 0)] = up[hi(q, v, 0)] = held
+            if v in cp.need[q]:
+                lo[hi(q, v, K)] = 1.0
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    rlo: list[float] = []
+    rhi: list[float] = []
+    r = 0
+
+    def add(entries: list[tuple[int, float]], a: float, b: float) -> None:
+        nonlocal r
+        for col, val in entries:
+            rows.append(r)
+            cols.append(col)
+            vals.append(val)
+        rlo.append(a)
+        rhi.append(b)
+        r += 1
+
+    into: dict[tuple[int, int], list[int]] = {}
+    for e, (_u, v) in enumerate(pairs):
+        into.setdefault((v, 0), []).append(e)
+    for q in range(Q):
+        for k in range(K):
+            for e, (u, _v) in enumerate(pairs):
+                add([(xi(q, e, k), 1.0), (hi(q, u, k), -1.0)], -np.inf, 0.0)
+                add([(xi(q, e, k), 1.0), (yi(k), -1.0)], -np.inf, 0.0)
+            for v in range(n):
+                add(
+                    [(hi(q, v, k + 1), 1.0), (hi(q, v, k), -1.0)]
+                    + [(xi(q, e, k), -1.0) for e in into[(v, 0)]],
+                    -np.inf,
+                    0.0,
+                )
+        for v in range(n):
+            bound = 0.0 if v == cp.owner[q] else 1.0
+            add([(xi(q, e, k), 1.0) for e in into[(v, 0)] for k in range(K)], -np.inf, bound)
+    for k in range(K - 1):
+        add([(yi(k + 1), 1.0), (yi(k), -1.0)], -np.inf, 0.0)
+    least_route = min(float(p.edge_us[list(p.routes[a][b])].sum()) for a, b in pairs)
+    alpha = PROTOCOL_STEP_US["simple"] + least_route
+    on_edge: dict[int, list[int]] = {}
+    for e, (u, v) in enumerate(pairs):
+        for edge in p.routes[u][v]:
+            on_edge.setdefault(edge, []).append(e)
+    for k in range(K):
+        for edge, es in on_edge.items():
+            coef = cp.piece_bytes / p.edge_gbs[edge] / 1e3
+            add(
+                [(ti(k), 1.0), (yi(k), -alpha)]
+                + [(xi(q, e, k), -coef) for q in range(Q) for e in es],
+                0.0,
+                np.inf,
+            )
+        add([(ti(k), 1.0), (yi(k), -alpha)], 0.0, np.inf)
+    matrix = sp.csc_matrix((vals, (rows, cols)), shape=(r, ncol))
+    lp = highspy.HighsLp()
+    lp.num_col_ = ncol
+    lp.num_row_ = r
+    cost = np.zeros(ncol)
+    cost[nx_ + nh + ny :] = 1.0
+    lp.col_cost_ = cost
+    lp.col_lower_ = lo
+    lp.col_upper_ = up
+    lp.row_lower_ = np.array(rlo)
+    lp.row_upper_ = np.array(rhi)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = matrix.indptr.astype(np.int32)
+    lp.a_matrix_.index_ = matrix.indices.astype(np.int32)
+    lp.a_matrix_.value_ = matrix.data.astype(np.float64)
+    integ = [highspy.HighsVarType.kContinuous] * ncol
+    for j in list(range(nx_)) + [yi(k) for k in range(K)]:
+        integ[j] = highspy.HighsVarType.kInteger
+    lp.integrality_ = integ
+    return Milp(lp, cp, pairs, K)
+
+
+def synthesize(
+    p: CollectiveProblem, c: Collective, name: str, rounds: int, time_limit_s: float
+) -> Synthesis | None:
+    """The MILP-optimal copy schedule of ``rounds`` rounds for ``c`` (None: the MILP
+    found no schedule within the limit)."""
+    t0 = time.perf_counter()
+    n = p.n
+    milp = build_milp(p, c, rounds)
+    cp, pairs, K, Q = milp.copy, milp.pairs, milp.rounds, milp.copy.pieces
+    nx_ = Q * len(pairs) * K
+
+    def xi(q: int, e: int, k: int) -> int:
+        return (q * len(pairs) + e) * K + k
+
+    h = quiet_highs()
+    h.passModel(milp.lp)
+    h.setOptionValue("time_limit", max(0.1, time_limit_s))
+    h.setOptionValue("mip_rel_gap", 1e-6)
+    h.run()
+    info = h.getInfo()
+    if info.primal_solution_status != 2:
+        return None
+    x = np.round(np.asarray(h.getSolution().col_value)[:nx_])
+    sent = [
+        (k, u, v, q)
+        for q in range(Q)
+        for e, (u, v) in enumerate(pairs)
+        for k in range(K)
+        if x[xi(q, e, k)] > 0.5
+    ]
+    used = sorted({k for k, *_ in sent})
+    renum = {k: i for i, k in enumerate(used)}
+    k_used = len(used)
+    ag = [(renum[k], u, v, q) for k, u, v, q in sent]
+    if c.op == "reduce_scatter":
+        transfers = [
+            Transfer(step=k_used - 1 - k, src=v, dst=u, piece=q, reduce=True) for k, u, v, q in ag
+        ]
+    elif c.op == "all_reduce":
+        transfers = [
+            Transfer(step=k_used - 1 - k, src=v, dst=u, piece=q, reduce=True) for k, u, v, q in ag
+        ]
+        transfers += [Transfer(step=k_used + k, src=u, dst=v, piece=q) for k, u, v, q in ag]
+    else:
+        transfers = [Transfer(step=k, src=u, dst=v, piece=q) for k, u, v, q in ag]
+    owner: tuple[int, ...] | None = None
+    dest: tuple[int, ...] | None = None
+    if c.op in ("all_gather", "all_to_all", "broadcast") and c.op != "broadcast":
+        owner = tuple(cp.owner)
+    if c.op == "reduce_scatter":
+        dest = tuple(cp.owner)
+    if c.op == "all_to_all":
+        dest = tuple(d for _ in range(n) for d in range(n))
+    choice = Choice(
+        collective=name,
+        algorithm="synthesized",
+        protocol="simple",
+        clock_mhz=p.gpu.max_sm_clock_mhz,
+        pieces=Q,
+        piece_owner=owner,
+        piece_dest=dest,
+        transfers=tuple(sorted(transfers, key=lambda t: (t.step, t.src, t.dst, t.piece))),
+    )
+    factor = 2.0 if c.op == "all_reduce" else 1.0
+    obj = float(info.objective_function_value)
+    dual = float(info.mip_dual_bound)
+    return Synthesis(
+        choice=choice,
+        milp_us=p.rates.launch_us + factor * obj,
+        milp_bound_us=p.rates.launch_us + factor * (dual if np.isfinite(dual) else 0.0),
+        optimal=h.getModelStatus() == highspy.HighsModelStatus.kOptimal,
+        wall_s=time.perf_counter() - t0,
+        rounds=k_used,
+    )

@@ -1,0 +1,324 @@
+"""Independent checker of collective plans.
+
+It expands every choice into its sends, executes them symbolically (which rank
+holds which contributions of which piece after every step) and checks that every
+rank ends with what the collective promises; then it recomputes the time and
+energy with its own arithmetic: routes from the topology's rule, link loads per
+step, the alpha-beta-gamma terms of collective.md (section 2). It shares no code
+with the solvers' cost model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from energyopt.formulations.collective.constants import PROTOCOL_EFFICIENCY, PROTOCOL_STEP_US
+from energyopt.formulations.collective.model import CollectiveProblem
+from energyopt.formulations.collective.program import Program
+from energyopt.formulations.collective.schedules import NotApplicable, program_of
+from energyopt.perf.power import HBM_PJ_PER_BIT, clock_power_factor, gpu_on_power_w
+from energyopt.spec.collective import Choice, Collective, CollectivePlan
+from energyopt.verify.violation import Violation
+
+SHARE_TOL = 1e-9
+
+
+@dataclass
+class CollectiveEvaluation:
+    """What a plan does: violations, per-collective time and energy, totals."""
+
+    violations: list[Violation] = field(default_factory=list)
+    time_us: dict[str, float] = field(default_factory=dict)
+    energy_j: dict[str, float] = field(default_factory=dict)
+    total_time_us: float = 0.0
+    total_energy_j: float = 0.0
+
+
+def execute(prog: Program, c: Collective) -> list[str]:
+    """Run ``prog`` symbolically; every way the end state misses the collective's
+    semantics, or a send is impossible, as a sentence (empty: correct)."""
+    n = prog.n
+    full = (1 << n) - 1
+    pieces = range(prog.n_pieces)
+    problems: list[str] = []
+    owner = [int(x) for x in prog.owner]
+    dest = [int(x) for x in prog.dest]
+    frac = [float(x) for x in prog.frac]
+    # initial holdings: hold[r][piece] = bitmask of ranks whose data it holds
+    hold: list[dict[int, int]] = [{} for _ in range(n)]
+    if c.op in ("all_reduce", "reduce_scatter"):
+        for r in range(n):
+            for q in pieces:
+                hold[r][q] = 1 << r
+    elif c.op == "broadcast":
+        for q in pieces:
+            hold[c.root][q] = 1 << c.root
+    else:
+        for q in pieces:
+            if not 0 <= owner[q] < n:
+                return [f"piece {q} has no owner rank"]
+            hold[owner[q]][q] = 1 << owner[q]
+    copy_only = c.op in ("all_gather", "broadcast", "all_to_all")
+    for s, step in enumerate(prog.steps):
+        start = [dict(h) for h in hold]
+        for row in step.tolist():
+            a, b, q, red = (int(x) for x in row)
+            if not (0 <= a < n and 0 <= b < n and 0 <= q < prog.n_pieces) or a == b:
+                problems.append(f"step {s}: send {a}->{b} of piece {q} is not between two ranks")
+                continue
+            have = start[a].get(q)
+            if have is None:
+                problems.append(f"step {s}: rank {a} sends piece {q}, which it does not hold")
+                continue
+            if red:
+                if copy_only:
+                    problems.append(f"step {s}: {c.op} has nothing to reduce (piece {q})")
+                    continue
+                mine = hold[b].get(q)
+                if mine is None:
+                    problems.append(f"step {s}: rank {b} reduces piece {q} it does not hold")
+                    continue
+                if mine & have:
+                    problems.append(
+                        f"step {s}: rank {b} adds contributions to piece {q} twice "
+                        f"(ranks {_ranks(mine & have)})"
+                    )
+                    continue
+                hold[b][q] = mine | have
+            else:
+                hold[b][q] = have
+        if len(problems) > 5:
+            break
+    if problems:
+        return problems[:5]
+    need: list[tuple[int, int, int]] = []  # (rank, piece, mask)
+    if c.op == "all_reduce":
+        need = [(r, q, full) for r in range(n) for q in pieces]
+    elif c.op == "reduce_scatter":
+        need = [(dest[q], q, full) for q in pieces]
+    elif c.op == "broadcast":
+        need = [(r, q, 1 << c.root) for r in range(n) for q in pieces]
+    elif c.op == "all_gather":
+        need = [(r, q, 1 << owner[q]) for r in range(n) for q in pieces]
+    else:
+        need = [(dest[q], q, 1 << owner[q]) for q in pieces]
+    for r, q, mask in need:
+        if not 0 <= r < n:
+            problems.append(f"piece {q} has no destination rank")
+        elif hold[r].get(q) != mask:
+            got = hold[r].get(q)
+            problems.append(
+                f"rank {r} ends with piece {q} "
+                + ("missing" if got is None else f"holding ranks {_ranks(got)}, not {_ranks(mask)}")
+            )
+        if len(problems) > 5:
+            break
+    problems.extend(_coverage(c, n, frac, owner, dest))
+    return problems[:6]
+
+
+def _coverage(
+    c: Collective, n: int, frac: list[float], owner: list[int], dest: list[int]
+) -> list[str]:
+    """The pieces tile the message: each rank's block has its share of the bytes."""
+    out: list[str] = []
+    if c.op == "all_to_all":
+        blocks: dict[tuple[int, int], float] = {}
+        for q, f in enumerate(frac):
+            blocks[(owner[q], dest[q])] = blocks.get((owner[q], dest[q]), 0.0) + f
+        for s in range(n):
+            for d in range(n):
+                if abs(blocks.get((s, d), 0.0) - 1.0 / n) > SHARE_TOL:
+                    out.append(f"the pieces from rank {s} to rank {d} are not 1/{n} of its input")
+                    return out
+        return out
+    if abs(sum(frac) - 1.0) > SHARE_TOL:
+        out.append(f"the pieces cover {sum(frac):.6f} of the message, not all of it")
+    keyed = owner if c.op == "all_gather" else dest if c.op == "reduce_scatter" else None
+    if keyed is not None:
+        for r in range(n):
+            got = sum(f for q, f in enumerate(frac) if keyed[q] == r)
+            if abs(got - 1.0 / n) > SHARE_TOL:
+                out.append(f"rank {r}'s block is {got:.6f} of the message, not 1/{n}")
+                break
+    return out
+
+
+def _ranks(mask: int) -> str:
+    ranks = [str(i) for i in range(mask.bit_length()) if mask >> i & 1]
+    return ",".join(ranks) if len(ranks) <= 8 else f"{len(ranks)} ranks"
+
+
+def _route(p: CollectiveProblem, a: int, b: int) -> list[tuple[str, str]]:
+    """Directed links from rank a to rank b by the topology's rule."""
+    ga, gb = p.ranks[a], p.ranks[b]
+    na, nb = ga.split("/")[0], gb.split("/")[0]
+    if na == nb:
+        return [(ga, f"{na}/nvs"), (f"{nb}/nvs", gb)]
+    return [(ga, f"{ga}:nic"), (f"{ga}:nic", "net"), ("net", f"{gb}:nic"), (f"{gb}:nic", gb)]
+
+
+def _link(p: CollectiveProblem, u: str, v: str) -> tuple[float, float]:
+    """(capacity GB/s, latency us) of directed link u -> v under the file's health."""
+    r = p.rates
+    h = p.spec.health
+    if u.endswith("/nvs") or v.endswith("/nvs"):
+        gpu = v if u.endswith("/nvs") else u
+        f = next((x.factor for x in h.links if x.gpu == gpu and x.link == "nvlink"), 1.0)
+        return r.nvlink_gbs * f, r.nvlink_us
+    if u == "net" or v == "net":
+        gpu = (v if u == "net" else u).removesuffix(":nic")
+        f = next((x.factor for x in h.links if x.gpu == gpu and x.link == "nic"), 1.0)
+        return r.network_gbs * f, r.network_us
+    return r.network_gbs, 0.0
+
+
+def run_time_us(
+    p: CollectiveProblem, prog: Program, ch: Choice, c: Collective, clock: int
+) -> tuple[float, float]:
+    """(time us, bytes touched in HBM) of one run of ``prog`` as ``ch`` runs it at ``clock``."""
+    slow = {s.gpu: s.slowdown for s in p.spec.health.stragglers}
+    sd = [slow.get(g, 1.0) for g in p.ranks]
+    ratio = clock / p.gpu.max_sm_clock_mhz
+    chan = [int(x) for x in prog.channel_of()]
+    frac = [float(x) for x in prog.frac]
+    n_steps = len(prog.steps)
+    total = p.rates.launch_us
+    touched = 0.0
+    rows_of = [s.tolist() for s in prog.steps]
+    for g in range(n_steps + ch.chunks - 1):
+        flows: dict[tuple[int, int, int], list[float]] = {}
+        for s in range(max(0, g - ch.chunks + 1), min(n_steps, g + 1)):
+            for a, b, q, red in rows_of[s]:
+                key = (int(a), int(b), chan[q])
+                cur = flows.setdefault(key, [0.0, 0.0])
+                cur[0] += frac[q] * c.bytes / ch.chunks
+                cur[1] = max(cur[1], float(red))
+        if not flows:
+            continue
+        load: dict[tuple[str, str], int] = {}
+        routes = {}
+        for a, b, k in flows:
+            routes[(a, b, k)] = _route(p, a, b)
+            for e in routes[(a, b, k)]:
+                load[e] = load.get(e, 0) + 1
+        reducing: dict[int, int] = {}
+        for (_a, b, _k), (_, red) in flows.items():
+            if red:
+                reducing[b] = reducing.get(b, 0) + 1
+        worst = 0.0
+        for key, (nbytes, red) in flows.items():
+            a, b, _ = key
+            share = min(_link(p, u, v)[0] / load[(u, v)] for u, v in routes[key])
+            lat = sum(_link(p, u, v)[1] for u, v in routes[key])
+            s_ab = max(sd[a], sd[b])
+            rate = min(share, p.rates.channel_gbs * ratio / s_ab) * PROTOCOL_EFFICIENCY[ch.protocol]
+            t = PROTOCOL_STEP_US[ch.protocol] * s_ab + lat + nbytes / rate / 1e3
+            if red:
+                mem = p.gpu.memory_bandwidth_gbps / 3.0 / reducing[b]
+                t += nbytes * sd[b] / min(p.rates.reduce_gbs * ratio, mem) / 1e3
+            touched += nbytes * (3.0 if red else 2.0)
+            worst = max(worst, t)
+        total += worst
+    return total, touched
+
+
+def _power_w(p: CollectiveProblem, channels: int, clock: int) -> float:
+    g = p.gpu
+    ratio = clock / g.max_sm_clock_mhz
+    import numpy as np
+
+    fac = float(
+        clock_power_factor(
+            np.asarray([ratio]),
+            np.asarray([g.power.voltage_floor]),
+            np.asarray([g.power.knee_fraction]),
+        )[0]
+    )
+    dyn = max(g.tdp_w - g.idle_w - g.power.locked_clock_w, 0.0) * g.power.sm_fraction
+    sm_share = min(1.0, channels / g.sm_count)
+    return gpu_on_power_w(g, clock) + dyn * sm_share * g.power.memory_bound_sm_activity * fac
+
+
+def evaluate_collective(p: CollectiveProblem, plan: CollectivePlan) -> CollectiveEvaluation:
+    """Check ``plan`` against ``p`` and recompute its figures."""
+    ev = CollectiveEvaluation()
+    v = ev.violations
+    by_name = {p.name_of(i): c for i, c in enumerate(p.collectives)}
+    seen: set[str] = set()
+    g = p.gpu
+    for j, ch in enumerate(plan.choices):
+        where = f"choices[{j}]({ch.collective})"
+        c = by_name.get(ch.collective)
+        if c is None:
+            v.append(Violation("unknown", where, "no collective of that name in the problem"))
+            continue
+        if ch.collective in seen:
+            v.append(Violation("duplicate", where, "the collective has two choices"))
+            continue
+        seen.add(ch.collective)
+        if not g.min_sm_clock_mhz <= ch.clock_mhz <= g.max_sm_clock_mhz:
+            v.append(Violation("clock", where, f"{ch.clock_mhz} MHz outside {g.name}'s clocks"))
+            continue
+        if p.spec.objective.kind == "energy" and ch.clock_mhz not in p.clocks_mhz:
+            v.append(
+                Violation("clock", where, f"{ch.clock_mhz} MHz is not one of the file's clocks")
+            )
+            continue
+        if ch.leaves >= p.n:
+            v.append(Violation("order", where, f"leaves {ch.leaves} of {p.n} ranks"))
+            continue
+        if ch.order is not None and sorted(ch.order) != list(range(p.n)):
+            v.append(Violation("order", where, f"order is not a permutation of ranks 0..{p.n - 1}"))
+            continue
+        try:
+            prog = program_of(
+                c.op,
+                ch.algorithm,
+                p.n,
+                p.node_of,
+                p.local_of,
+                c.root,
+                ch.channels,
+                ch.order,
+                ch.leaves,
+                ch,
+            )
+        except NotApplicable as exc:
+            v.append(Violation("algorithm", where, str(exc)))
+            continue
+        wrong = execute(prog, c)
+        if wrong:
+            v.append(Violation("semantics", where, "; ".join(wrong)))
+            continue
+        t, touched = run_time_us(p, prog, ch, c, ch.clock_mhz)
+        if p.spec.objective.kind == "energy":
+            fastest, _ = run_time_us(p, prog, ch, c, g.max_sm_clock_mhz)
+            if t > p.spec.objective.max_time_ratio * fastest * (1 + 1e-9):
+                v.append(
+                    Violation(
+                        "time",
+                        where,
+                        f"{t:,.2f} us at {ch.clock_mhz} MHz is more than "
+                        f"{p.spec.objective.max_time_ratio:g} x its {fastest:,.2f} us "
+                        "at the max clock",
+                    )
+                )
+        e = (
+            p.n * _power_w(p, ch.channels, ch.clock_mhz) * t * 1e-6
+            + touched * 8 * HBM_PJ_PER_BIT * 1e-12
+        )
+        ev.time_us[ch.collective] = t
+        ev.energy_j[ch.collective] = e
+        ev.total_time_us += c.count * t
+        ev.total_energy_j += c.count * e
+    for name in by_name:
+        if name not in seen:
+            v.append(Violation("missing", name, "the plan has no schedule for this collective"))
+    return ev
+
+
+def plan_cost(p: CollectiveProblem, plan: CollectivePlan) -> float:
+    """The plan's objective: trace time (us) or energy (J)."""
+    ev = evaluate_collective(p, plan)
+    return ev.total_energy_j if p.spec.objective.kind == "energy" else ev.total_time_us
