@@ -44,8 +44,8 @@ for _f in (
     MoeEdgeFamily(),
 ):
     register(_f)
-register(CollectiveFamily())
 register(ServerlessFamily())
+register(CollectiveFamily())
 
 
 def families() -> list[AnyFamily]:

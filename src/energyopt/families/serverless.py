@@ -1,0 +1,234 @@
+"""Serverless disaggregated serving (``kind: serverless``): prefill and decode
+instances of each model provisioned jointly per epoch, with the KV transfer
+between them, at least GPU-seconds, energy or a weighted sum."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from energyopt.families.contract import SolverEntry, Stated, stamped
+from energyopt.formulations.serverless.model import ServerlessProblem, load_serverless
+from energyopt.progress import Progress
+from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, Result
+from energyopt.spec.errors import SpecError
+from energyopt.spec.io import parse
+from energyopt.spec.serverless import ServerlessFile, ServerlessPlan
+from energyopt.verify.serverless import ServerlessEvaluation, evaluate_serverless
+from energyopt.verify.violation import Violation
+
+AUTO_MILP_POOLS = 20_000
+"""``auto`` solves the whole-horizon MILP up to this many pools, else the LP bound."""
+DEFAULT_TIME_LIMIT_S = 60.0
+DEFAULT_GAP = 1e-4
+
+
+class ServerlessFamily:
+    """Joint prefill/decode provisioning of serverless LLM functions."""
+
+    kind = "serverless"
+    title = "serverless: prefill and decode instances per epoch, KV transfer, cold starts"
+    problem_model: type[BaseModel] = ServerlessFile
+    plan_model: type[BaseModel] = ServerlessPlan
+
+    def load(self, path: str, catalogs: Sequence[str]) -> ServerlessProblem:
+        return load_serverless(path, list(catalogs))
+
+    def load_for_plan(self, path: str, catalogs: Sequence[str]) -> ServerlessProblem:
+        return self.load(path, catalogs)
+
+    def summary(self, p: ServerlessProblem) -> str:
+        return (
+            f"serverless: {p.n_models} models, {p.n_nodes} nodes of {p.gpu.name} "
+            f"({int(p.node_gpus.sum())} GPUs), {p.n_epochs} epochs of {p.epoch_s:g} s, "
+            f"{p.n_options} instance options, objective {p.spec.objective.kind}"
+        )
+
+    def show(self, p: ServerlessProblem) -> list[str]:
+        lines = [self.summary(p)]
+        lines.append(
+            f"{'model':<18} {'LLM':<16} {'peak rps':>8} {'mean rps':>8} {'KV MB/req':>9} "
+            f"{'NVLink ms':>9} {'net ms':>7}  SLO"
+        )
+        for m, sm in enumerate(p.spec.models):
+            lines.append(
+                f"{sm.name:<18} {sm.model:<16} {p.demand[m].max():>8.2f} "
+                f"{p.demand[m].mean():>8.2f} {p.kv_request_bytes[m] / 1e6:>9.1f} "
+                f"{1e3 * p.transfer_s[m, 0]:>9.3f} {1e3 * p.transfer_s[m, 1]:>7.2f}  "
+                f"p{sm.slo.percentile:g} TTFT {sm.slo.ttft_ms:g} ms, TBT {sm.slo.tbt_ms:g} ms"
+            )
+        lines.append(f"{'option':<20} " + " ".join(f"{sm.name[:14]:>30}" for sm in p.spec.models))
+        lines.append(
+            f"{'share/tp/clock':<20} "
+            + " ".join(f"{'prefill nv/net, decode rps':>30}" for _ in p.spec.models)
+        )
+        for o, opt in enumerate(p.options):
+            cells = " ".join(
+                f"{p.cap_prefill[m, o, 0]:>9.2f} {p.cap_prefill[m, o, 1]:>9.2f} "
+                f"{p.cap_decode[m, o]:>10.2f}"
+                for m in range(p.n_models)
+            )
+            lines.append(f"{f'{opt.share_pct}%/{opt.tp}/{opt.clock_mhz}':<20} {cells}")
+        return lines
+
+    def solvers(self) -> list[SolverEntry]:
+        return [
+            SolverEntry(
+                "auto",
+                self.kind,
+                "certified bound",
+                f"milp up to {AUTO_MILP_POOLS:,} pools, else lp",
+            ),
+            SolverEntry(
+                "milp",
+                self.kind,
+                "exact",
+                "whole-horizon joint prefill/decode MILP with HiGHS",
+                ("time limit", "gap", "export"),
+            ),
+            SolverEntry(
+                "lp",
+                self.kind,
+                "certified bound",
+                "LP relaxation bound; plan: its counts rounded up or the fast plan, "
+                "whichever costs less",
+                ("time limit",),
+            ),
+            SolverEntry(
+                "fast",
+                self.kind,
+                "heuristic",
+                "per-phase SLO-capacity provisioning, then coupling on nodes; no bound",
+            ),
+            SolverEntry(
+                "rolling",
+                self.kind,
+                "heuristic",
+                "one epoch's MILP at a time from the instances kept; no bound",
+                ("time limit",),
+            ),
+        ]
+
+    def solve(
+        self,
+        p: ServerlessProblem,
+        solver: str,
+        *,
+        time_limit_s: float | None,
+        rel_gap: float | None,
+        progress: Progress,
+    ) -> Result[ServerlessPlan]:
+        from energyopt.formulations.serverless.milp import build_milp
+        from energyopt.solvers.serverless_fast import solve_fast
+        from energyopt.solvers.serverless_milp import solve_milp, solve_relaxation, solve_rolling
+
+        limit = time_limit_s or DEFAULT_TIME_LIMIT_S
+        gap = rel_gap if rel_gap is not None else DEFAULT_GAP
+        chosen = solver
+        if solver == "auto":
+            chosen = "milp" if build_milp(p).n_pools <= AUTO_MILP_POOLS else "lp"
+        progress(f"solving {p.source} (serverless, {p.n_models} models) with {chosen}")
+        if chosen == "milp":
+            result = solve_milp(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+        elif chosen == "lp":
+            result = solve_relaxation(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+            fast = self._checked(
+                p, solve_fast(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+            )
+            result = self._checked(p, result)
+            if fast.plan is not None and (
+                result.plan is None or self.cost(p, fast.plan) < self.cost(p, result.plan)
+            ):
+                result.plan, result.objective, result.status = fast.plan, fast.objective, FEASIBLE
+                result.algorithm = "LP relaxation bound; plan from the fast algorithm"
+        elif chosen == "fast":
+            result = self._checked(
+                p, solve_fast(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+            )
+        elif chosen == "rolling":
+            result = solve_rolling(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+        else:
+            raise SpecError([f"--solver: no solver {solver!r} for serverless problems"])
+        result.solver = solver
+        return result
+
+    def _checked(
+        self, p: ServerlessProblem, result: Result[ServerlessPlan]
+    ) -> Result[ServerlessPlan]:
+        """``result`` without its plan when the plan breaks a constraint its heuristic
+        does not model (a power cap, a rounded-up count's TTFT), the reason logged."""
+        if result.plan is None:
+            return result
+        broken = self.verify(p, result.plan)
+        if broken:
+            result.log.append(f"{result.solver}: plan dropped: {broken[0]}")
+            result.plan, result.objective, result.status = None, None, NO_SOLUTION
+        return result
+
+    def verify(self, p: ServerlessProblem, plan: ServerlessPlan) -> list[Violation]:
+        return self._evaluate(p, plan).violations
+
+    def cost(self, p: ServerlessProblem, plan: ServerlessPlan) -> float:
+        return self._evaluate(p, plan).cost
+
+    def _evaluate(self, p: ServerlessProblem, plan: ServerlessPlan) -> ServerlessEvaluation:
+        from energyopt.catalog.loader import Catalog
+
+        catalog = Catalog(
+            {p.gpu.name: p.gpu},
+            {sm.model: llm for sm, llm in zip(p.spec.models, p.llms, strict=True)},
+        )
+        return evaluate_serverless(p.spec, catalog, plan)
+
+    def sense(self, p: ServerlessProblem) -> Literal["min", "max"]:
+        return "min"
+
+    def report(self, p: ServerlessProblem, result: Result[ServerlessPlan]) -> list[str]:
+        plan = result.plan
+        assert plan is not None
+        ev = self._evaluate(p, plan)
+        lines = [f"serverless plan for {p.spec.name} ({p.source})"]
+        lines.append(f"{'epoch':>5} " + " ".join(f"{sm.name[:18]:>22}" for sm in p.spec.models))
+        for ep in plan.epochs:
+            cells = []
+            for sm in p.spec.models:
+                pre = sum(x.count for x in ep.pools if x.model == sm.name and x.phase == "prefill")
+                dec = sum(x.count for x in ep.pools if x.model == sm.name and x.phase == "decode")
+                net = sum(
+                    r.rate_rps
+                    for r in ep.routes
+                    if r.model == sm.name and r.prefill_node != r.decode_node
+                )
+                cells.append(f"{f'{pre}P {dec}D net {net:.1f}':>22}")
+            lines.append(f"{ep.epoch:>5} " + " ".join(cells))
+        lines.append(
+            f"GPU-seconds {ev.gpu_s:,.1f} (of which loading {ev.load_gpu_s:,.1f}, {ev.starts} cold "
+            f"starts), energy {ev.energy_j / 3.6e6:.4f} kWh, KV over the network "
+            f"{ev.network_bytes / 1e9:,.1f} GB"
+        )
+        bound = "none" if result.bound is None else f"{result.bound:,.2f}"
+        gap = "n/a" if result.gap is None else f"{100 * result.gap:.3f}%"
+        lines.append(
+            f"objective {result.objective:,.2f} {p.unit}, bound {bound}, gap {gap}, "
+            f"status {result.status}"
+        )
+        lines.append(f"solver {result.solver} ({result.algorithm}), {result.wall_s:.2f} s")
+        return lines
+
+    def to_file(self, p: ServerlessProblem, result: Result[ServerlessPlan]) -> BaseModel:
+        assert result.plan is not None
+        return stamped(result.plan.model_copy(update={"objective_unit": p.unit}), result)
+
+    def from_file(
+        self, p: ServerlessProblem, data: Any, source: str
+    ) -> tuple[ServerlessPlan, Stated]:
+        plan = parse(ServerlessPlan, data, source)
+        return plan, Stated(plan.objective, plan.bound, plan.gap)
+
+    def program(self, p: ServerlessProblem) -> Any:
+        """The whole-horizon MILP the ``milp`` solver solves (a HiGHS model)."""
+        from energyopt.formulations.serverless.milp import build_milp, highs_lp
+
+        return highs_lp(build_milp(p))

@@ -1,0 +1,1 @@
+"""Serverless prefill/decode provisioning (``kind: serverless``)."""

@@ -1,0 +1,244 @@
+"""A fast provisioning algorithm in CELLServe's spirit: size each phase by its
+SLO-derived capacity, then couple the phases on the nodes.
+
+Per epoch and model (largest demand first):
+
+1. *Provision by phase.* For each phase the option of least cost per request/s
+   of capacity (instance cost over capacity plus serving cost) is the workhorse;
+   a rate is covered by whole instances of it and one tail instance, the cheapest
+   option whose capacity covers the rest.
+2. *Couple.* Prefill and decode of a share of the demand go on one node (KV over
+   NVLink), the node with the most free GPUs first, as much as it holds; what no
+   node holds whole is split: decode pools where GPUs are free, prefill pools with
+   the network-link capacity elsewhere, routed prefill node -> decode node within
+   the NICs.
+
+Cold starts are not priced when choosing (the plan's cost, which the verifier
+recomputes, includes them). No bound; its gap to the MILP is what the benchmark
+reports.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from energyopt.formulations.serverless.milp import DECODE, PREFILL_NET, PREFILL_NV, pool_capacity
+from energyopt.formulations.serverless.model import (
+    LINKS,
+    NETWORK,
+    NVLINK,
+    FloatArray,
+    ServerlessProblem,
+)
+from energyopt.progress import Progress, quiet
+from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, Result, Termination
+from energyopt.spec.serverless import Pool, ServerlessPlan
+
+ALGORITHM = "per-phase SLO-capacity provisioning, then prefill/decode coupling on nodes"
+SHRINK = 0.97
+"""Step by which a node's share of a demand shrinks until its instances fit."""
+
+
+def _cover(
+    p: ServerlessProblem, m: int, kind: int, rate: float, allowed: np.ndarray
+) -> list[tuple[int, int, float]]:
+    """(option, count, rate) instances of one phase covering ``rate`` requests/s."""
+    if rate <= 1e-12:
+        return []
+    phase = "decode" if kind == DECODE else "prefill"
+    caps = np.array([pool_capacity(p, m, o, kind) for o in range(p.n_options)])
+    ok = allowed & (caps > 0)
+    if not ok.any():
+        return []
+    per_instance = p.instance_cost(m) + caps * p.serve_cost(m, phase)
+    unit = np.where(ok, per_instance / np.where(caps > 0, caps, 1.0), np.inf)
+    best = int(np.argmin(unit))
+    full = math.floor(rate / caps[best] + 1e-9)
+    rest = rate - full * caps[best]
+    out: list[tuple[int, int, float]] = []
+    if full:
+        out.append((best, full, full * caps[best]))
+    if rest > 1e-9:
+        tail_cost = np.where(ok & (caps >= rest - 1e-12), per_instance, np.inf)
+        tail = int(np.argmin(tail_cost))
+        if not np.isfinite(tail_cost[tail]):
+            return [*out, (best, 1, rest)]
+        if tail == best:
+            if out:
+                out[0] = (best, full + 1, rate)
+            else:
+                out.append((best, 1, rate))
+        else:
+            out.append((tail, 1, rest))
+    return out
+
+
+def _gpus(p: ServerlessProblem, cover: list[tuple[int, int, float]]) -> float:
+    g = p.gpus_of()
+    return float(sum(g[o] * c for o, c, _ in cover))
+
+
+def solve_fast(
+    p: ServerlessProblem,
+    *,
+    time_limit_s: float = 60.0,
+    rel_gap: float = 1e-6,
+    progress: Progress = quiet,
+) -> Result[ServerlessPlan]:
+    """The fast algorithm's plan (heuristic: no bound)."""
+    t0 = time.perf_counter()
+    names = [n.name for n in p.spec.nodes]
+    models = [m.name for m in p.spec.models]
+    pools: list[list[Pool]] = []
+    routes: list[list[tuple[int, int, int, float]]] = []
+    total = 0.0
+    prev: dict[tuple[int, int, int, int], int] = {}
+    for t in range(p.n_epochs):
+        free = p.node_gpus.copy()
+        nic_out = p.nic_bps.copy()
+        nic_in = p.nic_bps.copy()
+        epoch_pools: dict[tuple[int, int, int, int], list[float]] = {}
+        epoch_routes: list[tuple[int, int, int, float]] = []
+
+        add = _adder(p, epoch_pools, free)
+
+        for m in np.argsort(-p.demand[:, t], kind="stable"):
+            m = int(m)
+            left = float(p.demand[m, t])
+            for n in np.argsort(-free, kind="stable"):
+                n = int(n)
+                if left <= 1e-12:
+                    break
+                rate = left
+                for _ in range(400):
+                    dec = _cover(p, m, DECODE, rate, p.fits[n])
+                    pre = _cover(p, m, PREFILL_NV, rate, p.fits[n])
+                    if dec and pre and _gpus(p, dec) + _gpus(p, pre) <= free[n] + 1e-9:
+                        break
+                    rate *= SHRINK
+                else:
+                    continue
+                if rate <= 1e-9:
+                    continue
+                add(m, n, DECODE, dec)
+                add(m, n, PREFILL_NV, pre)
+                epoch_routes.append((m, n, n, rate))
+                left -= rate
+            if left > 1e-9 and p.n_nodes > 1:
+                left = _split(p, m, left, free, nic_out, nic_in, add, epoch_routes)
+            if left > 1e-6 * max(1.0, float(p.demand[m, t])):
+                return Result(
+                    NO_SOLUTION,
+                    None,
+                    None,
+                    time.perf_counter() - t0,
+                    None,
+                    "fast",
+                    log=[f"epoch {t}: {left:.4g} rps of {models[m]} found no room"],
+                    termination=Termination.HEURISTIC,
+                    algorithm=ALGORITHM,
+                )
+        counts: dict[tuple[int, int, int, int], int] = {}
+        epoch_list: list[Pool] = []
+        for (m, n, o, kind), (c, r) in epoch_pools.items():
+            opt = p.options[o]
+            counts[(m, n, o, kind)] = int(c)
+            phase = "decode" if kind == DECODE else "prefill"
+            epoch_list.append(
+                Pool(
+                    model=models[m],
+                    phase=phase,
+                    node=names[n],
+                    share_pct=opt.share_pct,
+                    tp=opt.tp,
+                    clock_mhz=opt.clock_mhz,
+                    link=None
+                    if kind == DECODE
+                    else LINKS[NVLINK if kind == PREFILL_NV else NETWORK],
+                    count=int(c),
+                    rate_rps=r,
+                )
+            )
+            total += float(c) * float(p.instance_cost(m)[o]) + r * float(p.serve_cost(m, phase)[o])
+            total += max(0, int(c) - prev.get((m, n, o, kind), 0)) * float(p.start_cost(m)[o])
+        prev = counts
+        pools.append(epoch_list)
+        routes.append(epoch_routes)
+    progress(f"fast: {p.n_epochs} epochs provisioned")
+    return Result(
+        FEASIBLE,
+        total,
+        None,
+        time.perf_counter() - t0,
+        p.plan_of(pools, routes),
+        "fast",
+        termination=Termination.HEURISTIC,
+        algorithm=ALGORITHM,
+    )
+
+
+def _adder(
+    p: ServerlessProblem,
+    epoch_pools: dict[tuple[int, int, int, int], list[float]],
+    free: FloatArray,
+) -> Callable[[int, int, int, list[tuple[int, int, float]]], None]:
+    """A function that adds instances (option, count, rate) of model m's pool kind
+    on node n to ``epoch_pools`` and takes their GPUs from ``free``."""
+
+    def add(m: int, n: int, kind: int, cover: list[tuple[int, int, float]]) -> None:
+        for o, c, r in cover:
+            slot = epoch_pools.setdefault((m, n, o, kind), [0.0, 0.0])
+            slot[0] += c
+            slot[1] += r
+            free[n] -= p.gpus_of()[o] * c
+
+    return add
+
+
+def _split(
+    p: ServerlessProblem,
+    m: int,
+    left: float,
+    free: FloatArray,
+    nic_out: FloatArray,
+    nic_in: FloatArray,
+    add: Callable[[int, int, int, list[tuple[int, int, float]]], None],
+    epoch_routes: list[tuple[int, int, int, float]],
+) -> float:
+    """Serve ``left`` rps of model m with decode on one node and prefill (network
+    link) on another, pair by pair; returns what is still unserved."""
+    kv = float(p.kv_request_bytes[m])
+    for b in np.argsort(-free, kind="stable"):
+        for a in np.argsort(-free, kind="stable"):
+            a, b = int(a), int(b)
+            if a == b or left <= 1e-12:
+                continue
+            rate = min(left, nic_out[a] / kv, nic_in[b] / kv) if kv > 0 else left
+            for _ in range(400):
+                if rate <= 1e-9:
+                    break
+                dec = _cover(p, m, DECODE, rate, p.fits[b])
+                pre = _cover(p, m, PREFILL_NET, rate, p.fits[a])
+                if (
+                    dec
+                    and pre
+                    and _gpus(p, dec) <= free[b] + 1e-9
+                    and _gpus(p, pre) <= free[a] + 1e-9
+                ):
+                    break
+                rate *= SHRINK
+            else:
+                continue
+            if rate <= 1e-9:
+                continue
+            add(m, b, DECODE, dec)
+            add(m, a, PREFILL_NET, pre)
+            nic_out[a] -= rate * kv
+            nic_in[b] -= rate * kv
+            epoch_routes.append((m, a, b, rate))
+            left -= rate
+    return left

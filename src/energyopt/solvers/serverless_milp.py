@@ -1,0 +1,248 @@
+"""Serverless provisioning with HiGHS: the whole-horizon MILP (exact), its LP
+relaxation (a certified bound, with the relaxation's counts rounded up as a plan),
+and the MILP rolled over the epochs one at a time (what an online planner runs)."""
+
+from __future__ import annotations
+
+import time
+
+import highspy
+import numpy as np
+
+from energyopt.backends.highs import quiet_highs
+from energyopt.formulations.serverless.milp import (
+    FORMULATION_NAME,
+    Milp,
+    build_milp,
+    highs_lp,
+    objective_of,
+    solution_of,
+)
+from energyopt.formulations.serverless.model import FloatArray, IntArray, ServerlessProblem
+from energyopt.progress import Progress, quiet
+from energyopt.solvers.result import (
+    FEASIBLE,
+    INFEASIBLE,
+    NO_SOLUTION,
+    OPTIMAL,
+    Result,
+    Termination,
+)
+from energyopt.spec.serverless import Pool, ServerlessPlan
+
+ROUND_TOL = 1e-6
+"""A relaxed count within this of an integer is that integer."""
+
+
+def _run(milp: Milp, time_limit_s: float, rel_gap: float, relax: bool) -> highspy.Highs:
+    h = quiet_highs()
+    h.passModel(highs_lp(milp, relax=relax))
+    h.setOptionValue("time_limit", max(0.1, time_limit_s))
+    if not relax:
+        h.setOptionValue("mip_rel_gap", rel_gap)
+    h.run()
+    return h
+
+
+def _split(milp: Milp, values: FloatArray) -> tuple[IntArray, FloatArray, FloatArray]:
+    n_p = milp.n_pools
+    counts = np.round(values[:n_p]).astype(np.int64)
+    rates = np.maximum(values[n_p : 2 * n_p], 0.0)
+    routes = np.maximum(values[3 * n_p :], 0.0)
+    return counts, rates, routes
+
+
+def _plan(
+    p: ServerlessProblem, milp: Milp, counts: IntArray, rates: FloatArray, routes: FloatArray
+) -> ServerlessPlan:
+    pools, route_list = solution_of(p, milp, counts, rates, routes)
+    return p.plan_of(pools, route_list)
+
+
+def _infeasible(solver: str, wall: float, log: list[str]) -> Result[ServerlessPlan]:
+    return Result(
+        INFEASIBLE,
+        None,
+        None,
+        wall,
+        None,
+        solver,
+        log=log,
+        diagnosis=[
+            "the nodes' GPUs, NICs or power caps cannot hold instances enough for some "
+            "epoch's demand within the SLOs"
+        ],
+        termination=Termination.INFEASIBLE,
+        formulation=FORMULATION_NAME,
+        algorithm="HiGHS",
+    )
+
+
+def solve_milp(
+    p: ServerlessProblem,
+    *,
+    time_limit_s: float = 60.0,
+    rel_gap: float = 1e-6,
+    progress: Progress = quiet,
+) -> Result[ServerlessPlan]:
+    """The whole horizon's MILP: optimal within ``rel_gap`` or, at the time limit,
+    HiGHS' best plan and bound. Objective in the file's unit."""
+    t0 = time.perf_counter()
+    milp = build_milp(p)
+    progress(f"milp: {len(milp):,} columns, {milp.matrix.shape[0]:,} rows")
+    h = _run(milp, time_limit_s, rel_gap, relax=False)
+    status = h.getModelStatus()
+    info = h.getInfo()
+    log = [f"HiGHS: {h.modelStatusToString(status)}, {len(milp):,} columns"]
+    wall = time.perf_counter() - t0
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return _infeasible("milp", wall, log)
+    bound = float(info.mip_dual_bound)
+    bound_or_none = bound if np.isfinite(bound) else None
+    optimal = status == highspy.HighsModelStatus.kOptimal
+    termination = Termination.CONVERGED if optimal else Termination.TIME_LIMIT
+    if info.primal_solution_status != 2:
+        return Result(
+            NO_SOLUTION,
+            None,
+            bound_or_none,
+            wall,
+            None,
+            "milp",
+            log=log,
+            termination=termination,
+            formulation=FORMULATION_NAME,
+            algorithm="HiGHS branch and cut",
+        )
+    values = np.asarray(h.getSolution().col_value)
+    counts, rates, routes = _split(milp, values)
+    return Result(
+        OPTIMAL if optimal else FEASIBLE,
+        objective_of(milp, counts, rates),
+        bound_or_none,
+        wall,
+        _plan(p, milp, counts, rates, routes),
+        "milp",
+        log=log,
+        termination=termination,
+        formulation=FORMULATION_NAME,
+        algorithm="HiGHS branch and cut",
+    )
+
+
+def solve_relaxation(
+    p: ServerlessProblem,
+    *,
+    time_limit_s: float = 60.0,
+    rel_gap: float = 1e-6,
+    progress: Progress = quiet,
+) -> Result[ServerlessPlan]:
+    """The LP relaxation: its optimum is a lower bound on every plan's cost; its
+    counts rounded up (with rates and routes as they are) are a plan when the
+    nodes hold them. The caller certifies the plan (and may offer a cheaper one)."""
+    t0 = time.perf_counter()
+    milp = build_milp(p)
+    progress(f"lp relaxation: {len(milp):,} columns, {milp.matrix.shape[0]:,} rows")
+    h = _run(milp, time_limit_s, rel_gap, relax=True)
+    status = h.getModelStatus()
+    wall = time.perf_counter() - t0
+    log = [f"HiGHS LP: {h.modelStatusToString(status)}"]
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return _infeasible("lp", wall, log)
+    if status != highspy.HighsModelStatus.kOptimal:
+        return Result(
+            NO_SOLUTION,
+            None,
+            None,
+            wall,
+            None,
+            "lp",
+            log=log,
+            termination=Termination.TIME_LIMIT,
+            formulation=FORMULATION_NAME,
+            algorithm="HiGHS dual simplex (LP relaxation)",
+        )
+    bound = float(h.getInfo().objective_function_value)
+    values = np.asarray(h.getSolution().col_value)
+    n_p = milp.n_pools
+    counts = np.ceil(values[:n_p] - ROUND_TOL).astype(np.int64)
+    _, rates, routes = _split(milp, values)
+    gpus = p.gpus_of()
+    fits = True
+    for t in range(milp.first, milp.last):
+        for n in range(p.n_nodes):
+            here = (milp.pt == t) & (milp.pn == n)
+            if float((counts[here] * gpus[milp.po[here]]).sum()) > p.node_gpus[n] + 1e-9:
+                fits = False
+    plan = _plan(p, milp, counts, rates, routes) if fits else None
+    if plan is None:
+        log.append("the relaxation's counts rounded up do not fit the nodes")
+    return Result(
+        FEASIBLE if plan is not None else NO_SOLUTION,
+        objective_of(milp, counts, rates) if plan is not None else None,
+        bound,
+        wall,
+        plan,
+        "lp",
+        log=log,
+        termination=Termination.CONVERGED,
+        formulation=FORMULATION_NAME,
+        algorithm="LP relaxation bound, counts rounded up",
+    )
+
+
+def solve_rolling(
+    p: ServerlessProblem,
+    *,
+    time_limit_s: float = 60.0,
+    rel_gap: float = 1e-6,
+    progress: Progress = quiet,
+) -> Result[ServerlessPlan]:
+    """One epoch's MILP at a time, from the instances the epoch before kept (each
+    step sees one epoch of the forecast, so the plan carries no bound)."""
+    t0 = time.perf_counter()
+    start: dict[tuple[int, int, int, int], int] = {}
+    pools: list[list[Pool]] = []
+    routes: list[list[tuple[int, int, int, float]]] = []
+    total = 0.0
+    for t in range(p.n_epochs):
+        left = time_limit_s - (time.perf_counter() - t0)
+        milp = build_milp(p, t, t + 1, start)
+        h = _run(milp, max(0.1, left), rel_gap, relax=False)
+        if h.getInfo().primal_solution_status != 2:
+            return Result(
+                NO_SOLUTION
+                if h.getModelStatus() != highspy.HighsModelStatus.kInfeasible
+                else INFEASIBLE,
+                None,
+                None,
+                time.perf_counter() - t0,
+                None,
+                "rolling",
+                log=[f"epoch {t}: {h.modelStatusToString(h.getModelStatus())}"],
+                termination=Termination.HEURISTIC,
+                formulation=FORMULATION_NAME,
+                algorithm="rolling horizon, one epoch per MILP",
+            )
+        counts, rates, route_rates = _split(milp, np.asarray(h.getSolution().col_value))
+        total += objective_of(milp, counts, rates, start)
+        part, part_routes = solution_of(p, milp, counts, rates, route_rates)
+        pools.append(part[0])
+        routes.append(part_routes[0])
+        start = {
+            (int(milp.pm[i]), int(milp.pn[i]), int(milp.po[i]), int(milp.pk[i])): int(counts[i])
+            for i in range(milp.n_pools)
+            if counts[i] > 0
+        }
+        progress(f"rolling: epoch {t} planned")
+    return Result(
+        FEASIBLE,
+        total,
+        None,
+        time.perf_counter() - t0,
+        p.plan_of(pools, routes),
+        "rolling",
+        termination=Termination.HEURISTIC,
+        formulation=FORMULATION_NAME,
+        algorithm="rolling horizon, one epoch per MILP",
+    )
