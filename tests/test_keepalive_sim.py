@@ -16,9 +16,12 @@ from energyopt.formulations.keepalive.policy import (
     always_warm,
     compile_tepid,
     fixed,
+    fixed_cold_share,
     hybrid_histogram,
+    idle_distribution,
+    price_thresholds,
 )
-from energyopt.sim.keepalive import simulate
+from energyopt.sim.keepalive import NodeBudget, Tenant, peak_memory_gb, simulate, simulate_node
 from energyopt.spec.keepalive import Function
 
 FN = Function.model_validate(
@@ -122,3 +125,131 @@ def test_the_hybrid_policy_follows_shahrad_et_al() -> None:
     phases = hybrid_histogram(h)
     assert phases[0] == ("cold", pytest.approx(0.9 * 660.0))
     assert phases[1] == ("warm", pytest.approx(1.1 * 660.0 - 0.9 * 660.0))
+
+
+def _with_reference(h: IdleHistogram) -> list[tuple[str, float]]:
+    return compile_tepid(FN, h, 10.0, 0.01, 1.0, 600.0).phases()  # type: ignore[return-value]
+
+
+def test_a_table_held_to_the_fixed_keep_alives_cold_rate_goes_cold_no_sooner() -> None:
+    h = IdleHistogram.empty()
+    for i in range(60):
+        h.add(5.0 if i % 10 else 60.0 + 8.0 * i)  # mostly seconds, some one to nine minutes
+    free = compile_tepid(FN, h, 10.0, 0.01, 1.0)
+    held = compile_tepid(FN, h, 10.0, 0.01, 1.0, 600.0)
+    # unconstrained, cold beats tepid (900 J) for long idle times; held, no cold before 10 min
+    assert free.tepid_until_s < 600.0
+    assert held.tepid_until_s >= 600.0 and held.lookup(599.0) != "cold"
+    assert held.lookup(5.0) == "warm"  # a pause (400 J) costs more than 5 s warm (100 J)
+    assert fixed_cold_share(h, 600.0) > 0  # the prior: an unseen idle time stays possible
+    # the cheapest such table on the same distribution
+    prices = price_thresholds(FN, h, 10.0)
+    feasible = prices.usable & (prices.cold <= fixed_cold_share(h, 600.0) + 1e-12)
+    mine = prices.energy_j[int(held.warm_until_s // BIN_S), int(held.tepid_until_s // BIN_S)]
+    assert mine == pytest.approx(float(prices.energy_j[feasible].min()), rel=1e-12)
+
+
+@pytest.mark.parametrize("tepid", [True, False])
+def test_threshold_prices_are_the_expected_energy_idle_time_by_idle_time(tepid: bool) -> None:
+    fn = FN if tepid else FN.model_copy(update={"tepid": None})
+    h = IdleHistogram.empty()
+    rng = random.Random(7)
+    for _ in range(80):
+        h.add(rng.choice([rng.uniform(0, 90), rng.uniform(200, 900), 20_000.0]))
+    idle, prob = idle_distribution(h)
+    assert float(prob.sum()) == pytest.approx(1.0)
+    prices = price_thresholds(fn, h, 4.0)  # tepid (3 s) in time, cold (5 s) late
+    for _ in range(200):
+        i, j = sorted(rng.randrange(241) for _ in range(2))
+        if not tepid:
+            j = i
+        w, u = i * BIN_S, j * BIN_S
+        energy, cold, late = 0.0, 0.0, 0.0
+        for x, p in zip(idle, prob, strict=True):
+            e = fn.warm.power_w * min(x, w)
+            if x >= w and u > w:
+                assert fn.tepid is not None
+                e += fn.tepid.enter_j + fn.tepid.power_w * (min(x, u) - w)
+                if x < u:
+                    e += fn.tepid.resume_j
+            if x >= u:
+                e += fn.cold_start.energy_j
+                cold += p
+                late += p
+            energy += p * e
+        assert prices.usable[i, j]
+        assert prices.energy_j[i, j] == pytest.approx(energy, rel=1e-9)
+        assert prices.cold[i, j] == pytest.approx(cold, rel=1e-9, abs=1e-15)
+        assert prices.late[i, j] == pytest.approx(late, rel=1e-9, abs=1e-15)
+    assert not prices.usable[5, 4]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_held_table_never_has_more_cold_starts_than_fixed_keep_alive(seed: int) -> None:
+    arrivals = _bursty(seed)
+    fixed10 = simulate(FN, arrivals, lambda _h: fixed(), 7200.0)
+    tepid = simulate(FN, arrivals, _with_reference, 7200.0)  # type: ignore[arg-type]
+    assert tepid.cold_starts <= fixed10.cold_starts
+    assert tepid.energy_j < fixed10.energy_j
+
+
+SMALL = FN.model_copy(update={"name": "g"})
+BIG = FN.model_copy(
+    update={"name": "h", "warm": FN.warm.model_copy(update={"gpu_memory_gb": 50.0})}
+)
+
+
+def test_tenants_without_a_memory_limit_replay_as_if_alone() -> None:
+    streams = [_bursty(1), _bursty(2)]
+    tenants = [Tenant(SMALL, streams[0], _tepid), Tenant(BIG, streams[1], hybrid_histogram)]  # type: ignore[arg-type]
+    together = simulate_node(tenants, 7200.0)
+    for tenant, sim in zip(tenants, together, strict=True):
+        alone = simulate(tenant.fn, tenant.arrivals_s, tenant.policy, 7200.0)
+        assert sim.energy_j == pytest.approx(alone.energy_j, rel=1e-12)
+        assert sim.latencies_s == alone.latencies_s
+        assert sim.evictions == sim.waits == 0
+
+
+@pytest.mark.parametrize("demote", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_memory_budget_is_never_exceeded_and_requests_are_conserved(
+    demote: bool, seed: int
+) -> None:
+    rng = random.Random(seed)
+    streams = [sorted(rng.uniform(0, 3600) for _ in range(40)) for _ in range(3)]
+    fns = [SMALL, BIG, FN.model_copy(update={"name": "k"})]
+    tenants = [
+        Tenant(fn, s, lambda _h: always_warm(), demote) for fn, s in zip(fns, streams, strict=True)
+    ]
+    budget = NodeBudget(gpu_memory_gb=60.0, host_memory_gb=40.0)
+    sims = simulate_node(tenants, 3600.0, budget)
+    gpu, host = peak_memory_gb(sims)
+    assert gpu <= 60.0 + 1e-9 and host <= 40.0 + 1e-9
+    assert sum(s.evictions for s in sims) > 0
+    for sim, s in zip(sims, streams, strict=True):
+        assert sim.requests == sim.served == len(s) == len(sim.latencies_s)
+        assert sim.warm_starts + sim.tepid_starts + sim.cold_starts == len(s)
+        assert sim.energy_j == pytest.approx(sim.power_integral_j(), rel=1e-9)
+    if demote:
+        assert sum(s.tepid_starts for s in sims) > 0
+    else:
+        assert sum(s.tepid_starts for s in sims) == 0
+
+
+def test_an_evicted_container_is_demoted_or_evicted_and_a_request_waits_for_memory() -> None:
+    # g (20 GB) serves at 0; h (50 GB) arrives at 100 and evicts idle g; g's request at
+    # 103 finds h loading (5 s) and serving (1 s) and must wait until 106
+    budget = NodeBudget(gpu_memory_gb=60.0)
+    for demote, kind in ((False, "cold"), (True, "tepid")):
+        g, h = simulate_node(
+            [
+                Tenant(SMALL, [0.0, 103.0], lambda _h: always_warm(), demote),
+                Tenant(BIG, [100.0], lambda _h: always_warm()),
+            ],
+            400.0,
+            budget,
+        )
+        assert g.evictions == 1 and g.waits == 1 and h.cold_starts == 1
+        start = 3.0 if kind == "tepid" else 5.0
+        assert g.latencies_s[1] == pytest.approx(106.0 - 103.0 + start)
+        assert (g.tepid_starts, g.cold_starts) == ((1, 1) if demote else (0, 2))

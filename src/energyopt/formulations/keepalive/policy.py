@@ -132,60 +132,125 @@ class TepidTable:
         return self.states[min(int(idle_s // BIN_S), len(self.states) - 1)]
 
 
+PRIOR_WEIGHT = 1.0
+"""Weight, in idle periods, of the prior the tepid table adds to a histogram: one
+idle period spread evenly over the in-range bins and the out-of-range one, so an
+idle time not seen yet keeps a small probability."""
+
+
+def idle_distribution(h: IdleHistogram) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """(idle time s, probability) of the ``RANGE_BINS`` bins and one out-of-range
+    entry: the posterior mean of the bin probabilities under a Dirichlet prior of
+    total weight ``PRIOR_WEIGHT``; each bin's idle times at their mean (its centre
+    while empty), those out of range at twice the range."""
+    whole = RANGE_BINS * BIN_S
+    idle = np.concatenate([h.bin_means_s(), [2.0 * whole]])
+    counts = np.concatenate([h.counts, [h.out_of_range]]).astype(np.float64)
+    weight = counts + PRIOR_WEIGHT / len(counts)
+    return idle, weight / weight.sum()
+
+
+def fixed_cold_share(h: IdleHistogram, keep_alive_s: float) -> float:
+    """Expected cold starts per idle period of a fixed ``keep_alive_s`` keep-alive
+    under :func:`idle_distribution` (the idle periods at least that long)."""
+    idle, prob = idle_distribution(h)
+    return float(prob[idle >= keep_alive_s].sum())
+
+
+@dataclass(frozen=True)
+class ThresholdPrices:
+    """Every (warm-until ``edges[i]``, tepid-until ``edges[j]``) pair of a table,
+    priced per idle period under one idle-time distribution: (K + 1, K + 1) grids
+    for K bins."""
+
+    edges: NDArray[np.float64]
+    """Threshold values, s."""
+    energy_j: NDArray[np.float64]
+    """Expected energy of the idle period, J."""
+    cold: NDArray[np.float64]
+    """Probability the next request starts cold."""
+    late: NDArray[np.float64]
+    """Probability the next request starts later than the limit."""
+    usable: NDArray[np.bool_]
+    """The pair is a table: tepid-until >= warm-until (equal: no tepid phase)."""
+
+
+def price_thresholds(fn: Function, h: IdleHistogram, late_limit_s: float) -> ThresholdPrices:
+    """Every threshold pair priced under :func:`idle_distribution` of ``h``.
+
+    Per idle period of length x, thresholds w <= u cost warm_W min(x, w), plus for
+    x >= w the pause and tepid_W (min(x, u) - w), plus a resume for w <= x < u and a
+    load for x >= u (u = w: no tepid phase, so no pause). With every bin's idle
+    times at one value, each term is a sum over the bins before or past a threshold,
+    so all pairs are priced at once from prefix and suffix sums.
+    """
+    idle, prob = idle_distribution(h)
+    k = RANGE_BINS
+    edges = np.arange(k + 1) * BIN_S
+    # survival[j] = P(x >= edges[j]); first[j] = E[x; x < edges[j]]; the entry past
+    # the range lies beyond every threshold
+    survival = np.cumsum(prob[::-1])[::-1]
+    first = np.concatenate([[0.0], np.cumsum(prob * idle)[:k]])
+    tep = fn.tepid
+    w, u = edges[:, None], edges[None, :]
+    sw, su = survival[:, None], survival[None, :]
+    mw, mu = first[:, None], first[None, :]
+    warm_j = fn.warm.power_w * (mw + w * sw)
+    load_j, load_s = fn.cold_start.energy_j, fn.cold_start.time_s
+    shape = (k + 1, k + 1)
+    if tep is not None:
+        tepid_share = sw - su
+        energy = (
+            warm_j
+            + tep.enter_j * sw
+            + tep.power_w * (mu - mw + u * su - w * sw)
+            + tep.resume_j * tepid_share
+            + load_j * su
+        )
+        energy = np.where(u == w, warm_j + load_j * su, energy)
+        late = tepid_share * (tep.resume_s > late_limit_s) + su * (load_s > late_limit_s)
+        cold = np.broadcast_to(su, shape)
+        usable = np.broadcast_to(u >= w, shape)
+    else:
+        energy = np.broadcast_to(warm_j + load_j * sw, shape)
+        late = np.broadcast_to(sw * (load_s > late_limit_s), shape)
+        cold = np.broadcast_to(sw, shape)
+        usable = np.broadcast_to(u == w, shape)
+    return ThresholdPrices(
+        np.asarray(edges, dtype=np.float64),
+        np.asarray(energy, dtype=np.float64),
+        np.asarray(cold, dtype=np.float64),
+        np.asarray(late, dtype=np.float64),
+        np.asarray(usable, dtype=np.bool_),
+    )
+
+
 def compile_tepid(
     fn: Function,
     h: IdleHistogram,
     late_limit_s: float,
     late_share: float,
     cold_share: float,
+    reference_keep_alive_s: float | None = None,
 ) -> TepidTable:
     """The (warm-until, tepid-until) thresholds on the bin grid with the least
-    expected energy per idle period under the idle times seen so far (each bin's
-    idle times at their mean, those out of range at twice the range), such that at
-    most ``late_share`` of the next requests start later than ``late_limit_s`` and
-    at most ``cold_share`` start cold; warm for the whole range while the histogram
-    has too few samples."""
-    whole = RANGE_BINS * BIN_S
-    if h.samples < MIN_SAMPLES:
-        return _table(whole, whole, h)
-    seen = np.flatnonzero(h.counts)
-    top = min(RANGE_BINS, int(seen[-1]) + 2) if len(seen) else 1
-    edges = np.concatenate([np.arange(top + 1) * BIN_S, [whole]])
-    idle = h.bin_means_s()
-    weight = np.concatenate([h.counts, [h.out_of_range]]).astype(np.float64)
-    idle = np.concatenate([idle, [2 * whole]])
-    weight /= weight.sum()
-    tep = fn.tepid
-    warm_w = fn.warm.power_w
-    load_j, load_s = fn.cold_start.energy_j, fn.cold_start.time_s
-    best: tuple[float, float, float] | None = None
-    for i, w_until in enumerate(edges):
-        tepid_choices = edges[i:] if tep is not None else edges[i : i + 1]
-        for t_until in tepid_choices:
-            warm_part = warm_w * np.minimum(idle, w_until)
-            in_tepid = (idle >= w_until) & (idle < t_until)
-            is_cold = idle >= t_until
-            energy = warm_part
-            late = np.zeros_like(idle, dtype=bool)
-            if tep is not None and t_until > w_until:
-                gone = idle >= w_until
-                energy = energy + gone * (
-                    tep.enter_j + tep.power_w * (np.minimum(idle, t_until) - w_until)
-                )
-                energy = energy + in_tepid * tep.resume_j
-                late |= in_tepid & (tep.resume_s > late_limit_s)
-            energy = energy + is_cold * load_j
-            late |= is_cold & (load_s > late_limit_s)
-            if float(weight @ late) > late_share + 1e-12:
-                continue
-            if float(weight @ is_cold) > cold_share + 1e-12:
-                continue
-            expected = float(weight @ energy)
-            if best is None or expected < best[0] - 1e-9:
-                best = (expected, float(w_until), float(t_until))
-    if best is None:
-        return _table(whole, whole, h)
-    return _table(best[1], best[2], h)
+    expected energy per idle period under :func:`idle_distribution` of ``h``
+    (:func:`price_thresholds`), such that at most ``late_share`` of the next
+    requests start later than ``late_limit_s`` and at most ``cold_share`` start
+    cold, and, with ``reference_keep_alive_s``, no more start cold than under a
+    fixed keep-alive of that length on the same distribution. Where no thresholds
+    meet the limits, those that exceed them least (late plus cold share over the
+    limits), cheapest among them."""
+    prices = price_thresholds(fn, h, late_limit_s)
+    cold_limit = cold_share
+    if reference_keep_alive_s is not None:
+        cold_limit = min(cold_limit, fixed_cold_share(h, reference_keep_alive_s))
+    excess = np.maximum(prices.late - late_share, 0.0) + np.maximum(prices.cold - cold_limit, 0.0)
+    excess = np.where(prices.usable, excess, np.inf)
+    candidates = prices.usable & (excess <= float(excess.min()) + 1e-12)
+    pick = np.where(candidates, prices.energy_j, np.inf)
+    i, j = np.unravel_index(int(np.argmin(pick)), pick.shape)
+    return _table(float(prices.edges[i]), float(prices.edges[max(i, j)]), h)
 
 
 def _table(warm_until: float, tepid_until: float, h: IdleHistogram) -> TepidTable:
