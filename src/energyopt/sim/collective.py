@@ -1,0 +1,123 @@
+"""Collectives running while the cluster's health changes: the hot-swap rule.
+
+A trace of collectives runs in order (sequence numbers 0, 1, ...), back to back.
+Health changes at given times; each rank learns of a change after its own
+delay. Rules for when a rank switches to the schedule the policy gives for the
+new state:
+
+- ``agreed``: rank 0 (the leader) stamps the change with sequence number
+  s + ``lag`` where s is the collective it is running when it learns of it; the
+  stamp travels with the next collective's launch (every rank has it once that
+  collective has started), and every rank switches at the stamped number. With
+  ``lag`` 2 every rank has the stamp before the collective it applies to.
+- ``eager``: each rank switches as soon as it learns (ranks disagree for a while:
+  a collective run with different schedules on different ranks is a mismatch;
+  in a real system it hangs or corrupts data);
+- ``static``: never switches (the schedule for the healthy state);
+- ``oracle``: every rank switches at once when health changes (a bound, not a rule).
+
+Each collective costs the cost model's time of the schedule it runs under the
+health in force when it starts (collective.md, section 6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from energyopt.formulations.collective.model import CollectiveProblem
+from energyopt.solvers.collective_select import Evaluator, Structure
+from energyopt.spec.collective import Choice, Collective, Health
+from energyopt.tables.collective import Policy, summarize
+
+Rule = Literal["agreed", "eager", "static", "oracle"]
+AGREED_LAG = 2
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """Health becomes ``health`` at ``time_us``; rank r learns of it ``delay_us[r]`` later."""
+
+    time_us: float
+    health: Health
+    delay_us: tuple[float, ...]
+
+
+@dataclass
+class SwapRun:
+    """What one rule did over the trace."""
+
+    rule: Rule
+    total_us: float = 0.0
+    mismatches: int = 0
+    """Collectives that ranks ran with different schedules."""
+    switches: int = 0
+    per_collective_us: list[float] = field(default_factory=list)
+    switch_seq: list[int] = field(default_factory=list)
+    """Sequence numbers where the schedule run changes."""
+    last: tuple[object, ...] | None = None
+
+
+def _key(c: Choice) -> tuple[object, ...]:
+    return (c.algorithm, c.protocol, c.chunks, c.channels, c.order, c.leaves)
+
+
+def simulate(
+    p: CollectiveProblem,
+    policy: Policy,
+    trace: list[Collective],
+    events: list[HealthEvent],
+    rule: Rule,
+) -> SwapRun:
+    """Run ``trace`` under ``events`` with one rule."""
+    run = SwapRun(rule)
+    states = [Health()] + [e.health for e in events]
+    evs = {i: Evaluator(p.with_health(h)) for i, h in enumerate(states)}
+    n = p.n
+    now = 0.0
+    # per rank: the index of the health state it acts on
+    known = [0] * n
+    stamped: list[tuple[int, int]] = []  # (sequence number, state index)
+    learned_by_leader: set[int] = set()
+    cost_cache: dict[tuple[int, tuple[object, ...], str, int], float] = {}
+    for s, c in enumerate(trace):
+        actual = sum(1 for e in events if e.time_us <= now)
+        learned = [
+            max([0] + [i + 1 for i, e in enumerate(events) if e.time_us + e.delay_us[r] <= now])
+            for r in range(n)
+        ]
+        if rule == "oracle":
+            acting = [actual] * n
+        elif rule == "static":
+            acting = [0] * n
+        elif rule == "eager":
+            acting = learned
+        else:
+            for i in range(1, len(states)):
+                if i not in learned_by_leader and learned[0] >= i:
+                    learned_by_leader.add(i)
+                    stamped.append((s + AGREED_LAG, i))
+            for r in range(n):
+                for seq, i in stamped:
+                    if seq <= s:
+                        known[r] = max(known[r], i)
+            acting = list(known)
+        choices = [policy.lookup(c.op, c.bytes, summarize(states[a])) for a in acting]
+        keys = {_key(ch) for ch in choices}
+        if len(keys) > 1:
+            run.mismatches += 1
+        ch = choices[0]
+        if run.last is not None and _key(ch) != run.last:
+            run.switches += 1
+            run.switch_seq.append(s)
+        run.last = _key(ch)
+        ck = (actual, _key(ch), c.op, c.bytes)
+        if ck not in cost_cache:
+            ev = evs[actual]
+            st = Structure(ch.algorithm, ch.channels, ch.chunks, ch.order, ch.leaves)
+            cost_cache[ck] = ev.score(c, st, ch.protocol, ch.clock_mhz, f"{c.op}:{c.bytes}").time_us
+        t = cost_cache[ck]
+        run.per_collective_us.append(t)
+        run.total_us += t
+        now += t
+    return run

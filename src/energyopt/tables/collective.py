@@ -1,0 +1,276 @@
+"""Runtime policy for collectives: a table keyed by (collective, message size,
+health summary) that returns the schedule in constant time, its file, and the
+NCCL tuner-plugin export.
+
+The health summary is the slowest link's factor and the straggler count. Each
+cell is solved by selection on the topology under a representative state of its
+summary (collective.md, section 6): the cell's factor on the first rank's NIC
+(its NVLink port on one node) and that many stragglers of the cell's slowdown
+at the end of the rank order. A lookup rounds the size down to its power-of-two
+bucket, the factor down to the next cell value and caps the straggler count:
+three index computations and one dictionary access.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from energyopt.formulations.collective.model import CollectiveProblem
+from energyopt.solvers.collective_select import Evaluator, Scored, Structure, select_one
+from energyopt.spec.collective import (
+    Choice,
+    Collective,
+    Health,
+    LinkHealth,
+    Op,
+    Straggler,
+)
+from energyopt.spec.io import write_text_atomic
+
+FACTORS = (1.0, 0.75, 0.5, 0.25)
+"""Slowest-link factors of the table's cells, descending."""
+STRAGGLER_SLOWDOWN = 2.0
+"""Slowdown of the representative stragglers."""
+NCCL_ALGORITHM = {"ring": "ring", "tree": "tree"}
+NCCL_OP = {
+    "all_reduce": "allreduce",
+    "all_gather": "allgather",
+    "reduce_scatter": "reducescatter",
+    "broadcast": "broadcast",
+}
+TUNER_HEADER = (
+    "# energyopt collective policy in the NCCL example tuner plugin's format\n"
+    "# collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks,"
+    "numPipeOps,regBuff\n"
+)
+
+
+@dataclass(frozen=True)
+class HealthSummary:
+    """What the table is keyed by besides collective and size."""
+
+    slowest_factor: float
+    stragglers: int
+
+
+def summarize(health: Health) -> HealthSummary:
+    """The summary of a health state."""
+    worst = min((lh.factor for lh in health.links), default=1.0)
+    return HealthSummary(worst, len(health.stragglers))
+
+
+def representative(p: CollectiveProblem, h: HealthSummary) -> Health:
+    """The health state a cell is solved under."""
+    links: tuple[LinkHealth, ...] = ()
+    if h.slowest_factor < 1.0:
+        kind = "nic" if p.n_nodes > 1 else "nvlink"
+        links = (LinkHealth(gpu=p.ranks[0], link=kind, factor=h.slowest_factor),)
+    slow = tuple(
+        Straggler(gpu=p.ranks[p.n - 1 - i], slowdown=STRAGGLER_SLOWDOWN)
+        for i in range(h.stragglers)
+    )
+    return Health(links=links, stragglers=slow)
+
+
+@dataclass
+class Policy:
+    """The compiled table: cells[(op, log2 size, factor index, stragglers)] = choice."""
+
+    sizes_log2: tuple[int, ...]
+    max_stragglers: int
+    n_nodes: int
+    n_ranks: int
+    cells: dict[tuple[str, int, int, int], Choice]
+
+    def key(self, op: str, nbytes: int, health: HealthSummary) -> tuple[str, int, int, int]:
+        """The cell of a collective: size rounded down to its bucket, factor down to
+        the next cell value, straggler count capped."""
+        b = max(self.sizes_log2[0], min(self.sizes_log2[-1], int(math.log2(max(1, nbytes)))))
+        b = max(s for s in self.sizes_log2 if s <= b)
+        f = next(
+            (i for i, x in enumerate(FACTORS) if health.slowest_factor >= x - 1e-12),
+            len(FACTORS) - 1,
+        )
+        return (op, b, f, min(health.stragglers, self.max_stragglers))
+
+    def lookup(self, op: str, nbytes: int, health: HealthSummary) -> Choice:
+        """The schedule of a collective under a health summary (constant time)."""
+        return self.cells[self.key(op, nbytes, health)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "collective-policy",
+            "sizes_log2": list(self.sizes_log2),
+            "factors": list(FACTORS),
+            "max_stragglers": self.max_stragglers,
+            "n_nodes": self.n_nodes,
+            "n_ranks": self.n_ranks,
+            "cells": [
+                {
+                    "op": k[0],
+                    "size_log2": k[1],
+                    "factor": k[2],
+                    "stragglers": k[3],
+                    "choice": v.model_dump(mode="json", exclude_none=True),
+                }
+                for k, v in sorted(self.cells.items())
+            ],
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Policy:
+        return Policy(
+            sizes_log2=tuple(data["sizes_log2"]),
+            max_stragglers=int(data["max_stragglers"]),
+            n_nodes=int(data["n_nodes"]),
+            n_ranks=int(data["n_ranks"]),
+            cells={
+                (
+                    c["op"],
+                    int(c["size_log2"]),
+                    int(c["factor"]),
+                    int(c["stragglers"]),
+                ): Choice.model_validate(c["choice"])
+                for c in data["cells"]
+            },
+        )
+
+
+def compile_policy(
+    p: CollectiveProblem,
+    ops: tuple[Op, ...],
+    sizes_log2: tuple[int, ...],
+    max_stragglers: int = 2,
+    nccl_only: bool = False,
+) -> Policy:
+    """Solve every cell by selection (``nccl_only``: among NCCL's algorithms only)."""
+    cells: dict[tuple[str, int, int, int], Choice] = {}
+    for fi, f in enumerate(FACTORS):
+        for k in range(max_stragglers + 1):
+            q = p.with_health(representative(p, HealthSummary(f, k)))
+            ev = Evaluator(q)
+            for op in ops:
+                for b in sizes_log2:
+                    c = Collective(op=op, bytes=1 << b)
+                    name = f"{op}:{1 << b}"
+                    best = _nccl_expressible(ev, c, name) if nccl_only else select_one(ev, c, name)
+                    cells[(op, b, fi, k)] = best.choice
+    return Policy(tuple(sizes_log2), max_stragglers, p.n_nodes, p.n, cells)
+
+
+def _nccl_expressible(ev: Evaluator, c: Collective, name: str) -> Scored:
+    """The best ring or tree schedule (what NCCL can run; its tree is all-reduce only)."""
+    from energyopt.solvers.collective_select import CHANNELS, CHUNKS, _key
+
+    best: Scored | None = None
+    for alg in ("ring", "tree"):
+        if alg == "tree" and c.op != "all_reduce":  # NCCL's tree runs all-reduce only
+            continue
+        for ch in CHANNELS:
+            for k in CHUNKS if (alg == "tree" or c.op == "broadcast") else (1,):
+                x = ev.best(c, Structure(alg, ch, k, None, 0), name)
+                if best is None or _key(ev.p, x) < _key(ev.p, best):
+                    best = x
+    assert best is not None
+    return best
+
+
+def write_policy(policy: Policy, path: str | Path) -> None:
+    write_text_atomic(path, json.dumps(policy.to_json(), indent=1) + "\n")
+
+
+def read_policy(path: str | Path) -> Policy:
+    return Policy.from_json(json.loads(Path(path).read_text()))
+
+
+def tuner_lines(policy: Policy, factor_index: int = 0, stragglers: int = 0) -> list[str]:
+    """The policy's cells of one health summary as NCCL tuner CSV lines, contiguous size
+    ranges merged; only ring and tree cells (the algorithms NCCL has), nNodes and
+    nRanks of the topology, any pipeline count and buffer type."""
+    lines: list[str] = []
+    for op, nccl_op in NCCL_OP.items():
+        sizes = sorted(
+            b for (o, b, f, k) in policy.cells if o == op and f == factor_index and k == stragglers
+        )
+        runs: list[tuple[int, int, Choice]] = []
+        for i, b in enumerate(sizes):
+            ch = policy.cells[(op, b, factor_index, stragglers)]
+            if ch.algorithm not in NCCL_ALGORITHM:
+                continue
+            lo = 0 if i == 0 else 1 << b
+            hi = (1 << sizes[i + 1]) - 1 if i + 1 < len(sizes) else 4294967295
+            if (
+                runs
+                and runs[-1][2].algorithm == ch.algorithm
+                and runs[-1][2].protocol == ch.protocol
+                and runs[-1][2].channels == ch.channels
+                and runs[-1][1] + 1 == lo
+            ):
+                runs[-1] = (runs[-1][0], hi, ch)
+            else:
+                runs.append((lo, hi, ch))
+        for lo, hi, ch in runs:
+            lines.append(
+                f"{nccl_op},{lo},{hi},{NCCL_ALGORITHM[ch.algorithm]},{ch.protocol},{ch.channels},"
+                f"{policy.n_nodes},{policy.n_ranks},-1,-1"
+            )
+    return lines
+
+
+def write_tuner_conf(
+    policy: Policy, path: str | Path, factor_index: int = 0, stragglers: int = 0
+) -> None:
+    write_text_atomic(
+        path, TUNER_HEADER + "\n".join(tuner_lines(policy, factor_index, stragglers)) + "\n"
+    )
+
+
+@dataclass(frozen=True)
+class TunerRow:
+    """One line of an NCCL tuner config as the plugin reads it."""
+
+    collective: str
+    min_bytes: int
+    max_bytes: int
+    algorithm: str
+    protocol: str
+    channels: int
+    n_nodes: int
+    n_ranks: int
+    num_pipe_ops: int
+    reg_buff: int
+
+
+TUNER_ALGORITHMS = {"tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat"}
+TUNER_PROTOCOLS = {"ll", "ll128", "simple"}
+TUNER_COLLECTIVES = {"broadcast", "reduce", "allgather", "reducescatter", "allreduce"}
+
+
+def parse_tuner_conf(text: str) -> list[TunerRow]:
+    """Parse a tuner config as the example plugin does (comments and blank lines
+    skipped; 8 to 10 comma-separated fields; the last two optional, default -1);
+    ValueError naming the line for anything the plugin would not accept."""
+    rows: list[TunerRow] = []
+    for no, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        f = [x.strip() for x in line.split(",")]
+        if not 8 <= len(f) <= 10:
+            raise ValueError(f"line {no}: {len(f)} fields, expected 8 to 10")
+        f += ["-1"] * (10 - len(f))
+        if (
+            f[0] not in TUNER_COLLECTIVES
+            or f[3] not in TUNER_ALGORITHMS
+            or f[4] not in TUNER_PROTOCOLS
+        ):
+            raise ValueError(f"line {no}: unknown collective, algorithm or protocol")
+        row = TunerRow(f[0], int(f[1]), int(f[2]), f[3], f[4], *(int(x) for x in f[5:]))
+        if row.min_bytes > row.max_bytes or row.max_bytes > 4294967295:
+            raise ValueError(f"line {no}: size range {row.min_bytes}..{row.max_bytes}")
+        rows.append(row)
+    return rows
