@@ -120,13 +120,17 @@ def lagrangian_bound(
     return best, best_y
 
 
-def _plan_at(p: MoeEdgeProblem, c: ConfigCosts, side: FloatArray, scale: float) -> IntArray | None:
-    """The memory-exact plan with the side rows' prices ``side`` times ``scale`` on the costs."""
+SIDE_ROWS = ("slo", "ttft", "power")
+
+
+def _plan_at(p: MoeEdgeProblem, c: ConfigCosts, prices: FloatArray) -> IntArray | None:
+    """The memory-exact plan with the side rows priced at ``prices`` (one per row of
+    ``_rows``; memory rows' entries are ignored)."""
     coefs, _, names = _rows(p, c)
     extra = np.zeros((p.n_items, p.n_options))
     for k, name in enumerate(names):
-        if name in ("slo", "ttft", "power"):
-            extra += scale * side[k] * np.where(np.isfinite(coefs[k]), coefs[k], 0.0)
+        if name in SIDE_ROWS and prices[k] != 0.0:
+            extra += prices[k] * np.where(np.isfinite(coefs[k]), coefs[k], 0.0)
     milp = build_milp(p, c, secant(v_max(c)), extra_cost=extra, side_rows=False, integer=False)
     choice, _, _ = run_milp(milp, p, 30.0, 1e-9, None)
     if choice is None or (choice < 0).any():
@@ -134,36 +138,62 @@ def _plan_at(p: MoeEdgeProblem, c: ConfigCosts, side: FloatArray, scale: float) 
     return choice
 
 
-def repair(p: MoeEdgeProblem, c: ConfigCosts, prices: FloatArray) -> IntArray | None:
-    """A feasible plan for configuration ``c`` from the Lagrangian prices, or None."""
-    _, _, names = _rows(p, c)
-    side = np.array(
-        [prices[k] if n in ("slo", "ttft", "power") else 0.0 for k, n in enumerate(names)]
-    )
-    if not side.any():
-        side = np.array([1.0 if n in ("slo", "ttft", "power") else 0.0 for n in names])
-    lo, hi = 0.0, 1.0
-    found: IntArray | None = None
-    first = _plan_at(p, c, side, 1.0)
-    if first is not None and figures(p, c, first).feasible:
-        found, hi = first, 1.0
-    else:
-        for _ in range(12):  # grow the prices until the plan is feasible
-            hi *= 4.0
-            trial = _plan_at(p, c, np.maximum(side, 1e-6 * max(side.max(), 1.0)), hi)
-            if trial is not None and figures(p, c, trial).feasible:
-                found = trial
-                break
-            lo = hi
-        if found is None:
-            return None
-    for _ in range(BISECTION_STEPS):
-        mid = 0.5 * (lo + hi)
-        trial = _plan_at(p, c, side, mid)
-        if trial is not None and figures(p, c, trial).feasible:
-            found, hi = trial, mid
+def _violated(p: MoeEdgeProblem, f: Figures, names: list[str]) -> list[bool]:
+    """Per row of ``_rows``, whether the plan breaks it (true SLO, TTFT, cap)."""
+    spec = p.spec
+    out = []
+    for name in names:
+        if name == "slo":
+            out.append(f.tbt_at_percentile_ms > spec.slo.tbt_ms)
+        elif name == "ttft":
+            out.append(spec.slo.ttft_ms is not None and f.ttft_ms > spec.slo.ttft_ms)
+        elif name == "power":
+            cap = spec.objective.power_cap_w
+            out.append(cap is not None and f.power_w > cap)
         else:
-            lo = mid
+            out.append(False)
+    return out
+
+
+def repair(p: MoeEdgeProblem, c: ConfigCosts, prices: FloatArray) -> IntArray | None:
+    """A feasible plan for configuration ``c`` from the Lagrangian prices, or None.
+
+    Starting from the side rows' Lagrangian prices, the price of every row the plan
+    breaks doubles (from a small floor) until the plan meets all of them; then each
+    row's price is bisected down while the plan stays feasible (cheaper plans)."""
+    _, _, names = _rows(p, c)
+    side = np.array([prices[k] if n in SIDE_ROWS else 0.0 for k, n in enumerate(names)])
+    scale = max(float(np.abs(item_objective(p, c)[np.isfinite(c.time_ms)]).max()), 1e-12)
+    floor = np.array([1e-3 * scale if n in SIDE_ROWS else 0.0 for n in names])
+    found: IntArray | None = None
+    for _ in range(40):
+        trial = _plan_at(p, c, side)
+        if trial is None:
+            return None
+        f = figures(p, c, trial)
+        if f.feasible:
+            found = trial
+            break
+        broken = np.array(_violated(p, f, names))
+        if not broken.any():
+            return None  # memory: the transportation plan always fits, so nothing to price
+        side = np.where(broken, np.maximum(2.0 * side, floor), side)
+    if found is None:
+        return None
+    for k, name in enumerate(names):
+        if name not in SIDE_ROWS or side[k] == 0.0:
+            continue
+        lo, hi = 0.0, float(side[k])
+        for _ in range(BISECTION_STEPS):
+            mid = 0.5 * (lo + hi)
+            trial_prices = side.copy()
+            trial_prices[k] = mid
+            trial = _plan_at(p, c, trial_prices)
+            if trial is not None and figures(p, c, trial).feasible:
+                found, hi = trial, mid
+            else:
+                lo = mid
+        side[k] = hi
     return improve(p, c, found)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from energyopt.spec.base import Spec
 
@@ -99,16 +99,17 @@ class MoeServer(Spec):
         default=0.0, ge=0, le=MAX_POWER_W, description="rest of the server while on, W"
     )
 
-    @model_validator(mode="after")
-    def _check(self) -> MoeServer:
+    @field_validator("gpus")
+    @classmethod
+    def _names(cls, gpus: tuple[MoeGpu, ...]) -> tuple[MoeGpu, ...]:
         seen: set[str] = set()
-        for g in self.gpus:
+        for g in gpus:
             if g.name in PLACES_OFF_GPU:
-                raise ValueError(f"gpus: {g.name!r} is reserved for a placement off the GPUs")
+                raise ValueError(f"{g.name!r} is reserved for a placement off the GPUs")
             if g.name in seen:
-                raise ValueError(f"gpus: {g.name!r} is named twice")
+                raise ValueError(f"{g.name!r} is named twice")
             seen.add(g.name)
-        return self
+        return gpus
 
 
 class LayerActivation(Spec):

@@ -423,3 +423,58 @@ def _config_costs(p: MoeEdgeProblem, c: Config) -> ConfigCosts:
         gpu_free_gb=free,
         pair_save_ms=q_step * 2.0 * server.hop_ms,
     )
+
+
+@dataclass(frozen=True)
+class UseCosts:
+    """Cost of one use of an expert (all experts have one shape) serving n tokens,
+    per option, under one configuration: ``ms[o, n]`` and ``dyn_j[o, n]`` (energy
+    above the server's static power), for n = 0 .. max tokens. A fetched expert
+    found in the dense GPU's cache costs ``cached_ms`` / ``cached_j``; a fetch moves
+    ``fetch_bytes``."""
+
+    ms: FloatArray
+    dyn_j: FloatArray
+    cached_ms: FloatArray
+    cached_j: FloatArray
+    fetch_bytes: float
+
+
+def use_costs(p: MoeEdgeProblem, config: Config, max_tokens: int) -> UseCosts:
+    """Per-use costs for the token-level simulator (the same model as the planner's)."""
+    server = p.spec.server
+    d = config.dense
+    w_bytes = p.expert_gb * 1e9
+    flops_tok = 2.0 * expert_params(p.model)
+    tokens = np.arange(max_tokens + 1, dtype=np.float64)
+    ms = np.zeros((p.n_options, max_tokens + 1))
+    dyn = np.zeros((p.n_options, max_tokens + 1))
+    cached_ms = np.zeros(max_tokens + 1)
+    cached_j = np.zeros(max_tokens + 1)
+    pcie_j = w_bytes * 8.0 * server.pcie_pj_per_bit * 1e-12
+    fetch_ms = w_bytes / (server.gpus[d].pcie_gbps * 1e9) * 1e3
+    for g, gpu in enumerate(p.gpus):
+        k_ms, k_j = _kernel(
+            gpu,
+            config.clocks[g],
+            flops_tok * tokens,
+            np.full(len(tokens), w_bytes),
+            EXPERT_LAUNCH_MS,
+        )
+        ms[g] = k_ms + (0.0 if g == d else 2.0 * server.hop_ms)
+        dyn[g] = k_j
+        if g == d:
+            cached_ms[:] = k_ms
+            cached_j[:] = k_j
+            ms[p.fetch] = k_ms + fetch_ms
+            dyn[p.fetch] = k_j + pcie_j
+    cpu = server.cpu
+    cpu_ms = 1e3 * np.maximum(
+        flops_tok * tokens / (cpu.expert_gflops * 1e9), w_bytes / (cpu.memory_bandwidth_gbps * 1e9)
+    )
+    ms[p.cpu] = cpu_ms + 2.0 * server.hop_ms
+    dyn[p.cpu] = (cpu.active_w - cpu.idle_w) * cpu_ms / 1e3
+    ms[:, 0] = 0.0
+    dyn[:, 0] = 0.0
+    cached_ms[0] = cached_j[0] = 0.0
+    return UseCosts(ms, dyn, cached_ms, cached_j, w_bytes)

@@ -1,0 +1,322 @@
+"""MoE edge serving (``kind: moe-edge``): every solver against brute force on tiny
+models (bound <= optimum <= plan), the verifier's rejections, bad input named by
+file and field, the token-level simulator's conservation of tokens, and every CLI
+verb on a small file and a bundled instance."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import highspy
+import numpy as np
+import pytest
+import yaml
+
+from energyopt.catalog.loader import builtin_catalog
+from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_VIOLATION, main
+from energyopt.families import certify, family
+from energyopt.formulations.moe_edge.figures import figures
+from energyopt.formulations.moe_edge.model import MoeEdgeProblem, build_problem, load_moe_edge
+from energyopt.sim.moe_edge import POLICIES, ExpertCache, sample_routing, simulate
+from energyopt.solvers.moe_edge_lagrangian import solve_lagrangian
+from energyopt.solvers.moe_edge_milp import solve_milp
+from energyopt.solvers.result import OPTIMAL
+from energyopt.spec.errors import SpecError
+from energyopt.spec.llm import LlmModel
+from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan
+from energyopt.verify.moe_edge import evaluate_moe_edge
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED = ROOT / "instances" / "moe-edge" / "olmoe-l4-github.yaml"
+
+TINY: dict[str, Any] = {
+    "name": "Tiny-MoE",
+    "layers": 2,
+    "hidden_size": 256,
+    "heads": 4,
+    "kv_heads": 4,
+    "intermediate_size": 512,
+    "vocab_size": 1000,
+    "params_total_b": 0.004,
+    "params_active_b": 0.003,
+    "experts": 3,
+    "experts_per_token": 1,
+    "max_context": 4096,
+    "sources": {"layers": "test model"},
+}
+CATALOG = builtin_catalog().merged([], [LlmModel.model_validate(TINY)])
+EXPERT_GB = 3 * 256 * 512 * 2 / 1e9
+DENSE_GB = (0.004e9 - 2 * 3 * 3 * 256 * 512) * 2 / 1e9 + 512 * 2 * 2 * 4 * 64 * 2 / 1e9
+
+
+def run(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def _doc(seed: int, gpus: int = 1, objective: str = "energy", **changes: Any) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    freq = [rng.dirichlet(np.full(3, 0.7)).round(4).tolist() for _ in range(2)]
+    gpu_list: list[dict[str, Any]] = [
+        {
+            "name": f"g{i}",
+            "type": "L4",
+            "memory_gb": DENSE_GB + 2.2 * EXPERT_GB if i == 0 else 2.3 * EXPERT_GB,
+            "pcie_gbps": float(rng.uniform(1.0, 4.0)),
+            "clocks_mhz": [915, 2040] if i == 0 else [2040],
+        }
+        for i in range(gpus)
+    ]
+    doc: dict[str, Any] = {
+        "kind": "moe-edge",
+        "name": f"tiny-{seed}",
+        "model": "Tiny-MoE",
+        "server": {
+            "name": "box",
+            "gpus": gpu_list,
+            "host_memory_gb": 1.0,
+            "cpu": {
+                "expert_gflops": 100.0,
+                "memory_bandwidth_gbps": float(rng.uniform(1.0, 8.0)),
+                "idle_w": 30.0,
+                "active_w": 120.0,
+            },
+            "hop_ms": float(rng.uniform(0.01, 0.2)),
+        },
+        "reserve_gb": 0.0,
+        "activations": {
+            "source": "test",
+            "layers": [{"layer": i, "frequencies": f} for i, f in enumerate(freq)],
+        },
+        "slo": {"tbt_ms": 2.4, "percentile": 90.0},
+        "objective": {"kind": objective},
+    }
+    if objective == "latency":
+        doc["objective"]["power_cap_w"] = float(rng.uniform(60, 90))
+    if gpus > 1:
+        doc["activations"]["co_activation"] = [{"a": [0, 0], "b": [0, 1], "probability": 0.3}]
+    doc.update(changes)
+    return doc
+
+
+def _problem(doc: dict[str, Any]) -> MoeEdgeProblem:
+    return build_problem(MoeEdgeFile.model_validate(doc), "<test>", CATALOG)
+
+
+def _brute(p: MoeEdgeProblem) -> float:
+    best = np.inf
+    for config in p.configs():
+        c = p.costs(config)
+        if c.gpu_free_gb[config.dense] < 0:
+            continue  # the dense part does not fit: no plan of this configuration
+        for combo in itertools.product(range(p.n_options), repeat=p.n_items):
+            f = figures(p, c, np.array(combo))
+            if f.feasible:
+                best = min(best, f.objective)
+    return best
+
+
+CASES = [(s, 1, "energy") for s in range(4)] + [(s, 2, "energy") for s in range(4, 6)]
+CASES += [(6, 1, "latency"), (7, 2, "latency")]
+
+
+@pytest.mark.parametrize(("seed", "gpus", "objective"), CASES)
+def test_every_solver_against_brute_force(seed: int, gpus: int, objective: str) -> None:
+    p = _problem(_doc(seed, gpus, objective))
+    optimum = _brute(p)
+    milp = solve_milp(p, rel_gap=1e-9)
+    lag = solve_lagrangian(p, rel_gap=1e-9)
+    if not np.isfinite(optimum):
+        assert milp.plan is None and lag.plan is None
+        return
+    for res in (milp, lag):
+        assert res.plan is not None, res.log
+        ev = evaluate_moe_edge(p.spec, CATALOG, res.plan)
+        assert ev.violations == []
+        assert res.objective == pytest.approx(ev.cost, rel=1e-9)
+        assert res.bound is not None
+        assert res.bound <= optimum * (1 + 1e-9) + 1e-12
+        assert res.objective >= optimum * (1 - 1e-9) - 1e-12
+    assert milp.objective is not None and milp.objective <= optimum * (1 + 1e-6)
+
+
+def test_the_verifier_agrees_with_the_planner_on_random_plans() -> None:
+    p = _problem(_doc(11, 2))
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        config = p.configs()[int(rng.integers(len(p.configs())))]
+        choice = rng.integers(0, p.n_options, p.n_items)
+        c = p.costs(config)
+        f = figures(p, c, choice)
+        ev = evaluate_moe_edge(p.spec, CATALOG, p.plan_of(config, choice))
+        assert ev.cost == pytest.approx(f.objective, rel=1e-9)
+        assert ev.tbt_bound_ms == pytest.approx(f.tbt_at_percentile_ms, rel=1e-9)
+        assert (ev.violations == []) == f.feasible
+
+
+def _plan(p: MoeEdgeProblem, places: list[list[str]]) -> MoeEdgePlan:
+    placement = tuple(tuple(row) for row in places)
+    return MoeEdgePlan(dense_gpu="g0", clocks_mhz={"g0": 2040}, placement=placement)
+
+
+def test_the_verifier_rejects_overfull_memory_and_slo_breaches() -> None:
+    p = _problem(_doc(1, slo={"tbt_ms": 100.0, "percentile": 90.0}))
+    ok = evaluate_moe_edge(p.spec, CATALOG, _plan(p, [["g0", "g0", "cpu"], ["fetch"] * 3]))
+    assert ok.violations == []
+    full = evaluate_moe_edge(p.spec, CATALOG, _plan(p, [["g0"] * 3, ["g0", "cpu", "cpu"]]))
+    assert [v.kind for v in full.violations] == ["memory"]
+    assert "g0" in str(full.violations[0])
+    slow = _problem(_doc(1, slo={"tbt_ms": 1.0, "percentile": 90.0}))
+    late = evaluate_moe_edge(slow.spec, CATALOG, _plan(slow, [["cpu"] * 3, ["cpu"] * 3]))
+    assert [v.kind for v in late.violations] == ["slo"]
+    assert "TBT at p90" in str(late.violations[0])
+    shape = evaluate_moe_edge(p.spec, CATALOG, _plan(p, [["g0", "nowhere", "cpu"], ["cpu"] * 3]))
+    assert "unknown place 'nowhere'" in str(shape.violations[0])
+    clocks = MoeEdgePlan(
+        dense_gpu="g0", clocks_mhz={"g0": 2041}, placement=(("cpu",) * 3, ("cpu",) * 3)
+    )
+    assert evaluate_moe_edge(p.spec, CATALOG, clocks).violations[0].kind == "clock"
+
+
+def test_a_tighter_percentile_needs_a_faster_plan() -> None:
+    loose = _problem(_doc(3, slo={"tbt_ms": 2.6, "percentile": 50.0}))
+    tight = _problem(_doc(3, slo={"tbt_ms": 2.6, "percentile": 99.0}))
+    a, b = solve_milp(loose), solve_milp(tight)
+    if a.objective is not None and b.objective is not None:
+        assert b.objective >= a.objective - 1e-12
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"model": "No-Such-MoE"}, "model: unknown model"),
+        ({"model": "Llama-3.1-8B"}, "model: Llama-3.1-8B is dense"),
+        ({"batch": 0}, "batch"),
+        ({"cache_experts": -1}, "cache_experts"),
+        ({"slo": {"tbt_ms": 5, "percentile": 100}}, "slo.percentile"),
+        ({"objective": {"kind": "latency"}}, "objective"),
+    ],
+)
+def test_bad_input_names_file_and_field(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], change: dict[str, Any], field: str
+) -> None:
+    catalog = tmp_path / "tiny.yaml"
+    catalog.write_text(yaml.safe_dump({"models": [TINY]}))
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(_doc(0, **change)))
+    code, _, err = run(capfd, "validate", str(path), "--catalog", str(catalog))
+    assert code == EXIT_BAD_INPUT
+    assert err.startswith(f"{path}: {field}"), err
+    assert "Traceback" not in err
+
+
+def test_bad_bindings_name_the_field(tmp_path: Path) -> None:
+    doc = _doc(0)
+    doc["activations"]["layers"][1]["frequencies"] = [0.5, 0.2, 0.1]
+    doc["server"]["gpus"][0]["type"] = "Q9000"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    catalog = tmp_path / "tiny.yaml"
+    catalog.write_text(yaml.safe_dump({"models": [TINY]}))
+    with pytest.raises(SpecError) as info:
+        load_moe_edge(path, [catalog])
+    text = str(info.value)
+    assert f"{path}: server.gpus[0](g0).type: unknown GPU type" in text
+    assert f"{path}: activations.layers[1].frequencies: shares sum to 0.8" in text
+    doc = _doc(0)
+    doc["server"]["gpus"][0]["name"] = "cpu"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(SpecError, match=r"bad.yaml: server.gpus: Value error, 'cpu' is reserved"):
+        load_moe_edge(path, [catalog])
+
+
+def test_the_simulator_conserves_tokens_and_matches_the_plan_in_expectation() -> None:
+    p = load_moe_edge(BUNDLED)
+    res = solve_milp(p)
+    assert res.plan is not None
+    routing = sample_routing(p.freq, p.model.experts_per_token, 200, seed=3)
+    assert all(len(set(routing[t, la].tolist())) == 8 for t in range(5) for la in range(16))
+    offload = p.plan_of(p.max_clock_config(), np.full(p.n_items, p.fetch))
+    for plan in (res.plan, offload):
+        for policy in POLICIES:
+            sim = simulate(p, plan, routing, policy, cache_slots=64)
+            assert sim.tokens == 200 and sim.steps == 200
+            assert sim.routed == 200 * 16 * 8
+            assert sim.on_gpu + sim.cached + sim.fetched + sim.on_cpu == sim.routed
+            assert sim.pcie_bytes == pytest.approx(sim.fetched * p.expert_gb * 1e9)
+    ev = evaluate_moe_edge(p.spec, builtin_catalog(), res.plan)
+    sim = simulate(p, res.plan, routing, "sparsity")
+    assert sim.energy_per_token_j == pytest.approx(ev.energy_per_token_j, rel=0.05)
+
+
+def test_the_caches_evict_by_their_rule() -> None:
+    share = np.array([0.5, 0.1, 0.3, 0.2])
+    for policy, kept in (("lru", {2, 3}), ("lfu", {0, 3}), ("sparsity", {0, 2})):
+        cache = ExpertCache(2, policy, share)  # type: ignore[arg-type]
+        for item in (0, 0, 1, 2, 3):
+            if not cache.lookup(item):
+                cache.admit(item)
+        assert set(cache.held) == kept, policy
+
+
+def test_every_cli_verb(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    catalog = tmp_path / "tiny.yaml"
+    catalog.write_text(yaml.safe_dump({"models": [TINY]}))
+    path = tmp_path / "tiny.yaml.d"
+    path.mkdir()
+    inst = path / "inst.yaml"
+    inst.write_text(yaml.safe_dump(_doc(2, 2, slo={"tbt_ms": 3.0, "percentile": 90.0})))
+    cat = ["--catalog", str(catalog)]
+    code, out, err = run(capfd, "validate", str(inst), *cat)
+    assert code == EXIT_OK and "Tiny-MoE (2 layers x 3 experts" in out, err
+    code, out, _ = run(capfd, "show", str(inst), *cat)
+    assert code == EXIT_OK and "g1" in out
+    plan = tmp_path / "plan.json"
+    solve = ("solve", str(inst), "--solver", "milp", "-q", "-o", str(plan))
+    code, out, err = run(capfd, *solve, *cat)
+    assert code == EXIT_OK and "status optimal" in out, err
+    data = json.loads(plan.read_text())
+    code, out, err = run(capfd, "verify", str(inst), str(plan), *cat)
+    assert code == EXIT_OK and "feasible" in out, err
+    (tmp_path / "bad.json").write_text(json.dumps(dict(data, objective=data["objective"] * 2)))
+    code, _, err = run(capfd, "verify", str(inst), str(tmp_path / "bad.json"), *cat)
+    assert code == EXIT_VIOLATION and "[objective]" in err
+    crowded = dict(data, placement=[["g1"] * 3, ["g1"] * 3])
+    (tmp_path / "crowded.json").write_text(json.dumps(crowded))
+    code, _, err = run(capfd, "verify", str(inst), str(tmp_path / "crowded.json"), *cat)
+    assert code == EXIT_VIOLATION and "[memory] g1" in err
+    export = tmp_path / "moe.mps"
+    code, _, err = run(capfd, "export", str(inst), "-o", str(export), *cat)
+    assert code == EXIT_OK, err
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    assert h.readModel(str(export)) == highspy.HighsStatus.kOk
+    h.run()
+    ok = (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kInfeasible)
+    assert h.getModelStatus() in ok
+    code, out, _ = run(capfd, "schema", "moe-edge")
+    assert code == EXIT_OK and json.loads(out)["type"] == "object"
+
+
+def test_every_solver_is_certified_on_a_bundled_instance() -> None:
+    fam = family("moe-edge")
+    p = fam.load(str(BUNDLED), [])
+    results = {}
+    for entry in fam.solvers():
+        res = fam.solve(p, entry.name, time_limit_s=60, rel_gap=1e-6, progress=lambda _: None)
+        certify(fam, p, res, 1e-6, lambda _: None)
+        assert res.plan is not None and fam.verify(p, res.plan) == []
+        assert res.bound is not None
+        results[entry.name] = res
+    assert results["milp"].status == OPTIMAL
+    optimum = results["milp"].objective
+    assert optimum is not None
+    for res in results.values():
+        assert res.objective is not None and res.objective >= optimum * (1 - 1e-6)
+        assert res.bound is not None and res.bound <= optimum * (1 + 1e-6)
+    lag = results["lagrangian"].objective
+    assert lag is not None and lag <= optimum * 1.02
