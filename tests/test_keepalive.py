@@ -129,7 +129,7 @@ def _random_instance(seed: int) -> dict[str, Any]:
 
 def _brute_force(spec: KeepAliveFile) -> float | None:
     """The least energy over every plan the verifier accepts (None: no plan)."""
-    n_t = len(spec.functions[0].arrivals)
+    n_t = spec.functions[0].n_windows
     choices = [(s, n.name) for s in ("warm", "tepid", "cold") for n in spec.nodes]
     paths = list(itertools.product(choices, repeat=n_t))
     best: float | None = None

@@ -65,7 +65,7 @@ class KeepAliveFamily:
                 "none" if slo is None else f"p{slo.percentile:g} <= {slo.start_latency_s:g} s"
             )
             lines.append(
-                f"{fn.name:<26} {sum(fn.arrivals):>8,} "
+                f"{fn.name:<26} {sum(fn.window_arrivals(p.window_s)):>8,.0f} "
                 f"{f'{fn.warm.gpu_memory_gb:g}/{fn.warm.power_w:g}':>12} {tepid:>12} "
                 f"{resume:>8} {fn.cold_start.time_s:>7g} {fn.cold_start.energy_j:>8g}  {slo_text}"
             )

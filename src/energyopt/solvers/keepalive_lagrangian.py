@@ -40,7 +40,9 @@ REPAIR_EVERY = 10
 """Subgradient iterations between repairs."""
 MAX_LATE_STATES = 20_000
 """Largest SLO allowance (late requests) the repair's exact programme tracks per
-function; beyond it the repair keeps the SLO by a penalty on late requests."""
+function; beyond it, or where the forecast is not whole requests (expected counts
+from an inter-arrival histogram), the repair keeps the SLO by a penalty on late
+requests."""
 
 
 @dataclass(frozen=True)
@@ -195,7 +197,8 @@ def _one_function(
     slow = p.slow[f]
     budget = p.slo_budget[f]
     tracked = np.isfinite(budget) and float(lam.sum()) * slow.any() > budget
-    if tracked and budget > MAX_LATE_STATES:
+    whole = bool(np.all(lam == np.floor(lam)))  # expected counts from a histogram need not be
+    if tracked and (budget > MAX_LATE_STATES or not whole):
         cost = cost + late_penalty * lam[:, None] * slow[None, :]
         tracked = False
     width = int(np.floor(budget + 1e-9)) + 1 if tracked else 1

@@ -12,7 +12,10 @@ is in one state on one node:
   the node, and the container is evicted afterwards.
 
 Moving between states at a window boundary costs the transition's energy, and a
-transition that takes longer than a window is impossible. Units are in the field
+transition that takes longer than a window is impossible. A function's forecast is
+either its request count per window (``arrivals``) or a histogram of its
+inter-arrival times (``inter_arrivals``), read as ``window_s`` / mean inter-arrival
+time expected requests in every window. Units are in the field
 names; docs/formulations/keepalive.md states the model.
 """
 
@@ -32,6 +35,8 @@ MAX_POWER_W = 1e6
 MAX_MEMORY_GB = 1e6
 MAX_ENERGY_J = 1e12
 MAX_REQUESTS_PER_WINDOW = 10_000_000
+MAX_HISTOGRAM_BINS = 100_000
+MAX_HISTOGRAM_COUNT = 10**12
 
 State = Literal["warm", "tepid", "cold"]
 STATES: tuple[State, ...] = ("warm", "tepid", "cold")
@@ -77,6 +82,41 @@ class StartSlo(Spec):
     )
 
 
+class InterArrivalHistogram(Spec):
+    """A function's forecast as a histogram of the times between its requests.
+
+    Bin i counts inter-arrival times in [i bin_s, (i + 1) bin_s) and prices them at
+    the bin's centre, so the mean inter-arrival time is m = sum_i c_i (i + 1/2)
+    bin_s / sum_i c_i. Read as a stationary renewal process, the requests expected
+    in any window of w seconds are exactly w / m (the same in every window).
+    """
+
+    bin_s: float = Field(gt=0, le=MAX_TIME_S, description="width of each bin, s")
+    counts: tuple[int, ...] = Field(
+        min_length=1,
+        max_length=MAX_HISTOGRAM_BINS,
+        description="inter-arrival times observed in each bin",
+    )
+    windows: int = Field(ge=1, le=MAX_WINDOWS, description="windows the forecast covers")
+
+    @model_validator(mode="after")
+    def _check(self) -> InterArrivalHistogram:
+        if any(c < 0 or c > MAX_HISTOGRAM_COUNT for c in self.counts):
+            raise ValueError(f"counts: each bin's count must lie in 0..{MAX_HISTOGRAM_COUNT:,}")
+        if sum(self.counts) == 0:
+            raise ValueError("counts: the histogram is empty (every bin is 0)")
+        return self
+
+    def mean_s(self) -> float:
+        """Mean inter-arrival time, s (each bin at its centre)."""
+        total = sum(self.counts)
+        return self.bin_s * sum(c * (i + 0.5) for i, c in enumerate(self.counts)) / total
+
+    def per_window(self, window_s: float) -> float:
+        """Requests expected in one window of ``window_s`` seconds."""
+        return window_s / self.mean_s()
+
+
 class Function(Spec):
     """One serverless function (a model instance or any GPU function)."""
 
@@ -87,10 +127,14 @@ class Function(Spec):
     )
     cold_start: ColdStart
     service: Service
-    arrivals: tuple[int, ...] = Field(
+    arrivals: tuple[int, ...] | None = Field(
+        default=None,
         min_length=1,
         max_length=MAX_WINDOWS,
         description="forecast requests in each window (one count per window)",
+    )
+    inter_arrivals: InterArrivalHistogram | None = Field(
+        default=None, description="the forecast as an inter-arrival histogram instead"
     )
     slo: StartSlo | None = Field(default=None, description="overrides the file's slo")
     nodes: tuple[str, ...] | None = Field(
@@ -99,11 +143,34 @@ class Function(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> Function:
-        if any(a < 0 or a > MAX_REQUESTS_PER_WINDOW for a in self.arrivals):
+        if (self.arrivals is None) == (self.inter_arrivals is None):
+            raise ValueError(
+                "arrivals: give the forecast either as arrivals (per-window counts) or as "
+                "inter_arrivals (a histogram), not both or neither"
+            )
+        if self.arrivals is not None and any(
+            a < 0 or a > MAX_REQUESTS_PER_WINDOW for a in self.arrivals
+        ):
             raise ValueError(f"arrivals: request counts must lie in 0..{MAX_REQUESTS_PER_WINDOW:,}")
         if self.nodes is not None and len(set(self.nodes)) != len(self.nodes):
             raise ValueError("nodes: a node is named twice")
         return self
+
+    @property
+    def n_windows(self) -> int:
+        """Windows the forecast covers."""
+        if self.arrivals is not None:
+            return len(self.arrivals)
+        assert self.inter_arrivals is not None
+        return self.inter_arrivals.windows
+
+    def window_arrivals(self, window_s: float) -> tuple[float, ...]:
+        """Requests expected in each window: the counts as given, or a histogram's
+        ``window_s`` / mean inter-arrival time in every window."""
+        if self.arrivals is not None:
+            return tuple(float(a) for a in self.arrivals)
+        assert self.inter_arrivals is not None
+        return (self.inter_arrivals.per_window(window_s),) * self.inter_arrivals.windows
 
 
 class Node(Spec):
@@ -151,11 +218,11 @@ class KeepAliveFile(Spec):
                 if name in seen:
                     raise ValueError(f"{what}: {name!r} is named twice")
                 seen.add(name)
-        lengths = {len(f.arrivals) for f in self.functions}
+        lengths = {f.n_windows for f in self.functions}
         if len(lengths) > 1:
             raise ValueError(
-                "functions: every function's arrivals must cover the same windows "
-                f"(lengths {sorted(lengths)})"
+                "functions: every function's arrivals (or inter_arrivals.windows) must "
+                f"cover the same windows (lengths {sorted(lengths)})"
             )
         return self
 

@@ -79,7 +79,7 @@ def evaluate_keepalive(spec: KeepAliveFile, plan: KeepAlivePlan) -> KeepAliveEva
     ev = KeepAliveEvaluation()
     bad = ev.violations
     nodes = {n.name: n for n in spec.nodes}
-    n_t = len(spec.functions[0].arrivals)
+    n_t = spec.functions[0].n_windows
     dt = spec.window_s
     gpu = {(n, t): 0.0 for n in nodes for t in range(n_t)}
     host = dict(gpu)
@@ -107,6 +107,7 @@ def evaluate_keepalive(spec: KeepAliveFile, plan: KeepAlivePlan) -> KeepAliveEva
                 )
             )
             continue
+        forecast = fn.window_arrivals(dt)
         permitted = set(fn.nodes or nodes)
         slo = fn.slo or spec.slo
         late = 0.0
@@ -135,7 +136,7 @@ def evaluate_keepalive(spec: KeepAliveFile, plan: KeepAlivePlan) -> KeepAliveEva
                         f"{dt:g} s window",
                     )
                 )
-            lam = float(fn.arrivals[t])
+            lam = forecast[t]
             start_j, start_s = _start(fn, state)
             keep_w, keep_gpu, keep_host = 0.0, 0.0, 0.0
             if state == "warm":
@@ -164,7 +165,7 @@ def evaluate_keepalive(spec: KeepAliveFile, plan: KeepAlivePlan) -> KeepAliveEva
             if slo is not None and start_s > slo.start_latency_s:
                 late += lam
             before = (state, node)
-        requests = float(sum(fn.arrivals))
+        requests = float(sum(forecast))
         total_requests += requests
         ev.late[fn.name] = late
         if ok and slo is not None:

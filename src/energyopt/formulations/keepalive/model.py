@@ -15,7 +15,13 @@ from numpy.typing import NDArray
 
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import parse, read_data
-from energyopt.spec.keepalive import STATES, FunctionSchedule, KeepAliveFile, KeepAlivePlan
+from energyopt.spec.keepalive import (
+    MAX_REQUESTS_PER_WINDOW,
+    STATES,
+    FunctionSchedule,
+    KeepAliveFile,
+    KeepAlivePlan,
+)
 
 FloatArray = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
@@ -34,7 +40,7 @@ class KeepAliveProblem:
     allowed: BoolArray
     """(F, S): the function may take the state (tepid offered, node permitted)."""
     arrivals: FloatArray
-    """(F, T): forecast requests per window."""
+    """(F, T): forecast requests per window (expected; fractional from a histogram)."""
     state_j: FloatArray
     """(F, T, S): energy of holding the state for the window and serving its requests, J."""
     gpu_gb: FloatArray
@@ -124,13 +130,20 @@ def build_problem(spec: KeepAliveFile, source: str = "<keepalive>") -> KeepAlive
                     f"{source}: functions[{i}]({fn.name}).nodes: unknown node {name!r}; "
                     f"nodes: {', '.join(node_names)}"
                 )
+        if fn.inter_arrivals is not None:
+            rate = fn.inter_arrivals.per_window(spec.window_s)
+            if rate > MAX_REQUESTS_PER_WINDOW:
+                problems.append(
+                    f"{source}: functions[{i}]({fn.name}).inter_arrivals: {rate:,.6g} requests "
+                    f"expected per window, over {MAX_REQUESTS_PER_WINDOW:,}"
+                )
     if problems:
         raise SpecError(problems)
     n_f, n_n = len(spec.functions), len(spec.nodes)
     n_s = 3 * n_n
     dt = spec.window_s
     allowed = np.zeros((n_f, n_s), dtype=bool)
-    arrivals = np.array([fn.arrivals for fn in spec.functions], dtype=np.float64)
+    arrivals = np.array([fn.window_arrivals(dt) for fn in spec.functions], dtype=np.float64)
     keep_w = np.zeros((n_f, n_s))
     start_j = np.zeros((n_f, n_s))
     start_s = np.zeros((n_f, n_s))
