@@ -14,6 +14,7 @@ from energyopt.formulations.keepalive.policy import (
     IdleHistogram,
     always_cold,
     always_warm,
+    arima_next_s,
     compile_tepid,
     fixed,
     fixed_cold_share,
@@ -121,10 +122,33 @@ def test_the_hybrid_policy_follows_shahrad_et_al() -> None:
     h = IdleHistogram.empty()
     assert hybrid_histogram(h) == fixed(240 * BIN_S)  # too few samples
     for _ in range(40):
-        h.add(610.0)  # all in the 11th minute: pre-warm at 0.9 x 11 min, keep to 1.1 x 11 min
+        h.add(610.0)  # all in bin 10 (the 11th minute): pre-warm at 0.9 x 10 min, keep to 1.1 x 11
     phases = hybrid_histogram(h)
-    assert phases[0] == ("cold", pytest.approx(0.9 * 660.0))
-    assert phases[1] == ("warm", pytest.approx(1.1 * 660.0 - 0.9 * 660.0))
+    assert phases[0] == ("cold", pytest.approx(0.9 * 600.0))
+    assert phases[1] == ("warm", pytest.approx(1.1 * 660.0 - 0.9 * 600.0))
+    flat = IdleHistogram.empty()
+    for i in range(480):
+        flat.add(60.0 * (i % 240) + 1.0)  # two in every bin: CV 0 < 2, keep alive for the range
+    assert hybrid_histogram(flat) == fixed(240 * BIN_S)
+
+
+def test_the_hybrid_policy_forecasts_idle_times_beyond_its_range_by_arima() -> None:
+    assert arima_next_s([5000.0]) == 5000.0
+    assert arima_next_s([5000.0, 6000.0]) == pytest.approx(6000.0)  # no AR term from one step
+    # differences 1000, 1000, 1000: phi = 1, so the next is 1000 later
+    assert arima_next_s([5e3, 6e3, 7e3, 8e3]) == pytest.approx(9e3)
+    # alternating differences: phi = -1
+    assert arima_next_s([5e3, 6e3, 5e3, 6e3]) == pytest.approx(5e3)
+    assert arima_next_s([9e4, 1e3, 1e2]) >= 0.0
+    h = IdleHistogram.empty()
+    for x in (20_000.0, 30.0, 22_000.0, 24_000.0):  # three of four beyond the 4 h range
+        h.add(x)
+    forecast = arima_next_s(h.history_s)
+    assert hybrid_histogram(h) == [
+        ("cold", pytest.approx(0.85 * forecast)),
+        ("warm", pytest.approx(0.3 * forecast)),
+        ("cold", math.inf),
+    ]
 
 
 def _with_reference(h: IdleHistogram) -> list[tuple[str, float]]:

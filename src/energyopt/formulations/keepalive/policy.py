@@ -9,7 +9,7 @@ request. Times are s, energies J, powers W.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -32,18 +32,21 @@ MIN_SAMPLES = 10
 @dataclass
 class IdleHistogram:
     """A function's idle times so far, in ``BIN_S`` bins over ``RANGE_BINS`` bins
-    (longer idle times are counted as out of range)."""
+    (longer idle times are counted as out of range), and the idle times in order."""
 
     counts: NDArray[np.int64]
     sums_s: NDArray[np.float64]
     """Sum of the idle times in each bin, s (their mean prices a bin's idle time)."""
     out_of_range: int = 0
+    history_s: list[float] = field(default_factory=list)
+    """Every idle time in the order seen, s (the hybrid policy's ARIMA branch)."""
 
     @staticmethod
     def empty() -> IdleHistogram:
         return IdleHistogram(np.zeros(RANGE_BINS, dtype=np.int64), np.zeros(RANGE_BINS))
 
     def add(self, idle_s: float) -> None:
+        self.history_s.append(idle_s)
         b = int(idle_s // BIN_S)
         if b >= RANGE_BINS:
             self.out_of_range += 1
@@ -62,16 +65,6 @@ class IdleHistogram:
     def samples(self) -> int:
         return int(self.counts.sum()) + self.out_of_range
 
-    def percentile_s(self, q: float) -> float:
-        """The idle time at percentile ``q`` (0..100) of the in-range samples, s
-        (the upper edge of its bin)."""
-        total = int(self.counts.sum())
-        if total == 0:
-            return 0.0
-        cum = np.cumsum(self.counts)
-        b = int(np.searchsorted(cum, q / 100.0 * total))
-        return float(min(b + 1, RANGE_BINS) * BIN_S)
-
 
 def fixed(keep_alive_s: float = FIXED_KEEP_ALIVE_S) -> list[Phase]:
     """Warm for ``keep_alive_s``, then evicted."""
@@ -86,22 +79,60 @@ def always_cold() -> list[Phase]:
     return [("cold", math.inf)]
 
 
+HYBRID_MARGIN = 0.10
+"""Margin of the hybrid policy's histogram windows (Shahrad et al.; dslab default)."""
+ARIMA_MARGIN = 0.15
+"""Margin of the hybrid policy's ARIMA windows (Shahrad et al.; dslab default)."""
+
+
+def bin_of_percentile(h: IdleHistogram, q: float) -> int:
+    """The first bin at which the in-range idle times reach percentile ``q`` (0..100)."""
+    cum = np.cumsum(h.counts)
+    total = int(cum[-1])
+    if total == 0:
+        return 0
+    return min(int(np.searchsorted(cum, q / 100.0 * total)), RANGE_BINS - 1)
+
+
+def arima_next_s(history_s: list[float]) -> float:
+    """One-step forecast of the next idle time, s, by an ARIMA(1, 1, 0) model: an
+    AR(1) on the first differences fitted by conditional least squares (with one
+    idle time, that idle time; never negative)."""
+    x = np.asarray(history_s, dtype=np.float64)
+    if len(x) == 1:
+        return float(x[0])
+    d = np.diff(x)
+    phi = 0.0
+    if len(d) >= 2:
+        den = float(d[:-1] @ d[:-1])
+        phi = float(d[1:] @ d[:-1]) / den if den > 0 else 0.0
+        phi = max(-1.0, min(1.0, phi))
+    return max(0.0, float(x[-1] + phi * d[-1]))
+
+
 def hybrid_histogram(h: IdleHistogram) -> list[Phase]:
     """Shahrad et al. (ATC'20) hybrid histogram policy, as osukhoroslov/dslab
-    implements it: unload, pre-warm at the 5th percentile x 0.9, keep alive until
-    the 99th percentile x 1.1; with too few samples, a flat histogram (CV < 2) or
-    half the idle times out of range, a fixed keep-alive of the whole range (the
-    ARIMA branch for out-of-range idle times is not modelled)."""
+    implements it: with half or more of the idle times beyond the histogram's range,
+    pre-warm at the ARIMA forecast of the next idle time x 0.85 and keep alive for
+    the forecast x 0.15 x 2; with too few samples or a flat histogram (CV of the bin
+    counts < 2), a fixed keep-alive of the whole range; otherwise unload, pre-warm
+    at the 5th percentile's bin x 0.9 and keep alive until the 99th percentile's
+    bin end x 1.1."""
     whole = RANGE_BINS * BIN_S
-    if h.samples < MIN_SAMPLES or h.out_of_range * 2 >= h.samples:
+    if h.samples and h.out_of_range * 2 >= h.samples:
+        forecast = arima_next_s(h.history_s)
+        prewarm = forecast * (1.0 - ARIMA_MARGIN)
+        keep = forecast * ARIMA_MARGIN * 2.0
+        return [("cold", prewarm), ("warm", keep), ("cold", math.inf)]
+    if h.samples < MIN_SAMPLES:
         return fixed(whole)
     counts = h.counts.astype(np.float64)
-    cv = float(counts.std() / counts.mean()) if counts.mean() > 0 else 0.0
+    cv = float(counts.std(ddof=1) / counts.mean()) if counts.mean() > 0 else 0.0
     if cv < 2.0:
         return fixed(whole)
-    prewarm = h.percentile_s(5) * 0.9
-    keep = h.percentile_s(99) * 1.1
-    if prewarm < BIN_S:
+    prewarm = bin_of_percentile(h, 5) * BIN_S * (1.0 - HYBRID_MARGIN)
+    keep = (bin_of_percentile(h, 99) + 1) * BIN_S * (1.0 + HYBRID_MARGIN)
+    if prewarm <= 0:
         return [("warm", keep), ("cold", math.inf)]
     return [("cold", prewarm), ("warm", max(0.0, keep - prewarm)), ("cold", math.inf)]
 
