@@ -1,6 +1,7 @@
 """Keep-alive (``kind: keepalive``): each serverless function warm, tepid or cold in
 every window, on a node, for least energy within memory and power budgets, start
-SLOs and an optional cold-start cap."""
+SLOs and an optional cold-start cap, or for most requests starting within their
+SLO's limit per second (then least energy)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,11 @@ class KeepAliveFamily:
 
     def summary(self, p: KeepAliveProblem) -> str:
         cap = p.spec.objective.max_cold_start_rate
-        objective = "energy" if cap is None else f"energy, cold starts <= {cap:g} per request"
+        objective: str = p.spec.objective.kind
+        if p.maximises_throughput:
+            objective = "throughput within the start SLO, then energy"
+        if cap is not None:
+            objective += f", cold starts <= {cap:g} per request"
         return (
             f"keep-alive: {p.n_functions} functions, {p.n_nodes} nodes, {p.n_windows} windows "
             f"of {p.window_s:g} s, {int(p.arrivals.sum()):,} requests, objective {objective}"
@@ -119,7 +124,15 @@ class KeepAliveFamily:
         gap = rel_gap if rel_gap is not None else DEFAULT_GAP
         chosen = solver
         if solver == "auto":
-            chosen = "milp" if len(build_milp(p)) <= AUTO_MILP_COLUMNS else "lagrangian"
+            small = p.maximises_throughput or len(build_milp(p)) <= AUTO_MILP_COLUMNS
+            chosen = "milp" if small else "lagrangian"
+        if p.maximises_throughput and chosen in ("lagrangian", "rolling"):
+            raise SpecError(
+                [
+                    f"--solver: {chosen} minimises energy only; the throughput objective "
+                    f"of {p.source} is solved by milp (or auto)"
+                ]
+            )
         progress(f"solving {p.source} (keep-alive, {p.n_functions} functions) with {chosen}")
         if chosen == "milp":
             result = solve_milp(p, time_limit_s=limit, rel_gap=gap, progress=progress)
@@ -140,10 +153,11 @@ class KeepAliveFamily:
     def cost(self, p: KeepAliveProblem, plan: KeepAlivePlan) -> float:
         from energyopt.verify.keepalive import evaluate_keepalive
 
-        return evaluate_keepalive(p.spec, plan).energy_j
+        ev = evaluate_keepalive(p.spec, plan)
+        return ev.throughput_rps if p.maximises_throughput else ev.energy_j
 
     def sense(self, p: KeepAliveProblem) -> Literal["min", "max"]:
-        return "min"
+        return "max" if p.maximises_throughput else "min"
 
     def report(self, p: KeepAliveProblem, result: Result[KeepAlivePlan]) -> list[str]:
         from energyopt.verify.keepalive import evaluate_keepalive
@@ -170,17 +184,24 @@ class KeepAliveFamily:
             f"{ev.tepid_starts:,.0f} tepid resumes; GPU memory-time "
             f"{ev.gpu_gb_s / 3600:,.1f} GB h"
         )
-        bound = "none" if result.bound is None else f"{result.bound:,.1f} J"
+        lines.append(
+            f"{ev.within_slo:,.1f} requests start within their SLO's limit: throughput "
+            f"{ev.throughput_rps:.4f} requests/s"
+        )
+        unit, digits = ("requests/s", 6) if p.maximises_throughput else ("J", 1)
+        bound = "none" if result.bound is None else f"{result.bound:,.{digits}f} {unit}"
         gap = "n/a" if result.gap is None else f"{100 * result.gap:.3f}%"
         lines.append(
-            f"objective {result.objective:,.1f} J, bound {bound}, gap {gap}, status {result.status}"
+            f"objective {result.objective:,.{digits}f} {unit}, bound {bound}, gap {gap}, "
+            f"status {result.status}"
         )
         lines.append(f"solver {result.solver} ({result.algorithm}), {result.wall_s:.2f} s")
         return lines
 
     def to_file(self, p: KeepAliveProblem, result: Result[KeepAlivePlan]) -> BaseModel:
         assert result.plan is not None
-        return stamped(result.plan, result)
+        unit = "requests/s" if p.maximises_throughput else "J"
+        return stamped(result.plan, result).model_copy(update={"objective_unit": unit})
 
     def from_file(
         self, p: KeepAliveProblem, data: Any, source: str
@@ -189,7 +210,8 @@ class KeepAliveFamily:
         return plan, Stated(plan.objective, plan.bound, plan.gap)
 
     def program(self, p: KeepAliveProblem) -> Any:
-        """The whole-horizon MILP the ``milp`` solver solves (a HiGHS model)."""
+        """The whole-horizon MILP the ``milp`` solver solves (a HiGHS model; for the
+        throughput objective its first stage, fewest late requests)."""
         from energyopt.formulations.keepalive.milp import build_milp, highs_lp
 
-        return highs_lp(build_milp(p))
+        return highs_lp(build_milp(p, minimise="late" if p.maximises_throughput else "energy"))

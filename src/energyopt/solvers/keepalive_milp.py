@@ -24,6 +24,7 @@ from energyopt.solvers.result import (
     NO_SOLUTION,
     OPTIMAL,
     Result,
+    Status,
     Termination,
 )
 from energyopt.spec.keepalive import KeepAlivePlan
@@ -48,7 +49,10 @@ def solve_milp(
     progress: Progress = quiet,
 ) -> Result[KeepAlivePlan]:
     """The whole horizon's MILP: the optimum within ``rel_gap`` or, at the time
-    limit, the best plan with HiGHS' bound. Objective in J."""
+    limit, the best plan with HiGHS' bound. Objective in J, or for the throughput
+    objective in requests/s (:func:`solve_throughput`)."""
+    if p.maximises_throughput:
+        return solve_throughput(p, time_limit_s=time_limit_s, rel_gap=rel_gap, progress=progress)
     t0 = time.perf_counter()
     milp = build_milp(p)
     progress(f"milp: {len(milp):,} columns, {milp.matrix.shape[0]:,} rows")
@@ -106,6 +110,80 @@ def solve_milp(
         termination=termination,
         formulation=FORMULATION,
         algorithm="HiGHS branch and cut",
+    )
+
+
+def solve_throughput(
+    p: KeepAliveProblem,
+    *,
+    time_limit_s: float = 60.0,
+    rel_gap: float = 1e-6,
+    progress: Progress = quiet,
+) -> Result[KeepAlivePlan]:
+    """The throughput objective in two MILPs: the fewest requests starting later
+    than their function's limit (its bound gives the throughput bound), then the
+    least energy with no more late requests than that. Objective: requests/s
+    within the limit over the horizon."""
+    t0 = time.perf_counter()
+    first = build_milp(p, minimise="late")
+    progress(f"milp: throughput, {len(first):,} columns, {first.matrix.shape[0]:,} rows")
+    h = _run(first, time_limit_s, rel_gap)
+    status = h.getModelStatus()
+    info = h.getInfo()
+    log = [f"HiGHS, fewest late requests: {h.modelStatusToString(status)}"]
+
+    def result(
+        status: Status,
+        objective: float | None,
+        bound: float | None,
+        plan: KeepAlivePlan | None,
+        termination: Termination,
+        diagnosis: list[str] | None = None,
+    ) -> Result[KeepAlivePlan]:
+        return Result(
+            status,
+            objective,
+            bound,
+            time.perf_counter() - t0,
+            plan,
+            "milp",
+            log=log,
+            diagnosis=diagnosis or [],
+            sense="max",
+            termination=termination,
+            formulation=FORMULATION + "; throughput: fewest late requests, then least energy",
+            algorithm="HiGHS branch and cut, two stages",
+        )
+
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return result(INFEASIBLE, None, None, None, Termination.INFEASIBLE, _diagnosis(p))
+    late_bound = float(info.mip_dual_bound)
+    bound = p.throughput_of(max(0.0, late_bound)) if np.isfinite(late_bound) else None
+    termination = (
+        Termination.CONVERGED
+        if status == highspy.HighsModelStatus.kOptimal
+        else Termination.TIME_LIMIT
+    )
+    if info.primal_solution_status != 2:
+        return result(NO_SOLUTION, None, bound, None, termination)
+    values = np.round(np.asarray(h.getSolution().col_value))
+    states = states_of(first, values, p.n_functions, 0, p.n_windows)
+    fewest = float(first.cost @ values)
+    left = time_limit_s - (time.perf_counter() - t0)
+    second = build_milp(p, late_cap=fewest * (1 + 1e-9) + 1e-9)
+    h2 = _run(second, max(0.1, left), rel_gap)
+    log.append(
+        f"HiGHS, least energy at {fewest:g} late: {h2.modelStatusToString(h2.getModelStatus())}"
+    )
+    if h2.getInfo().primal_solution_status == 2:
+        values2 = np.round(np.asarray(h2.getSolution().col_value))
+        states = states_of(second, values2, p.n_functions, 0, p.n_windows)
+    return result(
+        OPTIMAL if status == highspy.HighsModelStatus.kOptimal else FEASIBLE,
+        p.throughput_of(p.late_requests(states)),
+        bound,
+        p.plan_of(states),
+        termination,
     )
 
 

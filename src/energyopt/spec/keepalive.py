@@ -187,9 +187,13 @@ class Node(Spec):
 
 
 class KeepAliveObjective(Spec):
-    """Least energy, optionally with a cap on the share of requests that start cold."""
+    """``energy``: least energy, every function's start-latency SLO held at its
+    percentile. ``throughput``: most requests per second that start within their
+    function's start-latency limit (the SLO's percentile is then not a constraint),
+    and among those plans least energy. Either optionally with a cap on the share of
+    requests that start cold."""
 
-    kind: Literal["energy"] = "energy"
+    kind: Literal["energy", "throughput"] = "energy"
     max_cold_start_rate: float | None = Field(
         default=None, ge=0, le=1, description="cold starts per request over the horizon"
     )
@@ -242,9 +246,14 @@ class KeepAlivePlan(Spec):
 
     name: str = ""
     functions: tuple[FunctionSchedule, ...] = Field(min_length=1)
-    objective: float | None = Field(default=None, description="energy over the horizon, J")
+    objective: float | None = Field(
+        default=None,
+        description="energy over the horizon, J, or throughput within the start SLO, requests/s",
+    )
     objective_unit: str = "J"
-    bound: float | None = Field(default=None, description="lower bound on the optimum, J")
+    bound: float | None = Field(
+        default=None, description="bound on the optimum (lower for energy, upper for throughput)"
+    )
     gap: float | None = None
     status: str = ""
     solver: str = ""

@@ -5,7 +5,9 @@ formulation's arrays or the solvers.
 A plan is feasible when every function has one state and node per window, only
 offered states on permitted nodes, only moves that fit in a window, no node's GPU
 memory, host memory or average power over budget in any window, every function's
-start-latency SLO met over the horizon and the cold-start cap (if any) kept.
+start-latency SLO met over the horizon (for the energy objective; the throughput
+objective counts the requests that start within the limit instead) and the
+cold-start cap (if any) kept.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ class KeepAliveEvaluation:
     cold_starts: float = 0.0
     tepid_starts: float = 0.0
     late: dict[str, float] = field(default_factory=dict)
+    within_slo: float = 0.0
+    """Requests starting within their function's start-latency limit (all of a
+    function without an SLO)."""
+    throughput_rps: float = 0.0
+    """``within_slo`` per second of the horizon."""
     peak_power_w: dict[str, float] = field(default_factory=dict)
     gpu_gb_s: float = 0.0
     """GPU memory held over time, GB x s."""
@@ -168,7 +175,8 @@ def evaluate_keepalive(spec: KeepAliveFile, plan: KeepAlivePlan) -> KeepAliveEva
         requests = float(sum(forecast))
         total_requests += requests
         ev.late[fn.name] = late
-        if ok and slo is not None:
+        ev.within_slo += requests - late
+        if ok and slo is not None and spec.objective.kind == "energy":
             allowed = (1 - slo.percentile / 100) * requests
             if late > allowed + REL_TOL * max(1.0, requests):
                 bad.append(
@@ -198,6 +206,7 @@ def evaluate_keepalive(spec: KeepAliveFile, plan: KeepAlivePlan) -> KeepAliveEva
         ev.peak_power_w[node] = max(ev.peak_power_w.get(node, 0.0), power[node, t])
     ev.requests = total_requests
     ev.cold_starts = total_cold
+    ev.throughput_rps = ev.within_slo / (n_t * dt)
     rate = spec.objective.max_cold_start_rate
     if rate is not None and total_cold > rate * total_requests + REL_TOL * max(1.0, total_requests):
         bad.append(

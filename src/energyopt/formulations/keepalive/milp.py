@@ -15,12 +15,16 @@ its given state before the range) to state b for window t. Rows:
 - with a cap: requests arriving in a cold state at most the remaining allowance.
 
 The objective is the energy of the range, J: every column's move energy plus the
-energy of holding its target state and serving its requests in the window.
+energy of holding its target state and serving its requests in the window. For
+the throughput objective it is first the requests that start later than their
+function's limit, then the energy with their number capped at that optimum.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 import highspy
 import numpy as np
@@ -57,10 +61,16 @@ def build_milp(
     start: IntArray | None = None,
     slo_left: FloatArray | None = None,
     cold_left: float | None = None,
+    *,
+    minimise: Literal["energy", "late"] = "energy",
+    late_cap: float = math.inf,
 ) -> Milp:
     """The MILP of windows ``first`` .. ``last - 1`` (default all), each function
     starting from ``start`` (default: nothing kept), with ``slo_left`` late requests
-    per function and ``cold_left`` cold starts allowed (default: the whole horizon's)."""
+    per function and ``cold_left`` cold starts allowed (default: the whole horizon's).
+    ``minimise`` "late": the objective is the requests starting later than their
+    function's limit (the throughput objective's first stage); ``late_cap``: at most
+    that many such requests over all functions (its second stage)."""
     stop = p.n_windows if last is None else last
     init = np.full(p.n_functions, p.source_state, dtype=np.int64) if start is None else start
     slo = p.slo_budget if slo_left is None else slo_left
@@ -92,7 +102,8 @@ def build_milp(
     cols = np.arange(len(fn))
     move_j = p.trans_j[fn, src, dst]
     hold_j = p.state_j[fn, win, dst]
-    cost = move_j + hold_j
+    late = p.arrivals[fn, win] * p.slow[fn, dst]
+    cost = move_j + hold_j if minimise == "energy" else late
     width = stop - first
     n_f = p.n_functions
     rows: list[IntArray] = []
@@ -148,7 +159,6 @@ def build_milp(
     lo.append(np.full(3 * n_nt, -np.inf))
     hi.append(np.concatenate([np.tile(c, width) for c in (p.gpu_cap, p.host_cap, p.power_cap)]))
     # SLO allowances
-    late = p.arrivals[fn, win] * p.slow[fn, dst]
     with_slo = np.flatnonzero(np.isfinite(slo))
     slo_row = np.full(n_f, -1)
     slo_row[with_slo] = offset + np.arange(len(with_slo))
@@ -167,6 +177,14 @@ def build_milp(
         vals.append(colds[pick])
         lo.append(np.array([-np.inf]))
         hi.append(np.array([max(cold_allow, 0.0)]))
+        offset += 1
+    if math.isfinite(late_cap):
+        pick = late > 0
+        rows.append(np.full(int(pick.sum()), offset))
+        colsl.append(cols[pick])
+        vals.append(late[pick])
+        lo.append(np.array([-np.inf]))
+        hi.append(np.array([max(late_cap, 0.0)]))
         offset += 1
     matrix = sp.csc_matrix(
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(colsl))),

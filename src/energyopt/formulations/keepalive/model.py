@@ -53,7 +53,8 @@ class KeepAliveProblem:
     slow: BoolArray
     """(F, S): a request arriving in the state starts later than the function's SLO."""
     slo_budget: FloatArray
-    """(F,): requests of the function that may start later than its SLO (inf: no SLO)."""
+    """(F,): requests of the function that may start later than its SLO (inf: no SLO,
+    or the throughput objective, which counts late requests instead of capping them)."""
     cold_cap: float
     """Cold starts allowed over the horizon (inf: no cap)."""
     gpu_cap: FloatArray
@@ -82,6 +83,24 @@ class KeepAliveProblem:
     @property
     def source_state(self) -> int:
         return self.n_states
+
+    @property
+    def maximises_throughput(self) -> bool:
+        """The objective is throughput within the start SLO (else energy)."""
+        return self.spec.objective.kind == "throughput"
+
+    @property
+    def horizon_s(self) -> float:
+        return self.n_windows * self.window_s
+
+    def late_requests(self, states: IntArray) -> float:
+        """Requests starting later than their function's limit under the (F, T) states."""
+        f = np.arange(self.n_functions)[:, None]
+        return float((self.arrivals * self.slow[f, states]).sum())
+
+    def throughput_of(self, late: float) -> float:
+        """Requests per second within the start limit when ``late`` requests are late."""
+        return (float(self.arrivals.sum()) - late) / self.horizon_s
 
     def node_of(self) -> IntArray:
         """(S,): the node of each state."""
@@ -177,7 +196,8 @@ def build_problem(spec: KeepAliveFile, source: str = "<keepalive>") -> KeepAlive
         slo = fn.slo or spec.slo
         if slo is not None:
             slow[f] = start_s[f] > slo.start_latency_s
-            slo_budget[f] = (1.0 - slo.percentile / 100.0) * float(arrivals[f].sum())
+            if spec.objective.kind == "energy":
+                slo_budget[f] = (1.0 - slo.percentile / 100.0) * float(arrivals[f].sum())
         _transitions(spec, f, n_n, trans_j[f])
     for f in range(n_f):
         trans_j[f][:, ~allowed[f]] = np.inf
