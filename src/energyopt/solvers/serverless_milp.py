@@ -90,6 +90,19 @@ def solve_milp(
     t0 = time.perf_counter()
     milp = build_milp(p)
     progress(f"milp: {len(milp):,} columns, {milp.matrix.shape[0]:,} rows")
+    if len(milp) == 0:  # no demand anywhere: the empty plan
+        empty = np.zeros(0)
+        return Result(
+            OPTIMAL,
+            0.0,
+            0.0,
+            time.perf_counter() - t0,
+            _plan(p, milp, empty.astype(np.int64), empty, empty),
+            "milp",
+            termination=Termination.CONVERGED,
+            formulation=FORMULATION_NAME,
+            algorithm="no demand: nothing to run",
+        )
     h = _run(milp, time_limit_s, rel_gap, relax=False)
     status = h.getModelStatus()
     info = h.getInfo()
@@ -208,6 +221,11 @@ def solve_rolling(
     for t in range(p.n_epochs):
         left = time_limit_s - (time.perf_counter() - t0)
         milp = build_milp(p, t, t + 1, start)
+        if len(milp) == 0:  # no demand in the epoch: nothing runs
+            pools.append([])
+            routes.append([])
+            start = {}
+            continue
         h = _run(milp, max(0.1, left), rel_gap, relax=False)
         if h.getInfo().primal_solution_status != 2:
             return Result(

@@ -1,0 +1,218 @@
+"""Serverless prefill/decode provisioning side by side, in one run, on two loads.
+
+Loads (one model, Llama-3.1-8B on two nodes of 8 H100-SXM5-80GB):
+
+* ``azure``: the Azure LLM inference trace 2023 (conversation,
+  ../shared/data/traces/azure-llm-2023-conv.csv), each request repeated
+  ``--copies`` times with a uniform arrival jitter in [0, 2 s)
+  (``sim.serverless.replicated_trace``; the trace's per-minute rate profile is
+  kept), its own prompt and output tokens, the first ``--minutes`` minutes;
+* ``bursty``: Poisson arrivals modulated by on/off bursts (``sim.synthetic``,
+  mean 40 rps, 4x inside bursts of mean 120 s every 300 s), log-normal tokens with
+  the trace's means, seed 1.
+
+Contenders, all replayed by the request-level simulator (sim/serverless.py) with
+the epoch means of the load as their forecast:
+
+* ``static``: disaggregated pools sized once for the peak epoch (DistServe-style),
+  by the fast per-phase algorithm, held all the time;
+* ``autoscale``: the fast per-phase algorithm every epoch, no merging (removed
+  decode instances drain);
+* ``energyopt``: the joint MILP one epoch at a time (rolling), no merging (to
+  attribute the gain);
+* ``energyopt+merge``: the same plan with online decode merging.
+
+It prints GPU-seconds, energy, TTFT and TBT attainment, merges and migrated
+bytes, the ratios to static and to autoscale, and the issue's targets as met /
+not met; then the fast algorithm's gap to the whole-horizon MILP.
+
+Run: python benchmarks/serverless.py [--minutes 30] [--copies 4] [DATA_DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from energyopt.formulations.serverless.model import ServerlessProblem, build_problem
+from energyopt.sim.arrivals import Arrivals
+from energyopt.sim.serverless import (
+    MergePolicy,
+    ServerlessSimResult,
+    epoch_demand,
+    replicated_trace,
+    simulate,
+)
+from energyopt.sim.synthetic import synthetic_arrivals
+from energyopt.sim.trace import read_trace
+from energyopt.solvers.serverless_fast import solve_fast
+from energyopt.solvers.serverless_milp import solve_milp, solve_rolling
+from energyopt.spec.evaluation import BurstyLoad
+from energyopt.spec.serverless import ServerlessFile, ServerlessPlan
+from energyopt.spec.workload import Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+EPOCH_S = 60.0
+PEAK_WINDOW_S = 15.0
+"""Every contender plans an epoch for its largest 15-s rate (perfect forecast)."""
+JITTER_S = 30.0
+BURSTY_RPS = 40.0
+GPU_S_VS_STATIC = 0.30
+GPU_S_VS_AUTOSCALE = 0.10
+ATTAINMENT_POINTS = 1.0
+MODEL: dict[str, Any] = {
+    "name": "chat",
+    "model": "Llama-3.1-8B",
+    "prompt_tokens": {"mean": 1155, "max": 14050},
+    "output_tokens": {"mean": 211, "max": 1000},
+    "slo": {"ttft_ms": 1000, "tbt_ms": 50, "percentile": 90},
+}
+"""Token means and maxima of the Azure conversation trace; TTFT 1 s and TBT 50 ms
+at p90 (DistServe's chatbot SLO scale)."""
+
+
+def problem_doc(name: str, demand: list[float], max_batch: int) -> dict[str, Any]:
+    """The serverless file of one load (epoch means as the forecast)."""
+    return {
+        "kind": "serverless",
+        "name": name,
+        "description": "Llama-3.1-8B chat on two 8x H100 nodes; demand per 60 s epoch",
+        "gpu": "H100-SXM5-80GB",
+        "epoch_s": EPOCH_S,
+        "nodes": [{"name": "node-a", "gpus": 8}, {"name": "node-b", "gpus": 8}],
+        "cold_start": {"bandwidth_gbps": 3.62},
+        "options": {"shares_pct": [25, 50, 100], "max_batch": max_batch},
+        "models": [dict(MODEL, demand_rps=[round(d, 4) for d in demand])],
+    }
+
+
+def azure(data: Path, minutes: float, copies: int) -> Arrivals:
+    t, prompts, outputs = read_trace(data / "traces" / "azure-llm-2023-conv.csv")
+    return replicated_trace(t, prompts, outputs, copies, JITTER_S, 1, minutes * 60.0)
+
+
+def bursty(minutes: float) -> Arrivals:
+    wl = Workload(
+        name="chat",
+        model=MODEL["model"],
+        rate_rps=BURSTY_RPS,
+        prompt_tokens=MODEL["prompt_tokens"],
+        output_tokens=MODEL["output_tokens"],
+        slo=MODEL["slo"],
+    )
+    load = BurstyLoad(kind="bursty", burst_factor=4.0, burst_s=120.0, gap_s=300.0)
+    return synthetic_arrivals(load, (wl,), minutes * 60.0, 1)
+
+
+def contenders(
+    name: str, arrivals: Arrivals, minutes: float, max_batch: int, limit_s: float
+) -> tuple[dict[str, ServerlessSimResult], ServerlessProblem, dict[str, float]]:
+    n_epochs = round(minutes * 60.0 / EPOCH_S)
+    demand = [float(d) for d in epoch_demand(arrivals, EPOCH_S, n_epochs, PEAK_WINDOW_S)[0]]
+    p = build_problem(ServerlessFile.model_validate(problem_doc(name, demand, max_batch)))
+    peak = problem_doc(name, [max(demand)] * n_epochs, max_batch)
+    p_static = build_problem(ServerlessFile.model_validate(peak))
+    plans: dict[str, tuple[ServerlessProblem, ServerlessPlan, MergePolicy | None]] = {}
+    solve_s: dict[str, float] = {}
+    for label, prob, solver in (
+        ("static", p_static, solve_fast),
+        ("autoscale", p, solve_fast),
+        ("energyopt", p, solve_rolling),
+    ):
+        t0 = time.perf_counter()
+        res = solver(prob, time_limit_s=limit_s)
+        solve_s[label] = time.perf_counter() - t0
+        assert res.plan is not None, f"{label}: {res.log}"
+        plans[label] = (prob, res.plan, None)
+    plans["energyopt+merge"] = (p, plans["energyopt"][1], MergePolicy())
+    out = {}
+    for label, (prob, plan, merging) in plans.items():
+        out[label] = simulate(prob, plan, arrivals, merging)
+    return out, p, solve_s
+
+
+def table(name: str, results: dict[str, ServerlessSimResult], wall_s: float) -> bool:
+    static, auto = results["static"], results["autoscale"]
+    print(f"\n{name}: {results['static'].requests:,} requests (simulated in {wall_s:.0f} s)")
+    print(
+        f"{'contender':<16} {'GPU-s':>9} {'/static':>8} {'/autosc':>8} {'kWh':>7} "
+        f"{'TTFT att':>8} {'TBT att':>8} {'merges':>6} {'migr GB':>8} {'starts':>6}"
+    )
+    for label, r in results.items():
+        print(
+            f"{label:<16} {r.gpu_s:>9,.0f} {r.gpu_s / static.gpu_s:>8.3f} "
+            f"{r.gpu_s / auto.gpu_s:>8.3f} {r.energy_j / 3.6e6:>7.3f} "
+            f"{100 * r.ttft_attainment:>7.2f}% {100 * r.tbt_attainment:>7.2f}% "
+            f"{r.merges:>6} {r.migrated_bytes / 1e9:>8.1f} {r.starts:>6}"
+        )
+    eo = results["energyopt+merge"]
+    vs_static = 1 - eo.gpu_s / static.gpu_s
+    vs_auto = 1 - eo.gpu_s / auto.gpu_s
+    d_ttft = 100 * (static.ttft_attainment - eo.ttft_attainment)
+    d_tbt = 100 * (static.tbt_attainment - eo.tbt_attainment)
+    checks = [
+        (
+            f"GPU-seconds vs static: {100 * vs_static:.1f} % fewer (target >= 30 %)",
+            vs_static >= GPU_S_VS_STATIC,
+        ),
+        (
+            f"GPU-seconds vs autoscale: {100 * vs_auto:.1f} % fewer (target >= 10 %)",
+            vs_auto >= GPU_S_VS_AUTOSCALE,
+        ),
+        (
+            f"attainment vs static: TTFT {-d_ttft:+.2f}, TBT {-d_tbt:+.2f} points "
+            "(target within 1)",
+            d_ttft <= ATTAINMENT_POINTS and d_tbt <= ATTAINMENT_POINTS,
+        ),
+    ]
+    for text, ok in checks:
+        print(f"  {'met    ' if ok else 'not met'}  {text}")
+    return all(ok for _, ok in checks)
+
+
+def gap_to_milp(p: ServerlessProblem, limit_s: float) -> None:
+    """The fast algorithm's plan against the whole-horizon MILP (plan and bound)."""
+    fast = solve_fast(p)
+    milp = solve_milp(p, time_limit_s=limit_s, rel_gap=1e-4)
+    assert fast.objective is not None and milp.objective is not None
+    bound = milp.bound if milp.bound is not None else float("nan")
+    print(
+        f"  {p.spec.name}: fast {fast.objective:,.1f} GPU-s, MILP {milp.objective:,.1f} "
+        f"(bound {bound:,.1f}, {milp.status}, {milp.wall_s:.1f} s): fast is "
+        f"{100 * (fast.objective / milp.objective - 1):.2f} % above the MILP, "
+        f"{100 * (fast.objective / bound - 1):.2f} % above its bound"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("data", nargs="?", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--minutes", type=float, default=30.0)
+    ap.add_argument("--copies", type=int, default=4)
+    ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--milp-limit", type=float, default=30.0)
+    args = ap.parse_args()
+    data = Path(args.data)
+    loads = {
+        f"azure-conv x{args.copies}": azure(data, args.minutes, args.copies),
+        "bursty": bursty(args.minutes),
+    }
+    problems = []
+    for name, arr in loads.items():
+        t0 = time.perf_counter()
+        results, p, _ = contenders(name, arr, args.minutes, args.max_batch, args.milp_limit)
+        table(name, results, time.perf_counter() - t0)
+        problems.append(p)
+    print("\nfast algorithm vs the whole-horizon MILP (GPU-seconds):")
+    for p in problems:
+        gap_to_milp(p, args.milp_limit)
+    print(f"\nfinished; epochs of {EPOCH_S:g} s, max batch {args.max_batch}")
+    np.seterr(all="warn")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,692 @@
+"""Request-level simulation of serverless disaggregated serving under a
+provisioning plan, with or without online decode merging.
+
+Instances follow the plan's pools epoch by epoch. An instance the plan adds is
+started ``load_s`` before its epoch (weights loaded ahead from the forecast) and
+billed from then; one it removes is released once idle (prefill) or empty
+(decode). With merging, a removed decode instance's requests are migrated into
+the instances kept instead, and between epochs (every ``merge_interval_s``) the
+merging policy also consolidates under-used decode instances of a model on a node
+while the observed arrival rate leaves headroom, starting instances again (cold,
+``load_s``) when the rate rises.
+
+* Prefill: one prompt at a time per instance (first come, first served, the
+  instance that frees first); the pass time and energy are the performance
+  model's (perf/forward.py) for the request's own prompt. TTFT = wait + prefill +
+  KV transfer over the instance's link (perf/kvtransfer.py).
+* Decode: continuous batching. An instance's step time and energy at batch b are
+  the model's decode pass at the model's mean context; between events every
+  request in the batch emits one token per step. A request is admitted where its
+  KV cache (prompt + output tokens) fits the instance's KV budget and the batch
+  limit, the fullest such instance first (best fit); otherwise it waits.
+* A migration moves a request's KV cache (prompt + tokens so far) over NVLink
+  (same node) or the network; the request emits nothing meanwhile, so its next
+  token gap is the migration time plus a step.
+
+Every merge decision is checked by ``verify.serverless.check_merge`` (no request
+lost or duplicated, no target over its KV budget or batch limit) and every
+request must finish exactly once (conservation). Times s, energies J.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from energyopt.formulations.serverless.model import LINKS, ServerlessProblem
+from energyopt.perf.forward import decode_pass, prefill_pass
+from energyopt.perf.params import OpSpec, build_params
+from energyopt.perf.queueing import metrics_at
+from energyopt.sim.arrivals import Arrivals
+from energyopt.spec.instance import Options
+from energyopt.spec.serverless import ServerlessPlan
+from energyopt.verify.serverless import DecodeInstanceState, check_merge
+
+PoolKey = tuple[int, int, int, str, str | None]
+"""(model, node, option, phase, link) of a pool."""
+TOKEN_GRID = 64
+"""Prompt lengths at which prefill time is tabulated (log-spaced; interpolated)."""
+
+
+class ConservationError(AssertionError):
+    """The simulator lost or duplicated a request."""
+
+
+@dataclass(frozen=True)
+class MergePolicy:
+    """Online decode merging: how often it looks, how full it fills a target (share
+    of its batch at SLO capacity), the headroom it keeps over the observed rate
+    (EWMA over ``rate_window_s``) and the price of a migrated GB in GPU-seconds."""
+
+    merge_interval_s: float = 5.0
+    fill: float = 0.9
+    headroom: float = 0.25
+    rate_window_s: float = 20.0
+    gpu_s_per_gb: float = 0.01
+
+
+@dataclass
+class OptionTables:
+    """Pass times and energies of one (model, option) from the performance model."""
+
+    prompt_grid: np.ndarray
+    prefill_s: np.ndarray
+    prefill_j: np.ndarray
+    step_s: np.ndarray
+    """(max_batch + 1,): decode step at batch b, s (index 0 unused)."""
+    step_j: np.ndarray
+    kv_budget_bytes: float
+    batch_at_capacity: float
+    capacity_rps: float
+    on_w: float
+    gpus: float
+    load_s: float
+
+
+@dataclass
+class Instance:
+    """A running (or loading) instance."""
+
+    iid: int
+    key: PoolKey
+    billed_from: float
+    ready_at: float
+    released_at: float | None = None
+    draining: bool = False
+    free_at: float = 0.0
+    # decode state: request id -> (finish step, kv bytes); clock in steps
+    reqs: dict[int, tuple[float, float]] = field(default_factory=dict)
+    kv_used: float = 0.0
+    steps: float = 0.0
+    t_last: float = 0.0
+    version: int = 0
+
+
+@dataclass
+class ServerlessSimResult:
+    """Outcome of one replay."""
+
+    requests: int = 0
+    finished: int = 0
+    gpu_s: float = 0.0
+    energy_j: float = 0.0
+    ttft_ok: int = 0
+    tokens: float = 0.0
+    tokens_ok: float = 0.0
+    merges: int = 0
+    migrated_requests: int = 0
+    migrated_bytes: float = 0.0
+    starts: int = 0
+    waits: int = 0
+
+    @property
+    def ttft_attainment(self) -> float:
+        return self.ttft_ok / max(self.requests, 1)
+
+    @property
+    def tbt_attainment(self) -> float:
+        return self.tokens_ok / max(self.tokens, 1e-9)
+
+
+def option_tables(p: ServerlessProblem, m: int, o: int) -> OptionTables:
+    """The performance model's pass tables of model m on option o."""
+    opt = p.options[o]
+    sm = p.spec.models[m]
+    llm = p.llms[m]
+    from energyopt.formulations.serverless.model import phase_workload
+
+    wl = phase_workload(m, p.spec, sm.slo.ttft_ms)
+    reserve = p.spec.options.memory_reserve_fraction
+    memory_gb = p.gpu.memory_gb * opt.share_pct / 100.0 * (1.0 - reserve)
+    perf_options = Options(max_batch=p.spec.options.max_batch, memory_reserve_fraction=reserve)
+
+    def spec(phase: str) -> OpSpec:
+        return OpSpec(
+            gpu=p.gpu,
+            model=llm,
+            workload=wl,
+            phase=phase,  # type: ignore[arg-type]
+            clock_mhz=opt.clock_mhz,
+            sm_fraction=opt.share_pct / 100.0,
+            bw_fraction=opt.share_pct / 100.0,
+            memory_gb=memory_gb,
+            tp=opt.tp,
+            options=perf_options,
+        )
+
+    top = max(sm.prompt_tokens.max or 0, int(sm.prompt_tokens.mean * 20), 2)
+    grid = np.unique(np.geomspace(1, top, TOKEN_GRID).round())
+    pp = build_params([spec("prefill")] * len(grid))
+    pre = prefill_pass(pp, grid)
+    batches = np.arange(1, p.spec.options.max_batch + 1, dtype=np.float64)
+    dp = build_params([spec("decode")] * len(batches))
+    ctx = np.full(len(batches), sm.prompt_tokens.mean + 0.5 * sm.output_tokens.mean)
+    dec = decode_pass(dp, batches, ctx)
+    cap = float(p.cap_decode[m, o])
+    one = build_params([spec("decode")])
+    at_cap = metrics_at(one, np.array([cap])) if cap > 0 else None
+    return OptionTables(
+        prompt_grid=grid,
+        prefill_s=pre.ms / 1e3,
+        prefill_j=pre.energy_j * opt.tp,
+        step_s=np.concatenate([[0.0], dec.ms / 1e3]),
+        step_j=np.concatenate([[0.0], dec.energy_j * opt.tp]),
+        kv_budget_bytes=max(memory_gb * 1e9 * opt.tp - llm.weight_bytes, 0.0),
+        batch_at_capacity=float(at_cap.batch[0]) if at_cap is not None else 0.0,
+        capacity_rps=cap,
+        on_w=float(p.on_w[o]),
+        gpus=opt.gpus,
+        load_s=float(p.load_s[m, o]),
+    )
+
+
+def plan_targets(p: ServerlessProblem, plan: ServerlessPlan) -> list[dict[PoolKey, int]]:
+    """Instances per pool in each epoch of ``plan``."""
+    nodes = {n.name: i for i, n in enumerate(p.spec.nodes)}
+    models = {sm.name: i for i, sm in enumerate(p.spec.models)}
+    opts = {(o.share_pct, o.tp, o.clock_mhz): i for i, o in enumerate(p.options)}
+    out: list[dict[PoolKey, int]] = [{} for _ in range(p.n_epochs)]
+    for ep in plan.epochs:
+        for pool in ep.pools:
+            if pool.count <= 0:
+                continue
+            key = (
+                models[pool.model],
+                nodes[pool.node],
+                opts[(pool.share_pct, pool.tp, pool.clock_mhz)],
+                pool.phase,
+                pool.link,
+            )
+            out[ep.epoch][key] = out[ep.epoch].get(key, 0) + pool.count
+    return out
+
+
+_ARRIVE, _JOIN, _LAND, _FINISH, _CONTROL = 0, 1, 2, 3, 4
+
+
+class _Sim:
+    def __init__(
+        self,
+        p: ServerlessProblem,
+        targets: list[dict[PoolKey, int]],
+        arrivals: Arrivals,
+        merging: MergePolicy | None,
+    ) -> None:
+        self.p = p
+        self.targets = targets
+        self.arr = arrivals
+        self.merging = merging
+        self.tables: dict[tuple[int, int], OptionTables] = {}
+        self.instances: dict[int, Instance] = {}
+        self.by_key: dict[PoolKey, list[int]] = defaultdict(list)
+        self.heap: list[tuple[float, int, int, int, int]] = []
+        self.seq = itertools.count()
+        self.ids = itertools.count()
+        self.res = ServerlessSimResult(requests=len(arrivals))
+        self.waiting: dict[int, list[tuple[int, float, int]]] = defaultdict(list)
+        self.finished: set[int] = set()
+        self.kv_per_token = [llm.kv_bytes_per_token for llm in p.llms]
+        self.rate_est = np.zeros(p.n_models)
+        self.rate_t = 0.0
+        self.epoch = 0
+        self.ttft_slo = [sm.slo.ttft_ms / 1e3 for sm in p.spec.models]
+        self.tbt_slo = [sm.slo.tbt_ms / 1e3 for sm in p.spec.models]
+        self.max_batch = p.spec.options.max_batch
+
+    def table(self, m: int, o: int) -> OptionTables:
+        got = self.tables.get((m, o))
+        if got is None:
+            got = option_tables(self.p, m, o)
+            self.tables[(m, o)] = got
+        return got
+
+    def push(self, t: float, kind: int, a: int = 0, b: int = 0) -> None:
+        heapq.heappush(self.heap, (t, kind, next(self.seq), a, b))
+
+    # --- instance lifecycle -------------------------------------------------
+    def start(self, key: PoolKey, at: float, ready: float) -> Instance:
+        m, _, o, _, _ = key
+        inst = Instance(next(self.ids), key, billed_from=at, ready_at=ready, t_last=ready)
+        inst.free_at = ready
+        self.instances[inst.iid] = inst
+        self.by_key[key].append(inst.iid)
+        self.res.starts += 1
+        self.table(m, o)
+        return inst
+
+    def release(self, inst: Instance, t: float) -> None:
+        if inst.released_at is not None:
+            return
+        m, _, o, _, _ = inst.key
+        tab = self.table(m, o)
+        inst.released_at = max(t, inst.billed_from)
+        life = inst.released_at - inst.billed_from
+        self.res.gpu_s += tab.gpus * life
+        self.res.energy_j += tab.on_w * life
+        self.by_key[inst.key].remove(inst.iid)
+
+    def live(self, key: PoolKey) -> list[Instance]:
+        return [self.instances[i] for i in self.by_key[key]]
+
+    def apply_epoch(self, t_epoch: int, now: float) -> None:
+        """Move every pool to the plan's count of epoch ``t_epoch``."""
+        want = self.targets[t_epoch]
+        for key in set(want) | {k for k, v in self.by_key.items() if v}:
+            target = want.get(key, 0)
+            insts = self.live(key)
+            active = [i for i in insts if not i.draining]
+            if self.merging is not None and key[3] == "decode" and len(active) < target:
+                continue  # merging grows decode pools by need (``consolidate``)
+            if len(active) < target:
+                for inst in [i for i in insts if i.draining][: target - len(active)]:
+                    inst.draining = False
+                    active.append(inst)
+                m, _, o, _, _ = key
+                load = self.table(m, o).load_s
+                for _ in range(target - len(active)):
+                    self.start(key, now - load, now)
+            elif len(active) > target:
+                self.shrink(key, active, len(active) - target, now)
+        if self.merging is not None:
+            self.consolidate(now, forecast=True)
+        for m in range(self.p.n_models):
+            self.admit_waiting(m, now)
+
+    def shrink(self, key: PoolKey, active: list[Instance], count: int, now: float) -> None:
+        """Remove ``count`` instances of a pool: the least loaded first."""
+        if key[3] == "prefill":
+            for inst in sorted(active, key=lambda i: i.free_at)[:count]:
+                inst.draining = True
+                if inst.free_at <= now:
+                    self.release(inst, now)
+                else:
+                    self.push(inst.free_at, _CONTROL, -1, inst.iid)
+            return
+        for inst in sorted(active, key=lambda i: len(i.reqs))[:count]:
+            inst.draining = True
+            if not inst.reqs:
+                self.release(inst, now)
+            elif self.merging is not None:
+                self.merge_away(inst, now)
+
+    # --- decode instances ---------------------------------------------------
+    def advance(self, inst: Instance, t: float) -> None:
+        m, _, o, _, _ = inst.key
+        b = len(inst.reqs)
+        if b and t > inst.t_last:
+            tab = self.table(m, o)
+            step = float(tab.step_s[b])
+            n = (t - inst.t_last) / step
+            inst.steps += n
+            self.res.tokens += b * n
+            if step <= self.tbt_slo[m]:
+                self.res.tokens_ok += b * n
+            self.res.energy_j += n * float(tab.step_j[b])
+        inst.t_last = max(inst.t_last, t)
+
+    def reschedule(self, inst: Instance) -> None:
+        inst.version += 1
+        if not inst.reqs:
+            return
+        m, _, o, _, _ = inst.key
+        step = float(self.table(m, o).step_s[len(inst.reqs)])
+        first = min(f for f, _ in inst.reqs.values())
+        t = inst.t_last + max(first - inst.steps, 0.0) * step
+        self.push(t, _FINISH, inst.iid, inst.version)
+
+    def room(self, inst: Instance, kv: float, extra: int = 1) -> bool:
+        m, _, o, _, _ = inst.key
+        tab = self.table(m, o)
+        used = inst.kv_used
+        return len(inst.reqs) + extra <= self.max_batch and used + kv <= tab.kv_budget_bytes
+
+    def decode_candidates(self, m: int, nodes: set[int] | None, now: float) -> list[Instance]:
+        out = []
+        for key, ids in self.by_key.items():
+            if key[0] != m or key[3] != "decode" or (nodes is not None and key[1] not in nodes):
+                continue
+            for i in ids:
+                inst = self.instances[i]
+                if not inst.draining and inst.ready_at <= now + 1e-12:
+                    out.append(inst)
+        return out
+
+    def join(self, rid: int, now: float, nodes: set[int] | None, waited_from: float) -> bool:
+        m = int(self.arr.workload[rid])
+        kv = self.kv_per_token[m] * float(self.arr.prompt_tokens[rid] + self.arr.output_tokens[rid])
+        cands = [i for i in self.decode_candidates(m, nodes, now) if self.room(i, kv)]
+        if not cands and nodes is not None:
+            cands = [i for i in self.decode_candidates(m, None, now) if self.room(i, kv)]
+        if not cands:
+            return False
+        inst = max(cands, key=lambda i: (len(i.reqs), -i.iid))
+        self.advance(inst, now)
+        inst.reqs[rid] = (inst.steps + float(self.arr.output_tokens[rid]), kv)
+        inst.kv_used += kv
+        if now - waited_from > 1e-12:
+            step = float(self.table(m, inst.key[2]).step_s[len(inst.reqs)])
+            self.res.tokens += 1.0
+            if now - waited_from + step <= self.tbt_slo[m]:
+                self.res.tokens_ok += 1.0
+        self.reschedule(inst)
+        return True
+
+    def admit_waiting(self, m: int, now: float) -> None:
+        queue = self.waiting[m]
+        served = 0
+        for rid, since, node in queue:  # first come, first served: the head blocks
+            if not self.join(rid, now, {node}, since):
+                break
+            served += 1
+        if served:
+            self.waiting[m] = queue[served:]
+
+    def finish(self, inst: Instance, now: float) -> None:
+        self.advance(inst, now)
+        done = [r for r, (f, _) in inst.reqs.items() if f <= inst.steps + 1e-9]
+        for r in done:
+            inst.kv_used -= inst.reqs.pop(r)[1]
+            if r in self.finished:
+                raise ConservationError(f"request {r} finished twice")
+            self.finished.add(r)
+            self.res.finished += 1
+        self.reschedule(inst)
+        m = inst.key[0]
+        if inst.draining and not inst.reqs:
+            self.release(inst, now)
+        self.admit_waiting(m, now)
+
+    # --- merging ------------------------------------------------------------
+    def state_of(self, inst: Instance) -> DecodeInstanceState:
+        m, _, o, _, _ = inst.key
+        tab = self.table(m, o)
+        return DecodeInstanceState(
+            name=str(inst.iid),
+            kv_budget_bytes=tab.kv_budget_bytes,
+            max_batch=self.max_batch,
+            requests={r: kv for r, (_, kv) in inst.reqs.items()},
+        )
+
+    def merge_away(self, source: Instance, now: float, fill: float | None = None) -> bool:
+        """Migrate every request of ``source`` into other decode instances of its model
+        (best fit decreasing; its own node first), release it; False (nothing moved)
+        if they do not all fit."""
+        m, node, _, _, _ = source.key
+        targets = [i for i in self.decode_candidates(m, None, now) if i.iid != source.iid]
+        limit = {
+            i.iid: self.max_batch
+            if fill is None
+            else max(1, math.floor(fill * self.table(m, i.key[2]).batch_at_capacity))
+            for i in targets
+        }
+        self.advance(source, now)
+        load = {i.iid: len(i.reqs) for i in targets}
+        used = {i.iid: i.kv_used for i in targets}
+        moves: dict[int, str] = {}
+        for rid, (_, kv) in sorted(source.reqs.items(), key=lambda x: -x[1][1]):
+            fit = [
+                i
+                for i in targets
+                if load[i.iid] + 1 <= min(limit[i.iid], self.max_batch)
+                and used[i.iid] + kv <= self.table(m, i.key[2]).kv_budget_bytes
+            ]
+            if not fit:
+                return False
+            best = max(fit, key=lambda i: (i.key[1] == node, used[i.iid], -i.iid))
+            moves[rid] = str(best.iid)
+            load[best.iid] += 1
+            used[best.iid] += kv
+        states = [self.state_of(source)] + [self.state_of(i) for i in targets]
+        bad = check_merge(states, moves, [str(source.iid)])
+        if bad:
+            raise ConservationError("merge rejected: " + "; ".join(str(v) for v in bad))
+        for rid, target in moves.items():
+            finish_step, kv = source.reqs.pop(rid)
+            source.kv_used -= kv
+            left = max(finish_step - source.steps, 0.0)
+            generated = max(float(self.arr.output_tokens[rid]) - left, 0.0)
+            moved = self.kv_per_token[m] * (float(self.arr.prompt_tokens[rid]) + generated)
+            self.res.migrated_bytes += moved
+            self.res.migrated_requests += 1
+            dest = self.instances[int(target)]
+            self.advance(dest, now)
+            dest.reqs[rid] = (dest.steps + left, kv)
+            dest.kv_used += kv
+            pause = self.p.links[0 if dest.key[1] == node else 1].transfer_s(moved)
+            step = float(self.table(m, dest.key[2]).step_s[len(dest.reqs)])
+            self.res.tokens += 1.0
+            if pause + step <= self.tbt_slo[m]:
+                self.res.tokens_ok += 1.0
+            self.reschedule(dest)
+        self.res.merges += 1
+        source.draining = True
+        self.reschedule(source)
+        self.release(source, now)
+        return True
+
+    def observe(self, now: float) -> None:
+        if self.merging is None:
+            return
+        window = self.merging.rate_window_s
+        lo = max(0.0, now - window)
+        counts = self.arr.count_between(lo, now)
+        span = max(now - lo, 1e-9)
+        self.rate_est = counts / span
+
+    def consolidate(self, now: float, forecast: bool = False) -> None:
+        """The online merge step: per model and node, release the least-loaded decode
+        instances whose requests fit into the others (within ``fill``) while the
+        model's kept capacity covers the observed rate with headroom (and, at an
+        epoch boundary, the epoch's forecast rate); start instances of the plan's
+        pools again, up to the plan's count, when it does not."""
+        pol = self.merging
+        assert pol is not None
+        self.observe(now)
+        want = self.targets[min(self.epoch, self.p.n_epochs - 1)]
+        for m in range(self.p.n_models):
+            need = float(self.rate_est[m]) * (1.0 + pol.headroom)
+            if forecast:
+                need = max(need, float(self.p.demand[m, min(self.epoch, self.p.n_epochs - 1)]))
+            active = self.decode_candidates(m, None, now)
+            loading = [
+                self.instances[i]
+                for k, ids in self.by_key.items()
+                if k[0] == m and k[3] == "decode"
+                for i in ids
+                if self.instances[i].ready_at > now and not self.instances[i].draining
+            ]
+            cap = sum(self.table(m, i.key[2]).capacity_rps for i in active + loading)
+            if cap < need:
+                for key, count in want.items():
+                    if key[0] != m or key[3] != "decode":
+                        continue
+                    while len([i for i in self.live(key) if not i.draining]) < count and cap < need:
+                        tab = self.table(m, key[2])
+                        self.start(key, now, now + tab.load_s)
+                        self.push(now + tab.load_s, _CONTROL, -2, m)
+                        cap += tab.capacity_rps
+                continue
+            for inst in sorted(active, key=lambda i: (len(i.reqs), i.iid)):
+                tab = self.table(m, inst.key[2])
+                if cap - tab.capacity_rps < need:
+                    continue
+                kv_gb = inst.kv_used / 1e9
+                saved = tab.gpus * max(0.0, (self.epoch + 1) * self.p.epoch_s - now)
+                if saved <= pol.gpu_s_per_gb * kv_gb:
+                    continue
+                if not inst.reqs:
+                    inst.draining = True
+                    self.release(inst, now)
+                    cap -= tab.capacity_rps
+                elif self.merge_away(inst, now, pol.fill):
+                    cap -= tab.capacity_rps
+
+    # --- the loop -----------------------------------------------------------
+    def route_prefill(self, rid: int, now: float) -> None:
+        m = int(self.arr.workload[rid])
+        cands = [
+            self.instances[i]
+            for k, ids in self.by_key.items()
+            if k[0] == m and k[3] == "prefill"
+            for i in ids
+            if not self.instances[i].draining
+        ]
+        if not cands:
+            cands = [
+                self.instances[i]
+                for k, ids in self.by_key.items()
+                if k[0] == m and k[3] == "prefill"
+                for i in ids
+            ]
+        if not cands:
+            key = next(
+                (
+                    k
+                    for k in self.targets[min(self.epoch, self.p.n_epochs - 1)]
+                    if k[0] == m and k[3] == "prefill"
+                ),
+                None,
+            )
+            if key is None:
+                key = next(k for e in self.targets for k in e if k[0] == m and k[3] == "prefill")
+            tab = self.table(m, key[2])
+            cands = [self.start(key, now, now + tab.load_s)]
+        inst = min(cands, key=lambda i: (max(i.free_at, i.ready_at, now), i.iid))
+        _, node, o, _, link = inst.key
+        tab = self.table(m, o)
+        begin = max(now, inst.free_at, inst.ready_at)
+        prompt = float(self.arr.prompt_tokens[rid])
+        service = float(np.interp(prompt, tab.prompt_grid, tab.prefill_s))
+        self.res.energy_j += float(np.interp(prompt, tab.prompt_grid, tab.prefill_j))
+        inst.free_at = begin + service
+        kv = self.kv_per_token[m] * prompt
+        lk = self.p.links[LINKS.index(link or "nvlink")]
+        done = inst.free_at + lk.transfer_s(kv)
+        if done - now <= self.ttft_slo[m] + 1e-12:
+            self.res.ttft_ok += 1
+        other = {n for n in range(self.p.n_nodes) if n != node}
+        self.push(done, _JOIN, rid, node if link == "nvlink" or not other else -1 - node)
+        if inst.draining:
+            self.push(inst.free_at, _CONTROL, -1, inst.iid)
+
+    def run(self) -> ServerlessSimResult:
+        dt = self.p.epoch_s
+        horizon = self.p.n_epochs * dt
+        for t in range(self.p.n_epochs):
+            self.push(t * dt, _CONTROL, t, 0)
+            if self.merging is not None:
+                k = 1
+                while k * self.merging.merge_interval_s < dt - 1e-9:
+                    self.push(t * dt + k * self.merging.merge_interval_s, _CONTROL, -3, 0)
+                    k += 1
+        for rid in range(len(self.arr)):
+            self.push(float(self.arr.time_s[rid]), _ARRIVE, rid, 0)
+        while self.heap:
+            now, kind, _, a, b = heapq.heappop(self.heap)
+            if kind == _ARRIVE:
+                self.route_prefill(a, now)
+            elif kind == _JOIN:
+                nodes = {b} if b >= 0 else {n for n in range(self.p.n_nodes) if n != -1 - b}
+                m = int(self.arr.workload[a])
+                if not self.join(a, now, nodes, now):
+                    self.res.waits += 1
+                    home = b if b >= 0 else min(nodes)
+                    self.waiting[m].append((a, now, home))
+            elif kind == _FINISH:
+                inst = self.instances[a]
+                if inst.version == b and inst.released_at is None:
+                    self.finish(inst, now)
+            elif a >= 0:
+                self.epoch = a
+                self.apply_epoch(a, now)
+            elif a == -1:
+                inst = self.instances[b]
+                if inst.draining and inst.released_at is None and inst.free_at <= now + 1e-12:
+                    self.release(inst, now)
+            elif a == -2:
+                self.admit_waiting(b, now)
+            elif a == -3 and now < horizon:
+                self.consolidate(now)
+            if not self.heap and any(self.waiting.values()):
+                self.drain_waiting(now)
+        end = max([horizon] + [i.free_at for i in self.instances.values()])
+        for inst in list(self.instances.values()):
+            if inst.released_at is None:
+                self.release(inst, end)
+        if self.res.finished != len(self.arr) or len(self.finished) != len(self.arr):
+            raise ConservationError(
+                f"{len(self.arr)} requests arrived, {self.res.finished} finished"
+            )
+        return self.res
+
+    def drain_waiting(self, now: float) -> None:
+        """Requests still waiting when nothing else will happen: start an instance of
+        their model's last decode pool for them."""
+        for m, queue in self.waiting.items():
+            if not queue:
+                continue
+            key = next(
+                k for e in reversed(self.targets) for k in e if k[0] == m and k[3] == "decode"
+            )
+            tab = self.table(m, key[2])
+            self.start(key, now, now + tab.load_s)
+            self.push(now + tab.load_s, _CONTROL, -2, m)
+
+
+def simulate(
+    p: ServerlessProblem,
+    plan: ServerlessPlan,
+    arrivals: Arrivals,
+    merging: MergePolicy | None = None,
+) -> ServerlessSimResult:
+    """Replay ``arrivals`` (workload index = model index) under ``plan``."""
+    return _Sim(p, plan_targets(p, plan), arrivals, merging).run()
+
+
+def replicated_trace(
+    times_s: np.ndarray,
+    prompts: np.ndarray,
+    outputs: np.ndarray,
+    copies: int,
+    jitter_s: float,
+    seed: int,
+    duration_s: float | None = None,
+) -> Arrivals:
+    """The trace at ``copies`` times its rate for one model: every request repeated
+    ``copies`` times, each copy's arrival moved later by a uniform draw in
+    [0, ``jitter_s``) (seeded), with its own prompt and output tokens. Unlike the
+    serving evaluation's circular-shift superposition, this keeps the trace's
+    minute-scale rate profile (its peak-to-mean ratio); only ``duration_s`` (s
+    from the first request, default all) is kept."""
+    rng = np.random.default_rng(seed)
+    t = np.concatenate([times_s + rng.uniform(0.0, jitter_s, len(times_s)) for _ in range(copies)])
+    pr = np.tile(np.asarray(prompts, dtype=np.int64), copies)
+    out = np.tile(np.asarray(outputs, dtype=np.int64), copies)
+    keep = np.ones(len(t), dtype=bool) if duration_s is None else t < duration_s
+    order = np.argsort(t[keep], kind="stable")
+    return Arrivals(
+        time_s=t[keep][order],
+        workload=np.zeros(int(keep.sum()), dtype=np.int64),
+        prompt_tokens=np.maximum(pr[keep][order], 1),
+        output_tokens=np.maximum(out[keep][order], 1),
+        names=("chat",),
+    )
+
+
+def epoch_demand(
+    arrivals: Arrivals, epoch_s: float, n_epochs: int, peak_window_s: float | None = None
+) -> np.ndarray:
+    """(models, epochs): requests/s of each model in each epoch: the epoch's mean, or
+    with ``peak_window_s`` the largest rate over the epoch's windows of that length
+    (what pools must hold for the SLOs to survive bursts inside the epoch)."""
+    if peak_window_s is None:
+        return np.asarray(arrivals.window_rates_rps(0.0, n_epochs * epoch_s, epoch_s).T)
+    per = max(1, round(epoch_s / peak_window_s))
+    fine = arrivals.window_rates_rps(0.0, n_epochs * epoch_s, epoch_s / per)
+    fine = np.vstack([fine, np.zeros((n_epochs * per - fine.shape[0], fine.shape[1]))])
+    return np.asarray(fine.reshape(n_epochs, per, -1).max(axis=1).T)
