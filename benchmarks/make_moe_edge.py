@@ -161,6 +161,20 @@ def build(data: Path) -> dict[str, dict[str, Any]]:
                 tbt,
                 4,
             )
+    layers = fiddler_layers(data, "international_law")
+    srv = server("2xl4-box", "L4", pcie)
+    srv["gpus"].append(dict(srv["gpus"][0], name="gpu1"))
+    out["mixtral-2xl4-law"] = instance(
+        "mixtral-2xl4-law",
+        "Mixtral-8x7B on two L4s (either may hold the dense part), routing of MMLU "
+        "international_law (benchmarks/make_moe_edge.py)",
+        "Mixtral-8x7B",
+        srv,
+        layers,
+        f"{fid}, international_law (../shared/data/moe/fiddler-mixtral/expert_popularity_mmlu.csv)",
+        600.0,
+        4,
+    )
     for domain in ("github", "c4"):
         layers, measured = olmoe_layers(data, domain)
         srv = server("l4-shared", "L4", pcie, memory_gb=6.0)
@@ -177,6 +191,14 @@ def build(data: Path) -> dict[str, dict[str, Any]]:
             16,
             measured,
         )
+    capped = dict(out["olmoe-l4-github"])
+    capped["name"] = "olmoe-l4-github-capped"
+    capped["description"] = (
+        "OLMoE-1B-7B on an L4 with 6 GB left to it, GitHub routing; least time per token "
+        "under a 100 W server power cap (benchmarks/make_moe_edge.py)"
+    )
+    capped["objective"] = {"kind": "latency", "power_cap_w": 100.0}
+    out["olmoe-l4-github-capped"] = capped
     return out
 
 

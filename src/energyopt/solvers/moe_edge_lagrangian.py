@@ -20,9 +20,12 @@ experts and swaps pairs while the objective falls and the plan stays feasible.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
+import highspy
 import numpy as np
 
+from energyopt.backends.highs import quiet_highs
 from energyopt.formulations.moe_edge.figures import Figures, figures
 from energyopt.formulations.moe_edge.milp import (
     FORMULATION_NAME,
@@ -33,6 +36,7 @@ from energyopt.formulations.moe_edge.milp import (
     pair_saving,
     secant,
     v_max,
+    whole_gb,
 )
 from energyopt.formulations.moe_edge.model import (
     Config,
@@ -49,6 +53,9 @@ from energyopt.spec.moe_edge import MoeEdgePlan
 
 ITERATIONS = 150
 BISECTION_STEPS = 14
+DOUBLINGS = 40
+KELLEY_ITERATIONS = 80
+BOX = 100.0
 
 
 def _rows(p: MoeEdgeProblem, c: ConfigCosts) -> tuple[list[FloatArray], FloatArray, list[str]]:
@@ -63,13 +70,13 @@ def _rows(p: MoeEdgeProblem, c: ConfigCosts) -> tuple[list[FloatArray], FloatArr
         a = np.zeros((p.n_items, p.n_options))
         a[:, g] = w
         coefs.append(a)
-        rhs.append(float(c.gpu_free_gb[g]))
+        rhs.append(whole_gb(float(c.gpu_free_gb[g]), w))
         names.append(f"gpu{g}")
     a = np.zeros((p.n_items, p.n_options))
     a[:, p.fetch] = w
     a[:, p.cpu] = w
     coefs.append(a)
-    rhs.append(p.host_gb_free)
+    rhs.append(whole_gb(p.host_gb_free, w))
     names.append("host")
     form = secant(v_max(c))
     saved = float(c.pair_save_ms.sum())
@@ -89,35 +96,110 @@ def _rows(p: MoeEdgeProblem, c: ConfigCosts) -> tuple[list[FloatArray], FloatArr
     return coefs, np.asarray(rhs, dtype=np.float64), names
 
 
-def lagrangian_bound(
-    p: MoeEdgeProblem, c: ConfigCosts, target: float, iterations: int = ITERATIONS
-) -> tuple[float, FloatArray]:
-    """(best L(y), its prices) for configuration ``c``; ``target`` is a value at or above
-    the optimum (a plan's objective) for the Polyak step."""
+@dataclass(frozen=True)
+class _Dual:
+    """L(y) of one configuration over unit-scaled rows."""
+
+    obj: FloatArray
+    stack: FloatArray
+    b: FloatArray
+    const: float
+    size: FloatArray
+
+    def __call__(self, y: FloatArray) -> tuple[float, FloatArray]:
+        """(L(y), a subgradient)."""
+        priced = self.obj + np.tensordot(y, self.stack, axes=1)
+        pick = np.argmin(priced, axis=1)
+        idx = np.arange(len(pick))
+        value = float(priced[idx, pick].sum()) - float(y @ self.b) + self.const
+        return value, self.stack[:, idx, pick].sum(axis=1) - self.b
+
+
+def _dual(p: MoeEdgeProblem, c: ConfigCosts) -> _Dual:
     ok = allowed(p, c)
-    obj = np.where(ok, item_objective(p, c), np.inf)
-    const = constant_objective(p, c) - float(pair_saving(p, c).sum())
     coefs, rhs, _ = _rows(p, c)
-    stack = np.stack([np.where(ok, a, 0.0) for a in coefs])  # (R, I, O)
-    y = np.zeros(len(rhs))
+    raw = np.stack([np.where(ok, a, 0.0) for a in coefs])  # (R, I, O)
+    size = np.maximum(np.abs(raw).reshape(len(rhs), -1).max(axis=1), np.abs(rhs))
+    size = np.where(size > 0, size, 1.0)
+    return _Dual(
+        obj=np.where(ok, item_objective(p, c), np.inf),
+        stack=raw / size[:, None, None],
+        b=rhs / size,
+        const=constant_objective(p, c) - float(pair_saving(p, c).sum()),
+        size=size,
+    )
+
+
+def lagrangian_bound(
+    p: MoeEdgeProblem,
+    c: ConfigCosts,
+    target: float,
+    iterations: int = ITERATIONS,
+) -> tuple[float, FloatArray]:
+    """(best L(y), its prices) for configuration ``c`` by projected subgradient;
+    ``target`` is a value at or above the optimum for the Polyak step. Rows are
+    scaled to unit size for the steps; the prices returned are unscaled."""
+    dual = _dual(p, c)
+    y = np.zeros(len(dual.b))
     ctrl = PolyakControl(patience=8)
     best, best_y = -np.inf, y.copy()
     scale = max(abs(target), 1e-9)
-    idx = np.arange(p.n_items)
     for _ in range(iterations):
-        priced = obj + np.tensordot(y, stack, axes=1)
-        pick = np.argmin(priced, axis=1)
-        value = float(priced[idx, pick].sum()) - float(y @ rhs) + const
+        value, g = dual(y)
         if not np.isfinite(value):
-            return np.inf, y
+            return np.inf, y / dual.size
         if ctrl.observe(value):
             best, best_y = value, y.copy()
-        g = stack[:, idx, pick].sum(axis=1) - rhs
         aim = max(target, best + 1e-3 * scale)
         y, norm2 = projected_step(y, g, value, aim, ctrl.theta, min_gap=1e-4 * scale)
         if norm2 <= 1e-18:
             break
-    return best, best_y
+    return best, best_y / dual.size
+
+
+def kelley_bound(
+    p: MoeEdgeProblem,
+    c: ConfigCosts,
+    start: FloatArray,
+    upper: float,
+    rel_gap: float,
+    iterations: int = KELLEY_ITERATIONS,
+) -> float:
+    """max L(y) by Kelley's cutting planes from the (unscaled) prices ``start``: each
+    evaluation adds the cut theta <= L(y_k) + g_k (y - y_k); the prices stay in a box
+    of ``BOX`` times ``upper`` (a plan's objective) per unit-scaled row. Every L(y_k)
+    is a valid bound; the best is returned."""
+    dual = _dual(p, c)
+    n = len(dual.b)
+    box = BOX * max(abs(upper), 1e-9)
+    y = np.minimum(np.asarray(start * dual.size, dtype=np.float64), box)
+    best = -np.inf
+    h = quiet_highs()
+    inf = highspy.kHighsInf
+    # columns: y_1..y_n, theta; maximise theta
+    h.addVars(n + 1, np.r_[np.zeros(n), -inf], np.r_[np.full(n, box), inf])
+    h.changeColsCost(n + 1, np.arange(n + 1, dtype=np.int32), np.r_[np.zeros(n), -1.0])
+    for _ in range(iterations):
+        value, g = dual(y)
+        if not np.isfinite(value):
+            return np.inf
+        best = max(best, value)
+        # theta - g.y <= value - g.y_k
+        h.addRow(
+            -inf,
+            value - float(g @ y),
+            n + 1,
+            np.arange(n + 1, dtype=np.int32),
+            np.r_[-g, 1.0],
+        )
+        h.run()
+        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            break
+        sol = np.asarray(h.getSolution().col_value)
+        y, ceiling = sol[:n], float(sol[n])
+        if ceiling - best <= rel_gap * max(abs(best), 1e-9):
+            break
+    return best
 
 
 SIDE_ROWS = ("slo", "ttft", "power")
@@ -166,7 +248,8 @@ def repair(p: MoeEdgeProblem, c: ConfigCosts, prices: FloatArray) -> IntArray | 
     scale = max(float(np.abs(item_objective(p, c)[np.isfinite(c.time_ms)]).max()), 1e-12)
     floor = np.array([1e-3 * scale if n in SIDE_ROWS else 0.0 for n in names])
     found: IntArray | None = None
-    for _ in range(40):
+    closest: tuple[float, IntArray] | None = None
+    for _ in range(DOUBLINGS):
         trial = _plan_at(p, c, side)
         if trial is None:
             return None
@@ -174,12 +257,19 @@ def repair(p: MoeEdgeProblem, c: ConfigCosts, prices: FloatArray) -> IntArray | 
         if f.feasible:
             found = trial
             break
+        excess = _excess(p, f)
+        if closest is None or excess < closest[0]:
+            closest = (excess, trial)
         broken = np.array(_violated(p, f, names))
         if not broken.any():
             return None  # memory: the transportation plan always fits, so nothing to price
         side = np.where(broken, np.maximum(2.0 * side, floor), side)
     if found is None:
-        return None
+        # priced plans flip between extremes (experts of one kind share their costs'
+        # proportions): walk from the closest one by the cheapest repairing moves
+        assert closest is not None
+        walked = greedy_feasible(p, c, closest[1])
+        return None if walked is None else improve(p, c, walked)
     for k, name in enumerate(names):
         if name not in SIDE_ROWS or side[k] == 0.0:
             continue
@@ -195,6 +285,59 @@ def repair(p: MoeEdgeProblem, c: ConfigCosts, prices: FloatArray) -> IntArray | 
                 lo = mid
         side[k] = hi
     return improve(p, c, found)
+
+
+def _excess(p: MoeEdgeProblem, f: Figures) -> float:
+    """Sum of the relative amounts by which the plan breaks the TBT, TTFT and power rows."""
+    spec = p.spec
+    out = max(0.0, f.tbt_at_percentile_ms / spec.slo.tbt_ms - 1.0)
+    if spec.slo.ttft_ms is not None:
+        out += max(0.0, f.ttft_ms / spec.slo.ttft_ms - 1.0)
+    cap = spec.objective.power_cap_w
+    if spec.objective.kind == "latency" and cap is not None:
+        out += max(0.0, f.power_w / cap - 1.0)
+    return out
+
+
+def greedy_feasible(p: MoeEdgeProblem, c: ConfigCosts, start: IntArray) -> IntArray | None:
+    """Move one expert at a time, each time the move with the largest fall of the
+    (linearised) relative excess per unit of objective it adds, until the plan is
+    feasible; None when no move lowers the excess."""
+    spec = p.spec
+    ok = allowed(p, c)
+    obj = np.where(ok, item_objective(p, c), np.inf)
+    choice = start.copy()
+    idx = np.arange(p.n_items)
+    w = p.expert_gb
+    cap = spec.objective.power_cap_w if spec.objective.kind == "latency" else None
+    for _ in range(4 * p.n_items):
+        f = figures(p, c, choice)
+        if f.feasible:
+            return choice
+        sd = float(np.sqrt(max(f.var_ms2, 1e-18)))
+        d_time = c.time_ms - c.time_ms[idx, choice][:, None]
+        d_var = c.var_ms2 - c.var_ms2[idx, choice][:, None]
+        fall = np.zeros_like(obj)
+        if f.tbt_at_percentile_ms > spec.slo.tbt_ms:
+            fall -= (d_time + p.kappa * d_var / (2.0 * sd)) / spec.slo.tbt_ms
+        if spec.slo.ttft_ms is not None and f.ttft_ms > spec.slo.ttft_ms:
+            fall -= (c.prefill_ms - c.prefill_ms[idx, choice][:, None]) / spec.slo.ttft_ms
+        if cap is not None and f.power_w > cap:
+            d_energy = c.energy_j - c.energy_j[idx, choice][:, None]
+            fall -= (d_energy - cap * d_time / 1e3) / (cap * f.mean_ms / 1e3)
+        room = np.array([f.gpu_gb[g] + w <= c.gpu_free_gb[g] + 1e-9 for g in range(p.n_gpus)])
+        movable = ok.copy()
+        movable[:, : p.n_gpus] &= room[None, :]
+        movable[idx, choice] = False
+        added = obj - obj[idx, choice][:, None]
+        score = np.where(movable & (fall > 1e-15), fall / np.maximum(added, 1e-12), -np.inf)
+        score = np.where(movable & (fall > 1e-15) & (added <= 0), np.inf, score)
+        best = int(np.argmax(score))
+        if not np.isfinite(score.flat[best]) and score.flat[best] < 0:
+            return None
+        i, o = divmod(best, p.n_options)
+        choice[i] = o
+    return None
 
 
 def improve(p: MoeEdgeProblem, c: ConfigCosts, choice: IntArray, passes: int = 3) -> IntArray:
@@ -258,14 +401,16 @@ def solve_lagrangian(
             continue
         target = best[0] if best is not None else abs(_rough(p, c)) * 1.5
         bound, prices = lagrangian_bound(p, c, target)
+        if best is None or bound < best[0]:
+            choice = repair(p, c, prices)
+            if choice is not None:
+                f: Figures = figures(p, c, choice)
+                if f.feasible and (best is None or f.objective < best[0]):
+                    best = (f.objective, config, choice)
+            if best is not None and bound < best[0] * (1 - rel_gap):
+                # again from these prices, now aiming at the best plan's objective
+                bound = max(bound, kelley_bound(p, c, prices, best[0], rel_gap))
         bounds.append(bound)
-        if best is not None and bound >= best[0]:
-            continue
-        choice = repair(p, c, prices)
-        if choice is not None:
-            f: Figures = figures(p, c, choice)
-            if f.feasible and (best is None or f.objective < best[0]):
-                best = (f.objective, config, choice)
         progress(
             f"lagrangian: config {n + 1}/{len(configs)}: bound {bound:.6g}"
             + ("" if best is None else f", best {best[0]:.6g}")

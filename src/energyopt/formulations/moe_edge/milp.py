@@ -93,7 +93,7 @@ def pair_saving(p: MoeEdgeProblem, c: ConfigCosts) -> FloatArray:
     return np.asarray(c.pair_save_ms)
 
 
-def _whole(capacity_gb: float, expert_gb: float) -> float:
+def whole_gb(capacity_gb: float, expert_gb: float) -> float:
     """Memory of the most whole experts that fit ``capacity_gb`` (every expert has one
     size, so this changes no 0/1 solution and makes the memory-only LP's vertices integral)."""
     return (
@@ -195,14 +195,14 @@ def build_milp(
         cols.append(xcol[on])
         vals.append(np.full(int(on.sum()), w))
         lo.append(-np.inf)
-        hi.append(_whole(float(c.gpu_free_gb[g]), w))
+        hi.append(whole_gb(float(c.gpu_free_gb[g]), w))
         r += 1
     host = (opt == p.fetch) | (opt == p.cpu)
     rows.append(np.full(int(host.sum()), r))
     cols.append(xcol[host])
     vals.append(np.full(int(host.sum()), w))
     lo.append(-np.inf)
-    hi.append(_whole(p.host_gb_free, w))
+    hi.append(whole_gb(p.host_gb_free, w))
     r += 1
     pair_cols: list[tuple[int, int, int]] = []
     if side_rows:
