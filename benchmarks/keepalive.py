@@ -7,11 +7,20 @@ function, with the function parameters of instances/keepalive/azure-llm-2nodes.y
 Shahrad et al.'s hybrid histogram, always warm, always cold, and the tepid-aware
 table (warm, then tepid, then cold at thresholds compiled from the function's
 idle-time histogram for least expected energy, p99 start within 15 s, at most 5%
-cold). Prints energy, cold-start rate, p99 start latency, GPU memory-time and the
-ratios to fixed keep-alive, for the streams as they are and thinned to every 20th
-request (a derived load with the longer idle times of typical serverless
-functions). No public serverless (Azure Functions) invocation trace is in
-../shared/data, so only the LLM trace is replayed.
+cold and no more cold starts than fixed 10-minute keep-alive on the same
+histogram). Every policy learns only from the idle times before each request (no
+look-ahead); the table's constants are set here, not fitted to the trace.
+
+Each load is replayed twice: every function alone with no memory limit, and on
+the bundled instance's two nodes (80 GB GPU, 512 GB host memory each, two
+functions per node in ``PLACEMENT``) sharing the node's memory. Prints energy,
+cold-start rate, p99 start latency, throughput (requests starting within the 15 s
+SLO per second), GPU memory-time, evictions and waits for memory, with ratios to
+fixed keep-alive, a clairvoyant yardstick, and the issue's targets met or not. The
+streams are replayed as they are and thinned to every 20th request (a derived
+load with the longer idle times of typical serverless functions). No public
+serverless (Azure Functions) invocation trace is in ../shared/data, so only the
+LLM trace is replayed.
 
 Run: python benchmarks/keepalive.py [DATA_DIR]
 """
@@ -191,15 +200,21 @@ def verdicts(totals: dict[str, dict[str, float]], memory: bool) -> list[str]:
     ok = saved >= ENERGY_TARGET and rate(tepid) <= rate(fixed_t) + 1e-12
     out = [
         f"  >= {100 * ENERGY_TARGET:.0f}% less energy than fixed-10min at an equal or lower "
-        f"cold-start rate: {'met' if ok else 'not met'} ({100 * saved:.1f}% less, "
+        f"cold-start rate: {'met' if ok else 'not met'} "
+        f"({100 * abs(saved):.1f}% {'less' if saved >= 0 else 'more'} energy, "
         f"cold {100 * rate(tepid):.2f}% vs {100 * rate(fixed_t):.2f}%)"
     ]
-    if memory:
-        ok = rate(tepid) < rate(hybrid)
-        out.append(
-            f"  lower cold-start rate than hybrid-histogram at equal memory (same node budget): "
-            f"{'met' if ok else 'not met'} ({100 * rate(tepid):.2f}% vs {100 * rate(hybrid):.2f}%)"
-        )
+    ok = rate(tepid) < rate(hybrid)
+    where = (
+        "at equal memory (same node budget)"
+        if memory
+        else f"with no memory limit (GPU memory-time {tepid['gb_s'] / 3600:.1f} vs "
+        f"{hybrid['gb_s'] / 3600:.1f} GB h)"
+    )
+    out.append(
+        f"  lower cold-start rate than hybrid-histogram {where}: "
+        f"{'met' if ok else 'not met'} ({100 * rate(tepid):.2f}% vs {100 * rate(hybrid):.2f}%)"
+    )
     return out
 
 
