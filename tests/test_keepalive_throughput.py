@@ -45,8 +45,10 @@ def _brute_force(spec: KeepAliveFile) -> tuple[float, float] | None:
         if ev.violations:
             continue
         key = (ev.throughput_rps, ev.energy_j)
-        if best is None or key[0] > best[0] + 1e-12 or (
-            abs(key[0] - best[0]) <= 1e-12 and key[1] < best[1]
+        if (
+            best is None
+            or key[0] > best[0] + 1e-12
+            or (abs(key[0] - best[0]) <= 1e-12 and key[1] < best[1])
         ):
             best = key
     return best
