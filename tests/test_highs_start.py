@@ -9,6 +9,7 @@ import pytest
 
 from energyopt.formulations.serving import pattern as pat
 from energyopt.perf.oppoints import build_op_table
+from energyopt.solvers.colgen import generate_columns
 from energyopt.solvers.highs_direct import solve_master_mip, values_objective
 from tests.serving_helpers import A100, tiny_instance
 
@@ -23,7 +24,7 @@ def test_start_at_the_wrong_clock_returns_values_of_the_reported_objective(rate:
     table = build_op_table(problem)
     assert table.on_power[(A100, 630)] < table.on_power[(A100, 1410)]
     prog = pat.prepare(problem, table)
-    pat.generate_columns(prog)
+    generate_columns(prog)
     mp = pat.integer_model(prog, pyomo=False).master
     free, _ = solve_master_mip(mp, time_limit_s=30, rel_gap=1e-9)
     assert free.objective is not None
@@ -59,7 +60,7 @@ def test_a_backend_that_returns_the_start_with_its_own_objective_is_solved_again
         clocks={A100: [630, 1410]},
     )
     prog = pat.prepare(problem, build_op_table(problem))
-    pat.generate_columns(prog)
+    generate_columns(prog)
     mp = pat.integer_model(prog, pyomo=False).master
     free, _ = solve_master_mip(mp, time_limit_s=30, rel_gap=1e-9)
     low = [mp.z_var[j] for j, col in enumerate(prog.columns) if col.clock_mhz == 630]

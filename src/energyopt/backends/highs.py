@@ -1,4 +1,5 @@
-"""The process's HiGHS: silent instances and the thread-pool rule.
+"""The process's HiGHS: silent instances, the thread-pool rule, and the runs the
+solvers share (an LP kept warm while it grows, a MIP solved to its bound).
 
 HiGHS prints a banner to fd 1 on its first instance in a process, and fixes its
 thread pool at its first run (changing ``threads`` afterwards breaks every solve).
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import highspy
@@ -80,3 +82,101 @@ def binary_lp(
     lp.a_matrix_.value_ = matrix.data.astype(np.float64)
     lp.integrality_ = [highspy.HighsVarType.kInteger] * n
     return lp
+
+
+@dataclass(frozen=True)
+class LpValues:
+    """One LP run: HiGHS' model status, and when it is optimal the column values,
+    the row duals (HiGHS convention d = c - A'y) and the objective (offset included)."""
+
+    optimal: bool
+    status: str
+    col_value: NDArray[np.float64]
+    row_dual: NDArray[np.float64]
+    objective: float
+
+
+class WarmLp:
+    """An LP held in one HiGHS instance while columns, rows and bounds change, so that
+    each re-solve starts from the previous optimal basis."""
+
+    def __init__(self, lp: highspy.HighsLp) -> None:
+        self._h = quiet_highs()
+        self._h.passModel(lp)
+
+    def add_col(
+        self,
+        cost: float,
+        lo: float,
+        hi: float,
+        rows: NDArray[np.int32],
+        coefs: NDArray[np.float64],
+    ) -> None:
+        """Append a column with entries ``coefs`` in ``rows`` (infinite bounds allowed)."""
+        self._h.addCol(cost, _finite_or_inf(lo), _finite_or_inf(hi), len(rows), rows, coefs)
+
+    def add_row(
+        self,
+        lo: float,
+        hi: float,
+        cols: NDArray[np.int32],
+        coefs: NDArray[np.float64],
+    ) -> None:
+        """Append a row lo <= coefs . x[cols] <= hi (infinite sides allowed)."""
+        self._h.addRow(_finite_or_inf(lo), _finite_or_inf(hi), len(cols), cols, coefs)
+
+    def change_col_bounds(self, col: int, lo: float, hi: float) -> None:
+        """New bounds of column ``col``; they stay until changed again."""
+        self._h.changeColBounds(col, lo, hi)
+
+    def solve(self) -> LpValues:
+        """Run HiGHS (warm) and read the solution when it is optimal."""
+        h = self._h
+        h.run()
+        status = h.getModelStatus()
+        words = h.modelStatusToString(status)
+        if status != highspy.HighsModelStatus.kOptimal:
+            empty = np.zeros(0)
+            return LpValues(False, words, empty, empty, float("nan"))
+        sol = h.getSolution()
+        return LpValues(
+            True,
+            words,
+            np.asarray(sol.col_value),
+            np.asarray(sol.row_dual),
+            float(h.getInfo().objective_function_value),
+        )
+
+
+def _finite_or_inf(value: float) -> float:
+    """``value`` with numpy's infinities as HiGHS' own."""
+    if value == np.inf:
+        return float(highspy.kHighsInf)
+    if value == -np.inf:
+        return -float(highspy.kHighsInf)
+    return value
+
+
+@dataclass(frozen=True)
+class MipRun:
+    """One MIP run: whether HiGHS proved optimality (within its gap), the incumbent's
+    objective (nan without one) and HiGHS' dual bound (-inf without one)."""
+
+    optimal: bool
+    objective: float
+    dual_bound: float
+
+
+def solve_mip(lp: highspy.HighsLp, *, time_limit_s: float, rel_gap: float) -> MipRun:
+    """Run HiGHS on a mixed-integer model until optimal (relative gap ``rel_gap``) or
+    ``time_limit_s`` seconds."""
+    h = quiet_highs()
+    h.setOptionValue("time_limit", time_limit_s)
+    h.setOptionValue("mip_rel_gap", rel_gap)
+    h.passModel(lp)
+    h.run()
+    info = h.getInfo()
+    optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    has_plan = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    objective = float(info.objective_function_value) if has_plan else float("nan")
+    return MipRun(optimal, objective, float(info.mip_dual_bound))

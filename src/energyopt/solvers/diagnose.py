@@ -141,6 +141,7 @@ def _feasible_without_budgets(problem: Problem) -> bool:
     from energyopt.formulations.errors import BackendFailure, FormulationNotApplicable
     from energyopt.formulations.serving import pattern as pat
     from energyopt.perf.oppoints import build_op_table
+    from energyopt.solvers.colgen import generate_columns
 
     inst = problem.instance
     nodes = tuple(n.model_copy(update={"power_budget_w": None}) for n in inst.cluster.nodes)
@@ -153,7 +154,7 @@ def _feasible_without_budgets(problem: Problem) -> bool:
     table = build_op_table(relaxed)
     try:
         prog = pat.prepare(relaxed, table)
-        pat.generate_columns(prog)
+        generate_columns(prog)
     except (FormulationNotApplicable, BackendFailure):
         return False
     return prog.lp is not None and prog.lp.artificial_rps <= 1e-6

@@ -24,12 +24,12 @@ from energyopt.catalog.problem import Problem
 from energyopt.formulations.serving.classes import gpu_classes
 from energyopt.formulations.serving.columns import Duals
 from energyopt.formulations.serving.costs import objective_costs
-from energyopt.formulations.serving.unit_bound import best_unit_bound
 from energyopt.perf.oppoints import OpTable
 from energyopt.progress import Progress
 from energyopt.solvers.presets import SolverPreset, load_preset
 from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, Result, status_at
 from energyopt.solvers.result import relative_gap as rel_gap_of
+from energyopt.solvers.unit_bound import best_unit_bound
 from energyopt.spec.cluster import Node
 from energyopt.spec.plan import Plan
 from energyopt.spec.workload import Workload

@@ -14,15 +14,16 @@ from energyopt.catalog.problem import Problem
 from energyopt.formulations.errors import BackendFailure, FormulationNotApplicable
 from energyopt.formulations.serving import pattern as pat
 from energyopt.formulations.serving.assemble import assemble_plan
-from energyopt.formulations.serving.master import LpSession, lp_dive
 from energyopt.formulations.serving.per_gpu import build_per_gpu
-from energyopt.formulations.serving.unit_bound import best_unit_bound
 from energyopt.perf.oppoints import OpTable, build_op_table
 from energyopt.progress import Progress
+from energyopt.solvers.colgen import generate_columns
 from energyopt.solvers.cpsat_backend import solve_cpsat
 from energyopt.solvers.diagnose import diagnose_infeasible, unservable_units
 from energyopt.solvers.highs_backend import MilpOutcome, solve_milp
 from energyopt.solvers.highs_direct import solve_master_mip
+from energyopt.solvers.lp_dive import lp_dive
+from energyopt.solvers.master_lp import LpSession
 from energyopt.solvers.presets import SolverPreset
 from energyopt.solvers.result import (
     FEASIBLE,
@@ -35,6 +36,7 @@ from energyopt.solvers.result import (
     settle,
     status_at,
 )
+from energyopt.solvers.unit_bound import best_unit_bound
 from energyopt.spec.plan import Plan
 from energyopt.verify.serving import evaluate_plan
 
@@ -319,7 +321,7 @@ def solve_configurations(
     generated columns, with the LP / unit bound as the certificate."""
     t0 = time.perf_counter()
     prog = pat.prepare(problem, table, note)
-    pat.generate_columns(prog, note, deadline=t0 + 0.5 * (deadline - t0))
+    generate_columns(prog, note, deadline=t0 + 0.5 * (deadline - t0))
     assert prog.lp is not None
     if prog.lp.artificial_rps > 1e-6:
         note(f"LP relaxation cannot serve {prog.lp.artificial_rps:.3g} req/s: infeasible")

@@ -18,7 +18,7 @@ priced cost per request/s:
 a valid lower bound for any non-negative prices. Prices follow the projected
 subgradient with Polyak's step theta (UB - L) / |g|^2 (theta halves after
 STALL_ITERATIONS iterations without a better L). At the best prices the
-integral per-unit cover bound (``unit_bound.grid_cover_bound``) is evaluated
+integral per-unit cover bound (``solvers.unit_bound.grid_cover_bound``) is evaluated
 too. Primal repair: the choices of the last iterations are packed first-fit
 (by share and memory, one placement per unit per GPU) into GPU configurations,
 which with the single-placement columns at the top clock form a small integer
@@ -48,14 +48,15 @@ from energyopt.formulations.serving.knapsack import (
     item_values,
     repair_and_fill,
 )
-from energyopt.formulations.serving.unit_bound import best_unit_bound
 from energyopt.perf.oppoints import OpTable
 from energyopt.progress import Progress
+from energyopt.solvers.colgen import COLUMNS_PER_ROUND
 from energyopt.solvers.highs_direct import solve_master_mip
 from energyopt.solvers.presets import SolverPreset
 from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, Result, status_at
 from energyopt.solvers.result import relative_gap as rel_gap_of
 from energyopt.solvers.subgradient import PolyakControl, projected_step
+from energyopt.solvers.unit_bound import best_unit_bound
 from energyopt.spec.plan import Plan
 
 STALL_ITERATIONS = 5
@@ -353,7 +354,7 @@ def _priced_columns(prog: pat.PatternProgram, run: PriceRun) -> list[Any]:
             values = item_values(cls, ks, table, prog.costs, duals)
             order = np.argsort(-values, kind="stable")
             left = values.copy()
-            for _ in range(pat.COLUMNS_PER_ROUND):
+            for _ in range(COLUMNS_PER_ROUND):
                 _, chosen = greedy_configuration(ks, left)
                 if not chosen:
                     break

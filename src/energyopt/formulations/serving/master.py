@@ -1,20 +1,20 @@
 """The master program over columns: as a sparse LP for HiGHS (column generation)
-and as a Pyomo MILP (the integer solve over the selected columns).
+and as a Pyomo MILP (the integer solve over the selected columns), and the
+reading of an LP solution as prices. The algorithms that solve it are in
+``solvers/`` (``master_lp``, ``colgen``, ``lp_dive``).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import highspy
 import numpy as np
 import pyomo.environ as pyo
+from numpy.typing import NDArray
 
-from energyopt.backends.highs import quiet_highs
 from energyopt.catalog.problem import Problem
-from energyopt.formulations.errors import BackendFailure
 from energyopt.formulations.serving.classes import GpuClass
 from energyopt.formulations.serving.columns import Column, Duals
 from energyopt.formulations.serving.costs import Costs
@@ -187,13 +187,17 @@ def to_highs_lp(mp: Master, *, integer: bool) -> highspy.HighsLp:
     return lp
 
 
-def _run_lp(h: highspy.Highs, mp: Master, n_classes: int) -> LpSolution:
-    h.run()
-    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        raise BackendFailure(f"master LP: {h.modelStatusToString(h.getModelStatus())}")
-    sol = h.getSolution()
-    x = np.asarray(sol.col_value)
-    y = np.asarray(sol.row_dual)
+def read_lp_solution(
+    mp: Master,
+    x: NDArray[np.float64],
+    row_dual: NDArray[np.float64],
+    objective: float,
+    n_classes: int,
+) -> LpSolution:
+    """The master's reading of an optimal LP: its values ``x``, row duals ``row_dual``
+    (HiGHS convention d = c - A'y) and the solver's ``objective`` (without the
+    master's constant), as prices per demand, count and class power row."""
+    y = row_dual
     power = np.zeros(n_classes)
     for c, rows in enumerate(mp.class_power_rows):
         power[c] = float(sum(y[r] for r in rows))
@@ -203,9 +207,8 @@ def _run_lp(h: highspy.Highs, mp: Master, n_classes: int) -> LpSolution:
         power=power,
     )
     artificial = float(x[mp.artificial].sum()) if mp.artificial else 0.0
-    objective = float(h.getInfo().objective_function_value) + mp.constant
     return LpSolution(
-        objective,
+        objective + mp.constant,
         x,
         duals,
         artificial,
@@ -214,64 +217,29 @@ def _run_lp(h: highspy.Highs, mp: Master, n_classes: int) -> LpSolution:
     )
 
 
-class LpSession:
-    """The master LP kept in one HiGHS instance while columns are added, so that each
-    re-solve starts from the previous optimal basis."""
+@dataclass(frozen=True)
+class Appended:
+    """What a master gained since an earlier size: per new variable its entries in
+    the rows that existed then, per new row its entries (row and variable indices
+    are the master's)."""
 
-    def __init__(
-        self,
-        problem: Problem,
-        table: OpTable,
-        costs: Costs,
-        classes: list[GpuClass],
-        columns: list[Column],
-    ) -> None:
-        self.table = table
-        self.costs = costs
-        self.classes = classes
-        self.mp = build_master(problem, table, costs, classes, columns, artificials=True)
-        self.h = quiet_highs()
-        self.h.passModel(to_highs_lp(self.mp, integer=False))
+    first_var: int
+    first_row: int
+    by_var: dict[int, list[tuple[int, float]]]
+    by_row: dict[int, list[tuple[int, float]]]
 
-    def add(self, columns: list[Column]) -> None:
-        """Append columns to the master and to the LP held by HiGHS."""
-        mp = self.mp
-        n_var, n_row, n_ent = len(mp.cost), len(mp.row_lo), len(mp.entries)
-        for col in columns:
-            add_column(mp, self.table, self.costs, self.classes, col)
-        if len(mp.cost) == n_var:
-            return
-        by_var: dict[int, list[tuple[int, float]]] = {}
-        by_row: dict[int, list[tuple[int, float]]] = {}
-        for r, v, coef in mp.entries[n_ent:]:
-            if r < n_row:
-                by_var.setdefault(v, []).append((r, coef))
-            else:
-                by_row.setdefault(r, []).append((v, coef))
-        inf = highspy.kHighsInf
-        for v in range(n_var, len(mp.cost)):
-            terms = by_var.get(v, [])
-            self.h.addCol(
-                mp.cost[v],
-                mp.lo[v],
-                inf if mp.hi[v] == np.inf else mp.hi[v],
-                len(terms),
-                np.asarray([t[0] for t in terms], dtype=np.int32),
-                np.asarray([t[1] for t in terms], dtype=np.float64),
-            )
-        for r in range(n_row, len(mp.row_lo)):
-            terms = by_row.get(r, [])
-            self.h.addRow(
-                -inf if mp.row_lo[r] == -np.inf else mp.row_lo[r],
-                inf if mp.row_hi[r] == np.inf else mp.row_hi[r],
-                len(terms),
-                np.asarray([t[0] for t in terms], dtype=np.int32),
-                np.asarray([t[1] for t in terms], dtype=np.float64),
-            )
 
-    def solve(self) -> LpSolution:
-        """Re-solve (warm) and read values and prices."""
-        return _run_lp(self.h, self.mp, len(self.classes))
+def appended_since(mp: Master, n_var: int, n_row: int, n_ent: int) -> Appended:
+    """The entries added to ``mp`` after it had ``n_var`` variables, ``n_row`` rows and
+    ``n_ent`` entries, split into column-wise and row-wise parts."""
+    by_var: dict[int, list[tuple[int, float]]] = {}
+    by_row: dict[int, list[tuple[int, float]]] = {}
+    for r, v, coef in mp.entries[n_ent:]:
+        if r < n_row:
+            by_var.setdefault(v, []).append((r, coef))
+        else:
+            by_row.setdefault(r, []).append((v, coef))
+    return Appended(n_var, n_row, by_var, by_row)
 
 
 def pyomo_model(mp: Master, name: str) -> Any:
@@ -301,41 +269,3 @@ def pyomo_model(mp: Master, name: str) -> Any:
             m.rows.add(pyo.inequality(lo, expr, hi))
     m.obj = pyo.Objective(expr=sum(mp.cost[i] * m.v[i] for i in range(n)) + mp.constant)
     return m
-
-
-def lp_dive(session: LpSession, deadline: float, batch_fraction: float = 0.9) -> bool:
-    """Round the session's LP to integral counts by diving; True when it ends with
-    integral counts and no unserved rate.
-
-    Counts at or above one keep at least their integer part; then, repeatedly, the
-    counts with the largest fractional part are rounded up (all with a fraction of
-    at least ``batch_fraction`` at once, else the single largest; if that breaks a
-    limit the count is fixed at its floor instead) and the LP is solved again from
-    its basis, re-routing demand over the counts fixed so far. (Rounding the
-    smallest fractions down first was tried and gives worse plans here: demand
-    pushed off a column lands on partly used ones.) Bounds stay changed in the
-    session.
-    """
-    mp, h = session.mp, session.h
-    z_idx = np.asarray(mp.z_var, dtype=np.int32)
-    lp = session.solve()
-    z = lp.x[z_idx]
-    for j in np.flatnonzero(z >= 1.0 - 1e-9):
-        h.changeColBounds(int(z_idx[j]), float(np.floor(z[j] + 1e-9)), float(mp.hi[z_idx[j]]))
-    while time.perf_counter() < deadline:
-        lp = session.solve()
-        z = lp.x[z_idx]
-        frac = z - np.floor(z + 1e-9)
-        open_ = np.flatnonzero(frac > 1e-6)
-        if open_.size == 0:
-            return lp.artificial_rps <= 1e-6
-        high = open_[frac[open_] >= batch_fraction]
-        pick = high if high.size else open_[[int(np.argmax(frac[open_]))]]
-        for j in pick:
-            h.changeColBounds(int(z_idx[j]), float(np.ceil(z[j])), float(mp.hi[z_idx[j]]))
-        try:
-            session.solve()
-        except BackendFailure:
-            for j in pick:
-                h.changeColBounds(int(z_idx[j]), float(np.floor(z[j])), float(np.floor(z[j])))
-    return False

@@ -1,14 +1,15 @@
 """Configuration (pattern) formulation: identical GPUs counted, not named.
 
-Column generation over maximal configurations gives the LP bound; an integer
-solve over the generated columns gives a plan; reduced-cost filtering then adds
-every configuration that could still improve on that plan, so the final integer
-solve is exact (see docs/formulations/serving.md).
+The program (classes, configurations listed or priced by knapsack, columns, the
+master) and what is read from it: reduced costs, the columns within a slack,
+the plan of an integer master. Column generation over it gives the LP bound, an
+integer solve over the generated columns a plan, and reduced-cost filtering
+makes the final integer solve exact; those algorithms are in ``solvers/``
+(``colgen``, ``lp_dive``, ``serving``; see docs/formulations/serving.md).
 """
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,16 +39,11 @@ from energyopt.formulations.serving.columns import (
 from energyopt.formulations.serving.configs import ConfigSet, enumerate_configs
 from energyopt.formulations.serving.costs import Costs, objective_costs
 from energyopt.formulations.serving.knapsack import (
-    COARSE_STEP_GB,
     KnapsackItems,
-    best_configuration,
-    greedy_configuration,
     item_values,
     knapsack_items,
-    repair_and_fill,
 )
 from energyopt.formulations.serving.master import (
-    LpSession,
     LpSolution,
     Master,
     build_master,
@@ -55,17 +51,12 @@ from energyopt.formulations.serving.master import (
 )
 from energyopt.perf.oppoints import OpTable
 
-RC_TOL = 1e-6
-COLUMNS_PER_ROUND = 8
-MAX_ROUNDS = 500
 ENUMERATION_MAX_UNITS = 24
 """``auto`` pricing enumerates configurations of a (type, clock) only up to this many
 units with single-GPU ops there; above it, configurations are priced by knapsack."""
 
 Pricing = Literal["auto", "enumerate", "knapsack"]
 SMALL_CLASS_GPUS = 16
-EXACT = 2
-"""Pricing effort whose knapsack is exact (see ``knapsack_price``)."""
 
 
 class PatternNotApplicable(FormulationNotApplicable):
@@ -209,102 +200,26 @@ def _node_counts(cls: GpuClass) -> dict[str, int]:
     return counts
 
 
-def generate_columns(
-    prog: PatternProgram, log: Callable[[str], None] | None = None, deadline: float | None = None
-) -> None:
-    """Column generation to LP optimality over all maximal configurations.
+@dataclass(frozen=True)
+class KnapsackPricing:
+    """The pricing problem of one class at one clock at given duals: find the items
+    (single-GPU ops) of most total ``values`` that fit one GPU (``items``' share and
+    memory rows); a configuration's reduced cost is at least ``base`` less that
+    value. ``order`` lists the items by their own reduced cost, least first (the
+    order in which a configuration found is filled)."""
 
-    Sets ``prog.bound``: the best Lagrangian bound seen (the LP value corrected by
-    the most negative reduced cost per class), valid even if pricing stopped early.
-    Knapsack-priced configurations are searched with the coarse DP first; the exact
-    DP runs when the coarse one finds nothing (and at the time limit), so every
-    bound reported comes from exact pricing.
-    """
-    session = LpSession(prog.problem, prog.table, prog.costs, prog.classes, prog.columns)
-    for rnd in range(MAX_ROUNDS):
-        if len(session.mp.z_var) < len(prog.columns):
-            session.add(prog.columns[len(session.mp.z_var) :])
-        prog.lp = session.solve()
-        effort = EXACT if prog.enumerated else 0
-        added, best, bound = _price_round(prog, effort=effort)
-        while not added and effort < EXACT:
-            effort += 1
-            added, best, bound = _price_round(prog, effort=effort)
-        if bound is not None:
-            prog.bound = max(prog.bound, bound)
-        prog.rounds = rnd + 1
-        if log and (rnd % 5 == 0 or added == 0):
-            log(
-                f"colgen round {rnd + 1}: LP {prog.lp.objective:,.2f}, "
-                f"{len(prog.columns)} columns, best reduced cost {best:,.3f}"
-            )
-        if added == 0:
-            return
-        if deadline is not None and time.perf_counter() > deadline:
-            if log:
-                log("column generation stopped at the time limit; bound is the Lagrangian one")
-            break
-    else:
-        if log:
-            log(f"column generation stopped after {MAX_ROUNDS} rounds; bound is Lagrangian")
-    session.add(prog.columns[len(session.mp.z_var) :])
-    prog.lp = session.solve()
-    _, _, bound = _price_round(prog, effort=EXACT, add=False)
-    if bound is not None:
-        prog.bound = max(prog.bound, bound)
+    items: KnapsackItems
+    base: float
+    values: NDArray[np.float64]
+    order: NDArray[np.int64]
 
 
-def _price_round(
-    prog: PatternProgram, *, effort: int, add: bool = True
-) -> tuple[int, float, float | None]:
-    """Price every class at the current duals: (columns added, best reduced cost,
-    Lagrangian bound or None when some pricing was not exact)."""
-    assert prog.lp is not None
-    table, costs, duals = prog.table, prog.costs, prog.lp.duals
-    tol = -RC_TOL * max(1.0, abs(prog.lp.objective))
-    added = 0
-    best = 0.0
-    correction = 0.0
-    for cls in prog.classes:
-        class_min = 0.0
-        for (type_name, clock), cs in prog.configs.items():
-            if type_name != cls.type_name or len(cs) == 0:
-                continue
-            rc = price_configs(cls, cs, table, costs, duals)
-            class_min = min(class_min, float(rc.min()))
-            for j in np.argsort(rc)[:COLUMNS_PER_ROUND]:
-                if rc[j] >= tol:
-                    break
-                best = min(best, float(rc[j]))
-                if add:
-                    ops = tuple(int(o) for o in cs.ops(int(j)))
-                    added += prog.add(shared_column(cls, table, costs, clock, ops))
-        for (type_name, clock), ks in prog.knapsacks.items():
-            if type_name != cls.type_name or len(ks) == 0:
-                continue
-            low, found = knapsack_price(prog, cls, ks, duals, effort=effort)
-            class_min = min(class_min, low)
-            for ops in found:
-                rc_found = float(column_reduced_cost(prog, cls, clock, ops)[0])
-                if rc_found < tol:
-                    best = min(best, rc_found)
-                    if add:
-                        added += prog.add(shared_column(cls, table, costs, clock, ops))
-        correction += cls.size * class_min
-    bound = prog.lp.objective + correction if np.isfinite(correction) else None
-    return added, best, bound
-
-
-def knapsack_price(
-    prog: PatternProgram, cls: GpuClass, ks: KnapsackItems, duals: Duals, *, effort: int
-) -> tuple[float, list[tuple[int, ...]]]:
-    """(lower bound on the class's least reduced cost at this clock, configurations
-    worth pricing exactly).
-
-    ``effort`` 0 picks up to COLUMNS_PER_ROUND greedy configurations on disjoint
-    units, 1 runs the coarse DP (both fast and proving nothing: the first element
-    is then -inf), 2 the exact DP that the bound comes from.
-    """
+def knapsack_pricing(
+    prog: PatternProgram, cls: GpuClass, ks: KnapsackItems, duals: Duals
+) -> KnapsackPricing:
+    """The knapsack pricing problem of class ``cls`` at ``ks``' clock under ``duals``;
+    ``base`` is the on-cost less the count and power prices of one GPU (objective
+    units, W for power)."""
     table, costs = prog.table, prog.costs
     on_power = table.on_power[(cls.type_name, ks.clock_mhz)]
     base = (
@@ -315,26 +230,7 @@ def knapsack_price(
     values = item_values(cls, ks, table, costs, duals)
     rc_item = item_reduced_costs(table, costs, duals, cls.index)[ks.items]
     order = np.argsort(rc_item, kind="stable")
-    if effort == 0:
-        found: list[tuple[int, ...]] = []
-        left = values.copy()
-        for _ in range(COLUMNS_PER_ROUND):
-            value, chosen = greedy_configuration(ks, left)
-            if not chosen or base - value >= 0:
-                break
-            found.append(repair_and_fill(ks, values, chosen, order))
-            taken = np.isin(ks.units, ks.units[chosen])
-            left[taken] = 0.0
-        return -np.inf, found
-    if effort >= EXACT:
-        value, chosen = best_configuration(ks, values)
-        low = base - value
-    else:
-        value, chosen = best_configuration(ks, values, step_gb=COARSE_STEP_GB, feasible=True)
-        low = -np.inf
-    if effort >= EXACT and not chosen:
-        low = min(0.0, base)
-    return low, ([repair_and_fill(ks, values, chosen, order)] if chosen else [])
+    return KnapsackPricing(ks, float(base), values, order)
 
 
 def column_reduced_cost(
@@ -469,8 +365,3 @@ def decisions(prog: PatternProgram, im: IntegerModel) -> dict[str, GpuDecision]:
                 out[gpu.id].clock_mhz = col.clock_mhz
                 out[gpu.id].ops.extend(zip(col.ops, rates, strict=True))
     return out
-
-
-def elapsed(start: float) -> float:
-    """Seconds since ``start`` (perf_counter)."""
-    return time.perf_counter() - start

@@ -6,28 +6,25 @@ most 1, so this never exceeds the true on-power), drop memory, per-GPU
 caps and migration costs, and move GPU counts and power budgets into the
 objective with the master LP's prices (Lagrangian multipliers >= 0). What is left
 splits by unit: cover the unit's rate with whole placements, each with a fixed
-cost per use and a cost per request/s. Each small covering problem is bounded
-either by HiGHS (its proven bound) or by a grid dynamic program
-(``grid_cover_bound``); the sum of the per-unit bounds, less the multipliers'
+cost per use and a cost per request/s (``UnitCover``; ``cover_lp`` is its HiGHS
+model). The sum of lower bounds on the covering problems, less the multipliers'
 constant, is a valid lower bound. It sees what the LP cannot: a unit's rate
-comes in whole placements.
+comes in whole placements. The covers are bounded in ``solvers/unit_bound.py``,
+by HiGHS (its proven bound) or by a grid dynamic program.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import highspy
 import numpy as np
+from numpy.typing import NDArray
 
-from energyopt.backends.highs import quiet_highs
 from energyopt.formulations.serving.classes import GpuClass
 from energyopt.formulations.serving.columns import Duals
 from energyopt.formulations.serving.costs import Costs
 from energyopt.perf.oppoints import OpTable
-
-SEARCH_STEPS = 5
-GRID_STEPS = 1000
-BIG_STEPS = 10
-"""Rate grid of ``grid_cover_bound`` (its capacities round up to rate / GRID_STEPS)."""
 
 
 def share_weight(share: int, capacity: int, alpha: float) -> float:
@@ -43,63 +40,50 @@ def share_weight(share: int, capacity: int, alpha: float) -> float:
     return alpha * frac + (1.0 - alpha) * threshold
 
 
-def best_unit_bound(
-    table: OpTable,
-    costs: Costs,
-    classes: list[GpuClass],
-    duals: Duals,
-    budgets_w: list[float],
-    budget_duals: list[float],
-    exact: bool = True,
-) -> tuple[float, float]:
-    """(bound, alpha): the unit bound maximised over the mixing weight alpha in [0, 1].
+@dataclass(frozen=True)
+class UnitCover:
+    """One unit's covering problem: serve ``rate`` req/s with whole uses of
+    placements i, each with a fixed cost per use ``fixed[i]``, a cost per req/s
+    ``per_rps[i]`` and a capacity per use ``cap[i]`` (req/s); costs in the
+    instance's objective units (W for power)::
 
-    Every alpha gives a valid bound; the bound is concave in alpha, so a golden
-    section search over a few evaluations finds (close to) the best one.
+        min fixed.n + per_rps.r  s.t.  sum r = rate,  r <= cap n,  n >= 0 integer
     """
 
-    def at(alpha: float) -> float:
-        return unit_decomposition_bound(
-            table, costs, classes, duals, budgets_w, budget_duals, alpha=alpha, exact=exact
-        )
-
-    lo, hi = 0.0, 1.0
-    ratio = (5**0.5 - 1) / 2
-    a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-    fa, fb = at(a), at(b)
-    best = max((at(1.0), 1.0), (fa, a), (fb, b))
-    for _ in range(SEARCH_STEPS):
-        if fa >= fb:
-            hi, b, fb = b, a, fa
-            a = hi - ratio * (hi - lo)
-            fa = at(a)
-            best = max(best, (fa, a))
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + ratio * (hi - lo)
-            fb = at(b)
-            best = max(best, (fb, b))
-    return best
+    rate: float
+    fixed: NDArray[np.float64]
+    per_rps: NDArray[np.float64]
+    cap: NDArray[np.float64]
 
 
-def unit_decomposition_bound(
+@dataclass(frozen=True)
+class UnitRelaxation:
+    """The relaxation at one set of multipliers and one share charge: the sum of the
+    covers' optima plus ``constant`` (the multipliers' part, <= 0) bounds the
+    integer optimum from below. ``covers`` is None when some unit has no placement
+    at all (the bound is then -inf)."""
+
+    constant: float
+    covers: list[UnitCover] | None
+
+
+def unit_relaxation(
     table: OpTable,
     costs: Costs,
     classes: list[GpuClass],
     duals: Duals,
     budgets_w: list[float],
     budget_duals: list[float],
-    time_limit_s: float = 5.0,
     alpha: float = 1.0,
-    exact: bool = True,
-) -> float:
-    """Lower bound on the integer optimum (see module docstring); ``alpha`` picks the
-    share charge (see ``share_weight``). ``exact=False`` bounds each unit's cover
-    problem by a grid DP (``grid_cover_bound``) instead of solving it with HiGHS."""
+) -> UnitRelaxation:
+    """The per-unit covering problems (see module docstring) at the master LP's
+    prices; ``alpha`` picks the share charge (see ``share_weight``). Dominated
+    placements are left out (``undominated``)."""
     mu_count = np.maximum(0.0, -np.asarray(duals.count))
     mu_power = np.maximum(0.0, -np.asarray(duals.power))
     total = -float(np.dot(mu_count, [c.size for c in classes]))
     total -= float(sum(max(0.0, -y) * b for y, b in zip(budget_duals, budgets_w, strict=True)))
+    covers: list[UnitCover] = []
     for unit in table.units:
         fixed: list[float] = []
         per_rps: list[float] = []
@@ -125,14 +109,10 @@ def unit_decomposition_bound(
                 per_rps.append(float(costs.op_cost[o] + mu_power[cls.index] * table.energy_j[o]))
                 cap.append(float(table.capacity_rps[o]))
         if not cap:
-            return float("-inf")
-        args = undominated(np.asarray(fixed), np.asarray(per_rps), np.asarray(cap))
-        total += (
-            _cover_bound(unit.rate_rps, *args, time_limit_s)
-            if exact
-            else grid_cover_bound(unit.rate_rps, *args)
-        )
-    return total
+            return UnitRelaxation(total, None)
+        f, r, c = undominated(np.asarray(fixed), np.asarray(per_rps), np.asarray(cap))
+        covers.append(UnitCover(unit.rate_rps, f, r, c))
+    return UnitRelaxation(total, covers)
 
 
 def undominated(
@@ -157,92 +137,29 @@ def undominated(
     return fixed[keep], per_rps[keep], cap[keep]
 
 
-def grid_cover_bound(
-    rate: float,
-    fixed: np.ndarray,
-    per_rps: np.ndarray,
-    cap: np.ndarray,
-    steps: int = GRID_STEPS,
-) -> float:
-    """Lower bound of the cover problem of ``_cover_bound`` by dynamic programming.
-
-    With fixed costs >= 0 an optimal cover uses every placement at full capacity
-    but one (rates fill the cheapest placements first, and a placement with room
-    for another copy's whole capacity would be dropped): full uses U and one
-    partial use j serving a in (0, cap_j], with sum_U cap_i + a = rate. Relax:
-
-    * "big" placements (cap >= BIG_STEPS * delta, delta = rate / ``steps``) get
-      their capacity rounded up to a multiple of delta (about rate / ``steps``,
-      chosen to divide the capacity of the placement with the lowest full cost per
-      request/s), so their total G_big is
-      on the grid and at most rate * (1 + 1 / BIG_STEPS);
-    * "small" placements become a fluid that covers any amount at the cheapest
-      small cost per request/s rho_s, counted in whole grid steps rounded down.
-
-    D(G) is the cheapest grid total G of full uses (an unbounded knapsack), and
-    a >= rate - G - delta. The bound is the least of min_{G >= rate - delta} D(G)
-    (no partial use) and min_j min_{G >= rate - cap_j - delta} D(G) + fixed_j +
-    per_rps_j max(0, rate - G - delta).
-    """
-    if rate <= 0:
-        return 0.0
-    # The grid step divides the capacity of the placement with the lowest full
-    # cost per request/s exactly: the covers that matter most are not rounded.
-    star = float(cap[int(np.argmin(fixed / cap + per_rps))])
-    delta = star / max(1, int(np.ceil(star * steps / rate)))
-    steps = int(np.ceil(rate / delta))
-    big = cap >= BIG_STEPS * delta
-    w = np.ceil(cap[big] / delta - 1e-9).astype(np.int64)
-    full_cost = fixed[big] + per_rps[big] * cap[big]
-    small = ~big
-    if small.any():
-        rho_small = float(np.min(fixed[small] / cap[small] + per_rps[small]))
-        w = np.concatenate([w, [1]])
-        full_cost = np.concatenate([full_cost, [rho_small * delta]])
-    top = int(np.ceil(steps * (1.0 + 1.0 / BIG_STEPS))) + 2
-    d = np.full(top + 1, np.inf)
-    d[0] = 0.0
-    for wi, ci in zip(w.tolist(), full_cost.tolist(), strict=True):
-        # Copies of one placement: along each residue class mod wi,
-        # d[r + m wi] = min_j d[r + j wi] + (m - j) ci, a running minimum.
-        rows = -(-(top + 1) // wi)
-        padded = np.full(rows * wi, np.inf)
-        padded[: top + 1] = d
-        shift = np.arange(rows, dtype=np.float64)[:, None] * ci
-        table = padded.reshape(rows, wi) - shift
-        np.minimum.accumulate(table, axis=0, out=table)
-        d = np.minimum(d, (table + shift).reshape(-1)[: top + 1])
-    grid = np.arange(top + 1) * delta
-    best = float(np.min(d[grid >= rate - delta - 1e-12]))
-    inside = grid[None, :] >= (rate - cap - delta)[:, None] - 1e-12
-    short = np.maximum(0.0, rate - grid - delta)
-    value = d[None, :] + fixed[:, None] + per_rps[:, None] * short[None, :]
-    return min(best, float(np.min(np.where(inside, value, np.inf))))
-
-
-def _cover_bound(
-    rate: float, fixed: np.ndarray, per_rps: np.ndarray, cap: np.ndarray, time_limit_s: float
-) -> float:
-    """min fixed.n + per_rps.r  s.t. sum r = rate, r <= cap n, n integer (HiGHS bound)."""
-    m = len(cap)
-    h: highspy.Highs = quiet_highs()
-    h.setOptionValue("time_limit", time_limit_s)
-    h.setOptionValue("mip_rel_gap", 1e-6)
+def cover_lp(cover: UnitCover) -> highspy.HighsLp:
+    """The covering problem as a HiGHS model: columns n_0..n_{m-1} (integer, at most
+    ceil(rate / cap) + 1 uses) then r_0..r_{m-1}; row 0 is the rate, rows 1..m the
+    links r_i - cap_i n_i <= 0."""
+    m = len(cover.cap)
     inf = highspy.kHighsInf
-    uses = np.ceil(rate / cap) + 1
-    # columns: n_0..n_{m-1}, r_0..r_{m-1}
-    h.addVars(2 * m, np.zeros(2 * m), np.concatenate([uses, np.full(m, inf)]))
-    h.changeColsCost(2 * m, np.arange(2 * m, dtype=np.int32), np.concatenate([fixed, per_rps]))
-    h.changeColsIntegrality(
-        m, np.arange(m, dtype=np.int32), np.full(m, highspy.HighsVarType.kInteger)
-    )
-    h.addRow(rate, rate, m, np.arange(m, 2 * m, dtype=np.int32), np.ones(m))
-    for i in range(m):
-        h.addRow(-inf, 0.0, 2, np.asarray([m + i, i], dtype=np.int32), np.asarray([1.0, -cap[i]]))
-    h.run()
-    info = h.getInfo()
-    status = h.getModelStatus()
-    if status == highspy.HighsModelStatus.kOptimal:
-        return float(min(info.objective_function_value, info.mip_dual_bound))
-    bound = float(info.mip_dual_bound)
-    return bound if np.isfinite(bound) else float("-inf")
+    lp = highspy.HighsLp()
+    lp.num_col_ = 2 * m
+    lp.num_row_ = 1 + m
+    lp.col_cost_ = np.concatenate([cover.fixed, cover.per_rps]).astype(np.float64)
+    lp.col_lower_ = np.zeros(2 * m)
+    lp.col_upper_ = np.concatenate([np.ceil(cover.rate / cover.cap) + 1, np.full(m, inf)])
+    lp.row_lower_ = np.concatenate([[cover.rate], np.full(m, -inf)])
+    lp.row_upper_ = np.concatenate([[cover.rate], np.zeros(m)])
+    # column-wise: n_i has -cap_i in link row 1+i; r_i has 1 in row 0 and in row 1+i
+    starts = np.concatenate([np.arange(m), m + 2 * np.arange(m + 1)]).astype(np.int32)
+    index = np.concatenate(
+        [1 + np.arange(m), np.stack([np.zeros(m), 1 + np.arange(m)], axis=1).reshape(-1)]
+    ).astype(np.int32)
+    value = np.concatenate([-cover.cap, np.ones(2 * m)]).astype(np.float64)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = starts
+    lp.a_matrix_.index_ = index
+    lp.a_matrix_.value_ = value
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * m + [highspy.HighsVarType.kContinuous] * m
+    return lp
