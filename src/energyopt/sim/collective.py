@@ -28,7 +28,7 @@ from typing import Literal
 from energyopt.formulations.collective.model import CollectiveProblem
 from energyopt.solvers.collective_select import Evaluator, Structure
 from energyopt.spec.collective import Choice, Collective, Health
-from energyopt.tables.collective import Policy, summarize
+from energyopt.tables.collective import Policy, localize, summarize
 
 Rule = Literal["agreed", "eager", "static", "oracle"]
 AGREED_LAG = 2
@@ -54,12 +54,15 @@ class SwapRun:
     switches: int = 0
     per_collective_us: list[float] = field(default_factory=list)
     switch_seq: list[int] = field(default_factory=list)
-    """Sequence numbers where the schedule run changes."""
-    last: tuple[object, ...] | None = None
+    """Sequence numbers where rank 0 moves to the policy of another health state."""
+    acting: int = 0
+    """The health state rank 0 acts on."""
+    changed: int = 0
+    """Collectives whose schedule differs from the one for the healthy state."""
 
 
 def _key(c: Choice) -> tuple[object, ...]:
-    return (c.algorithm, c.protocol, c.chunks, c.channels, c.order, c.leaves)
+    return (c.algorithm, c.protocol, c.chunks, c.channels, c.order, c.leaves, c.rail_weights)
 
 
 def simulate(
@@ -102,19 +105,25 @@ def simulate(
                     if seq <= s:
                         known[r] = max(known[r], i)
             acting = list(known)
-        choices = [policy.lookup(c.op, c.bytes, summarize(states[a])) for a in acting]
+        choices = [
+            localize(policy.lookup(c.op, c.bytes, summarize(states[a])), evs[a].p) for a in acting
+        ]
         keys = {_key(ch) for ch in choices}
         if len(keys) > 1:
             run.mismatches += 1
         ch = choices[0]
-        if run.last is not None and _key(ch) != run.last:
+        if _key(ch) != _key(policy.lookup(c.op, c.bytes, summarize(Health()))):
+            run.changed += 1
+        if acting[0] != run.acting:
             run.switches += 1
             run.switch_seq.append(s)
-        run.last = _key(ch)
+            run.acting = acting[0]
         ck = (actual, _key(ch), c.op, c.bytes)
         if ck not in cost_cache:
             ev = evs[actual]
-            st = Structure(ch.algorithm, ch.channels, ch.chunks, ch.order, ch.leaves)
+            st = Structure(
+                ch.algorithm, ch.channels, ch.chunks, ch.order, ch.leaves, ch.rail_weights
+            )
             cost_cache[ck] = ev.score(c, st, ch.protocol, ch.clock_mhz, f"{c.op}:{c.bytes}").time_us
         t = cost_cache[ck]
         run.per_collective_us.append(t)

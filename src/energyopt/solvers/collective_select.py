@@ -51,6 +51,8 @@ class Structure:
     chunks: int
     order: tuple[int, ...] | None
     leaves: int
+    weights: tuple[float, ...] | None = None
+    """Hierarchical: each rail's share of the message (None: equal)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ def structures(p: CollectiveProblem, c: Collective) -> Iterator[Structure]:
     if slow:
         rest = [r for r in range(p.n) if r not in slow]
         orders.append((tuple(rest + slow), len(slow)))
+    weighted = rail_weights(p)
     for alg in ("ring", "tree", "halving_doubling", "hierarchical", "direct"):
         if not applicable(alg, c.op, p.n, sizes):
             continue
@@ -78,6 +81,26 @@ def structures(p: CollectiveProblem, c: Collective) -> Iterator[Structure]:
             for k in chunk_set:
                 for order, leaves in orders if alg == "tree" else [(None, 0)]:
                     yield Structure(alg, ch, k, order, leaves)
+                if alg == "hierarchical" and weighted and c.op in ("all_reduce", "broadcast"):
+                    yield Structure(alg, ch, k, None, 0, weighted)
+
+
+def rail_weights(p: CollectiveProblem) -> tuple[float, ...] | None:
+    """Shares of the message for the rails of a hierarchical schedule, in proportion
+    to each rail's slowest member (NIC factor over straggler slowdown); None when
+    all rails are equal or the ranks are not in equal nodes."""
+    if p.n_nodes < 2 or not p.uniform_nodes():
+        return None
+    g = p.n // p.n_nodes
+    nic = {lh.gpu: lh.factor for lh in p.spec.health.links if lh.link == "nic"}
+    strength = [1.0] * g
+    for r, name in enumerate(p.ranks):
+        s = nic.get(name, 1.0) / float(p.slowdown[r])
+        strength[p.local_of[r]] = min(strength[p.local_of[r]], s)
+    if max(strength) - min(strength) < 1e-12:
+        return None
+    total = sum(strength)
+    return tuple(x / total for x in strength)
 
 
 class Evaluator:
@@ -102,6 +125,7 @@ class Evaluator:
                 s.order,
                 s.leaves,
                 choice,
+                s.weights,
             )
             fl = flows_of(p, prog, s.chunks)
             if choice is not None:
@@ -131,6 +155,7 @@ class Evaluator:
                 "clock_mhz": clock,
                 "order": s.order,
                 "leaves": s.leaves,
+                "rail_weights": s.weights,
                 "time_us": t,
                 "energy_j": e,
             }

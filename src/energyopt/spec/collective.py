@@ -199,6 +199,11 @@ class Choice(Spec):
     leaves: int = Field(
         default=0, ge=0, description="tree: the order's last ranks, kept leaves of both trees"
     )
+    rail_weights: tuple[float, ...] | None = Field(
+        default=None,
+        description="hierarchical all-reduce or broadcast: share of the message each rail "
+        "(local GPU index) carries; default equal",
+    )
     pieces: int | None = Field(
         default=None, ge=1, description="synthesized: equal pieces of the message"
     )

@@ -8,7 +8,9 @@ summary (collective.md, section 6): the cell's factor on the first rank's NIC
 (its NVLink port on one node) and that many stragglers of the cell's slowdown
 at the end of the rank order. A lookup rounds the size down to its power-of-two
 bucket, the factor down to the next cell value and caps the straggler count:
-three index computations and one dictionary access.
+three index computations and one dictionary access. ``localize`` then fits the
+cell's placement-dependent parameters (rail weights, tree leaves) to the actual
+state in O(n).
 """
 
 from __future__ import annotations
@@ -177,6 +179,29 @@ def _nccl_expressible(ev: Evaluator, c: Collective, name: str) -> Scored:
                     best = x
     assert best is not None
     return best
+
+
+def localize(choice: Choice, p: CollectiveProblem) -> Choice:
+    """A cell's schedule fitted to the actual health of ``p`` (which rails and ranks
+    are slow, not only how many): rail weights from the actual NICs and stragglers,
+    the tree order with the actual stragglers as leaves. O(n); every rank that acts
+    on the same health state computes the same schedule."""
+    from energyopt.solvers.collective_select import rail_weights
+
+    update: dict[str, Any] = {}
+    if choice.rail_weights is not None:
+        w = rail_weights(p)
+        update["rail_weights"] = w
+    if choice.algorithm == "tree" and choice.leaves > 0:
+        slow = [r for r in range(p.n) if p.slowdown[r] > 1.0]
+        if slow:
+            rest = [r for r in range(p.n) if r not in slow]
+            update["order"] = (*rest, *slow)
+            update["leaves"] = len(slow)
+        else:
+            update["order"] = None
+            update["leaves"] = 0
+    return choice.model_copy(update=update) if update else choice
 
 
 def write_policy(policy: Policy, path: str | Path) -> None:

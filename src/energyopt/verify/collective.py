@@ -4,7 +4,8 @@ It expands every choice into its sends, executes them symbolically (which rank
 holds which contributions of which piece after every step) and checks that every
 rank ends with what the collective promises; then it recomputes the time and
 energy with its own arithmetic: routes from the topology's rule, link loads per
-step, the alpha-beta-gamma terms of collective.md (section 2). It shares no code
+step, the alpha-beta-gamma terms and the dataflow of steps of collective.md
+(section 2). It shares no code
 with the solvers' cost model.
 """
 
@@ -122,6 +123,8 @@ def _coverage(
 ) -> list[str]:
     """The pieces tile the message: each rank's block has its share of the bytes."""
     out: list[str] = []
+    if any(not f > 0 for f in frac):
+        return ["a piece has no positive share of the message"]
     if c.op == "all_to_all":
         blocks: dict[tuple[int, int], float] = {}
         for q, f in enumerate(frac):
@@ -186,6 +189,11 @@ def run_time_us(
     total = p.rates.launch_us
     touched = 0.0
     rows_of = [s.tolist() for s in prog.steps]
+    # per (rank, channel): when it finished its last step's flows, and when
+    # everything sent to it so far has landed
+    free: dict[tuple[int, int], float] = {}
+    got: dict[tuple[int, int], float] = {}
+    last = 0.0
     for g in range(n_steps + ch.chunks - 1):
         flows: dict[tuple[int, int, int], list[float]] = {}
         for s in range(max(0, g - ch.chunks + 1), min(n_steps, g + 1)):
@@ -206,21 +214,28 @@ def run_time_us(
         for (_a, b, _k), (_, red) in flows.items():
             if red:
                 reducing[b] = reducing.get(b, 0) + 1
-        worst = 0.0
+        ends: list[tuple[tuple[int, int], tuple[int, int], float, float]] = []
         for key, (nbytes, red) in flows.items():
-            a, b, _ = key
+            a, b, k = key
             share = min(_link(p, u, v)[0] / load[(u, v)] for u, v in routes[key])
             lat = sum(_link(p, u, v)[1] for u, v in routes[key])
             s_ab = max(sd[a], sd[b])
             rate = min(share, p.rates.channel_gbs * ratio / s_ab) * PROTOCOL_EFFICIENCY[ch.protocol]
-            t = PROTOCOL_STEP_US[ch.protocol] * s_ab + lat + nbytes / rate / 1e3
+            busy = PROTOCOL_STEP_US[ch.protocol] * s_ab + nbytes / rate / 1e3
             if red:
                 mem = p.gpu.memory_bandwidth_gbps / 3.0 / reducing[b]
-                t += nbytes * sd[b] / min(p.rates.reduce_gbs * ratio, mem) / 1e3
+                busy += nbytes * sd[b] / min(p.rates.reduce_gbs * ratio, mem) / 1e3
             touched += nbytes * (3.0 if red else 2.0)
-            worst = max(worst, t)
-        total += worst
-    return total, touched
+            ra, rb = (a, k), (b, k)
+            begin = max(free.get(ra, 0.0), free.get(rb, 0.0), got.get(ra, 0.0))
+            ends.append((ra, rb, begin + busy, begin + busy + lat))
+        # a rank starts its next step once this one's flows are done at both ends
+        for ra, rb, end, land in ends:
+            free[ra] = max(free.get(ra, 0.0), end)
+            free[rb] = max(free.get(rb, 0.0), end)
+            got[rb] = max(got.get(rb, 0.0), land)
+            last = max(last, land)
+    return total + last, touched
 
 
 def _power_w(p: CollectiveProblem, channels: int, clock: int) -> float:
@@ -283,6 +298,7 @@ def evaluate_collective(p: CollectiveProblem, plan: CollectivePlan) -> Collectiv
                 ch.order,
                 ch.leaves,
                 ch,
+                ch.rail_weights,
             )
         except NotApplicable as exc:
             v.append(Violation("algorithm", where, str(exc)))

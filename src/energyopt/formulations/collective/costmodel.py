@@ -1,13 +1,17 @@
 """The alpha-beta-gamma cost of a program on the topology, with link contention
 (collective.md, section 2), and lower bounds on every schedule's time and energy.
 
-A step takes as long as its slowest flow. A flow from a to b costs the protocol's
-step overhead (times the slower end's straggler factor) plus the latency of its
-route (alpha), its bytes over its rate (beta): the least over the route's links of
-the link's capacity shared equally by the flows on it, and one channel's copy rate
-at the clock; times the protocol's efficiency; a reducing flow adds its bytes over
-one channel's reduction rate at the clock (gamma). A collective takes the launch
-cost plus its steps. Energy: every rank draws, for the whole time, its on-power at
+Flows of one step share links. A flow from a to b occupies both ranks for the
+protocol's step overhead (times the slower end's straggler factor) plus its bytes
+over its rate: the least over the route's links of the link's capacity shared
+equally by the step's flows on it, and one channel's copy rate at the clock,
+times the protocol's efficiency; a reducing flow adds its bytes over the
+reduction rate (one channel's at the clock, and the GPU's memory bandwidth / 3
+shared by its reductions of the step: gamma). Its data lands the route's latency
+after (alpha). Steps run as a dataflow (``dataflow_makespan``): a rank starts a
+step when it has finished the last one and received its inputs, so latency
+overlaps work as NCCL's pipelined steps do. A collective takes the launch cost
+plus the time the last byte lands. Energy: every rank draws, for the whole time, its on-power at
 the clock plus the dynamic power of the SMs its channels use, and the memory
 system moves every byte sent, received and reduced.
 """
@@ -44,6 +48,7 @@ class Flows:
     src: IntArray
     dst: IntArray
     reduce: IntArray
+    chan: IntArray
     share: FloatArray
     """Share of the message bytes each flow carries."""
     n_steps: int
@@ -71,12 +76,13 @@ def flows_of(p: CollectiveProblem, prog: Program, chunks: int) -> Flows:
     """The flows of ``prog`` cut into ``chunks`` pipelined chunks."""
     table, _ = route_table(p)
     per_step = pipelined(prog, chunks)
-    steps, src, dst, red, share = [], [], [], [], []
+    steps, src, dst, red, chan, share = [], [], [], [], [], []
     for g, (flows, sh) in enumerate(per_step):
         steps.append(np.full(len(sh), g, dtype=np.int64))
         src.append(flows[:, 0])
         dst.append(flows[:, 1])
         red.append(flows[:, 2])
+        chan.append(flows[:, 3])
         share.append(sh)
     step = np.concatenate(steps) if steps else np.zeros(0, dtype=np.int64)
     s = np.concatenate(src) if src else np.zeros(0, dtype=np.int64)
@@ -96,6 +102,7 @@ def flows_of(p: CollectiveProblem, prog: Program, chunks: int) -> Flows:
         src=s,
         dst=d,
         reduce=np.concatenate(red) if red else np.zeros(0, dtype=np.int64),
+        chan=np.concatenate(chan) if chan else np.zeros(0, dtype=np.int64),
         share=np.concatenate(share) if share else np.zeros(0),
         n_steps=len(per_step),
         link_share=cap.min(axis=1) if len(step) else np.zeros(0),
@@ -112,17 +119,43 @@ def time_us(
     rate = np.minimum(fl.link_share, p.rates.channel_gbs * ratio / slow)
     rate = rate * PROTOCOL_EFFICIENCY[protocol]
     nbytes = fl.share * message_bytes
-    t = PROTOCOL_STEP_US[protocol] * slow + fl.route_us + nbytes / rate / 1e3
+    occ = PROTOCOL_STEP_US[protocol] * slow + nbytes / rate / 1e3
     red = fl.reduce > 0
     reducing = np.zeros(fl.n_steps * p.n)
     np.add.at(reducing, (fl.step * p.n + fl.dst)[red], 1.0)
     k_dst = np.maximum(reducing[fl.step * p.n + fl.dst], 1.0)
     hbm = p.gpu.memory_bandwidth_gbps / HBM_TOUCHES_PER_REDUCED_BYTE / k_dst
     gamma = nbytes * p.slowdown[fl.dst] / np.minimum(p.rates.reduce_gbs * ratio, hbm) / 1e3
-    t = t + np.where(red, gamma, 0.0)
-    per_step = np.zeros(fl.n_steps)
-    np.maximum.at(per_step, fl.step, t)
-    return float(p.rates.launch_us + per_step.sum())
+    occ = occ + np.where(red, gamma, 0.0)
+    return float(p.rates.launch_us + dataflow_makespan(p.n, fl, occ))
+
+
+def dataflow_makespan(n: int, fl: Flows, occ: FloatArray) -> float:
+    """When the last byte lands, us. Every channel is its own dataflow: a flow of
+    step s starts once both its ranks have finished their step s - 1 flows of the
+    channel (``free``) and its sender has received what earlier steps of the channel
+    sent it (``arrived``); it occupies both ends for ``occ`` and lands its route
+    latency later (latency overlaps the next step's work). Channels share links
+    only through the contention of flows of the same step."""
+    width = int(fl.chan.max()) + 1 if len(fl.chan) else 1
+    free = np.zeros(n * width)
+    arrived = np.zeros(n * width)
+    bounds = np.searchsorted(fl.step, np.arange(fl.n_steps + 1))
+    last = 0.0
+    for g in range(fl.n_steps):
+        lo, hi = int(bounds[g]), int(bounds[g + 1])
+        if lo == hi:
+            continue
+        ch = fl.chan[lo:hi] * n
+        a, b = fl.src[lo:hi] + ch, fl.dst[lo:hi] + ch
+        start = np.maximum(np.maximum(free[a], free[b]), arrived[a])
+        end = start + occ[lo:hi]
+        land = end + fl.route_us[lo:hi]
+        np.maximum.at(free, a, end)
+        np.maximum.at(free, b, end)
+        np.maximum.at(arrived, b, land)
+        last = max(last, float(land.max()))
+    return last
 
 
 def rank_power_w(p: CollectiveProblem, channels: int, clock_mhz: int) -> float:

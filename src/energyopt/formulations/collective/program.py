@@ -100,7 +100,7 @@ def parallel(programs: list[Program]) -> Program:
 
 def pipelined(prog: Program, chunks: int) -> list[tuple[IntArray, FloatArray]]:
     """The program cut into ``chunks`` equal chunks, chunk j's step s running in step
-    s + j: per global step its flows (src, dst, reduce) and their bytes as shares of
+    s + j: per global step its flows (src, dst, reduce, channel) and their bytes as shares of
     the message (sends between the same pair on the same channel in a step are one
     flow)."""
     chan = prog.channel_of()
@@ -110,7 +110,7 @@ def pipelined(prog: Program, chunks: int) -> list[tuple[IntArray, FloatArray]]:
         parts = [prog.steps[s] for s in range(max(0, g - chunks + 1), min(n_steps, g + 1))]
         rows = [p for p in parts if p.shape[0]]
         if not rows:
-            out.append((np.zeros((0, 3), dtype=np.int64), np.zeros(0)))
+            out.append((np.zeros((0, 4), dtype=np.int64), np.zeros(0)))
             continue
         allr = np.concatenate(rows)
         share = prog.frac[allr[:, 2]] / chunks
@@ -121,6 +121,7 @@ def pipelined(prog: Program, chunks: int) -> list[tuple[IntArray, FloatArray]]:
         red = np.zeros(len(uniq), dtype=np.int64)
         np.maximum.at(red, inv, allr[:, 3])
         pair = uniq % (prog.n * prog.n)
-        flows = np.stack([pair // prog.n, pair % prog.n, red], axis=1).astype(np.int64)
+        ch = uniq // (prog.n * prog.n)
+        flows = np.stack([pair // prog.n, pair % prog.n, red, ch], axis=1).astype(np.int64)
         out.append((flows, total))
     return out

@@ -232,11 +232,17 @@ def direct(op: Op, order: Sequence[int], root: int) -> Program:
 
 
 def hierarchical(
-    op: Op, node_of: Sequence[int], local_of: Sequence[int], root: int, rotate: int
+    op: Op,
+    node_of: Sequence[int],
+    local_of: Sequence[int],
+    root: int,
+    rotate: int,
+    weights: Sequence[float] | None = None,
 ) -> Program:
     """Inside every node (ring over its ranks), across nodes (ring over the ranks of
     equal local index: a rail), inside again. Piece loc_i*N + k is the piece of the
-    rank with local index loc_i in node k."""
+    rank with local index loc_i in node k. ``weights`` (all-reduce and broadcast,
+    whose pieces need not be equal): rail l carries that share of the message."""
     n = len(node_of)
     n_nodes = max(node_of) + 1
     g = n // n_nodes
@@ -286,6 +292,11 @@ def hierarchical(
         return tuple(out)
 
     base = _full(op, n, n)
+    if weights is not None:
+        if op not in ("all_reduce", "broadcast") or len(weights) != g:
+            raise NotApplicable(f"rail weights need an all-reduce or broadcast and {g} weights")
+        w = np.asarray(weights, dtype=np.float64)
+        base = Program(op, n, np.repeat(w / n_nodes, n_nodes), base.owner, base.dest, ())
     at = np.array([rank_at[(p % n_nodes, p // n_nodes)] for p in range(n)], dtype=np.int64)
     if op == "all_reduce":
         return _with(base, concat_steps(intra("rs"), inter("rs"), inter("ag"), intra("ag")))
@@ -295,6 +306,8 @@ def hierarchical(
         return _with(base, concat_steps(inter("ag"), intra("ag")), owner=at)
     if op == "broadcast":
         base = _full(op, n, g)
+        if weights is not None:
+            base = Program(op, n, np.asarray(weights, dtype=np.float64), base.owner, base.dest, ())
         rk, rl = node_of[root], local_of[root]
         first = sends([(root, rank_at[(rk, loc_i)], loc_i, 0) for loc_i in range(g) if loc_i != rl])
         across: list[IntArray] = []
@@ -354,6 +367,7 @@ def program_of(
     order: Sequence[int] | None,
     leaves_last: int = 0,
     choice: Choice | None = None,
+    weights: Sequence[float] | None = None,
 ) -> Program:
     """The program of one schedule; NotApplicable if the algorithm has none."""
     sizes = [list(node_of).count(k) for k in sorted(set(node_of))]
@@ -373,7 +387,7 @@ def program_of(
         elif algorithm == "halving_doubling":
             progs.append(halving_doubling(op, o, root))
         elif algorithm == "hierarchical":
-            progs.append(hierarchical(op, node_of, local_of, root, c))
+            progs.append(hierarchical(op, node_of, local_of, root, c, weights))
         else:
             progs.append(direct(op, o, root))
     return progs[0] if channels == 1 else parallel(progs)

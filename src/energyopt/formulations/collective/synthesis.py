@@ -4,11 +4,15 @@
 Rounds k = 0..K-1 are steps. Piece q may go from rank u to rank v in round k
 (x[q,u,v,k], 0/1) only if u holds it at the start of the round (h[q,u,k]); v
 holds it from the next round on. Every rank that must end with a piece holds it
-after round K-1, and receives it at most once. Round k takes T_k >= A y_k +
-sum over the sends crossing link e of (piece bytes / capacity of e) for every
-link e, where y_k says the round is used and A is the least step overhead and
-route latency: a relaxation of the cost model's step time (no channel cap, no
-reduction term, fair sharing replaced by the link's total load), so the optimum
+after round K-1, and receives it at most once. Rank r is busy in round k for
+T[r,k] >= O y[r,k] + (piece bytes / capacity of e) x (sends crossing e) for each
+of its ports e (its NVLink port and NIC links, both directions), where y[r,k]
+says r sends or receives in round k and O is the Simple protocol's step
+overhead; the makespan M >= sum_k T[r,k] for every rank, and the schedule's time
+is launch + M + the least route latency. Each rank runs its steps one after
+another in the cost model's dataflow and every link is one rank's port, so this
+relaxes the cost model at the Simple protocol and the max clock (no channel cap,
+no reduction term, fair sharing replaced by the port's total load): the optimum
 is a lower bound on the cost-model time of every schedule of K rounds of these
 pieces. Copy collectives (all-gather, broadcast, all-to-all) are synthesized
 directly; a reduce-scatter is the all-gather schedule reversed (each send turned
@@ -80,6 +84,18 @@ class Milp:
     rounds: int
 
 
+def _edge_rank(p: CollectiveProblem) -> dict[int, int]:
+    """The rank whose port each directed edge is (every edge belongs to one GPU)."""
+    rank_of = {g: r for r, g in enumerate(p.ranks)}
+    out: dict[int, int] = {}
+    for u, v, d in p.graph.edges(data=True):
+        for end in (u, v):
+            gpu = end.removesuffix(":nic")
+            if gpu in rank_of:
+                out[int(d["index"])] = rank_of[gpu]
+    return out
+
+
 def build_milp(p: CollectiveProblem, c: Collective, rounds: int) -> Milp:
     """The time-expanded MILP of ``c`` with ``rounds`` rounds (objective in us)."""
     n = p.n
@@ -88,7 +104,7 @@ def build_milp(p: CollectiveProblem, c: Collective, rounds: int) -> Milp:
     pairs = [(u, v) for u in range(n) for v in range(n) if u != v]
     nx_ = Q * len(pairs) * K
     nh = Q * n * (K + 1)
-    ny, nt = K, K
+    ny, nt = n * K, n * K
 
     def xi(q: int, e: int, k: int) -> int:
         return (q * len(pairs) + e) * K + k
@@ -96,13 +112,14 @@ def build_milp(p: CollectiveProblem, c: Collective, rounds: int) -> Milp:
     def hi(q: int, v: int, k: int) -> int:
         return nx_ + (q * n + v) * (K + 1) + k
 
-    def yi(k: int) -> int:
-        return nx_ + nh + k
+    def yi(rank: int, k: int) -> int:
+        return nx_ + nh + rank * K + k
 
-    def ti(k: int) -> int:
-        return nx_ + nh + ny + k
+    def ti(rank: int, k: int) -> int:
+        return nx_ + nh + ny + rank * K + k
 
-    ncol = nx_ + nh + ny + nt
+    mi = nx_ + nh + ny + nt
+    ncol = mi + 1
     lo = np.zeros(ncol)
     up = np.ones(ncol)
     up[nx_ + nh + ny :] = np.inf
@@ -136,7 +153,8 @@ def build_milp(p: CollectiveProblem, c: Collective, rounds: int) -> Milp:
         for k in range(K):
             for e, (u, _v) in enumerate(pairs):
                 add([(xi(q, e, k), 1.0), (hi(q, u, k), -1.0)], -np.inf, 0.0)
-                add([(xi(q, e, k), 1.0), (yi(k), -1.0)], -np.inf, 0.0)
+                add([(xi(q, e, k), 1.0), (yi(u, k), -1.0)], -np.inf, 0.0)
+                add([(xi(q, e, k), 1.0), (yi(_v, k), -1.0)], -np.inf, 0.0)
             for v in range(n):
                 add(
                     [(hi(q, v, k + 1), 1.0), (hi(q, v, k), -1.0)]
@@ -147,10 +165,8 @@ def build_milp(p: CollectiveProblem, c: Collective, rounds: int) -> Milp:
         for v in range(n):
             bound = 0.0 if v == cp.owner[q] else 1.0
             add([(xi(q, e, k), 1.0) for e in into[(v, 0)] for k in range(K)], -np.inf, bound)
-    for k in range(K - 1):
-        add([(yi(k + 1), 1.0), (yi(k), -1.0)], -np.inf, 0.0)
-    least_route = min(float(p.edge_us[list(p.routes[a][b])].sum()) for a, b in pairs)
-    alpha = PROTOCOL_STEP_US["simple"] + least_route
+    alpha = PROTOCOL_STEP_US["simple"]
+    owner = _edge_rank(p)
     on_edge: dict[int, list[int]] = {}
     for e, (u, v) in enumerate(pairs):
         for edge in p.routes[u][v]:
@@ -158,19 +174,23 @@ def build_milp(p: CollectiveProblem, c: Collective, rounds: int) -> Milp:
     for k in range(K):
         for edge, es in on_edge.items():
             coef = cp.piece_bytes / p.edge_gbs[edge] / 1e3
+            rk = owner[edge]
             add(
-                [(ti(k), 1.0), (yi(k), -alpha)]
+                [(ti(rk, k), 1.0), (yi(rk, k), -alpha)]
                 + [(xi(q, e, k), -coef) for q in range(Q) for e in es],
                 0.0,
                 np.inf,
             )
-        add([(ti(k), 1.0), (yi(k), -alpha)], 0.0, np.inf)
+        for rk in range(n):
+            add([(ti(rk, k), 1.0), (yi(rk, k), -alpha)], 0.0, np.inf)
+    for rk in range(n):
+        add([(mi, 1.0)] + [(ti(rk, k), -1.0) for k in range(K)], 0.0, np.inf)
     matrix = sp.csc_matrix((vals, (rows, cols)), shape=(r, ncol))
     lp = highspy.HighsLp()
     lp.num_col_ = ncol
     lp.num_row_ = r
     cost = np.zeros(ncol)
-    cost[nx_ + nh + ny :] = 1.0
+    cost[mi] = 1.0
     lp.col_cost_ = cost
     lp.col_lower_ = lo
     lp.col_upper_ = up
@@ -181,7 +201,7 @@ def build_milp(p: CollectiveProblem, c: Collective, rounds: int) -> Milp:
     lp.a_matrix_.index_ = matrix.indices.astype(np.int32)
     lp.a_matrix_.value_ = matrix.data.astype(np.float64)
     integ = [highspy.HighsVarType.kContinuous] * ncol
-    for j in list(range(nx_)) + [yi(k) for k in range(K)]:
+    for j in list(range(nx_)) + list(range(nx_ + nh, nx_ + nh + ny)):
         integ[j] = highspy.HighsVarType.kInteger
     lp.integrality_ = integ
     return Milp(lp, cp, pairs, K)
@@ -253,10 +273,12 @@ def synthesize(
     factor = 2.0 if c.op == "all_reduce" else 1.0
     obj = float(info.objective_function_value)
     dual = float(info.mip_dual_bound)
+    least_route = min(float(p.edge_us[list(p.routes[a][b])].sum()) for a, b in pairs)
+    fixed = p.rates.launch_us + least_route
     return Synthesis(
         choice=choice,
-        milp_us=p.rates.launch_us + factor * obj,
-        milp_bound_us=p.rates.launch_us + factor * (dual if np.isfinite(dual) else 0.0),
+        milp_us=fixed + factor * obj,
+        milp_bound_us=fixed + factor * (dual if np.isfinite(dual) else 0.0),
         optimal=h.getModelStatus() == highspy.HighsModelStatus.kOptimal,
         wall_s=time.perf_counter() - t0,
         rounds=k_used,
