@@ -320,3 +320,65 @@ def test_every_solver_is_certified_on_a_bundled_instance() -> None:
         assert res.bound is not None and res.bound <= optimum * (1 + 1e-6)
     lag = results["lagrangian"].objective
     assert lag is not None and lag <= optimum * 1.02
+
+
+def test_a_server_too_small_for_the_dense_part_is_diagnosed() -> None:
+    doc = _doc(0)
+    doc["server"]["gpus"][0]["memory_gb"] = DENSE_GB / 2
+    res = solve_milp(_problem(doc))
+    assert res.plan is None and res.status == "infeasible"
+    assert "no GPU holds the dense part" in res.diagnosis[0]
+
+
+def test_mutated_moe_edge_files_are_refused_cleanly_or_solved(tmp_path: Path) -> None:
+    """Deleted keys, wrong types, non-finite, extreme and repeated values anywhere in
+    a moe-edge file: validate refuses them naming the file, or both solvers return a
+    result whose plan (if any) the verifier accepts."""
+    import contextlib
+    import io
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from .mutations import Edit, apply, edits, render
+
+    original = _doc(2, 2)
+    catalog = tmp_path / "tiny.yaml"
+    catalog.write_text(yaml.safe_dump({"models": [TINY]}))
+    cat = ("--catalog", str(catalog))
+
+    def cli(*argv: str) -> tuple[int, str]:
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(argv))
+            except SystemExit as exc:
+                code = int(exc.code or 0)
+        return code, err.getvalue()
+
+    @settings(
+        max_examples=30,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(edit=edits(original), fmt=st.sampled_from(("yaml", "json")))
+    def check(edit: Edit, fmt: str) -> None:
+        path = tmp_path / f"mutated.{fmt}"
+        path.write_text(render(apply(original, edit), edit, fmt), encoding="utf-8")
+        code, err = cli("validate", str(path), *cat)
+        assert "Traceback" not in err and "internal error" not in err, (edit.describe(), err)
+        if code != EXIT_OK:
+            assert code == EXIT_BAD_INPUT and err.startswith(f"{path}"), (edit.describe(), err)
+            return
+        for solver in ("milp", "lagrangian"):
+            plan = tmp_path / "plan.json"
+            plan.unlink(missing_ok=True)
+            code, err = cli("solve", str(path), "--solver", solver, "-q", "-o", str(plan), *cat)
+            assert "Traceback" not in err and "internal error" not in err, (edit.describe(), err)
+            if plan.exists():
+                code, err = cli("verify", str(path), str(plan), *cat)
+                assert code == EXIT_OK, (edit.describe(), solver, err)
+
+    check()

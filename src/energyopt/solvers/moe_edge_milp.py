@@ -161,6 +161,12 @@ def solve_milp(
 
 def _diagnosis(p: MoeEdgeProblem) -> list[str]:
     slo = p.spec.slo
+    fits = [g for g in range(p.n_gpus) if p.costs(p.max_clock_config(g)).gpu_free_gb[g] >= 0]
+    if not fits:
+        return [
+            "no GPU holds the dense part: its weights, the KV cache of batch x context_tokens, "
+            "reserve_gb and the cache_experts slots exceed every GPU's memory"
+        ]
     return [
         f"no placement and clocks meet the TBT SLO ({slo.tbt_ms:g} ms at p{slo.percentile:g}, "
         f"checked as mean + {p.kappa:.3g} sd) within the GPUs' and host memory"

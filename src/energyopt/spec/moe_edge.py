@@ -32,6 +32,8 @@ MAX_MEMORY_GB = 1e5
 MAX_POWER_W = 1e5
 MAX_MS = 1e7
 MAX_GBPS = 1e5
+MIN_GBPS = 1e-3
+"""Slowest link or CPU rate accepted (GB/s, GFLOP/s): keeps every time finite."""
 PLACES_OFF_GPU = ("fetch", "cpu")
 """Placement names that are not GPUs (a GPU may not take them as its name)."""
 
@@ -48,7 +50,7 @@ class MoeGpu(Spec):
         description="GPU memory the model may use, GB; default the catalog's memory_gb",
     )
     pcie_gbps: float = Field(
-        gt=0, le=MAX_GBPS, description="achieved host-to-GPU copy bandwidth, GB/s"
+        ge=MIN_GBPS, le=MAX_GBPS, description="achieved host-to-GPU copy bandwidth, GB/s"
     )
     clocks_mhz: tuple[int, ...] | None = Field(
         default=None,
@@ -62,10 +64,12 @@ class MoeCpu(Spec):
     """The host CPU as it runs expert FFNs."""
 
     expert_gflops: float = Field(
-        gt=0, le=1e6, description="achieved GFLOP/s on an expert FFN (all cores)"
+        ge=MIN_GBPS, le=1e6, description="achieved GFLOP/s on an expert FFN (all cores)"
     )
     memory_bandwidth_gbps: float = Field(
-        gt=0, le=MAX_GBPS, description="achieved GB/s reading expert weights from host memory"
+        ge=MIN_GBPS,
+        le=MAX_GBPS,
+        description="achieved GB/s reading expert weights from host memory",
     )
     idle_w: float = Field(ge=0, le=MAX_POWER_W, description="CPU package power when idle, W")
     active_w: float = Field(

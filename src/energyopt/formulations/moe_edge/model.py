@@ -285,10 +285,15 @@ def build_problem(
         pb.append(ca.b[0] * n_e + ca.b[1])
         pq.append(ca.probability)
     slo = spec.slo
-    if slo.prompt_tokens + spec.context_tokens > model.max_context and slo.ttft_ms is not None:
+    if spec.context_tokens > model.max_context:
         problems.append(
-            f"{source}: slo.prompt_tokens: {slo.prompt_tokens} + context_tokens exceed "
-            f"{model.name}'s context of {model.max_context}"
+            f"{source}: context_tokens: {spec.context_tokens} exceeds {model.name}'s context "
+            f"of {model.max_context}"
+        )
+    if slo.prompt_tokens > model.max_context:
+        problems.append(
+            f"{source}: slo.prompt_tokens: {slo.prompt_tokens} exceeds {model.name}'s context "
+            f"of {model.max_context}"
         )
     if problems:
         raise SpecError(problems)
