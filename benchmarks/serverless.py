@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from energyopt.formulations.serverless.model import ServerlessProblem, build_problem
 from energyopt.sim.arrivals import Arrivals
@@ -188,6 +189,34 @@ def gap_to_milp(p: ServerlessProblem, limit_s: float) -> None:
     )
 
 
+def write_instances(data: Path, folder: Path, max_batch: int) -> None:
+    """The bundled instances: the benchmark's Azure load (58 min x 8), and a small one
+    (first 10 min x 2, two nodes of 2 GPUs) that the exact MILP solves in seconds."""
+    for name, minutes, copies, gpus in (
+        ("azure-conv-2x8-h100", 58.0, 8, 8),
+        ("azure-conv-small", 10.0, 2, 2),
+    ):
+        arr = azure(data, minutes, copies)
+        n_epochs = round(minutes * 60.0 / EPOCH_S)
+        demand = [float(d) for d in epoch_demand(arr, EPOCH_S, n_epochs, PEAK_WINDOW_S)[0]]
+        doc = problem_doc(name, demand, max_batch)
+        for node in doc["nodes"]:
+            node["gpus"] = gpus
+        doc["description"] = (
+            f"Azure LLM inference trace 2023 (conversation), first {minutes:g} min, each "
+            f"request {copies}x with a uniform [0, {JITTER_S:g} s) arrival jitter; demand_rps "
+            f"= the largest {PEAK_WINDOW_S:g}-s rate of each {EPOCH_S:g}-s epoch; cold start "
+            "at the ServerlessLLM SafeTensors bandwidth on H100 (3.62 GB/s); "
+            "written by benchmarks/serverless.py --write-instances"
+        )
+        path = folder / f"{name}.yaml"
+        path.write_text(
+            "# Serverless prefill/decode provisioning (kind: serverless); see description.\n"
+            + yaml.safe_dump(doc, sort_keys=False, width=100)
+        )
+        print(f"wrote {path} ({len(arr):,} requests, {n_epochs} epochs)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("data", nargs="?", default=str(ROOT.parent / "shared" / "data"))
@@ -195,8 +224,12 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=4)
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--milp-limit", type=float, default=30.0)
+    ap.add_argument("--write-instances", metavar="FOLDER", help="write the bundled instances")
     args = ap.parse_args()
     data = Path(args.data)
+    if args.write_instances:
+        write_instances(data, Path(args.write_instances), args.max_batch)
+        return
     loads = {
         f"azure-conv x{args.copies}": azure(data, args.minutes, args.copies),
         "bursty": bursty(args.minutes),

@@ -507,8 +507,11 @@ class _Sim:
                         continue
                     while len([i for i in self.live(key) if not i.draining]) < count and cap < need:
                         tab = self.table(m, key[2])
-                        self.start(key, now, now + tab.load_s)
-                        self.push(now + tab.load_s, _CONTROL, -2, m)
+                        if forecast:  # the epoch's forecast: loaded ahead, ready now
+                            self.start(key, now - tab.load_s, now)
+                        else:
+                            self.start(key, now, now + tab.load_s)
+                            self.push(now + tab.load_s, _CONTROL, -2, m)
                         cap += tab.capacity_rps
                 continue
             for inst in sorted(active, key=lambda i: (len(i.reqs), i.iid)):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from energyopt.spec.base import Spec
 from energyopt.spec.workload import Slo, TokenDist
@@ -105,21 +105,31 @@ class InstanceOptions(Spec):
         default=0.1, ge=0, lt=1, description="slice memory kept free (activations, runtime)"
     )
 
-    @model_validator(mode="after")
-    def _check(self) -> InstanceOptions:
-        shares = sorted(set(self.shares_pct))
-        if len(shares) != len(self.shares_pct):
-            raise ValueError("shares_pct: a share is given twice")
+    @field_validator("shares_pct")
+    @classmethod
+    def _shares(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        shares = sorted(set(value))
+        if len(shares) != len(value):
+            raise ValueError("a share is given twice")
         if any(s <= 0 or s > 100 or 100 % s for s in shares):
-            raise ValueError("shares_pct: every share must divide 100 (e.g. 25, 50, 100)")
+            raise ValueError("every share must divide 100 (e.g. 25, 50, 100)")
         if any(b % a for a, b in itertools.pairwise(shares)):
-            raise ValueError("shares_pct: each share must divide the next larger one")
-        tps = sorted(set(self.tp))
-        if len(tps) != len(self.tp) or any(t <= 0 or t & (t - 1) for t in tps):
-            raise ValueError("tp: sizes must be distinct powers of two")
-        if self.clocks_mhz is not None and len(set(self.clocks_mhz)) != len(self.clocks_mhz):
-            raise ValueError("clocks_mhz: a clock is given twice")
-        return self
+            raise ValueError("each share must divide the next larger one")
+        return value
+
+    @field_validator("tp")
+    @classmethod
+    def _tp(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if len(set(value)) != len(value) or any(t <= 0 or t & (t - 1) for t in value):
+            raise ValueError("sizes must be distinct powers of two")
+        return value
+
+    @field_validator("clocks_mhz")
+    @classmethod
+    def _clocks(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("a clock is given twice")
+        return value
 
 
 class ServerlessObjective(Spec):

@@ -57,6 +57,40 @@ class ServerlessEvaluation:
     cost: float = 0.0
 
 
+_ENERGY: dict[tuple[object, ...], float] = {}
+"""Energy per request of each pool shape met so far (it does not depend on the rate)."""
+
+
+def _energy_per_request(ops: list[OpSpec]) -> list[float]:
+    """Dynamic energy of one request on each op's instance (J, whole TP group)."""
+
+    def key(op: OpSpec) -> tuple[object, ...]:
+        wl = op.workload
+        return (
+            op.gpu.model_dump_json(),
+            op.model.model_dump_json(),
+            op.phase,
+            op.clock_mhz,
+            op.sm_fraction,
+            op.memory_gb,
+            op.tp,
+            wl.prompt_tokens.mean,
+            wl.output_tokens.mean,
+            wl.slo.ttft_ms,
+            wl.slo.tbt_ms,
+            wl.slo.percentile,
+            op.options.max_batch,
+        )
+
+    keys = [key(op) for op in ops]
+    missing = {k: op for k, op in zip(keys, ops, strict=True) if k not in _ENERGY}
+    if missing:
+        values = energy_per_request_j(build_params(list(missing.values())))
+        for k, v in zip(missing, values, strict=True):
+            _ENERGY[k] = float(v)
+    return [_ENERGY[k] for k in keys]
+
+
 def _links(spec: ServerlessFile) -> dict[str, Link]:
     nv, net = spec.links.nvlink, spec.links.network
     return {
@@ -183,7 +217,7 @@ def evaluate_serverless(
         params = build_params([c[2] for c in checks])
         rates = np.array([c[3] for c in checks])
         met = metrics_at(params, rates)
-        energy = [float(e) for e in energy_per_request_j(params)]
+        energy = _energy_per_request([c[2] for c in checks])
         for i, (t, pool, op, rate) in enumerate(checks):
             where = f"epoch {t} {pool.model}:{pool.phase} on {pool.node}"
             sm = models[pool.model]

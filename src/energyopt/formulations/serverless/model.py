@@ -12,6 +12,7 @@ times s, GPU amounts in GPUs (a 25 % share is 0.25).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,10 @@ IntArray = NDArray[np.int64]
 LINKS: tuple[LinkKind, ...] = ("nvlink", "network")
 NVLINK, NETWORK = 0, 1
 DEFAULT_CLOCK_COUNT = 3
+PERF_TABLES_KEPT = 32
+_PERF_TABLES: dict[str, tuple[FloatArray, FloatArray]] = {}
+"""Capacity and energy tables of the files bound so far in this process, by what
+they depend on (GPU, models, options, links, token means and SLOs; not demand)."""
 
 
 @dataclass(frozen=True)
@@ -282,11 +287,28 @@ def build_problem(
                         options=perf_options,
                     )
                 )
-    params = build_params(specs)
-    first, inverse = params.distinct()
-    distinct = params.take(first)
-    cap = slo_capacity(distinct)[inverse].reshape(n_m, n_o, 3)
-    energy = energy_per_request_j(distinct)[inverse].reshape(n_m, n_o, 3)
+    key = json.dumps(
+        [
+            gpu.model_dump(mode="json"),
+            [llm.model_dump(mode="json") for llm in llms],
+            spec.model_dump(mode="json", include={"options", "links"}),
+            [m.model_dump(mode="json", exclude={"demand_rps", "name"}) for m in spec.models],
+        ],
+        sort_keys=True,
+    )
+    cached = _PERF_TABLES.get(key)
+    if cached is None:
+        params = build_params(specs)
+        first, inverse = params.distinct()
+        distinct = params.take(first)
+        cached = (
+            slo_capacity(distinct)[inverse].reshape(n_m, n_o, 3),
+            energy_per_request_j(distinct)[inverse].reshape(n_m, n_o, 3),
+        )
+        _PERF_TABLES[key] = cached
+        while len(_PERF_TABLES) > PERF_TABLES_KEPT:
+            _PERF_TABLES.pop(next(iter(_PERF_TABLES)))
+    cap, energy = cached[0].copy(), cached[1].copy()
     for m in range(n_m):
         for k in (0, 1):
             if 1e3 * transfer[m, k] >= spec.models[m].slo.ttft_ms:

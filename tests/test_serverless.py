@@ -1,0 +1,503 @@
+"""Serverless family (``kind: serverless``): the KV-transfer and cold-start terms
+against the measured data, every solver against brute force on tiny instances, the
+verifier's rejections (KV transfer over the TTFT SLO, a merged decode instance over
+its memory), request conservation in the simulator with merging, bad input named
+by file and field, and every CLI verb on the bundled instance."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import highspy
+import numpy as np
+import pytest
+import yaml
+from scipy.optimize import linprog
+
+from energyopt.catalog.loader import builtin_catalog
+from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_VIOLATION, main
+from energyopt.families import certify, family
+from energyopt.formulations.serverless.milp import DECODE, PREFILL_NET, PREFILL_NV, pool_capacity
+from energyopt.formulations.serverless.model import ServerlessProblem, build_problem
+from energyopt.perf.coldstart import SAFETENSORS_H100_GBPS, measured_load_bandwidth_gbps
+from energyopt.perf.kvtransfer import (
+    NETWORK_H100,
+    NETWORK_H100_CLUSTER00,
+    NETWORK_H100_CLUSTER01,
+    NVLINK_H100,
+    kv_bytes,
+    nccl_sendrecv_bandwidth_bps,
+    transfer_s,
+    ttft_budget_s,
+    vidur_link,
+)
+from energyopt.sim.arrivals import Arrivals
+from energyopt.sim.serverless import ConservationError, MergePolicy, simulate
+from energyopt.spec.serverless import EpochPlan, Pool, Route, ServerlessFile, ServerlessPlan
+from energyopt.verify.serverless import DecodeInstanceState, check_merge
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+SMALL = ROOT / "instances" / "serverless" / "azure-conv-small.yaml"
+QUIET = lambda _msg: None  # noqa: E731
+
+
+def run(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def _doc(**changes: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "kind": "serverless",
+        "name": "tiny",
+        "gpu": "H100-SXM5-80GB",
+        "epoch_s": 60,
+        "nodes": [{"name": "n0", "gpus": 2}],
+        "cold_start": {"bandwidth_gbps": 3.62},
+        "options": {"shares_pct": [50, 100], "clocks_mhz": [1980], "max_batch": 64},
+        "models": [
+            {
+                "name": "chat",
+                "model": "Llama-3.1-8B",
+                "prompt_tokens": {"mean": 1155},
+                "output_tokens": {"mean": 211},
+                "slo": {"ttft_ms": 1000, "tbt_ms": 50, "percentile": 90},
+                "demand_rps": [10.0, 20.0],
+            }
+        ],
+    }
+    doc.update(changes)
+    return doc
+
+
+def _problem(**changes: Any) -> ServerlessProblem:
+    return build_problem(ServerlessFile.model_validate(_doc(**changes)))
+
+
+# --- the performance-model terms ---------------------------------------------
+
+
+def test_kv_bytes_follow_the_architecture() -> None:
+    llm = builtin_catalog().model("Llama-3.1-8B")
+    # 2 (K, V) x 32 layers x 8 KV heads x 128 head dim x 2 bytes
+    assert kv_bytes(llm, 1) == 2 * 32 * 8 * 128 * 2
+    assert transfer_s(llm, 1000, NVLINK_H100) == pytest.approx(
+        NVLINK_H100.latency_s + 1000 * 131072 / NVLINK_H100.bandwidth_bps
+    )
+    assert transfer_s(llm, 1000, NETWORK_H100) > 9 * transfer_s(llm, 1000, NVLINK_H100)
+    assert ttft_budget_s(1.0, llm, 1000, NETWORK_H100) < 1.0
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason="reference data not present")
+def test_shipped_links_and_load_bandwidth_are_the_fits_of_the_data() -> None:
+    for devices, link in ((2, NVLINK_H100), (1, NETWORK_H100)):
+        fit = vidur_link(DATA / "network" / "vidur" / "h100_dgx" / "send_recv.csv", devices)
+        assert fit.bandwidth_bps == pytest.approx(link.bandwidth_bps, rel=1e-3)
+        assert fit.latency_s == pytest.approx(link.latency_s, rel=1e-2)
+    nccl = DATA / "collectives" / "nccl-tests-cluster-h100" / "nccl_tests_parsed.csv"
+    for cluster, link in (
+        ("example-cluster01", NETWORK_H100_CLUSTER01),
+        ("example-cluster00", NETWORK_H100_CLUSTER00),
+    ):
+        assert nccl_sendrecv_bandwidth_bps(nccl, cluster) == pytest.approx(
+            link.bandwidth_bps, rel=5e-3
+        )
+    llm = builtin_catalog().model("Llama-3.1-8B")
+    load = DATA / "serverless" / "serverlessllm" / "load_times.csv"
+    got = measured_load_bandwidth_gbps(
+        load, "meta-llama/Llama-3.1-8B-Instruct", "safetensors", llm.weight_bytes
+    )
+    assert got == pytest.approx(SAFETENSORS_H100_GBPS, rel=2e-3)
+
+
+def test_a_slow_network_link_lowers_prefill_capacity_only_across_nodes() -> None:
+    fast = _problem(nodes=[{"name": "n0", "gpus": 2}, {"name": "n1", "gpus": 2}])
+    slow = _problem(
+        nodes=[{"name": "n0", "gpus": 2}, {"name": "n1", "gpus": 2}],
+        links={"network": {"latency_us": 10, "bandwidth_gbps": 0.2}},
+    )
+    assert np.allclose(fast.cap_prefill[:, :, 0], slow.cap_prefill[:, :, 0])
+    assert np.all(slow.cap_prefill[:, :, 1] < fast.cap_prefill[:, :, 1])
+    assert np.allclose(fast.cap_decode, slow.cap_decode)
+
+
+# --- brute force -------------------------------------------------------------
+
+
+def _one_node_optimum(p: ServerlessProblem, top: int = 4) -> float:
+    """Optimum of a one-node instance by enumeration: counts of every (option,
+    phase) per epoch, each phase's rate put on its cheapest requests first."""
+    kinds = (PREFILL_NV, DECODE)
+    pools = [(o, k) for o in range(p.n_options) for k in kinds if pool_capacity(p, 0, o, k) > 0]
+    gpus = p.gpus_of()
+    per_epoch: list[list[tuple[tuple[int, ...], float]]] = []
+    for t in range(p.n_epochs):
+        demand = float(p.demand[0, t])
+        options = []
+        for counts in itertools.product(range(top + 1), repeat=len(pools)):
+            if (
+                sum(gpus[o] * c for (o, _), c in zip(pools, counts, strict=True))
+                > p.node_gpus[0] + 1e-9
+            ):
+                continue
+            cost = 0.0
+            ok = True
+            for k in kinds:
+                phase = "decode" if k == DECODE else "prefill"
+                mine = [(o, c) for (o, kk), c in zip(pools, counts, strict=True) if kk == k and c]
+                cap = sum(pool_capacity(p, 0, o, k) * c for o, c in mine)
+                if demand > 0 and cap < demand - 1e-9:
+                    ok = False
+                    break
+                left = demand
+                for o, c in sorted(mine, key=lambda oc: p.serve_cost(0, phase)[oc[0]]):
+                    take = min(left, pool_capacity(p, 0, o, k) * c)
+                    cost += take * float(p.serve_cost(0, phase)[o])
+                    left -= take
+                cost += sum(c * float(p.instance_cost(0)[o]) for o, c in mine)
+            if ok and (demand > 0 or not any(counts)):
+                options.append((counts, cost))
+        per_epoch.append(options)
+    best = np.inf
+    for combo in itertools.product(*per_epoch):
+        cost = sum(c for _, c in combo)
+        before = (0,) * len(pools)
+        for counts, _ in combo:
+            for (o, _), now, was in zip(pools, counts, before, strict=True):
+                cost += max(0, now - was) * float(p.start_cost(0)[o])
+            before = counts
+        best = min(best, cost)
+    return float(best)
+
+
+def _two_node_optimum(p: ServerlessProblem, top: int = 3) -> float:
+    """Optimum of a one-epoch, one-option, two-node gpu_seconds instance: counts in
+    increasing cost, the first whose routes are feasible (an LP)."""
+    assert p.n_epochs == 1 and p.n_options == 1 and p.n_nodes == 2
+    demand = float(p.demand[0, 0])
+    kinds = (PREFILL_NV, PREFILL_NET, DECODE)
+    cap = [pool_capacity(p, 0, 0, k) for k in kinds]
+    g = float(p.gpus_of()[0])
+    cost_one = float(p.instance_cost(0)[0] + p.start_cost(0)[0])
+    kv = float(p.kv_request_bytes[0]) / 1e9
+    grid = sorted(itertools.product(range(top + 1), repeat=6), key=sum)
+    for counts in grid:
+        x = np.array(counts).reshape(2, 3)  # node x kind
+        if np.any(x.sum(axis=1) * g > p.node_gpus + 1e-9):
+            continue
+        # routes r00, r01, r10, r11 >= 0
+        a_ub = [
+            [1, 0, 0, 0],
+            [0, 0, 0, 1],  # local prefill
+            [0, 1, 0, 0],
+            [0, 0, 1, 0],  # network prefill
+            [1, 0, 1, 0],
+            [0, 1, 0, 1],  # decode on n0, n1
+            [0, kv, 0, 0],
+            [0, 0, kv, 0],  # NIC out of n0, n1
+        ]
+        b_ub = [
+            cap[0] * x[0, 0],
+            cap[0] * x[1, 0],
+            cap[1] * x[0, 1],
+            cap[1] * x[1, 1],
+            cap[2] * x[0, 2],
+            cap[2] * x[1, 2],
+            p.nic_bps[0] / 1e9,
+            p.nic_bps[1] / 1e9,
+        ]
+        res = linprog(np.zeros(4), A_ub=a_ub, b_ub=b_ub, A_eq=[[1, 1, 1, 1]], b_eq=[demand])
+        if res.status == 0:
+            return sum(counts) * cost_one
+    raise AssertionError("no plan in the enumerated range")
+
+
+def _check_every_solver(p: ServerlessProblem, optimum: float) -> None:
+    fam = family("serverless")
+    for entry in fam.solvers():
+        res = fam.solve(p, entry.name, time_limit_s=30, rel_gap=1e-9, progress=QUIET)
+        certify(fam, p, res, 1e-9, QUIET)
+        assert res.plan is not None, (entry.name, res.log)
+        assert fam.verify(p, res.plan) == []
+        assert res.objective is not None and res.objective >= optimum * (1 - 1e-6), entry.name
+        if entry.guarantee != "heuristic":
+            assert res.bound is not None and res.bound <= optimum * (1 + 1e-6), entry.name
+        if entry.guarantee == "exact":
+            assert res.objective == pytest.approx(optimum, rel=1e-6), entry.name
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_solver_against_brute_force_on_one_node(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    demand = [float(d) for d in rng.uniform(2.0, 24.0, 2).round(2)]
+    kind = ("gpu_seconds", "energy", "weighted")[seed]
+    p = _problem(
+        models=[dict(_doc()["models"][0], demand_rps=demand)],
+        objective={"kind": kind, "energy_weight_per_j": 1e-3},
+    )
+    _check_every_solver(p, _one_node_optimum(p))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_solver_against_brute_force_on_two_nodes(seed: int) -> None:
+    rng = np.random.default_rng(10 + seed)
+    demand = round(float(rng.uniform(10.0, 30.0)), 2)
+    p = _problem(
+        nodes=[{"name": "n0", "gpus": 1}, {"name": "n1", "gpus": 2, "nic_gbps": 1.0}],
+        options={"shares_pct": [50], "clocks_mhz": [1980], "max_batch": 64},
+        models=[dict(_doc()["models"][0], demand_rps=[demand])],
+    )
+    _check_every_solver(p, _two_node_optimum(p))
+
+
+# --- the verifier --------------------------------------------------------------
+
+
+def _two_node_plan(
+    p: ServerlessProblem, prefill_node: str, link: str, rate: float
+) -> ServerlessPlan:
+    pools = (
+        Pool(
+            model="chat",
+            phase="prefill",
+            node=prefill_node,
+            share_pct=100,
+            tp=1,
+            clock_mhz=1980,
+            link=link,
+            count=1,
+            rate_rps=rate,
+        ),  # type: ignore[arg-type]
+        Pool(
+            model="chat",
+            phase="decode",
+            node="n1",
+            share_pct=100,
+            tp=1,
+            clock_mhz=1980,
+            count=1,
+            rate_rps=rate,
+        ),
+    )
+    route = Route(model="chat", prefill_node=prefill_node, decode_node="n1", rate_rps=rate)
+    return ServerlessPlan(epochs=(EpochPlan(epoch=0, pools=pools, routes=(route,)),))
+
+
+def test_the_verifier_rejects_a_kv_transfer_that_breaks_the_ttft_slo() -> None:
+    nodes = [{"name": "n0", "gpus": 2}, {"name": "n1", "gpus": 2}]
+    model = dict(_doc()["models"][0], demand_rps=[8.0])
+    fam = family("serverless")
+    ok = _problem(nodes=nodes, models=[model])
+    slow = _problem(
+        nodes=nodes, models=[model], links={"network": {"latency_us": 10, "bandwidth_gbps": 0.12}}
+    )
+    assert fam.verify(ok, _two_node_plan(ok, "n0", "network", 8.0)) == []
+    assert fam.verify(slow, _two_node_plan(slow, "n1", "nvlink", 8.0)) == []
+    broken = fam.verify(slow, _two_node_plan(slow, "n0", "network", 8.0))
+    assert [v.kind for v in broken] == ["ttft"]
+    assert "KV transfer over network" in broken[0].message
+
+
+def test_the_verifier_rejects_over_memory_routes_and_gpus() -> None:
+    p = _problem(
+        models=[dict(_doc()["models"][0], demand_rps=[10.0])],
+        options={"shares_pct": [25, 50, 100], "clocks_mhz": [1980], "max_batch": 64},
+    )
+    fam = family("serverless")
+    pools = (
+        Pool(
+            model="chat",
+            phase="prefill",
+            node="n0",
+            share_pct=100,
+            tp=1,
+            clock_mhz=1980,
+            link="nvlink",
+            count=1,
+            rate_rps=10.0,
+        ),
+        Pool(
+            model="chat",
+            phase="decode",
+            node="n0",
+            share_pct=25,
+            tp=1,
+            clock_mhz=1980,
+            count=1,
+            rate_rps=10.0,
+        ),
+    )
+    plan = ServerlessPlan(
+        epochs=(
+            EpochPlan(
+                epoch=0,
+                pools=pools,
+                routes=(Route(model="chat", prefill_node="n0", decode_node="n0", rate_rps=10.0),),
+            ),
+        )
+    )
+    kinds = {v.kind for v in fam.verify(p, plan)}
+    assert "memory" in kinds or "capacity" in kinds
+    crowded = ServerlessPlan(
+        epochs=(
+            EpochPlan(
+                epoch=0,
+                pools=(pools[0].model_copy(update={"count": 3}), pools[1]),
+                routes=plan.epochs[0].routes,
+            ),
+        )
+    )
+    assert "gpus" in {v.kind for v in fam.verify(p, crowded)}
+    short = ServerlessPlan(
+        epochs=(
+            EpochPlan(
+                epoch=0,
+                pools=pools,
+                routes=(Route(model="chat", prefill_node="n0", decode_node="n0", rate_rps=4.0),),
+            ),
+        )
+    )
+    assert {"demand", "route"} <= {v.kind for v in fam.verify(p, short)}
+
+
+def test_the_merge_check_rejects_memory_loss_and_duplicates() -> None:
+    a = DecodeInstanceState("a", kv_budget_bytes=10e9, max_batch=4, requests={1: 4e9, 2: 4e9})
+    b = DecodeInstanceState("b", kv_budget_bytes=10e9, max_batch=4, requests={3: 4e9})
+    over = check_merge([a, b], {3: "a"}, ["b"])
+    assert [v.kind for v in over] == ["memory"]
+    fits = check_merge([a, DecodeInstanceState("b", 10e9, 4, {3: 1e9})], {3: "a"}, ["b"])
+    assert fits == []
+    lost = check_merge([a, b], {}, ["b"])
+    assert [v.kind for v in lost] == ["merge"] and "lost" in lost[0].message
+    twice = check_merge([a, DecodeInstanceState("b", 10e9, 4, {1: 1e9})], {}, [])
+    assert "merge" in {v.kind for v in twice}
+    full = check_merge([a, DecodeInstanceState("b", 100e9, 1, {3: 1e9})], {1: "b"}, ["a"])
+    assert {v.kind for v in full} == {"batch", "merge"}
+
+
+# --- the simulator -------------------------------------------------------------
+
+
+def _arrivals(rate: float, seconds: float, seed: int) -> Arrivals:
+    rng = np.random.default_rng(seed)
+    n = int(rate * seconds)
+    t = np.sort(rng.uniform(0, seconds, n))
+    return Arrivals(
+        time_s=t,
+        workload=np.zeros(n, dtype=np.int64),
+        prompt_tokens=rng.integers(200, 2000, n).astype(np.int64),
+        output_tokens=rng.integers(20, 400, n).astype(np.int64),
+        names=("chat",),
+    )
+
+
+def test_merging_conserves_requests_and_frees_gpus() -> None:
+    nodes = [{"name": "n0", "gpus": 2}, {"name": "n1", "gpus": 2}]
+    p = _problem(nodes=nodes, models=[dict(_doc()["models"][0], demand_rps=[40.0, 40.0])])
+    fam = family("serverless")
+    res = fam.solve(p, "fast", time_limit_s=10, rel_gap=1e-6, progress=QUIET)
+    assert res.plan is not None
+    arrivals = _arrivals(4.0, 120.0, 3)  # far below the plan's 40 rps: decode is fragmented
+    plain = simulate(p, res.plan, arrivals)
+    merged = simulate(p, res.plan, arrivals, MergePolicy(merge_interval_s=5.0))
+    for r in (plain, merged):
+        assert r.requests == r.finished == len(arrivals)
+    assert merged.merges > 0 and merged.migrated_bytes > 0
+    assert merged.gpu_s < plain.gpu_s
+    assert merged.tokens == pytest.approx(plain.tokens, rel=0.01)
+
+
+def test_a_merge_that_would_lose_a_request_stops_the_simulation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import energyopt.sim.serverless as sim
+
+    nodes = [{"name": "n0", "gpus": 2}, {"name": "n1", "gpus": 2}]
+    p = _problem(nodes=nodes, models=[dict(_doc()["models"][0], demand_rps=[40.0, 40.0])])
+    res = family("serverless").solve(p, "fast", time_limit_s=10, rel_gap=1e-6, progress=QUIET)
+    assert res.plan is not None
+    real = sim.check_merge
+    monkeypatch.setattr(
+        sim,
+        "check_merge",
+        lambda before, moves, released: real(before, dict(list(moves.items())[1:]), released),
+    )
+    with pytest.raises(ConservationError):
+        simulate(p, res.plan, _arrivals(4.0, 120.0, 3), MergePolicy())
+
+
+# --- files and the command line -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"epoch_s": -1}, "epoch_s"),
+        ({"options": {"shares_pct": [30]}}, "options.shares_pct"),
+        ({"options": {"shares_pct": [20, 50]}}, "options.shares_pct"),
+        ({"options": {"tp": [3]}}, "options.tp"),
+        ({"options": {"clocks_mhz": [99999]}}, "options.clocks_mhz"),
+        ({"gpu": "H999"}, "gpu"),
+        ({"nodes": [{"name": "n0", "gpus": 2}, {"name": "n0", "gpus": 2}]}, "(top level)"),
+        ({"models": [dict(_doc()["models"][0], model="GPT-9")]}, "models[0](chat).model"),
+        ({"models": [dict(_doc()["models"][0], demand_rps=[1, -2])]}, "models[0](chat)"),
+        (
+            {"models": [dict(_doc()["models"][0], slo={"ttft_ms": 1, "tbt_ms": 50})]},
+            "models[0](chat).slo",
+        ),
+        ({"cold_start": {"bandwidth_gbps": 0}}, "cold_start.bandwidth_gbps"),
+    ],
+)
+def test_bad_input_names_file_and_field(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], change: dict[str, Any], field: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(_doc(**change)))
+    code, _, err = run(capfd, "validate", str(path))
+    assert code == EXIT_BAD_INPUT
+    assert f"{path}: {field}" in err and "Traceback" not in err
+
+
+def test_every_cli_verb_on_the_bundled_instance(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    path = str(SMALL)
+    code, out, _ = run(capfd, "validate", path)
+    assert code == EXIT_OK and "1 models, 2 nodes" in out and "10 epochs" in out
+    code, out, _ = run(capfd, "show", path)
+    assert code == EXIT_OK and "Llama-3.1-8B" in out
+    plan = tmp_path / "plan.json"
+    code, out, err = run(capfd, "solve", path, "--solver", "milp", "-q", "-o", str(plan))
+    assert code == EXIT_OK, err
+    assert "status optimal" in out
+    data = json.loads(plan.read_text())
+    code, out, err = run(capfd, "verify", path, str(plan))
+    assert code == EXIT_OK and "feasible" in out, err
+    bad = dict(data, objective=data["objective"] * 1.5)
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    code, _, err = run(capfd, "verify", path, str(tmp_path / "bad.json"))
+    assert code == EXIT_VIOLATION and "[objective]" in err
+    export = tmp_path / "serverless.mps"
+    code, _, err = run(capfd, "export", path, "-o", str(export))
+    assert code == EXIT_OK, err
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    assert h.readModel(str(export)) == highspy.HighsStatus.kOk
+    h.setOptionValue("mip_rel_gap", 1e-9)
+    h.run()
+    assert h.getInfo().objective_function_value == pytest.approx(data["objective"], rel=1e-6)
+    for kind in ("serverless", "serverless-plan"):
+        code, out, _ = run(capfd, "schema", kind)
+        assert code == EXIT_OK and json.loads(out)["type"] == "object"
+
+
+def test_bad_plan_file_is_named(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"epochs": [{"epoch": 0, "pools": [{"model": "chat"}]}]}))
+    code, _, err = run(capfd, "verify", str(SMALL), str(plan))
+    assert code == EXIT_BAD_INPUT and f"{plan}: epochs[0].pools[0]" in err
