@@ -27,6 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from energyopt.formulations.moe_edge.model import (
+    BoolArray,
     ConfigCosts,
     FloatArray,
     IntArray,
@@ -62,7 +63,7 @@ def v_max(c: ConfigCosts) -> float:
     return float(v.max(axis=1).sum())
 
 
-def allowed(p: MoeEdgeProblem, c: ConfigCosts) -> FloatArray:
+def allowed(p: MoeEdgeProblem, c: ConfigCosts) -> BoolArray:
     """(I, O) True where the option exists: GPUs with room for one expert, host with room."""
     ok = np.isfinite(c.time_ms)
     w = p.expert_gb
@@ -72,7 +73,7 @@ def allowed(p: MoeEdgeProblem, c: ConfigCosts) -> FloatArray:
     if p.host_gb_free < w - 1e-9:
         ok[:, p.fetch] = False
         ok[:, p.cpu] = False
-    return np.asarray(ok)
+    return np.asarray(ok, dtype=np.bool_)
 
 
 def item_objective(p: MoeEdgeProblem, c: ConfigCosts) -> FloatArray:

@@ -33,6 +33,7 @@ from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
+BoolArray = NDArray[np.bool_]
 
 DEFAULT_CLOCKS = 3
 """Clocks considered per GPU when a file lists none."""
