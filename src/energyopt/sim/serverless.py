@@ -10,8 +10,9 @@ merging policy also consolidates under-used decode instances of a model on a nod
 while the observed arrival rate leaves headroom, starting instances again (cold,
 ``load_s``) when the rate rises.
 
-* Prefill: one prompt at a time per instance (first come, first served, the
-  instance that frees first); the pass time and energy are the performance
+* Prefill: one prompt at a time per instance, first come, first served, on the
+  instance that would finish it first (least expected completion time, so long
+  prompts go to large slices); the pass time and energy are the performance
   model's (perf/forward.py) for the request's own prompt. TTFT = wait + prefill +
   KV transfer over the instance's link (perf/kvtransfer.py).
 * Decode: continuous batching. An instance's step time and energy at batch b are
@@ -168,7 +169,7 @@ def option_tables(p: ServerlessProblem, m: int, o: int) -> OptionTables:
     ctx = np.full(len(batches), sm.prompt_tokens.mean + 0.5 * sm.output_tokens.mean)
     dec = decode_pass(dp, batches, ctx)
     cap = float(p.cap_decode[m, o])
-    one = build_params([spec("decode")])
+    one = build_params([spec("decode")])  # the batch at the planned (derated) capacity
     at_cap = metrics_at(one, np.array([cap])) if cap > 0 else None
     return OptionTables(
         prompt_grid=grid,
@@ -559,11 +560,18 @@ class _Sim:
                 key = next(k for e in self.targets for k in e if k[0] == m and k[3] == "prefill")
             tab = self.table(m, key[2])
             cands = [self.start(key, now, now + tab.load_s)]
-        inst = min(cands, key=lambda i: (max(i.free_at, i.ready_at, now), i.iid))
+        prompt = float(self.arr.prompt_tokens[rid])
+
+        def finish_at(i: Instance) -> float:
+            tab = self.table(m, i.key[2])
+            return max(now, i.free_at, i.ready_at) + float(
+                np.interp(prompt, tab.prompt_grid, tab.prefill_s)
+            )
+
+        inst = min(cands, key=lambda i: (finish_at(i), i.iid))
         _, node, o, _, link = inst.key
         tab = self.table(m, o)
         begin = max(now, inst.free_at, inst.ready_at)
-        prompt = float(self.arr.prompt_tokens[rid])
         service = float(np.interp(prompt, tab.prompt_grid, tab.prefill_s))
         self.res.energy_j += float(np.interp(prompt, tab.prompt_grid, tab.prefill_j))
         inst.free_at = begin + service

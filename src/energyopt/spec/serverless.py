@@ -104,6 +104,13 @@ class InstanceOptions(Spec):
     memory_reserve_fraction: float = Field(
         default=0.1, ge=0, lt=1, description="slice memory kept free (activations, runtime)"
     )
+    load_fraction: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="an instance must meet its SLOs at 1 / load_fraction times its load "
+        "(plan at this share of the modelled SLO capacity)",
+    )
 
     @field_validator("shares_pct")
     @classmethod

@@ -7,7 +7,8 @@ itself, packs every node's slices onto its GPUs, and recomputes the plan's cost.
 It shares no arrays or arithmetic with formulations/serverless or the solvers.
 
 A plan is feasible when, in every epoch: each pool uses an offered option and a
-link its node has; every instance meets the TTFT SLO at its percentile including
+link its node has; every instance, at 1 / ``load_fraction`` times its load, meets
+the TTFT SLO at its percentile including
 the KV transfer (prefill) or the TBT SLO within its memory and batch limit
 (decode); the routes carry each model's demand and match the pools' rates; each
 node's slices fit on its GPUs; its network traffic fits its NIC; its power fits
@@ -210,7 +211,7 @@ def evaluate_serverless(
                 tp=pool.tp,
                 options=perf_options,
             )
-            per_instance = pool.rate_rps / pool.count if pool.count else 0.0
+            per_instance = pool.rate_rps / pool.count / opts.load_fraction if pool.count else 0.0
             checks.append((t, pool, op, per_instance))
     energy: list[float] = []
     if checks:

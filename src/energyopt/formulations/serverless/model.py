@@ -313,7 +313,7 @@ def build_problem(
         for k in (0, 1):
             if 1e3 * transfer[m, k] >= spec.models[m].slo.ttft_ms:
                 cap[m, :, k] = 0.0  # the transfer alone breaks the TTFT SLO
-    cap = np.where(cap > 1e-9, cap, 0.0)
+    cap = np.where(cap > 1e-9, cap * spec.options.load_fraction, 0.0)
     for m, sm in enumerate(spec.models):
         if not (cap[m, :, :2] > 0).any() or not (cap[m, :, 2] > 0).any():
             phase = "prefill" if not (cap[m, :, :2] > 0).any() else "decode"
