@@ -382,3 +382,33 @@ def test_mutated_moe_edge_files_are_refused_cleanly_or_solved(tmp_path: Path) ->
                 assert code == EXIT_OK, (edit.describe(), solver, err)
 
     check()
+
+
+def test_the_mix_table_returns_the_plan_solved_for_the_observed_mix(tmp_path: Path) -> None:
+    from energyopt.tables.moe_edge import MixTable, compile_mix_table, mixed_problem
+    from energyopt.tables.stdlib_reader import StdlibTable
+
+    base = _problem(_doc(5, 2, slo={"tbt_ms": 3.0, "percentile": 90.0}))
+    fa = base.freq
+    fb = _problem(_doc(9, 2)).freq
+    path = tmp_path / "mix.eot"
+    objectives = compile_mix_table(base, fa, fb, path, cells=5, solver="milp")
+    table = MixTable.open(path)
+    assert table.mixes == (0.0, 0.25, 0.5, 0.75, 1.0)
+    for k, a in enumerate(table.mixes):
+        p = mixed_problem(base, fa, fb, a)
+        direct = solve_milp(p, rel_gap=1e-4)
+        plan = table.plan_at(k)
+        assert (plan is None) == (direct.plan is None) == (objectives[k] is None)
+        if plan is None or direct.objective is None:
+            continue
+        ev = evaluate_moe_edge(p.spec, CATALOG, plan)
+        assert ev.violations == []
+        assert ev.cost == pytest.approx(objectives[k], rel=1e-9)
+        assert ev.cost == pytest.approx(direct.objective, rel=1e-3)
+    observed = 0.3 * fa + 0.7 * fb
+    a, plan = table.plan(observed * 1000)  # counts, not shares
+    assert a == pytest.approx(0.3, abs=1e-9) and table.cell(a) == 1
+    assert table.estimate(fa * 5) == pytest.approx(1.0) and table.estimate(2 * fb - fa) == 0.0
+    row = StdlibTable(str(path)).lookup(mix=0.25, item=3)
+    assert row["in_grid"] and row["place"] == table.table.array("place")[1][3]
