@@ -467,4 +467,5 @@ def test_mutations_cover_every_bundled_kind() -> None:
     kinds = {read_yaml(path).get("kind", "serving") for path in sorted(INSTANCES.glob("**/*.yaml"))}
     covered = {"serving", "taskgraph", "colocation", "evaluate", "plans", "oppoints"}
     covered |= {"keepalive"}  # mutated in tests/test_keepalive.py with the same strategies
+    covered |= {"moe-edge"}  # mutated in tests/test_moe_edge.py with the same strategies
     assert kinds <= covered, kinds - covered
