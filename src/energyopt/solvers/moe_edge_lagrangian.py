@@ -46,7 +46,7 @@ from energyopt.formulations.moe_edge.model import (
     MoeEdgeProblem,
 )
 from energyopt.progress import Progress, quiet
-from energyopt.solvers.moe_edge_milp import run_milp
+from energyopt.solvers.moe_edge_milp import run_milp, unpriced_bound
 from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, Result, Termination, status_at
 from energyopt.solvers.subgradient import PolyakControl, projected_step
 from energyopt.spec.moe_edge import MoeEdgePlan
@@ -391,13 +391,15 @@ def solve_lagrangian(
     bounds: list[float] = []
     timed_out = False
     for n, config in enumerate(configs):
-        if time.perf_counter() - t0 > time_limit_s:
-            timed_out = True
-            bounds.append(-np.inf)
-            continue
         c = p.costs(config)
         if c.gpu_free_gb[config.dense] < 0:
             bounds.append(np.inf)
+            continue
+        if time.perf_counter() - t0 > time_limit_s:
+            # out of time: the unpriced relaxation (every expert at its cheapest
+            # option) still bounds this configuration
+            timed_out = True
+            bounds.append(unpriced_bound(p, c))
             continue
         target = best[0] if best is not None else abs(_rough(p, c)) * 1.5
         bound, prices = lagrangian_bound(p, c, target)

@@ -21,12 +21,16 @@ from energyopt.formulations.moe_edge.milp import (
     FORMULATION_NAME,
     Milp,
     SloForm,
+    allowed,
     build_milp,
+    constant_objective,
+    item_objective,
+    pair_saving,
     secant,
     tangent,
     v_max,
 )
-from energyopt.formulations.moe_edge.model import Config, IntArray, MoeEdgeProblem
+from energyopt.formulations.moe_edge.model import Config, ConfigCosts, IntArray, MoeEdgeProblem
 from energyopt.progress import Progress, quiet
 from energyopt.solvers.result import (
     FEASIBLE,
@@ -40,6 +44,15 @@ from energyopt.solvers.result import (
 from energyopt.spec.moe_edge import MoeEdgePlan
 
 TANGENT_ROUNDS = 3
+
+
+def unpriced_bound(p: MoeEdgeProblem, c: ConfigCosts) -> float:
+    """A lower bound on configuration ``c``'s optimum without solving anything: every
+    expert at its cheapest option, every pair saving taken (memory, SLO, TTFT and
+    power rows dropped). Valid for the energy objective and for the latency one."""
+    ok = allowed(p, c)
+    obj = np.where(ok, item_objective(p, c), np.inf)
+    return float(constant_objective(p, c) + obj.min(axis=1).sum() - pair_saving(p, c).sum())
 
 
 def run_milp(
@@ -88,20 +101,20 @@ def solve_milp(
     log: list[str] = []
     for n, config in enumerate(configs):
         left = time_limit_s - (time.perf_counter() - t0)
-        if left <= 0:
-            all_done = False
-            bounds.append(-np.inf)
-            continue
-        share = left / (len(configs) - n)
         c = p.costs(config)
         if c.gpu_free_gb[config.dense] < 0:
             bounds.append(np.inf)
             continue
+        if left <= 0:
+            all_done = False
+            bounds.append(unpriced_bound(p, c))
+            continue
+        share = left / (len(configs) - n)
         cutoff = None if best is None else best[0]
         choice, bound, done = run_milp(
             build_milp(p, c, secant(v_max(c))), p, share, rel_gap, cutoff
         )
-        bounds.append(bound)
+        bounds.append(max(bound, unpriced_bound(p, c)))
         all_done &= done
         rounds = 0
         form: SloForm
