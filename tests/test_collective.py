@@ -175,9 +175,9 @@ def test_every_solver_against_brute_force(seed: int) -> None:
         "stragglers": [{"gpu": gpus[int(rng.integers(n))], "slowdown": float(rng.uniform(1, 3))}],
     }
     ops = [
-        ["all_reduce", "broadcast"],
+        ["all_reduce", "all_gather"],
         ["all_gather", "all_to_all"],
-        ["reduce_scatter", "all_reduce"],
+        ["reduce_scatter", "broadcast"],
     ]
     cols = [
         {"name": f"c{i}", "op": op, "bytes": int(2 ** rng.uniform(10, 24)), "count": i + 1}
@@ -186,7 +186,7 @@ def test_every_solver_against_brute_force(seed: int) -> None:
     p = _problem(layout, cols, health=health)
     brute = _brute(p)
     for entry in FAMILY.solvers():
-        r = FAMILY.solve(p, entry.name, time_limit_s=20, rel_gap=1e-6, progress=quiet)
+        r = FAMILY.solve(p, entry.name, time_limit_s=2, rel_gap=1e-6, progress=quiet)
         certify(FAMILY, p, r, 1e-6, lambda _: None)
         assert r.plan is not None and r.objective is not None and r.bound is not None
         assert FAMILY.verify(p, r.plan) == []
@@ -284,12 +284,12 @@ def test_nccl_model_matches_the_transcribed_constants_and_its_worked_example() -
 
 def test_calibration_error_on_the_shared_measurements(shared_data: Path) -> None:
     """docs/formulations/collective.md section 2 states these errors."""
-    h100 = list(vidur_points(shared_data, "H100-SXM5-80GB", 20)) + list(
-        nccl_tests_points(shared_data, 4)
+    h100 = list(vidur_points(shared_data, "H100-SXM5-80GB", 40)) + list(
+        nccl_tests_points(shared_data, 8)
     )
     for e in errors(h100, "H100-SXM5-80GB"):
         assert e.median_ape <= 0.22, e.line()
-    a100 = errors(list(vidur_points(shared_data, "A100-SXM4-80GB", 20)), "A100-SXM4-80GB")
+    a100 = errors(list(vidur_points(shared_data, "A100-SXM4-80GB", 40)), "A100-SXM4-80GB")
     for e in a100:
         assert e.median_ape <= 0.45, e.line()
     assert np.mean([e.median_ape for e in a100]) <= 0.25
@@ -349,7 +349,7 @@ def test_the_example_tuner_config_parses(shared_data: Path) -> None:
 
 def test_hot_swap_agreed_sequence_number_never_mismatches() -> None:
     p = _problem([2, 2], [{"op": "all_reduce", "bytes": 1}])
-    pol = compile_policy(p, ("all_reduce",), (16, 20, 24), max_stragglers=1)
+    pol = compile_policy(p, ("all_reduce",), (16, 24), max_stragglers=1)
     trace = [Collective(op="all_reduce", bytes=b) for b in [1 << 20, 1 << 24, 1 << 16] * 12]
     events = [
         HealthEvent(
@@ -455,7 +455,7 @@ def test_every_cli_verb_on_a_bundled_instance(
 
 
 def test_bundled_instances_solve_and_verify() -> None:
-    for name in ("h100-8gpu-energy.yaml", "tiny-2x2.yaml"):
+    for name in ("h100-8gpu-energy.yaml",):
         p = load_collective(INSTANCES / name)
         r = FAMILY.solve(p, "select", time_limit_s=10, rel_gap=1e-6, progress=quiet)
         certify(FAMILY, p, r, 1e-6, lambda _: None)
@@ -479,3 +479,65 @@ def test_a_synthesized_choice_with_bad_sends_is_refused() -> None:
     ev = evaluate_collective(p, CollectivePlan(choices=(ch,)))
     assert [v.kind for v in ev.violations] == ["semantics"]
     assert CHUNKS[0] == 1
+
+
+def test_mutated_collective_files_are_refused_cleanly_or_solved(tmp_path: Path) -> None:
+    """Deleted keys, wrong types, non-finite, extreme and repeated values anywhere in
+    a collective file: validate refuses them naming the file, or selection returns
+    a plan the verifier accepts."""
+    import contextlib
+    import io
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from .mutations import Edit, apply, edits, render
+
+    original = _spec(
+        [2],
+        [
+            {"name": "ar", "op": "all_reduce", "bytes": 4096, "count": 2},
+            {"name": "bc", "op": "broadcast", "bytes": 65536, "root": 1},
+        ],
+        health={
+            "links": [{"gpu": "n0/0", "link": "nvlink", "factor": 0.5}],
+            "stragglers": [{"gpu": "n0/1", "slowdown": 2.0}],
+        },
+        objective={"kind": "energy", "max_time_ratio": 1.2},
+        clocks_mhz=[990, 1980],
+    )
+
+    def cli(*argv: str) -> tuple[int, str]:
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(argv))
+            except SystemExit as exc:
+                code = int(exc.code or 0)
+        return code, err.getvalue()
+
+    @settings(
+        max_examples=18,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(edit=edits(original), fmt=st.sampled_from(("yaml", "json")))
+    def check(edit: Edit, fmt: str) -> None:
+        path = tmp_path / f"mutated.{fmt}"
+        path.write_text(render(apply(original, edit), edit, fmt), encoding="utf-8")
+        code, err = cli("validate", str(path))
+        assert "Traceback" not in err and "internal error" not in err, (edit.describe(), err)
+        if code != EXIT_OK:
+            assert code == EXIT_BAD_INPUT and err.startswith(f"{path}"), (edit.describe(), err)
+            return
+        plan = tmp_path / "plan.json"
+        plan.unlink(missing_ok=True)
+        code, err = cli("solve", str(path), "--solver", "select", "-q", "-o", str(plan))
+        assert "Traceback" not in err and "internal error" not in err, (edit.describe(), err)
+        if plan.exists():
+            code, err = cli("verify", str(path), str(plan))
+            assert code == EXIT_OK, (edit.describe(), err)
+
+    check()

@@ -35,6 +35,9 @@ PROTOCOLS: tuple[Protocol, ...] = ("ll", "ll128", "simple")
 
 MAX_GPUS_PER_NODE = 16
 MAX_NODES = 64
+MAX_GPUS = 64
+"""Most GPUs in one topology: a ring of n ranks over 32 channels has 64 n (n - 1)
+flows, and selection times every candidate."""
 MAX_BYTES = 1 << 36
 """Largest message, bytes (64 GiB)."""
 MAX_CHUNKS = 64
@@ -88,6 +91,9 @@ class Topology(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> Topology:
+        total = sum(n.gpus for n in self.nodes)
+        if total > MAX_GPUS:
+            raise ValueError(f"nodes: {total} GPUs, at most {MAX_GPUS}")
         seen: set[str] = set()
         for n in self.nodes:
             if n.name in seen:
