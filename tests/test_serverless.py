@@ -131,7 +131,8 @@ def test_a_slow_network_link_lowers_prefill_capacity_only_across_nodes() -> None
 
 def _one_node_optimum(p: ServerlessProblem, top: int = 4) -> float:
     """Optimum of a one-node instance by enumeration: counts of every (option,
-    phase) per epoch, each phase's rate put on its cheapest requests first."""
+    phase) per epoch, each phase's rate put on its cheapest instances first, cold
+    starts and decode stops (drains) between epochs."""
     kinds = (PREFILL_NV, DECODE)
     pools = [(o, k) for o in range(p.n_options) for k in kinds if pool_capacity(p, 0, o, k) > 0]
     gpus = p.gpus_of()
@@ -168,8 +169,10 @@ def _one_node_optimum(p: ServerlessProblem, top: int = 4) -> float:
         cost = sum(c for _, c in combo)
         before = (0,) * len(pools)
         for counts, _ in combo:
-            for (o, _), now, was in zip(pools, counts, before, strict=True):
+            for (o, k), now, was in zip(pools, counts, before, strict=True):
                 cost += max(0, now - was) * float(p.start_cost(0)[o])
+                if k == DECODE:
+                    cost += max(0, was - now) * float(p.stop_cost(0)[o])
             before = counts
         best = min(best, cost)
     return float(best)

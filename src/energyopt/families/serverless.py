@@ -222,9 +222,9 @@ class ServerlessFamily:
                 cells.append(f"{f'{pre}P {dec}D net {net:.1f}':>22}")
             lines.append(f"{ep.epoch:>5} " + " ".join(cells))
         lines.append(
-            f"GPU-seconds {ev.gpu_s:,.1f} (of which loading {ev.load_gpu_s:,.1f}, {ev.starts} cold "
-            f"starts), energy {ev.energy_j / 3.6e6:.4f} kWh, KV over the network "
-            f"{ev.network_bytes / 1e9:,.1f} GB"
+            f"GPU-seconds {ev.gpu_s:,.1f} (of which loading {ev.load_gpu_s:,.1f}, {ev.starts} "
+            f"cold starts; draining {ev.drain_gpu_s:,.1f}, {ev.stops} decode stops), energy "
+            f"{ev.energy_j / 3.6e6:.4f} kWh, KV over the network {ev.network_bytes / 1e9:,.1f} GB"
         )
         bound = "none" if result.bound is None else f"{result.bound:,.2f}"
         gap = "n/a" if result.gap is None else f"{100 * result.gap:.3f}%"

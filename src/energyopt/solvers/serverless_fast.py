@@ -165,6 +165,9 @@ def solve_fast(
             )
             total += float(c) * float(p.instance_cost(m)[o]) + r * float(p.serve_cost(m, phase)[o])
             total += max(0, int(c) - prev.get((m, n, o, kind), 0)) * float(p.start_cost(m)[o])
+        for (m, n, o, kind), c in prev.items():
+            if kind == DECODE:
+                total += max(0, c - counts.get((m, n, o, kind), 0)) * float(p.stop_cost(m)[o])
         prev = counts
         pools.append(epoch_list)
         routes.append(epoch_routes)

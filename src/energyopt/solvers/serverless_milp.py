@@ -11,6 +11,7 @@ import numpy as np
 
 from energyopt.backends.highs import quiet_highs
 from energyopt.formulations.serverless.milp import (
+    DECODE,
     FORMULATION_NAME,
     Milp,
     build_milp,
@@ -48,7 +49,7 @@ def _split(milp: Milp, values: FloatArray) -> tuple[IntArray, FloatArray, FloatA
     n_p = milp.n_pools
     counts = np.round(values[:n_p]).astype(np.int64)
     rates = np.maximum(values[n_p : 2 * n_p], 0.0)
-    routes = np.maximum(values[3 * n_p :], 0.0)
+    routes = np.maximum(values[4 * n_p :], 0.0)
     return counts, rates, routes
 
 
@@ -221,7 +222,10 @@ def solve_rolling(
     for t in range(p.n_epochs):
         left = time_limit_s - (time.perf_counter() - t0)
         milp = build_milp(p, t, t + 1, start)
-        if len(milp) == 0:  # no demand in the epoch: nothing runs
+        if len(milp) == 0:  # no demand in the epoch: nothing runs, decode instances stop
+            total += sum(
+                c * float(p.stop_cost(m)[o]) for (m, _, o, k), c in start.items() if k == DECODE
+            )
             pools.append([])
             routes.append([])
             start = {}
@@ -243,7 +247,7 @@ def solve_rolling(
                 algorithm="rolling horizon, one epoch per MILP",
             )
         counts, rates, route_rates = _split(milp, np.asarray(h.getSolution().col_value))
-        total += objective_of(milp, counts, rates, start)
+        total += objective_of(milp, counts, rates, start, p.stop_cost)
         part, part_routes = solution_of(p, milp, counts, rates, route_rates)
         pools.append(part[0])
         routes.append(part_routes[0])

@@ -65,6 +65,20 @@ class ServerlessModel(Spec):
     demand_rps: tuple[float, ...] = Field(
         min_length=1, max_length=MAX_EPOCHS, description="mean requests per second per epoch"
     )
+    decode_drain_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=3600,
+        description="how long a decode instance the plan removes stays held (its requests "
+        "finish or migrate), s; default: output_tokens.mean x slo.tbt_ms",
+    )
+
+    @property
+    def drain_s(self) -> float:
+        """Seconds a removed decode instance is still billed."""
+        if self.decode_drain_s is not None:
+            return self.decode_drain_s
+        return self.output_tokens.mean * self.slo.tbt_ms / 1e3
 
     @model_validator(mode="after")
     def _check(self) -> ServerlessModel:

@@ -54,6 +54,10 @@ class ServerlessEvaluation:
     energy_j: float = 0.0
     load_gpu_s: float = 0.0
     starts: int = 0
+    stops: int = 0
+    """Decode instances removed between epochs."""
+    drain_gpu_s: float = 0.0
+    """GPU-seconds of removed decode instances while they drain."""
     network_bytes: float = 0.0
     cost: float = 0.0
 
@@ -413,6 +417,7 @@ def _cost(
     dt = spec.epoch_s
     served = {id(pool): energy[i] for i, (_, pool, _, _) in enumerate(checks)}
     weights = {m.name: catalog.model(m.model).weight_bytes for m in spec.models}
+    drain = {m.name: m.drain_s for m in spec.models}
 
     before: dict[PoolKey, int] = {}
     for t in range(len(spec.models[0].demand_rps)):
@@ -446,6 +451,15 @@ def _cost(
                 ev.load_gpu_s += starts * gpus * load
                 ev.gpu_s += starts * gpus * load
                 ev.energy_j += starts * gpu_on_power_w(g, clock) * gpus * load
+        for key, count in before.items():
+            stops = max(0, count - now.get(key, 0))
+            if stops and key[1] == "decode":
+                model, _, _, share, tp, clock, _ = key
+                gpus = share / 100.0 * tp
+                ev.stops += stops
+                ev.drain_gpu_s += stops * gpus * drain[model]
+                ev.gpu_s += stops * gpus * drain[model]
+                ev.energy_j += stops * gpu_on_power_w(g, clock) * gpus * drain[model]
         before = dict(now)
     obj = spec.objective
     if obj.kind == "gpu_seconds":

@@ -18,6 +18,7 @@ objective is the plan's cost in the file's unit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import highspy
@@ -44,8 +45,9 @@ PREFILL_NV, PREFILL_NET, DECODE = 0, 1, 2
 @dataclass(frozen=True)
 class Milp:
     """The program's arrays. Pool p: epoch ``pt[p]``, model ``pm[p]``, node ``pn[p]``,
-    option ``po[p]``, kind ``pk[p]``; its x, y, u columns are p, P + p, 2P + p. Route
-    j: column 3P + j, epoch ``rt[j]``, model ``rm[j]``, nodes ``ra[j]`` -> ``rb[j]``."""
+    option ``po[p]``, kind ``pk[p]``; its x, y, u, v columns are p, P + p, 2P + p,
+    3P + p. Route j: column 4P + j, epoch ``rt[j]``, model ``rm[j]``, nodes ``ra[j]`` ->
+    ``rb[j]``."""
 
     cost: FloatArray
     matrix: sp.csc_matrix
@@ -171,7 +173,7 @@ def build_milp(
     a_pt, a_pm, a_pn, a_po, a_pk = (np.asarray(v, dtype=np.int64) for v in (pt, pm, pn, po, pk))
     a_cap = np.asarray(cap, dtype=np.float64)
     a_rt, a_rm, a_ra, a_rb = (np.asarray(v, dtype=np.int64) for v in (rt, rm, ra, rb))
-    n_col = 3 * n_p + n_r
+    n_col = 4 * n_p + n_r
     cost = np.zeros(n_col)
     for m in range(p.n_models):
         sel = a_pm == m
@@ -183,6 +185,7 @@ def build_milp(
         )
         cost[n_p : 2 * n_p][sel] = e
         cost[2 * n_p : 3 * n_p][sel] = p.start_cost(m)[a_po[sel]]
+        cost[3 * n_p : 4 * n_p][sel] = np.where(a_pk[sel] == DECODE, p.stop_cost(m)[a_po[sel]], 0.0)
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
@@ -198,7 +201,7 @@ def build_milp(
         lo.append(low)
         hi.append(high)
 
-    x0, y0, u0, r0 = 0, n_p, 2 * n_p, 3 * n_p
+    x0, y0, u0, v0, r0 = 0, n_p, 2 * n_p, 3 * n_p, 4 * n_p
     pools_at: dict[tuple[int, int, int, int], list[int]] = {}
     for i in range(n_p):
         pools_at.setdefault((int(a_pt[i]), int(a_pm[i]), int(a_pn[i]), int(a_pk[i])), []).append(i)
@@ -240,6 +243,22 @@ def build_milp(
             if prev is not None:
                 entries.append((x0 + prev, 1.0))
             row(entries, 0.0, np.inf)
+    # stops of decode pools: v >= x(t - 1) - x; a pool with no successor in the
+    # range's next epoch stops whole (its stop cost on x)
+    for i in range(n_p):
+        t, m, n, o, k = (int(v[i]) for v in (a_pt, a_pm, a_pn, a_po, a_pk))
+        if k != DECODE:
+            continue
+        entries = [(v0 + i, 1.0), (x0 + i, 1.0)]
+        if t == first:
+            row(entries, float(init.get((m, n, o, k), 0)), np.inf)
+        else:
+            prev = index.get((t - 1, m, n, o, k))
+            if prev is not None:
+                entries.append((x0 + prev, -1.0))
+                row(entries, 0.0, np.inf)
+        if t + 1 < stop and (t + 1, m, n, o, k) not in index:
+            cost[x0 + i] += cost[v0 + i]
     gpus = p.gpus_of()
     for t in range(first, stop):
         for n in range(n_n):
@@ -364,9 +383,12 @@ def objective_of(
     counts: IntArray,
     rates: FloatArray,
     start: dict[tuple[int, int, int, int], int] | None = None,
+    stop_cost: Callable[[int], FloatArray] | None = None,
 ) -> float:
     """The program's objective at integer ``counts`` and ``rates``, with the cold
-    starts they imply (``u = max(0, x - x(t - 1))``)."""
+    starts and decode stops they imply (``u = max(0, x - x(t - 1))``, ``v = max(0,
+    x(t - 1) - x)``), including the stops of instances before the range that the
+    range's first epoch has no pool for."""
     n_p = milp.n_pools
     init = start or {}
     index = {
@@ -374,6 +396,7 @@ def objective_of(
         for i in range(n_p)
     }
     starts = np.zeros(n_p)
+    stops = np.zeros(n_p)
     for i in range(n_p):
         t, m, n, o, k = (int(v[i]) for v in (milp.pt, milp.pm, milp.pn, milp.po, milp.pk))
         if t == milp.first:
@@ -382,8 +405,16 @@ def objective_of(
             prev = index.get((t - 1, m, n, o, k))
             before = 0 if prev is None else int(counts[prev])
         starts[i] = max(0, int(counts[i]) - before)
+        stops[i] = max(0, before - int(counts[i]))
+    extra = 0.0
+    if stop_cost is not None:
+        for (m, n, o, k), count in init.items():
+            if k == DECODE and (milp.first, m, n, o, k) not in index:
+                extra += count * float(stop_cost(m)[o])
     return float(
         milp.cost[:n_p] @ counts
         + milp.cost[n_p : 2 * n_p] @ rates
         + milp.cost[2 * n_p : 3 * n_p] @ starts
+        + milp.cost[3 * n_p : 4 * n_p] @ stops
+        + extra
     )

@@ -143,6 +143,12 @@ class ServerlessProblem:
         held = self.gpu_s_weight * self.gpus_of() + self.energy_weight * self.on_w
         return np.asarray(self.load_s[m] * held, dtype=np.float64)
 
+    def stop_cost(self, m: int) -> FloatArray:
+        """(O,): objective of removing one decode instance of model m: it stays held
+        for the model's drain time (``decode_drain_s``)."""
+        held = self.gpu_s_weight * self.gpus_of() + self.energy_weight * self.on_w
+        return np.asarray(self.spec.models[m].drain_s * held, dtype=np.float64)
+
     def serve_cost(self, m: int, phase: str) -> FloatArray:
         """(O,): objective of serving 1 request/s of model m for an epoch on the option."""
         e = self.energy_prefill[m] if phase == "prefill" else self.energy_decode[m]
