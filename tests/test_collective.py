@@ -341,6 +341,21 @@ def test_policy_lookup_file_and_tuner_export_round_trip(tmp_path: Path) -> None:
         parse_tuner_conf("allreduce,0,10,magic,ll,1,1,1\n")
 
 
+def test_policy_command_writes_a_tuner_config_nccl_parses(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from energyopt.tables.collective import main as policy_main
+
+    conf = tmp_path / "tuner.conf"
+    args = [str(INSTANCES / "tiny-2x2.yaml"), "--tuner-conf", str(conf), "--sizes-log2", "12:20:8"]
+    assert policy_main(args) == 0
+    rows = parse_tuner_conf(conf.read_text())
+    assert {r.collective for r in rows} == {"allreduce", "allgather", "reducescatter", "broadcast"}
+    assert all((r.n_nodes, r.n_ranks) == (2, 4) for r in rows)
+    assert policy_main([str(INSTANCES / "tiny-2x2.yaml"), "--sizes-log2", "x"]) == 2
+    assert "--sizes-log2: 'x'" in capfd.readouterr().err
+
+
 def test_the_example_tuner_config_parses(shared_data: Path) -> None:
     path = shared_data / "collectives" / "nccl-tuner-example" / "nccl_tuner.conf"
     rows = parse_tuner_conf(path.read_text())

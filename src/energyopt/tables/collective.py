@@ -299,3 +299,57 @@ def parse_tuner_conf(text: str) -> list[TunerRow]:
             raise ValueError(f"line {no}: size range {row.min_bytes}..{row.max_bytes}")
         rows.append(row)
     return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m energyopt.tables.collective FILE``: compile the runtime policy of a
+    collective file's topology and write it (``--policy``) and/or its NCCL tuner
+    config for the healthy state (``--tuner-conf``). Exit 2 with one line per
+    problem for bad input."""
+    import argparse
+    import sys
+
+    from energyopt.formulations.collective.model import load_collective
+    from energyopt.spec.collective import OPS
+    from energyopt.spec.errors import SpecError
+
+    ap = argparse.ArgumentParser(
+        prog="python -m energyopt.tables.collective", description=main.__doc__
+    )
+    ap.add_argument("file", help="a kind: collective file (its topology; health is ignored)")
+    ap.add_argument("--policy", help="write the policy table (JSON)")
+    ap.add_argument("--tuner-conf", help="write the NCCL example tuner plugin's CSV")
+    ap.add_argument("--sizes-log2", default="10:30:2", help="first:last:step of log2 bytes")
+    ap.add_argument("--max-stragglers", type=int, default=2)
+    args = ap.parse_args(argv)
+    try:
+        try:
+            first, last, step = (int(x) for x in args.sizes_log2.split(":"))
+        except ValueError:
+            raise SpecError(
+                [f"--sizes-log2: {args.sizes_log2!r}: expected first:last:step"]
+            ) from None
+        if not (0 <= first <= last <= 36 and step >= 1):
+            raise SpecError(
+                [f"--sizes-log2: {args.sizes_log2!r}: need 0 <= first <= last <= 36, step >= 1"]
+            )
+        if not 0 <= args.max_stragglers <= 8:
+            raise SpecError([f"--max-stragglers: {args.max_stragglers}: 0 to 8"])
+        p = load_collective(args.file).with_health(Health())
+        sizes = tuple(range(first, last + 1, step))
+        ops = tuple(o for o in OPS if o != "all_to_all")
+        if args.policy:
+            write_policy(compile_policy(p, ops, sizes, args.max_stragglers), args.policy)
+            print(f"policy of {args.file} written to {args.policy}")
+        if args.tuner_conf:
+            write_tuner_conf(compile_policy(p, ops, sizes, 0, nccl_only=True), args.tuner_conf)
+            print(f"NCCL tuner config of {args.file} written to {args.tuner_conf}")
+    except SpecError as exc:
+        for line in exc.problems:
+            print(line, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
