@@ -30,7 +30,8 @@ the epoch means of the load as their forecast:
 
 It prints GPU-seconds, energy, TTFT and TBT attainment, merges and migrated
 bytes, the ratios to static and to autoscale, and the issue's targets as met /
-not met; then the fast algorithm's gap to the whole-horizon MILP.
+not met; then the fast algorithm's gap to the whole-horizon MILP (plan and bound)
+on instances/serverless/azure-conv-small.yaml and on the two loads.
 
 Run: python benchmarks/serverless.py [--minutes 58] [--bursty-minutes 30] [--copies 8]
 [DATA_DIR]; --write-instances FOLDER writes instances/serverless/.
@@ -45,7 +46,11 @@ from typing import Any
 
 import yaml
 
-from energyopt.formulations.serverless.model import ServerlessProblem, build_problem
+from energyopt.formulations.serverless.model import (
+    ServerlessProblem,
+    build_problem,
+    load_serverless,
+)
 from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.serverless import (
     MergePolicy,
@@ -266,7 +271,8 @@ def main() -> None:
         met.append(table(name, results, time.perf_counter() - t0))
         problems.append(p)
     print("\nfast algorithm vs the whole-horizon MILP (GPU-seconds):")
-    for p in problems:
+    small = ROOT / "instances" / "serverless" / "azure-conv-small.yaml"
+    for p in [load_serverless(small), *problems]:
         gap_to_milp(p, args.milp_limit)
     print(
         f"\nepochs of {EPOCH_S:g} s planned for their largest {PEAK_WINDOW_S:g}-s rate, "

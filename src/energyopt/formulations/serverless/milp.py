@@ -88,7 +88,7 @@ def undominated(
     """Options of one pool kind on node n that no other option dominates (``keep``
     always stays: instances already running). Option a dominates b when it fits
     the node, holds no more GPUs, serves at least b's capacity and costs no more
-    to hold, to start and per request (and, under a power cap, draws no more);
+    to hold, to start, to stop and per request (and, under a power cap, draws no more);
     dropping b then loses no optimum, as a pool of a does all a pool of b does."""
     phase = "decode" if kind == DECODE else "prefill"
     energy = p.energy_decode[m] if kind == DECODE else p.energy_prefill[m]
@@ -100,6 +100,8 @@ def undominated(
         p.start_cost(m),
         p.serve_cost(m, phase),
     ]
+    if kind == DECODE:
+        cols.append(p.stop_cost(m))
     if capped:
         cols += [p.on_w, energy]
     table = np.stack(cols, axis=1)
