@@ -49,6 +49,9 @@ DIVE_SHARE = 0.3
 EXACT_UNIT_BOUND_MAX_UNITS = 8
 """Up to this many units the exact solver proves each unit's cover bound with HiGHS;
 above it (and always for decompositions) the grid DP bound is used."""
+UNIT_BOUND_SHARE = 0.25
+"""Share of the time left after column generation that the unit bound may take (its
+golden-section search stops there with the best share charge found so far)."""
 
 
 ServingResult = Result[Plan]
@@ -335,6 +338,7 @@ def solve_configurations(
         prog.lp.budgets_w,
         prog.lp.budget_duals,
         exact=exact and len(table.units) <= EXACT_UNIT_BOUND_MAX_UNITS,
+        deadline=time.perf_counter() + UNIT_BOUND_SHARE * (deadline - time.perf_counter()),
     )
     lower = max(lp_bound, unit_bound)
     note(

@@ -272,7 +272,14 @@ def solve_shadow_price(
     nu_c = member @ best_prices.budget if len(budgets) else np.zeros(len(classes))
     duals = Duals(np.zeros(len(table.units)), -best_prices.gpu, -nu_c)
     unit_b, _ = best_unit_bound(
-        table, prog.costs, classes, duals, budgets, list(-best_prices.budget), exact=False
+        table,
+        prog.costs,
+        classes,
+        duals,
+        budgets,
+        list(-best_prices.budget),
+        exact=False,
+        deadline=time.perf_counter() + 0.25 * (deadline - time.perf_counter()),
     )
     bound = max(best_l, unit_b)
     note(

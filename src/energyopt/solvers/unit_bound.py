@@ -5,6 +5,8 @@ instance's objective units (W for power)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from energyopt.backends.highs import solve_mip
@@ -30,24 +32,44 @@ def best_unit_bound(
     budgets_w: list[float],
     budget_duals: list[float],
     exact: bool = True,
+    deadline: float | None = None,
 ) -> tuple[float, float]:
     """(bound, alpha): the unit bound maximised over the mixing weight alpha in [0, 1].
 
     Every alpha gives a valid bound; the bound is concave in alpha, so a golden
-    section search over a few evaluations finds (close to) the best one.
+    section search over a few evaluations finds (close to) the best one. Past
+    ``deadline`` (``time.perf_counter()`` seconds) the search stops with the best
+    alpha evaluated so far (alpha = 1 is always evaluated), and what is left of an
+    evaluation uses the grid DP.
     """
 
     def at(alpha: float) -> float:
         return unit_decomposition_bound(
-            table, costs, classes, duals, budgets_w, budget_duals, alpha=alpha, exact=exact
+            table,
+            costs,
+            classes,
+            duals,
+            budgets_w,
+            budget_duals,
+            alpha=alpha,
+            exact=exact,
+            deadline=deadline,
         )
 
+    def late() -> bool:
+        return deadline is not None and time.perf_counter() >= deadline
+
+    best = (at(1.0), 1.0)
+    if late():
+        return best
     lo, hi = 0.0, 1.0
     ratio = (5**0.5 - 1) / 2
     a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
     fa, fb = at(a), at(b)
-    best = max((at(1.0), 1.0), (fa, a), (fb, b))
+    best = max(best, (fa, a), (fb, b))
     for _ in range(SEARCH_STEPS):
+        if late():
+            break
         if fa >= fb:
             hi, b, fb = b, a, fa
             a = hi - ratio * (hi - lo)
@@ -71,17 +93,24 @@ def unit_decomposition_bound(
     time_limit_s: float = 5.0,
     alpha: float = 1.0,
     exact: bool = True,
+    deadline: float | None = None,
 ) -> float:
     """Lower bound on the integer optimum from the per-unit covering problems at the
     master LP's prices; ``alpha`` picks the share charge (``share_weight``).
     ``exact=False`` bounds each covering problem by a grid DP (``grid_cover_bound``)
-    instead of solving it with HiGHS (at most ``time_limit_s`` s per unit)."""
+    instead of solving it with HiGHS (at most ``time_limit_s`` s per unit, and no
+    later than ``deadline``, after which the remaining units use the grid DP; both
+    are valid bounds of the same covering problem)."""
     relaxation = unit_relaxation(table, costs, classes, duals, budgets_w, budget_duals, alpha=alpha)
     if relaxation.covers is None:
         return float("-inf")
     total = relaxation.constant
-    for cover in relaxation.covers:
-        total += cover_bound(cover, time_limit_s) if exact else grid_cover_bound(cover)
+    covers = relaxation.covers
+    for i, cover in enumerate(covers):
+        limit = time_limit_s
+        if deadline is not None:
+            limit = min(limit, (deadline - time.perf_counter()) / (len(covers) - i))
+        total += cover_bound(cover, limit) if exact and limit > 0 else grid_cover_bound(cover)
     return total
 
 
@@ -134,6 +163,8 @@ def grid_cover_bound(cover: UnitCover, steps: int = GRID_STEPS) -> float:
     d = np.full(top + 1, np.inf)
     d[0] = 0.0
     for wi, ci in zip(w.tolist(), full_cost.tolist(), strict=True):
+        if wi > top:
+            continue  # a full copy lies past the grid: only a partial use (below)
         # Copies of one placement: along each residue class mod wi,
         # d[r + m wi] = min_j d[r + j wi] + (m - j) ci, a running minimum.
         rows = -(-(top + 1) // wi)

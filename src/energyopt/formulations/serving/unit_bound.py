@@ -56,6 +56,10 @@ class UnitCover:
     cap: NDArray[np.float64]
 
 
+UNDOMINATED_BLOCK = 512
+"""Placements compared at once in ``undominated`` (memory: candidates x this)."""
+
+
 @dataclass(frozen=True)
 class UnitRelaxation:
     """The relaxation at one set of multipliers and one share charge: the sum of the
@@ -79,38 +83,66 @@ def unit_relaxation(
     """The per-unit covering problems (see module docstring) at the master LP's
     prices; ``alpha`` picks the share charge (see ``share_weight``). Dominated
     placements are left out (``undominated``)."""
-    mu_count = np.maximum(0.0, -np.asarray(duals.count))
-    mu_power = np.maximum(0.0, -np.asarray(duals.power))
+    mu_count = np.maximum(0.0, -np.asarray(duals.count, dtype=np.float64))
+    mu_power = np.maximum(0.0, -np.asarray(duals.power, dtype=np.float64))
     total = -float(np.dot(mu_count, [c.size for c in classes]))
     total -= float(sum(max(0.0, -y) * b for y, b in zip(budget_duals, budgets_w, strict=True)))
+    # Per op (vectorised over the whole table): the share charged, the on-cost and
+    # on-power of its (type, clock); per class: its type and size. A placement is an
+    # (op, class) pair of one type, TP groups only in classes large enough.
+    n_ops = len(table.unit)
+    type_idx = np.asarray(table.gpu_type, dtype=np.int64)
+    tp = np.asarray(table.tp, dtype=np.int64)
+    on_cost = np.empty(n_ops)
+    on_w = np.empty(n_ops)
+    frac = np.empty(n_ops)
+    for t, type_name in enumerate(table.type_names):
+        of_type = type_idx == t
+        clocks = np.asarray(table.clock_mhz)[of_type].astype(np.int64)
+        on_cost[of_type] = [costs.on_cost[(type_name, int(c))] for c in clocks]
+        on_w[of_type] = [table.on_power[(type_name, int(c))] for c in clocks]
+        share = np.asarray(table.share)[of_type] / table.share_capacity[type_name]
+        threshold = np.where(
+            share > 0.5 + 1e-12, 1.0, np.where(np.abs(share - 0.5) <= 1e-12, 0.5, 0.0)
+        )
+        frac[of_type] = alpha * share + (1.0 - alpha) * threshold
+    frac = np.where(tp > 1, tp.astype(np.float64), frac)
+    class_type = np.asarray([table.type_names.index(c.type_name) for c in classes], dtype=np.int64)
+    class_size = np.asarray([c.size for c in classes], dtype=np.int64)
+    # A class of the same type priced no higher on GPUs and power, and at least as
+    # large, gives every op a placement at least as good (charges, on-power and
+    # energy are >= 0): only the others need be listed.
+    useful = np.ones(len(classes), dtype=bool)
+    for k in range(len(classes)):
+        better = (
+            (class_type == class_type[k])
+            & (mu_count <= mu_count[k])
+            & (mu_power <= mu_power[k])
+            & (class_size >= class_size[k])
+        )
+        better[k] = False
+        ties = (mu_count == mu_count[k]) & (mu_power == mu_power[k]) & (class_size == class_size[k])
+        better &= ~ties | (np.arange(len(classes)) < k)
+        useful[k] = not better.any()
+    order = np.argsort(np.asarray(table.unit), kind="stable")
+    bounds = np.searchsorted(np.asarray(table.unit)[order], np.arange(len(table.units) + 1))
     covers: list[UnitCover] = []
     for unit in table.units:
-        fixed: list[float] = []
-        per_rps: list[float] = []
-        cap: list[float] = []
-        for o in table.ops_of(unit.index):
-            type_name = table.type_names[int(table.gpu_type[o])]
-            clock = int(table.clock_mhz[o])
-            k = int(table.tp[o])
-            cap_units = table.share_capacity[type_name]
-            frac = k if k > 1 else share_weight(int(table.share[o]), cap_units, alpha)
-            for cls in classes:
-                if cls.type_name != type_name or (k > 1 and cls.size < k):
-                    continue
-                on = table.on_power[(type_name, clock)]
-                fixed.append(
-                    frac
-                    * (
-                        costs.on_cost[(type_name, clock)]
-                        + mu_count[cls.index]
-                        + mu_power[cls.index] * on
-                    )
-                )
-                per_rps.append(float(costs.op_cost[o] + mu_power[cls.index] * table.energy_j[o]))
-                cap.append(float(table.capacity_rps[o]))
-        if not cap:
+        ops = order[bounds[unit.index] : bounds[unit.index + 1]]
+        # [op, class] in op-major order, as the placements are listed
+        fits = (
+            (type_idx[ops][:, None] == class_type[None, :])
+            & ((tp[ops][:, None] <= 1) | (class_size[None, :] >= tp[ops][:, None]))
+            & useful[None, :]
+        )
+        o_at, c_at = np.nonzero(fits)
+        if len(o_at) == 0:
             return UnitRelaxation(total, None)
-        f, r, c = undominated(np.asarray(fixed), np.asarray(per_rps), np.asarray(cap))
+        op = ops[o_at]
+        fixed = frac[op] * (on_cost[op] + mu_count[c_at] + mu_power[c_at] * on_w[op])
+        per_rps = np.asarray(costs.op_cost)[op] + mu_power[c_at] * np.asarray(table.energy_j)[op]
+        cap = np.asarray(table.capacity_rps, dtype=np.float64)[op]
+        f, r, c = undominated(fixed, per_rps, cap)
         covers.append(UnitCover(unit.rate_rps, f, r, c))
     return UnitRelaxation(total, covers)
 
@@ -119,21 +151,24 @@ def undominated(
     fixed: np.ndarray, per_rps: np.ndarray, cap: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Drop placements another one beats on every count (fixed cost, cost per
-    request/s, capacity); the cover problem's optimum is unchanged."""
-    n = len(cap)
-    no_worse = (
-        (fixed[:, None] <= fixed[None, :])
-        & (per_rps[:, None] <= per_rps[None, :])
-        & (cap[:, None] >= cap[None, :])
-    )  # [k, i]: k is at least as good as i on every count
-    same = (
-        (fixed[:, None] == fixed[None, :])
-        & (per_rps[:, None] == per_rps[None, :])
-        & (cap[:, None] == cap[None, :])
-    )
-    earlier = np.arange(n)[:, None] < np.arange(n)[None, :]
-    beaten = (no_worse & (~same | earlier)).any(axis=0)
-    keep = np.flatnonzero(~beaten)
+    request/s, capacity), and repeats of an earlier one; the cover problem's
+    optimum is unchanged. The survivors keep their order."""
+    # Exact repeats first (the earliest stays): classes with the same prices give
+    # the same placement once per class.
+    _, first = np.unique(np.stack([fixed, per_rps, cap], axis=1), axis=0, return_index=True)
+    cand = np.sort(first)
+    f, r, c = fixed[cand], per_rps[cand], cap[cand]
+    n = len(cand)
+    beaten = np.zeros(n, dtype=bool)
+    for lo in range(0, n, UNDOMINATED_BLOCK):
+        i = slice(lo, min(n, lo + UNDOMINATED_BLOCK))
+        no_worse = (
+            (f[:, None] <= f[None, i]) & (r[:, None] <= r[None, i]) & (c[:, None] >= c[None, i])
+        )  # [k, i]: k is at least as good as i on every count
+        same = (f[:, None] == f[None, i]) & (r[:, None] == r[None, i]) & (c[:, None] == c[None, i])
+        earlier = np.arange(n)[:, None] < np.arange(n)[None, i]
+        beaten[i] = (no_worse & (~same | earlier)).any(axis=0)
+    keep = cand[~beaten]
     return fixed[keep], per_rps[keep], cap[keep]
 
 
