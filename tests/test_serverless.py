@@ -504,3 +504,28 @@ def test_bad_plan_file_is_named(tmp_path: Path, capfd: pytest.CaptureFixture[str
     plan.write_text(json.dumps({"epochs": [{"epoch": 0, "pools": [{"model": "chat"}]}]}))
     code, _, err = run(capfd, "verify", str(SMALL), str(plan))
     assert code == EXIT_BAD_INPUT and f"{plan}: epochs[0].pools[0]" in err
+
+
+def test_the_rate_table_holds_the_direct_solves(tmp_path: Path) -> None:
+    from energyopt.formulations.serverless.model import load_serverless
+    from energyopt.tables.format import TableError
+    from energyopt.tables.serverless import RateTable, compile_rate_table, rate_problem
+
+    base = load_serverless(SMALL)
+    path = tmp_path / "rates.tbl"
+    got = compile_rate_table(base, [5.0, 20.0], path)
+    table = RateTable.open(path)
+    fam = family("serverless")
+    for rate in (5.0, 20.0):
+        p = rate_problem(base, 0, rate)
+        res = fam.solve(p, "milp", time_limit_s=30, rel_gap=1e-6, progress=QUIET)
+        certify(fam, p, res, 1e-6, QUIET)
+        assert got[("chat", rate)] == pytest.approx(res.objective, rel=1e-6)
+    assert table.pools("chat", 3.0) == table.pools("chat", 5.0)  # ceil to the next grid rate
+    assert table.pools("chat", 6.0) == table.pools("chat", 20.0)
+    low, high = table.decode_instances("chat", 5.0), table.decode_instances("chat", 20.0)
+    assert low is not None and high is not None and 1 <= low <= high
+    assert table.pools("chat", 25.0) is None and table.pools("other", 5.0) is None
+    (tmp_path / "bad.tbl").write_bytes(b"not a table")
+    with pytest.raises(TableError):
+        RateTable.open(tmp_path / "bad.tbl")
