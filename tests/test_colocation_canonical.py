@@ -126,6 +126,11 @@ CASES: dict[str, dict[str, Any]] = {
     ),
     # no job fits the horizon: every exact or bounded solver must say so
     "horizon-too-short": _instance([(H100, 1)], [_i1(300000, 1)], slots=2),
+    # no job fits any GPU (a 7B training job needs more than one H100's memory):
+    # under throughput the plan that runs nothing is optimal, at 0 jobs per hour
+    "throughput-nothing-fits": _instance(
+        [(H100, 2)], [_t1(2000, 1), _t2(1200, 1)], objective="throughput"
+    ),
 }
 
 family_ = family("colocation")
@@ -166,7 +171,9 @@ def test_the_set_has_pairs_budgets_types_and_both_objectives() -> None:
     assert paired and alone
     assert {CASES[n]["options"]["objective"] for n in CASES} == {"jct", "throughput"}
     assert _case("horizon-too-short")[1].value is None
-    assert all(_case(n)[1].plans > 1 for n in CASES if n != "horizon-too-short")
+    assert _case("throughput-nothing-fits")[1].value == 0.0
+    trivial = {"horizon-too-short", "throughput-nothing-fits"}
+    assert all(_case(n)[1].plans > 1 for n in CASES if n not in trivial)
 
 
 @pytest.mark.parametrize("name", [n for n in CASES if n != "horizon-too-short"])
@@ -194,8 +201,9 @@ def test_bound_and_plan_sandwich_the_exhaustive_optimum(name: str, solver: str) 
             assert result.status in (INFEASIBLE, NO_SOLUTION), result.status
             assert result.plan is None
         return
+    # a plan exists: no solver may claim there is none, only a heuristic may miss it
+    assert result.status != INFEASIBLE, (result.status, result.diagnosis)
     if result.plan is None:
-        # only a heuristic may miss every plan of a feasible instance
         assert entry.guarantee == "heuristic", (result.status, result.log)
         return
     assert family_.verify(problem, result.plan) == []

@@ -13,7 +13,11 @@ from energyopt.formulations.colocation.model import ColocationModel
 from energyopt.formulations.colocation.schedule import Schedule, to_plan
 from energyopt.progress import Progress
 from energyopt.solvers.colocation_diagnose import diagnose
-from energyopt.solvers.colocation_result import ColocationResult, colocation_result
+from energyopt.solvers.colocation_result import (
+    ColocationResult,
+    colocation_result,
+    nothing_runs,
+)
 from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Sense
 
 
@@ -47,6 +51,8 @@ def solve_exact(
     milp = build_milp(model)
     say(f"exact: {len(milp):,} columns (unit configuration x start), {milp.matrix.shape[0]} rows")
     if len(milp) == 0:
+        if model.objective == "throughput":
+            return nothing_runs(model.problem, "exact", time.perf_counter() - t0)
         return _infeasible(model, sense, t0, "no unit configuration fits the horizon")
     h = quiet_highs()
     h.passModel(highs_lp(milp))

@@ -17,7 +17,7 @@ import numpy as np
 from energyopt.formulations.colocation.model import ColocationModel
 from energyopt.formulations.colocation.timemodel import progress_by
 from energyopt.solvers.colocation_result import ColocationResult, colocation_result
-from energyopt.solvers.result import FEASIBLE, INFEASIBLE, Sense
+from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, Sense
 from energyopt.spec.colocation import ColocationPlan, PlanUnit, UnitJob
 
 SECONDS_PER_HOUR = 3600.0
@@ -74,9 +74,11 @@ def solve_isolated(model: ColocationModel) -> ColocationResult:
                         best = (t, end, c, sorted(avail, key=lambda g: free[g])[:n])
                     break
         if best is None:
+            # The baseline's own shape does not fit; other shapes may (no claim that
+            # the instance has no plan).
             diag = [f"job {job.name}: no whole-GPU configuration fits the cluster and budget"]
             return colocation_result(
-                INFEASIBLE,
+                NO_SOLUTION,
                 None,
                 None,
                 sense,

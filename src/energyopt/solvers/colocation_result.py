@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from energyopt.solvers.result import Result, Sense, Status
+from energyopt.formulations.colocation.problem import ColocationProblem
+from energyopt.solvers.result import OPTIMAL, Result, Sense, Status
 from energyopt.spec.colocation import ColocationPlan
 
 ColocationResult = Result[ColocationPlan]
@@ -34,4 +35,23 @@ def colocation_result(
         list(log or []),
         list(diagnosis or []),
         sense=sense,
+    )
+
+
+def nothing_runs(problem: ColocationProblem, solver: str, wall_s: float) -> ColocationResult:
+    """The throughput optimum when no job has a configuration that fits: every job
+    unscheduled, 0 jobs per hour, and no plan can do better (bound 0)."""
+    plan = ColocationPlan(
+        instance=problem.instance.name,
+        unscheduled=tuple(job.name for job in problem.jobs),
+    )
+    return colocation_result(
+        OPTIMAL,
+        0.0,
+        0.0,
+        "max",
+        wall_s,
+        plan,
+        solver,
+        ["no job has a configuration that fits: nothing runs (throughput 0)"],
     )

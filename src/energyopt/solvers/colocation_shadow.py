@@ -32,7 +32,11 @@ from energyopt.perf.params import FloatArray
 from energyopt.progress import Progress
 from energyopt.solvers.colocation_diagnose import diagnose
 from energyopt.solvers.colocation_lagrangian import Subgradient
-from energyopt.solvers.colocation_result import ColocationResult, colocation_result
+from energyopt.solvers.colocation_result import (
+    ColocationResult,
+    colocation_result,
+    nothing_runs,
+)
 from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Sense
 from energyopt.spec.colocation import TrainingJob
 
@@ -174,6 +178,8 @@ def solve_shadow(
             [f"{len(missing)} jobs have no configuration in the horizon"],
             diagnose(model),
         )
+    if len(relax) == 0:  # throughput, and no job fits anywhere
+        return nothing_runs(model.problem, "shadow-price", time.perf_counter() - t0)
     say(
         f"shadow-price: {len(relax):,} job columns, {relax.usage.shape[0]} priced rows "
         f"({model.n_jobs} jobs, {len(model.table.units):,} unit configurations)"
