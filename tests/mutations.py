@@ -236,3 +236,63 @@ def render(data: dict[str, Any], edit: Edit, fmt: str) -> str:
         return yaml.safe_dump(data, sort_keys=False)
     # YAML reads JSON text too (flow style), which lets a key repeat
     return _json_text(data, dup, edit.value)
+
+
+def check_family_file_mutations(
+    tmp_path: Any,
+    original: dict[str, Any],
+    solvers: tuple[str, ...],
+    *,
+    extra_args: tuple[str, ...] = (),
+    max_examples: int = 30,
+) -> None:
+    """Every mutation of ``original`` (a problem file of a family, as data) is either
+    refused by ``energyopt validate`` with exit 2 and a message that starts with the
+    file's path, or solved by each of ``solvers`` without an internal error, and any
+    plan written is accepted by ``energyopt verify``. ``extra_args`` (e.g. a
+    ``--catalog``) go to every command."""
+    import contextlib
+    import io
+    from pathlib import Path
+
+    from hypothesis import HealthCheck, given, settings
+
+    from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, main
+
+    folder = Path(tmp_path)
+
+    def cli(*argv: str) -> tuple[int, str]:
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                code = main([*argv, *extra_args])
+            except SystemExit as exc:
+                code = int(exc.code or 0)
+        return code, err.getvalue()
+
+    @settings(
+        max_examples=max_examples,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(edit=edits(original), fmt=st.sampled_from(("yaml", "json")))
+    def check(edit: Edit, fmt: str) -> None:
+        path = folder / f"mutated.{fmt}"
+        path.write_text(render(apply(original, edit), edit, fmt), encoding="utf-8")
+        code, err = cli("validate", str(path))
+        assert "Traceback" not in err and "internal error" not in err, (edit.describe(), err)
+        if code != EXIT_OK:
+            assert code == EXIT_BAD_INPUT and err.startswith(f"{path}"), (edit.describe(), err)
+            return
+        for solver in solvers:
+            plan = folder / "plan.json"
+            plan.unlink(missing_ok=True)
+            code, err = cli("solve", str(path), "--solver", solver, "-q", "-o", str(plan))
+            assert "Traceback" not in err and "internal error" not in err, (edit.describe(), err)
+            if plan.exists():
+                code, err = cli("verify", str(path), str(plan))
+                assert code == EXIT_OK, (edit.describe(), solver, err)
+
+    check()

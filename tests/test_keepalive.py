@@ -334,48 +334,9 @@ def test_mutated_keepalive_files_are_refused_cleanly_or_solved(tmp_path: Path) -
     """Deleted keys, wrong types, non-finite, extreme and repeated values anywhere in
     a keep-alive file: validate refuses them naming the file, or every solver
     returns a result whose plan (if any) the verifier accepts."""
-    import contextlib
-    import io
-
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
-
-    from .mutations import Edit, apply, edits, render
+    from .mutations import check_family_file_mutations
 
     original = _small(objective={"max_cold_start_rate": 0.5})
-
-    def cli(*argv: str) -> tuple[int, str]:
-        err = io.StringIO()
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            try:
-                code = main(list(argv))
-            except SystemExit as exc:
-                code = int(exc.code or 0)
-        return code, err.getvalue()
-
-    @settings(
-        max_examples=40,
-        derandomize=True,
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    check_family_file_mutations(
+        tmp_path, original, ("milp", "lagrangian", "rolling"), max_examples=40
     )
-    @given(edit=edits(original), fmt=st.sampled_from(("yaml", "json")))
-    def check(edit: Edit, fmt: str) -> None:
-        path = tmp_path / f"mutated.{fmt}"
-        path.write_text(render(apply(original, edit), edit, fmt), encoding="utf-8")
-        code, err = cli("validate", str(path))
-        assert "Traceback" not in err and "internal error" not in err, (edit.describe(), err)
-        if code != EXIT_OK:
-            assert code == EXIT_BAD_INPUT and err.startswith(f"{path}"), (edit.describe(), err)
-            return
-        for solver in ("milp", "lagrangian", "rolling"):
-            plan = tmp_path / "plan.json"
-            plan.unlink(missing_ok=True)
-            code, err = cli("solve", str(path), "--solver", solver, "-q", "-o", str(plan))
-            assert "Traceback" not in err and "internal error" not in err, (edit.describe(), err)
-            if plan.exists():
-                code, err = cli("verify", str(path), str(plan))
-                assert code == EXIT_OK, (edit.describe(), solver, err)
-
-    check()

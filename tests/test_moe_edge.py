@@ -334,54 +334,17 @@ def test_mutated_moe_edge_files_are_refused_cleanly_or_solved(tmp_path: Path) ->
     """Deleted keys, wrong types, non-finite, extreme and repeated values anywhere in
     a moe-edge file: validate refuses them naming the file, or both solvers return a
     result whose plan (if any) the verifier accepts."""
-    import contextlib
-    import io
+    from .mutations import check_family_file_mutations
 
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
-
-    from .mutations import Edit, apply, edits, render
-
-    original = _doc(2, 2)
     catalog = tmp_path / "tiny.yaml"
     catalog.write_text(yaml.safe_dump({"models": [TINY]}))
-    cat = ("--catalog", str(catalog))
-
-    def cli(*argv: str) -> tuple[int, str]:
-        err = io.StringIO()
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            try:
-                code = main(list(argv))
-            except SystemExit as exc:
-                code = int(exc.code or 0)
-        return code, err.getvalue()
-
-    @settings(
+    check_family_file_mutations(
+        tmp_path,
+        _doc(2, 2),
+        ("milp", "lagrangian"),
+        extra_args=("--catalog", str(catalog)),
         max_examples=30,
-        derandomize=True,
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
-    @given(edit=edits(original), fmt=st.sampled_from(("yaml", "json")))
-    def check(edit: Edit, fmt: str) -> None:
-        path = tmp_path / f"mutated.{fmt}"
-        path.write_text(render(apply(original, edit), edit, fmt), encoding="utf-8")
-        code, err = cli("validate", str(path), *cat)
-        assert "Traceback" not in err and "internal error" not in err, (edit.describe(), err)
-        if code != EXIT_OK:
-            assert code == EXIT_BAD_INPUT and err.startswith(f"{path}"), (edit.describe(), err)
-            return
-        for solver in ("milp", "lagrangian"):
-            plan = tmp_path / "plan.json"
-            plan.unlink(missing_ok=True)
-            code, err = cli("solve", str(path), "--solver", solver, "-q", "-o", str(plan), *cat)
-            assert "Traceback" not in err and "internal error" not in err, (edit.describe(), err)
-            if plan.exists():
-                code, err = cli("verify", str(path), str(plan), *cat)
-                assert code == EXIT_OK, (edit.describe(), solver, err)
-
-    check()
 
 
 def test_the_mix_table_returns_the_plan_solved_for_the_observed_mix(tmp_path: Path) -> None:

@@ -469,4 +469,5 @@ def test_mutations_cover_every_bundled_kind() -> None:
     covered |= {"keepalive"}  # mutated in tests/test_keepalive.py with the same strategies
     covered |= {"moe-edge"}  # mutated in tests/test_moe_edge.py with the same strategies
     covered |= {"collective"}  # mutated in tests/test_collective.py with the same strategies
+    covered |= {"serverless"}  # mutated in tests/test_serverless.py with the same strategies
     assert kinds <= covered, kinds - covered

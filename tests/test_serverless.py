@@ -529,3 +529,12 @@ def test_the_rate_table_holds_the_direct_solves(tmp_path: Path) -> None:
     (tmp_path / "bad.tbl").write_bytes(b"not a table")
     with pytest.raises(TableError):
         RateTable.open(tmp_path / "bad.tbl")
+
+
+def test_mutated_serverless_files_are_refused_cleanly_or_solved(tmp_path: Path) -> None:
+    """Deleted keys, wrong types, non-finite, extreme and repeated values anywhere in
+    a serverless file: validate refuses them naming the file, or the exact, LP and
+    fast solvers return a result whose plan (if any) the verifier accepts."""
+    from .mutations import check_family_file_mutations
+
+    check_family_file_mutations(tmp_path, _doc(), ("milp", "lp", "fast"), max_examples=30)
