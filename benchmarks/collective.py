@@ -29,7 +29,6 @@ from energyopt.formulations.collective.model import (
     build_problem,
     load_collective,
 )
-from energyopt.formulations.collective.synthesis import synthesize
 from energyopt.sim.collective import HealthEvent, simulate
 from energyopt.solvers.collective_select import (
     Evaluator,
@@ -38,7 +37,7 @@ from energyopt.solvers.collective_select import (
     solve_ring,
     solve_select,
 )
-from energyopt.solvers.collective_synth import synthesized_best
+from energyopt.solvers.collective_synth import synthesize, synthesized_best
 from energyopt.spec.collective import Collective, CollectiveFile, Health, LinkHealth, Op, Straggler
 from energyopt.tables.collective import compile_policy
 

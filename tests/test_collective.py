@@ -26,7 +26,6 @@ from energyopt.formulations.collective.model import (
 )
 from energyopt.formulations.collective.program import Program
 from energyopt.formulations.collective.schedules import applicable, program_of
-from energyopt.formulations.collective.synthesis import synthesize
 from energyopt.progress import quiet
 from energyopt.sim.collective import HealthEvent, simulate
 from energyopt.solvers.collective_select import (
@@ -37,6 +36,7 @@ from energyopt.solvers.collective_select import (
     solve_select,
     structures,
 )
+from energyopt.solvers.collective_synth import synthesize
 from energyopt.spec.collective import (
     OPS,
     PROTOCOLS,

@@ -5,8 +5,17 @@ from __future__ import annotations
 
 import time
 
+import highspy
+import numpy as np
+
+from energyopt.backends.highs import quiet_highs
 from energyopt.formulations.collective.model import CollectiveProblem
-from energyopt.formulations.collective.synthesis import MAX_RANKS, Synthesis, synthesize
+from energyopt.formulations.collective.synthesis import (
+    MAX_RANKS,
+    Synthesis,
+    build_milp,
+    decode_schedule,
+)
 from energyopt.progress import Progress, quiet
 from energyopt.solvers.collective_select import (
     CHANNELS,
@@ -33,6 +42,34 @@ def synthesized_best(ev: Evaluator, c: Collective, name: str, syn: Synthesis) ->
             best = x
     assert best is not None
     return best
+
+
+def synthesize(
+    p: CollectiveProblem, c: Collective, name: str, rounds: int, time_limit_s: float
+) -> Synthesis | None:
+    """The MILP-optimal copy schedule of ``rounds`` rounds for ``c`` (None: the MILP
+    found no schedule within ``time_limit_s`` seconds)."""
+    t0 = time.perf_counter()
+    milp = build_milp(p, c, rounds)
+    h = quiet_highs()
+    h.passModel(milp.lp)
+    h.setOptionValue("time_limit", max(0.1, time_limit_s))
+    h.setOptionValue("mip_rel_gap", 1e-6)
+    h.run()
+    info = h.getInfo()
+    if info.primal_solution_status != 2:  # no feasible solution
+        return None
+    return decode_schedule(
+        p,
+        c,
+        name,
+        milp,
+        np.asarray(h.getSolution().col_value),
+        float(info.objective_function_value),
+        float(info.mip_dual_bound),
+        h.getModelStatus() == highspy.HighsModelStatus.kOptimal,
+        time.perf_counter() - t0,
+    )
 
 
 def run_synthesis(

@@ -22,14 +22,12 @@ then the all-gather, as TACCL does.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import highspy
 import numpy as np
 import scipy.sparse as sp
 
-from energyopt.backends.highs import quiet_highs
 from energyopt.formulations.collective.constants import PROTOCOL_STEP_US
 from energyopt.formulations.collective.model import CollectiveProblem
 from energyopt.spec.collective import Choice, Collective, Transfer
@@ -207,29 +205,27 @@ def build_milp(p: CollectiveProblem, c: Collective, rounds: int) -> Milp:
     return Milp(lp, cp, pairs, K)
 
 
-def synthesize(
-    p: CollectiveProblem, c: Collective, name: str, rounds: int, time_limit_s: float
-) -> Synthesis | None:
-    """The MILP-optimal copy schedule of ``rounds`` rounds for ``c`` (None: the MILP
-    found no schedule within the limit)."""
-    t0 = time.perf_counter()
+def decode_schedule(
+    p: CollectiveProblem,
+    c: Collective,
+    name: str,
+    milp: Milp,
+    values: np.ndarray,
+    objective: float,
+    dual_bound: float,
+    optimal: bool,
+    wall_s: float,
+) -> Synthesis:
+    """The copy schedule that the MILP solution ``values`` states (``objective`` and
+    ``dual_bound``: the solver's figures for it, in the MILP's units)."""
     n = p.n
-    milp = build_milp(p, c, rounds)
     cp, pairs, K, Q = milp.copy, milp.pairs, milp.rounds, milp.copy.pieces
     nx_ = Q * len(pairs) * K
 
     def xi(q: int, e: int, k: int) -> int:
         return (q * len(pairs) + e) * K + k
 
-    h = quiet_highs()
-    h.passModel(milp.lp)
-    h.setOptionValue("time_limit", max(0.1, time_limit_s))
-    h.setOptionValue("mip_rel_gap", 1e-6)
-    h.run()
-    info = h.getInfo()
-    if info.primal_solution_status != 2:
-        return None
-    x = np.round(np.asarray(h.getSolution().col_value)[:nx_])
+    x = np.round(np.asarray(values)[:nx_])
     sent = [
         (k, u, v, q)
         for q in range(Q)
@@ -271,15 +267,14 @@ def synthesize(
         transfers=tuple(sorted(transfers, key=lambda t: (t.step, t.src, t.dst, t.piece))),
     )
     factor = 2.0 if c.op == "all_reduce" else 1.0
-    obj = float(info.objective_function_value)
-    dual = float(info.mip_dual_bound)
+    obj, dual = objective, dual_bound
     least_route = min(float(p.edge_us[list(p.routes[a][b])].sum()) for a, b in pairs)
     fixed = p.rates.launch_us + least_route
     return Synthesis(
         choice=choice,
         milp_us=fixed + factor * obj,
         milp_bound_us=fixed + factor * (dual if np.isfinite(dual) else 0.0),
-        optimal=h.getModelStatus() == highspy.HighsModelStatus.kOptimal,
-        wall_s=time.perf_counter() - t0,
+        optimal=optimal,
+        wall_s=wall_s,
         rounds=k_used,
     )
