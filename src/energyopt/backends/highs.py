@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import highspy
@@ -157,26 +158,78 @@ def _finite_or_inf(value: float) -> float:
     return value
 
 
+class MipStatus(StrEnum):
+    """How a MIP (or LP) run ended, in the terms the solvers act on."""
+
+    OPTIMAL = "optimal"
+    """Solved: optimal within the requested gap."""
+    INFEASIBLE = "infeasible"
+    """Proven: the model has no feasible point."""
+    CUT_OFF = "cut_off"
+    """Proven: no feasible point is better than the ``objective_bound`` cutoff."""
+    OTHER = "other"
+    """Anything else (time limit, unbounded-or-infeasible, error): nothing proven."""
+
+
+_MIP_STATUS = {
+    highspy.HighsModelStatus.kOptimal: MipStatus.OPTIMAL,
+    highspy.HighsModelStatus.kInfeasible: MipStatus.INFEASIBLE,
+    highspy.HighsModelStatus.kObjectiveBound: MipStatus.CUT_OFF,
+}
+
+
 @dataclass(frozen=True)
 class MipRun:
     """One MIP run: whether HiGHS proved optimality (within its gap), the incumbent's
-    objective (nan without one) and HiGHS' dual bound (-inf without one)."""
+    objective (nan without one) and HiGHS' dual bound (-inf without one); for a model
+    without integer columns (an LP) the bound is HiGHS' objective value, the LP optimum
+    when ``status`` is OPTIMAL. ``status`` says how the run ended, ``highs_status`` in
+    HiGHS' words (for logs); ``col_value`` is the incumbent's column values, None
+    without one."""
 
     optimal: bool
     objective: float
     dual_bound: float
+    status: MipStatus
+    highs_status: str
+    col_value: NDArray[np.float64] | None
+
+    @property
+    def has_plan(self) -> bool:
+        """Whether HiGHS holds a feasible incumbent (``col_value`` is not None)."""
+        return self.col_value is not None
 
 
-def solve_mip(lp: highspy.HighsLp, *, time_limit_s: float, rel_gap: float) -> MipRun:
+def solve_mip(
+    lp: highspy.HighsLp,
+    *,
+    time_limit_s: float,
+    rel_gap: float,
+    objective_bound: float | None = None,
+) -> MipRun:
     """Run HiGHS on a mixed-integer model until optimal (relative gap ``rel_gap``) or
-    ``time_limit_s`` seconds."""
+    ``time_limit_s`` seconds; with ``objective_bound`` (a finite value in the
+    objective's unit) HiGHS stops once no plan can be better than it (``CUT_OFF``).
+    A model without integer columns is solved as an LP."""
     h = quiet_highs()
     h.setOptionValue("time_limit", time_limit_s)
     h.setOptionValue("mip_rel_gap", rel_gap)
+    if objective_bound is not None:
+        h.setOptionValue("objective_bound", float(objective_bound))
     h.passModel(lp)
     h.run()
     info = h.getInfo()
-    optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    model_status = h.getModelStatus()
+    status = _MIP_STATUS.get(model_status, MipStatus.OTHER)
     has_plan = info.primal_solution_status == 2  # kSolutionStatusFeasible
     objective = float(info.objective_function_value) if has_plan else float("nan")
-    return MipRun(optimal, objective, float(info.mip_dual_bound))
+    integer = any(v == highspy.HighsVarType.kInteger for v in lp.integrality_)
+    dual_bound = info.mip_dual_bound if integer else info.objective_function_value
+    return MipRun(
+        status is MipStatus.OPTIMAL,
+        objective,
+        float(dual_bound),
+        status,
+        h.modelStatusToString(model_status),
+        np.asarray(h.getSolution().col_value) if has_plan else None,
+    )

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import time
 
-import highspy
 import numpy as np
 
-from energyopt.backends.highs import quiet_highs
+from energyopt.backends.highs import MipRun, solve_mip
 from energyopt.formulations.keepalive.milp import (
     FORMULATION_NAME,
     Milp,
@@ -18,11 +17,11 @@ from energyopt.formulations.keepalive.milp import (
 )
 from energyopt.formulations.keepalive.model import IntArray, KeepAliveProblem
 from energyopt.progress import Progress, quiet
+from energyopt.solvers.mip_outcome import mip_outcome
 from energyopt.solvers.result import (
     FEASIBLE,
     INFEASIBLE,
     NO_SOLUTION,
-    OPTIMAL,
     Result,
     Status,
     Termination,
@@ -32,13 +31,8 @@ from energyopt.spec.keepalive import KeepAlivePlan
 FORMULATION = FORMULATION_NAME
 
 
-def _run(milp: Milp, time_limit_s: float, rel_gap: float) -> highspy.Highs:
-    h = quiet_highs()
-    h.passModel(highs_lp(milp))
-    h.setOptionValue("time_limit", max(0.1, time_limit_s))
-    h.setOptionValue("mip_rel_gap", rel_gap)
-    h.run()
-    return h
+def _run(milp: Milp, time_limit_s: float, rel_gap: float) -> MipRun:
+    return solve_mip(highs_lp(milp), time_limit_s=max(0.1, time_limit_s), rel_gap=rel_gap)
 
 
 def solve_milp(
@@ -56,53 +50,31 @@ def solve_milp(
     t0 = time.perf_counter()
     milp = build_milp(p)
     progress(f"milp: {len(milp):,} columns, {milp.matrix.shape[0]:,} rows")
-    h = _run(milp, time_limit_s, rel_gap)
-    status = h.getModelStatus()
-    info = h.getInfo()
+    run = _run(milp, time_limit_s, rel_gap)
     wall = time.perf_counter() - t0
-    log = [f"HiGHS: {h.modelStatusToString(status)}, {len(milp):,} columns"]
-    if status == highspy.HighsModelStatus.kInfeasible:
+    log = [f"HiGHS: {run.highs_status}, {len(milp):,} columns"]
+    status, termination, bound = mip_outcome(run)
+    values = run.col_value
+    if status is INFEASIBLE or values is None:
         return Result(
-            INFEASIBLE,
+            status,
             None,
-            None,
+            bound,
             wall,
             None,
             "milp",
             log=log,
-            diagnosis=_diagnosis(p),
-            termination=Termination.INFEASIBLE,
-            formulation=FORMULATION,
-            algorithm="HiGHS branch and cut",
-        )
-    has_plan = info.primal_solution_status == 2
-    bound = float(info.mip_dual_bound)
-    bound_or_none = bound if np.isfinite(bound) else None
-    termination = (
-        Termination.CONVERGED
-        if status == highspy.HighsModelStatus.kOptimal
-        else Termination.TIME_LIMIT
-    )
-    if not has_plan:
-        return Result(
-            NO_SOLUTION,
-            None,
-            bound_or_none,
-            wall,
-            None,
-            "milp",
-            log=log,
+            diagnosis=_diagnosis(p) if status is INFEASIBLE else [],
             termination=termination,
             formulation=FORMULATION,
             algorithm="HiGHS branch and cut",
         )
-    values = np.asarray(h.getSolution().col_value)
     states = states_of(milp, values, p.n_functions, 0, p.n_windows)
     objective = float(milp.cost @ np.round(values))
     return Result(
-        OPTIMAL if status == highspy.HighsModelStatus.kOptimal else FEASIBLE,
+        status,
         objective,
-        bound_or_none,
+        bound,
         wall,
         p.plan_of(states),
         "milp",
@@ -127,10 +99,8 @@ def solve_throughput(
     t0 = time.perf_counter()
     first = build_milp(p, minimise="late")
     progress(f"milp: throughput, {len(first):,} columns, {first.matrix.shape[0]:,} rows")
-    h = _run(first, time_limit_s, rel_gap)
-    status = h.getModelStatus()
-    info = h.getInfo()
-    log = [f"HiGHS, fewest late requests: {h.modelStatusToString(status)}"]
+    run = _run(first, time_limit_s, rel_gap)
+    log = [f"HiGHS, fewest late requests: {run.highs_status}"]
 
     def result(
         status: Status,
@@ -155,31 +125,23 @@ def solve_throughput(
             algorithm="HiGHS branch and cut, two stages",
         )
 
-    if status == highspy.HighsModelStatus.kInfeasible:
+    status, termination, late_bound = mip_outcome(run)
+    if status is INFEASIBLE:
         return result(INFEASIBLE, None, None, None, Termination.INFEASIBLE, _diagnosis(p))
-    late_bound = float(info.mip_dual_bound)
-    bound = p.throughput_of(max(0.0, late_bound)) if np.isfinite(late_bound) else None
-    termination = (
-        Termination.CONVERGED
-        if status == highspy.HighsModelStatus.kOptimal
-        else Termination.TIME_LIMIT
-    )
-    if info.primal_solution_status != 2:
+    bound = None if late_bound is None else p.throughput_of(max(0.0, late_bound))
+    if run.col_value is None:
         return result(NO_SOLUTION, None, bound, None, termination)
-    values = np.round(np.asarray(h.getSolution().col_value))
+    values = np.round(run.col_value)
     states = states_of(first, values, p.n_functions, 0, p.n_windows)
     fewest = float(first.cost @ values)
     left = time_limit_s - (time.perf_counter() - t0)
     second = build_milp(p, late_cap=fewest * (1 + 1e-9) + 1e-9)
-    h2 = _run(second, max(0.1, left), rel_gap)
-    log.append(
-        f"HiGHS, least energy at {fewest:g} late: {h2.modelStatusToString(h2.getModelStatus())}"
-    )
-    if h2.getInfo().primal_solution_status == 2:
-        values2 = np.round(np.asarray(h2.getSolution().col_value))
-        states = states_of(second, values2, p.n_functions, 0, p.n_windows)
+    run2 = _run(second, max(0.1, left), rel_gap)
+    log.append(f"HiGHS, least energy at {fewest:g} late: {run2.highs_status}")
+    if run2.col_value is not None:
+        states = states_of(second, np.round(run2.col_value), p.n_functions, 0, p.n_windows)
     return result(
-        OPTIMAL if status == highspy.HighsModelStatus.kOptimal else FEASIBLE,
+        status,
         p.throughput_of(p.late_requests(states)),
         bound,
         p.plan_of(states),
@@ -215,11 +177,10 @@ def solve_rolling(
         keep = n_t if last == n_t else min(last, first + step)
         left = time_limit_s - (time.perf_counter() - t0)
         milp = build_milp(p, first, last, start, slo_left, cold_left)
-        h = _run(milp, max(0.1, left), rel_gap)
+        run = _run(milp, max(0.1, left), rel_gap)
         steps += 1
-        if h.getInfo().primal_solution_status != 2:
-            status = h.modelStatusToString(h.getModelStatus())
-            log.append(f"windows {first}-{last - 1}: no plan ({status})")
+        if run.col_value is None:
+            log.append(f"windows {first}-{last - 1}: no plan ({run.highs_status})")
             return Result(
                 NO_SOLUTION,
                 None,
@@ -236,7 +197,7 @@ def solve_rolling(
                 formulation=FORMULATION,
                 algorithm=f"rolling horizon, lookahead {lookahead}, step {step}",
             )
-        values = np.round(np.asarray(h.getSolution().col_value))
+        values = np.round(run.col_value)
         part = states_of(milp, values, p.n_functions, first, last)
         kept = (milp.win < keep) & (values > 0.5)
         total += float(milp.cost[kept].sum())

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import time
 
-import highspy
 import numpy as np
 
-from energyopt.backends.highs import quiet_highs
+from energyopt.backends.highs import MipStatus, solve_mip
 from energyopt.formulations.moe_edge.figures import figures
 from energyopt.formulations.moe_edge.milp import (
     FORMULATION_NAME,
@@ -59,29 +58,18 @@ def run_milp(
     milp: Milp, p: MoeEdgeProblem, time_limit_s: float, rel_gap: float, cutoff: float | None
 ) -> tuple[IntArray | None, float, bool]:
     """(choice or None, HiGHS bound, solved to optimality or proven infeasible)."""
-    h = quiet_highs()
-    h.passModel(milp.lp())
-    h.setOptionValue("time_limit", max(0.05, time_limit_s))
-    h.setOptionValue("mip_rel_gap", rel_gap)
-    if cutoff is not None and np.isfinite(cutoff):
-        h.setOptionValue("objective_bound", float(cutoff))
-    h.run()
-    status = h.getModelStatus()
-    info = h.getInfo()
-    done = status in (
-        highspy.HighsModelStatus.kOptimal,
-        highspy.HighsModelStatus.kInfeasible,
-        highspy.HighsModelStatus.kObjectiveBound,
+    run = solve_mip(
+        milp.lp(),
+        time_limit_s=max(0.05, time_limit_s),
+        rel_gap=rel_gap,
+        objective_bound=cutoff if cutoff is not None and np.isfinite(cutoff) else None,
     )
-    if status in (highspy.HighsModelStatus.kInfeasible, highspy.HighsModelStatus.kObjectiveBound):
+    if run.status in (MipStatus.INFEASIBLE, MipStatus.CUT_OFF):
         return None, np.inf if cutoff is None else float(cutoff), True
-    bound = float(info.mip_dual_bound) if milp.integer else float(info.objective_function_value)
-    if not np.isfinite(bound):
-        bound = -np.inf
-    if info.primal_solution_status != 2:
-        return None, bound, done
-    values = np.asarray(h.getSolution().col_value)
-    return milp.choice(np.round(values), p.n_items), bound, done
+    bound = run.dual_bound if np.isfinite(run.dual_bound) else -np.inf
+    if run.col_value is None:
+        return None, bound, run.optimal
+    return milp.choice(np.round(run.col_value), p.n_items), bound, run.optimal
 
 
 def solve_milp(

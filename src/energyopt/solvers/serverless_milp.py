@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import time
 
-import highspy
 import numpy as np
 
-from energyopt.backends.highs import quiet_highs
+from energyopt.backends.highs import MipRun, MipStatus, solve_mip
 from energyopt.formulations.serverless.milp import (
     DECODE,
     FORMULATION_NAME,
@@ -21,6 +20,7 @@ from energyopt.formulations.serverless.milp import (
 )
 from energyopt.formulations.serverless.model import FloatArray, IntArray, ServerlessProblem
 from energyopt.progress import Progress, quiet
+from energyopt.solvers.mip_outcome import mip_outcome
 from energyopt.solvers.result import (
     FEASIBLE,
     INFEASIBLE,
@@ -35,14 +35,9 @@ ROUND_TOL = 1e-6
 """A relaxed count within this of an integer is that integer."""
 
 
-def _run(milp: Milp, time_limit_s: float, rel_gap: float, relax: bool) -> highspy.Highs:
-    h = quiet_highs()
-    h.passModel(highs_lp(milp, relax=relax))
-    h.setOptionValue("time_limit", max(0.1, time_limit_s))
-    if not relax:
-        h.setOptionValue("mip_rel_gap", rel_gap)
-    h.run()
-    return h
+def _run(milp: Milp, time_limit_s: float, rel_gap: float, relax: bool) -> MipRun:
+    lp = highs_lp(milp, relax=relax)
+    return solve_mip(lp, time_limit_s=max(0.1, time_limit_s), rel_gap=rel_gap)
 
 
 def _split(milp: Milp, values: FloatArray) -> tuple[IntArray, FloatArray, FloatArray]:
@@ -104,38 +99,24 @@ def solve_milp(
             formulation=FORMULATION_NAME,
             algorithm="no demand: nothing to run",
         )
-    h = _run(milp, time_limit_s, rel_gap, relax=False)
-    status = h.getModelStatus()
-    info = h.getInfo()
-    log = [f"HiGHS: {h.modelStatusToString(status)}, {len(milp):,} columns"]
+    run = _run(milp, time_limit_s, rel_gap, relax=False)
+    log = [f"HiGHS: {run.highs_status}, {len(milp):,} columns"]
     wall = time.perf_counter() - t0
-    if status == highspy.HighsModelStatus.kInfeasible:
+    status, termination, bound = mip_outcome(run)
+    if status is INFEASIBLE:
         return _infeasible("milp", wall, log)
-    bound = float(info.mip_dual_bound)
-    bound_or_none = bound if np.isfinite(bound) else None
-    optimal = status == highspy.HighsModelStatus.kOptimal
-    termination = Termination.CONVERGED if optimal else Termination.TIME_LIMIT
-    if info.primal_solution_status != 2:
-        return Result(
-            NO_SOLUTION,
-            None,
-            bound_or_none,
-            wall,
-            None,
-            "milp",
-            log=log,
-            termination=termination,
-            formulation=FORMULATION_NAME,
-            algorithm="HiGHS branch and cut",
-        )
-    values = np.asarray(h.getSolution().col_value)
-    counts, rates, routes = _split(milp, values)
+    objective: float | None = None
+    plan: ServerlessPlan | None = None
+    if run.col_value is not None:
+        counts, rates, routes = _split(milp, run.col_value)
+        objective = objective_of(milp, counts, rates)
+        plan = _plan(p, milp, counts, rates, routes)
     return Result(
-        OPTIMAL if optimal else FEASIBLE,
-        objective_of(milp, counts, rates),
-        bound_or_none,
+        status,
+        objective,
+        bound,
         wall,
-        _plan(p, milp, counts, rates, routes),
+        plan,
         "milp",
         log=log,
         termination=termination,
@@ -157,13 +138,12 @@ def solve_relaxation(
     t0 = time.perf_counter()
     milp = build_milp(p)
     progress(f"lp relaxation: {len(milp):,} columns, {milp.matrix.shape[0]:,} rows")
-    h = _run(milp, time_limit_s, rel_gap, relax=True)
-    status = h.getModelStatus()
+    run = _run(milp, time_limit_s, rel_gap, relax=True)
     wall = time.perf_counter() - t0
-    log = [f"HiGHS LP: {h.modelStatusToString(status)}"]
-    if status == highspy.HighsModelStatus.kInfeasible:
+    log = [f"HiGHS LP: {run.highs_status}"]
+    if run.status is MipStatus.INFEASIBLE:
         return _infeasible("lp", wall, log)
-    if status != highspy.HighsModelStatus.kOptimal:
+    if not run.optimal or run.col_value is None:
         return Result(
             NO_SOLUTION,
             None,
@@ -176,8 +156,8 @@ def solve_relaxation(
             formulation=FORMULATION_NAME,
             algorithm="HiGHS dual simplex (LP relaxation)",
         )
-    bound = float(h.getInfo().objective_function_value)
-    values = np.asarray(h.getSolution().col_value)
+    bound = run.dual_bound  # the LP optimum
+    values = run.col_value
     n_p = milp.n_pools
     counts = np.ceil(values[:n_p] - ROUND_TOL).astype(np.int64)
     _, rates, routes = _split(milp, values)
@@ -230,23 +210,21 @@ def solve_rolling(
             routes.append([])
             start = {}
             continue
-        h = _run(milp, max(0.1, left), rel_gap, relax=False)
-        if h.getInfo().primal_solution_status != 2:
+        run = _run(milp, max(0.1, left), rel_gap, relax=False)
+        if run.col_value is None:
             return Result(
-                NO_SOLUTION
-                if h.getModelStatus() != highspy.HighsModelStatus.kInfeasible
-                else INFEASIBLE,
+                INFEASIBLE if run.status is MipStatus.INFEASIBLE else NO_SOLUTION,
                 None,
                 None,
                 time.perf_counter() - t0,
                 None,
                 "rolling",
-                log=[f"epoch {t}: {h.modelStatusToString(h.getModelStatus())}"],
+                log=[f"epoch {t}: {run.highs_status}"],
                 termination=Termination.HEURISTIC,
                 formulation=FORMULATION_NAME,
                 algorithm="rolling horizon, one epoch per MILP",
             )
-        counts, rates, route_rates = _split(milp, np.asarray(h.getSolution().col_value))
+        counts, rates, route_rates = _split(milp, run.col_value)
         total += objective_of(milp, counts, rates, start, p.stop_cost)
         part, part_routes = solution_of(p, milp, counts, rates, route_rates)
         pools.append(part[0])
