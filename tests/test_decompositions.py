@@ -66,7 +66,7 @@ def test_bound_and_plan_sandwich_the_optimum(canonical: Any, case: str, name: st
     check_sandwich(problem, name, expected)
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     gpus=st.lists(st.sampled_from([H100, A100]), min_size=1, max_size=3),
     workloads=st.lists(TINY_WORKLOAD, min_size=1, max_size=2),

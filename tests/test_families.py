@@ -137,6 +137,9 @@ def test_a_serving_plan_that_fails_verification_is_never_hidden_by_a_fallback(
 def test_serving_export_reads_back_to_the_same_optimum(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    fam = family("serving")
+    problem = fam.load(str(FILES["serving"]), [])
+    res = fam.solve(problem, "highs-exact", time_limit_s=60, rel_gap=1e-9, progress=print)
     for fmt in ("mps", "lp"):
         out = tmp_path / f"quickstart.{fmt}"
         code, _, err = run(capfd, "export", str(FILES["serving"]), "-o", str(out))
@@ -147,9 +150,6 @@ def test_serving_export_reads_back_to_the_same_optimum(
         h.setOptionValue("mip_rel_gap", 1e-9)
         h.run()
         assert h.getModelStatus() == highspy.HighsModelStatus.kOptimal
-        fam = family("serving")
-        problem = fam.load(str(FILES["serving"]), [])
-        res = fam.solve(problem, "highs-exact", time_limit_s=60, rel_gap=1e-9, progress=print)
         assert h.getInfo().objective_function_value == pytest.approx(res.objective, rel=1e-6)
 
 

@@ -77,7 +77,7 @@ def lower_clock(case: dict) -> float:
     return case["clock_frac"] * 0.8
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(cases)
 def test_latency_never_falls_when_clock_or_share_falls(case: dict) -> None:
     base = build_params([spec(case)])
@@ -93,7 +93,7 @@ def test_latency_never_falls_when_clock_or_share_falls(case: dict) -> None:
             )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(cases)
 def test_slo_capacity_is_monotone_in_clock_share_and_slo(case: dict) -> None:
     specs = [
@@ -110,7 +110,7 @@ def test_slo_capacity_is_monotone_in_clock_share_and_slo(case: dict) -> None:
     assert looser_slo >= base - tol
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(cases, st.floats(0.05, 0.95))
 def test_rates_below_capacity_meet_the_slo(case: dict, fraction: float) -> None:
     p = build_params([spec(case)])
@@ -125,7 +125,7 @@ def test_rates_below_capacity_meet_the_slo(case: dict, fraction: float) -> None:
     assert met.ttft_ms[0] <= at_cap.ttft_ms[0] and met.tbt_ms[0] <= at_cap.tbt_ms[0]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(cases, st.floats(0.1, 20.0), st.floats(1.05, 3.0))
 def test_power_is_monotone_in_clock_and_rate(case: dict, rate: float, more: float) -> None:
     hi = build_params([spec(case)])

@@ -68,7 +68,7 @@ def test_brute_force_sees_the_budget(canonical) -> None:
     assert unconstrained is not None and unconstrained <= with_budget
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     gpus=st.lists(st.sampled_from([H100, A100]), min_size=1, max_size=3),
     workloads=st.lists(TINY_WORKLOAD, min_size=1, max_size=2),

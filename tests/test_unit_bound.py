@@ -29,7 +29,7 @@ values = st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.5])
 placements = st.lists(st.tuples(values, values, st.sampled_from([0.5, 1.0, 2.0])), max_size=12)
 
 
-@settings(max_examples=150, deadline=None, derandomize=True)
+@settings(max_examples=80, deadline=None, derandomize=True)
 @given(placements)
 def test_undominated_keeps_exactly_the_placements_nothing_beats(
     rows: list[tuple[float, ...]],
@@ -66,7 +66,7 @@ def cover_optimum(cover: UnitCover) -> float:
     return best
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
+@settings(max_examples=30, deadline=None, derandomize=True)
 @given(
     st.floats(0.05, 6.0),
     st.lists(
