@@ -338,5 +338,5 @@ def test_mutated_keepalive_files_are_refused_cleanly_or_solved(tmp_path: Path) -
 
     original = _small(objective={"max_cold_start_rate": 0.5})
     check_family_file_mutations(
-        tmp_path, original, ("milp", "lagrangian", "rolling"), max_examples=40
+        tmp_path, original, ("milp", "lagrangian", "rolling"), max_examples=25
     )

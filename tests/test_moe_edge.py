@@ -343,7 +343,7 @@ def test_mutated_moe_edge_files_are_refused_cleanly_or_solved(tmp_path: Path) ->
         _doc(2, 2),
         ("milp", "lagrangian"),
         extra_args=("--catalog", str(catalog)),
-        max_examples=30,
+        max_examples=20,
     )
 
 

@@ -274,7 +274,7 @@ def _plan(ws: Workspace) -> dict[str, Any]:
 
 SOLVE = ("solve", "{}", "-q", "--time-limit", "20")
 KINDS = [
-    Kind("serving", _serving(QUICKSTART), ("yaml", "json"), _validate_then(*SOLVE), 60),
+    Kind("serving", _serving(QUICKSTART), ("yaml", "json"), _validate_then(*SOLVE), 40),
     Kind(
         "serving-mig", _serving(INSTANCES / "mig-a100.yaml"), ("yaml",), _validate_then(*SOLVE), 30
     ),
@@ -283,7 +283,7 @@ KINDS = [
         _serving(INSTANCES / "hetero-migration.yaml"),
         ("json",),
         _validate_then(*SOLVE),
-        30,
+        20,
     ),
     Kind(
         "serving-tp",
@@ -292,13 +292,13 @@ KINDS = [
         _validate_then(*SOLVE),
         20,
     ),
-    Kind("inline-catalog", _inline_catalog, ("yaml", "json"), _validate_then(*SOLVE), 50),
+    Kind("inline-catalog", _inline_catalog, ("yaml", "json"), _validate_then(*SOLVE), 30),
     Kind(
         "catalog-file",
         _catalog_file,
         ("yaml", "json"),
         _catalog_commands,
-        50,
+        30,
         lambda ws: (ws.catalog_instance,),
     ),
     Kind(
