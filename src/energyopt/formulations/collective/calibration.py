@@ -109,7 +109,9 @@ def nccl_tests_points(shared: Path, every: int = 1) -> Iterator[Point]:
 def problem_for(
     gpu: str, nodes: int, per_node: int, topology: dict[str, object] | None = None
 ) -> CollectiveProblem:
-    """A healthy ``nodes`` x ``per_node`` problem of ``gpu`` (one placeholder collective)."""
+    """A healthy ``nodes`` x ``per_node`` problem of ``gpu`` whose topology the fit
+    times schedules on; the file format needs one collective, a 1-byte all-reduce,
+    which the fit never uses (it times each measured size itself)."""
     topo: dict[str, object] = {
         "gpu": gpu,
         "nodes": [{"name": f"n{k}", "gpus": per_node} for k in range(nodes)],
