@@ -12,7 +12,14 @@ import pytest
 from energyopt.catalog import builtin_catalog
 from energyopt.catalog.loader import bind_catalog, load_catalog_file
 from energyopt.cli import main
-from energyopt.nvml.profile import COLUMNS, SimRunner, kernels_for, run_sweep, sweep_clocks
+from energyopt.nvml.profile import (
+    COLUMNS,
+    SimRunner,
+    kernels_for,
+    run_sweep,
+    sweep_clocks,
+    write_csv,
+)
 from energyopt.nvml.sim import SimulatedNvml
 from energyopt.perf.clockfit import (
     KernelSweep,
@@ -100,6 +107,24 @@ def test_profile_sweeps_locked_clocks_and_restores_them(locked_before) -> None:
     # compute-bound runs slow down and draw less power as the clock falls
     assert matmul[-1].seconds > 1.3 * matmul[0].seconds
     assert matmul[-1].energy_j / matmul[-1].seconds < matmul[0].energy_j / matmul[0].seconds
+
+
+@pytest.mark.parametrize("name", ["A100-SXM4-80GB", H100])
+def test_a_simulated_gpu_sweeps_to_its_own_catalog_constants(name: str, tmp_path: Path) -> None:
+    """The simulated NVML draws the calibrated model's power (static power on V^2, the
+    dynamic range net of it, memory power per byte), so profiling it and fitting the
+    sweep gives back the catalog entry it simulates."""
+    gpu = builtin_catalog().gpu(name)
+    sim = SimulatedNvml([gpu])
+    clocks = sweep_clocks(sim.supported_sm_clocks(0), 8)
+    path = tmp_path / "sweep.csv"
+    write_csv(run_sweep(sim, 0, SimRunner(sim, 0), kernels_for(gpu, 1.0), clocks), path)
+    fitted = fit_clock_constants(gpu, read_sweep(path))
+    assert fitted.efficiency.compute_clock_fixed == pytest.approx(
+        gpu.efficiency.compute_clock_fixed, abs=2e-3
+    )
+    assert fitted.power.voltage_floor == pytest.approx(gpu.power.voltage_floor, abs=2e-3)
+    assert fitted.power.knee_fraction == pytest.approx(gpu.power.knee_fraction, abs=2e-3)
 
 
 def test_profile_then_calibrate_writes_a_catalog_other_commands_take(

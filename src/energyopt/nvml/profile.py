@@ -174,6 +174,7 @@ class SimRunner:
         """Advance simulated time by the kernel's modelled duration (s)."""
         from energyopt.perf.calibration import _clock_params
         from energyopt.perf.forward import kernel_pass
+        from energyopt.perf.power import memory_power_w
 
         gpu = self.sim.gpu_type(self.index)
         clock = self.sim.get_sm_clock(self.index)
@@ -181,7 +182,8 @@ class SimRunner:
         out = kernel_pass(p, np.asarray([kernel.flops]), np.asarray([kernel.bytes]))
         seconds = float(out.ms[0]) / 1e3
         activity = 1.0 if kernel.flops > 0 else gpu.power.memory_bound_sm_activity
-        self.sim.set_load(self.index, activity)
+        memory_w = float(memory_power_w(np.asarray([kernel.bytes]), out.ms)[0])
+        self.sim.set_load(self.index, activity, memory_w)
         self.sim.advance(seconds)
         self.sim.set_load(self.index, 0.0)
         return seconds

@@ -28,7 +28,7 @@ from energyopt.nvml.errors import (
     PowerLimitOutOfRange,
 )
 from energyopt.nvml.names import nvml_name
-from energyopt.perf.power import clock_power_factor, gpu_on_power_w
+from energyopt.perf.power import clock_power_factor, dynamic_range_w, gpu_on_power_w
 from energyopt.spec.hardware import GpuType
 
 
@@ -46,6 +46,7 @@ class SimDevice:
     instances: list[tuple[str, int]] = field(default_factory=list)
     energy_mj: float = 0.0
     load: float = 0.0
+    memory_w: float = 0.0
 
 
 @dataclass
@@ -115,6 +116,7 @@ class SimulatedNvml:
             row = asdict(d)
             row.pop("energy_mj")
             row.pop("load")
+            row.pop("memory_w")
             row["instances"] = sorted((str(n), int(st)) for n, st in d.instances)
             out.append(row)
         out.append({"mps": {k: asdict(v) for k, v in sorted(self.mps_daemons.items())}})
@@ -149,9 +151,12 @@ class SimulatedNvml:
         Path(path).write_text(json.dumps(self.to_json(), indent=1))
 
     # simulated time and power ----------------------------------------------
-    def set_load(self, index: int, load: float) -> None:
-        """SM activity of the work running on GPU ``index``, 0..1."""
-        self._dev(index).load = min(max(load, 0.0), 1.0)
+    def set_load(self, index: int, load: float, memory_w: float = 0.0) -> None:
+        """The work running on GPU ``index``: its SM activity (0..1) and the power of
+        the bytes it moves through memory (W, ``perf.power.memory_power_w``)."""
+        dev = self._dev(index)
+        dev.load = min(max(load, 0.0), 1.0)
+        dev.memory_w = max(memory_w, 0.0)
 
     def advance(self, seconds: float) -> None:
         """Let ``seconds`` of simulated time pass; energy counters advance."""
@@ -232,7 +237,10 @@ class SimulatedNvml:
         return g.default_sm_clock_mhz if dev.load > 0 else g.min_sm_clock_mhz
 
     def get_power_usage(self, index: int) -> int:
-        """Model power: on-power at the clock plus SM activity times dynamic power (mW)."""
+        """Board power (mW) by the calibrated model (``perf.power``, as a forward pass
+        draws it): on-power at the clock (idle plus static power following V^2), plus
+        the SM activity's share of the dynamic range at f V^2 and the memory power,
+        their sum within the dynamic range, all within the power limit."""
         dev = self._dev(index)
         g = self.gpu_type(index)
         clock = self.get_sm_clock(index)
@@ -241,7 +249,13 @@ class SimulatedNvml:
             np.asarray([g.power.voltage_floor]),
             np.asarray([g.power.knee_fraction]),
         )[0]
-        dynamic = dev.load * g.power.sm_fraction * (g.tdp_w - g.idle_w) * float(factor)
+        span = float(
+            dynamic_range_w(
+                np.asarray(g.tdp_w), np.asarray(g.idle_w), np.asarray(g.power.locked_clock_w)
+            )
+        )
+        sm_w = dev.load * g.power.sm_fraction * span * float(factor)
+        dynamic = min(sm_w + dev.memory_w, span) if dev.load > 0 or dev.memory_w > 0 else 0.0
         watts = min(gpu_on_power_w(g, clock) + dynamic, dev.power_limit_mw / 1000)
         return round(watts * 1000)
 
