@@ -15,12 +15,23 @@ from energyopt.perf.params import FloatArray, OpParams
 from energyopt.perf.queueing import decode_context, metrics_at, slo_capacity
 
 
+def at_max_clock(p: OpParams) -> OpParams:
+    """The same operating points with the GPU at its max clock."""
+    return p.replace(clock_ratio=np.ones_like(p.clock_ratio))
+
+
+def design_batch_of(batch_at_capacity: FloatArray) -> FloatArray:
+    """The design batch (>= 1) from the decode batch an op at max clock runs at its
+    SLO capacity (inf where unstable counts as 1)."""
+    batch = np.asarray(batch_at_capacity, dtype=np.float64)
+    return np.asarray(np.maximum(np.where(np.isfinite(batch), batch, 1.0), 1.0))
+
+
 def design_batch(p: OpParams) -> FloatArray:
     """Decode batch at SLO capacity with the GPU at its max clock (>= 1)."""
-    at_max = p.replace(clock_ratio=np.ones_like(p.clock_ratio))
+    at_max = at_max_clock(p)
     cap = slo_capacity(at_max)
-    batch = metrics_at(at_max, cap).batch
-    return np.asarray(np.maximum(np.where(np.isfinite(batch), batch, 1.0), 1.0))
+    return design_batch_of(metrics_at(at_max, cap).batch)
 
 
 def energy_per_request_j(p: OpParams, batch: FloatArray | None = None) -> FloatArray:

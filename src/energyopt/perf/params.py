@@ -130,6 +130,17 @@ class OpParams:
         """The operating points at ``index``."""
         return OpParams(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
+    @staticmethod
+    def concat(parts: list[OpParams]) -> OpParams:
+        """The operating points of ``parts``, one after another (one vectorized model
+        run over all of them costs about as much as a run over the largest part)."""
+        return OpParams(
+            **{
+                f.name: np.concatenate([getattr(q, f.name) for q in parts])
+                for f in fields(OpParams)
+            }
+        )
+
 
 def _moe_split(model: LlmModel) -> tuple[float, float]:
     """(shared params, params of one expert) in units of parameters."""
