@@ -130,6 +130,10 @@ class WarmLp:
         """New bounds of column ``col``; they stay until changed again."""
         self._h.changeColBounds(col, lo, hi)
 
+    def change_row_bounds(self, row: int, lo: float, hi: float) -> None:
+        """New bounds of row ``row`` (infinite sides allowed); they stay until changed."""
+        self._h.changeRowBounds(row, _finite_or_inf(lo), _finite_or_inf(hi))
+
     def solve(self) -> LpValues:
         """Run HiGHS (warm) and read the solution when it is optimal."""
         h = self._h

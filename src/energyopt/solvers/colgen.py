@@ -39,10 +39,17 @@ EXACT = 2
 
 
 def generate_columns(
-    prog: PatternProgram, log: Callable[[str], None] | None = None, deadline: float | None = None
+    prog: PatternProgram,
+    log: Callable[[str], None] | None = None,
+    deadline: float | None = None,
+    *,
+    session: LpSession | None = None,
+    max_rounds: int = MAX_ROUNDS,
 ) -> None:
     """Column generation to LP optimality over all maximal configurations
-    (``deadline`` a ``time.perf_counter`` value).
+    (``deadline`` a ``time.perf_counter`` value), at most ``max_rounds`` rounds, in
+    ``session`` (a new one over the program's columns when None; a given session
+    must hold a prefix of ``prog.columns`` and keeps its rows and bounds).
 
     Sets ``prog.lp`` and ``prog.bound``: the best Lagrangian bound seen (the LP
     value corrected by the most negative reduced cost per class), valid even if
@@ -50,8 +57,9 @@ def generate_columns(
     coarse DP first; the exact DP runs when the coarse one finds nothing (and at
     the time limit), so every bound reported comes from exact pricing.
     """
-    session = LpSession(prog.problem, prog.table, prog.costs, prog.classes, prog.columns)
-    for rnd in range(MAX_ROUNDS):
+    if session is None:
+        session = LpSession(prog.problem, prog.table, prog.costs, prog.classes, prog.columns)
+    for rnd in range(max_rounds):
         if len(session.mp.z_var) < len(prog.columns):
             session.add(prog.columns[len(session.mp.z_var) :])
         prog.lp = session.solve()
@@ -76,7 +84,7 @@ def generate_columns(
             break
     else:
         if log:
-            log(f"column generation stopped after {MAX_ROUNDS} rounds; bound is Lagrangian")
+            log(f"column generation stopped after {max_rounds} rounds; bound is Lagrangian")
     session.add(prog.columns[len(session.mp.z_var) :])
     prog.lp = session.solve()
     _, _, bound = price_round(prog, effort=EXACT, add=False)

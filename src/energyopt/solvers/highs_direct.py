@@ -31,6 +31,7 @@ def solve_master_mip(
     stop_at: float | None = None,
     heuristic_effort: float | None = None,
     certified_bound: float | None = None,
+    max_nodes: int | None = None,
 ) -> tuple[MilpOutcome, NDArray[np.float64] | None]:
     """(outcome, variable values) of the integer master; values None without a plan.
 
@@ -40,6 +41,9 @@ def solve_master_mip(
     ``certified_bound``: a bound valid for the whole problem; progress lines then
     show it and the incumbent's gap to it instead of HiGHS' bound, which holds only
     for this master's columns.
+    ``max_nodes``: branch-and-bound nodes at most (an effort limit: the same model
+    gives the same outcome however loaded the machine is, when the time limit is
+    not reached first).
     """
     h = quiet_highs()
     n = len(mp.cost)
@@ -49,6 +53,8 @@ def solve_master_mip(
     h.setOptionValue("mip_rel_gap", rel_gap)
     if heuristic_effort is not None:
         h.setOptionValue("mip_heuristic_effort", heuristic_effort)
+    if max_nodes is not None:
+        h.setOptionValue("mip_max_nodes", max_nodes)
     # HiGHS fixes its thread pool at the first solve of the process; setting
     # "threads" afterwards makes the run fail, so ``threads`` is not passed on.
     del threads

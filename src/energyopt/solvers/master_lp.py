@@ -47,6 +47,7 @@ class LpSession:
         n_var, n_row, n_ent = len(mp.cost), len(mp.row_lo), len(mp.entries)
         for col in columns:
             add_column(mp, self.table, self.costs, self.classes, col)
+            self.column_added(col, mp.z_var[-1])
         if len(mp.cost) == n_var:
             return
         new = appended_since(mp, n_var, n_row, n_ent)
@@ -67,6 +68,12 @@ class LpSession:
                 np.asarray([t[0] for t in terms], dtype=np.int32),
                 np.asarray([t[1] for t in terms], dtype=np.float64),
             )
+
+    def column_added(self, col: Column, z_var: int) -> None:
+        """Called after ``col`` (count variable ``z_var``) joins the master, before it
+        is passed to HiGHS: a subclass may append the column's entries in rows of its
+        own (``self.mp.entries``)."""
+        del col, z_var
 
     def set_count_bounds(self, var: int, lo: float, hi: float) -> None:
         """Bounds of master variable ``var`` (a column's count) in the LP from now on."""

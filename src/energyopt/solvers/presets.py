@@ -14,7 +14,9 @@ from energyopt.spec.errors import SpecError
 from energyopt.spec.io import validation_problems
 
 Backend = Literal["highs", "cpsat"]
-Formulation = Literal["auto", "pattern", "per_gpu", "plain", "colgen", "shadow_price", "pop"]
+Formulation = Literal[
+    "auto", "pattern", "per_gpu", "plain", "colgen", "shadow_price", "pop", "branch_price"
+]
 
 
 class SolverPreset(Spec):
@@ -34,6 +36,9 @@ class SolverPreset(Spec):
     )
     step: float = Field(
         default=1.0, gt=0, le=2, description="shadow_price: first Polyak step factor theta"
+    )
+    nodes: int = Field(
+        default=2000, gt=0, description="branch_price: branch-and-bound nodes at most"
     )
     partitions: int = Field(default=4, ge=1, description="pop: number of sub-problems")
     seed: int = Field(default=0, description="pop: seed of the random split")

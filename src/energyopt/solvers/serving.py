@@ -163,6 +163,10 @@ def solve(
             from energyopt.solvers.shadow_price import solve_shadow_price
 
             result = solve_shadow_price(problem, table, preset, deadline, gap, note)
+        elif formulation == "branch_price":
+            from energyopt.solvers.branch_price import solve_branch_price
+
+            result = solve_branch_price(problem, table, preset, deadline, gap, note)
         elif formulation == "pop":
             from energyopt.solvers.pop import solve_pop
 

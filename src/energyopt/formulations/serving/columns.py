@@ -7,7 +7,8 @@ group (k whole GPUs serving one unit). Its rates are per-column variables.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,11 +40,24 @@ class Column:
 
 @dataclass(frozen=True)
 class Duals:
-    """Prices from the master LP (HiGHS sign convention: d = c - A^T y)."""
+    """Prices from the master LP (HiGHS sign convention: d = c - A^T y).
+
+    ``gpus_at`` and ``held`` are the prices of branching rows (empty outside a
+    branch-and-price tree): ``gpus_at[(c, f)]`` is the price of one GPU of class c
+    at clock f (objective units per GPU), ``held[c][o]`` the price of a
+    configuration of class c that holds op o (objective units per configuration).
+    Both enter a configuration's reduced cost with a minus sign.
+    """
 
     demand: FloatArray  # per unit
     count: FloatArray  # per class (<= 0)
     power: FloatArray  # per class: node budget dual + cluster budget dual (<= 0)
+    gpus_at: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    held: Mapping[int, FloatArray] = field(default_factory=dict)
+
+    def base_price(self, cls: int, clock: int) -> float:
+        """Branching price of one GPU of class ``cls`` at ``clock`` (0 without one)."""
+        return float(self.gpus_at.get((cls, clock), 0.0))
 
 
 def kept_units(cls: GpuClass, table: OpTable, ops: tuple[int, ...] | list[int]) -> int:
@@ -129,8 +143,11 @@ def price_configs(
         costs.on_cost[(cls.type_name, configs.clock_mhz)]
         - duals.count[cls.index]
         - duals.power[cls.index] * on_power
+        - duals.base_price(cls.index, configs.clock_mhz)
     )
     bonus = np.zeros(len(table))
+    if cls.index in duals.held:
+        bonus += duals.held[cls.index]
     if cls.state_units:
         current = set(cls.state_units)
         for o in configs.items:

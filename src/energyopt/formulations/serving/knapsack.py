@@ -7,8 +7,9 @@ for one GPU class and clock, the multiple-choice knapsack
     max  sum_o v_o x_o   s.t.  sum_o share_o x_o <= S,  sum_o mem_o x_o <= M,
                                at most one op per unit,  x binary,
 
-where v_o = cap_o * max(0, -rc_o) (+ the migration bonus of a kept placement) is
-the most an op can lower the configuration's reduced cost. Memory is counted in
+where v_o = cap_o * max(0, -rc_o) (+ the migration bonus of a kept placement, + the
+price of holding the op in a branch-and-price node) is the most an op can lower the
+configuration's reduced cost. Memory is counted in
 steps of MEMORY_STEP_GB rounded down (capacity rounded down too), and the GPU power cap is
 ignored: both only enlarge the feasible set, so ``base - value`` is a valid lower
 bound on the class's most negative reduced cost at this clock (the Lagrangian
@@ -84,9 +85,12 @@ def knapsack_items(problem: Problem, table: OpTable, type_name: str, clock: int)
 def item_values(
     cls: GpuClass, ks: KnapsackItems, table: OpTable, costs: Costs, duals: Duals
 ) -> NDArray[np.float64]:
-    """How much each item can lower a configuration's reduced cost (>= 0)."""
+    """How much each item can lower a configuration's reduced cost (negative only
+    where a branching row prices the op's presence, see ``Duals.held``)."""
     rc_item = item_reduced_costs(table, costs, duals, cls.index)[ks.items]
     value = table.capacity_rps[ks.items] * np.maximum(0.0, -rc_item)
+    if cls.index in duals.held:
+        value = value + duals.held[cls.index][ks.items]
     if cls.state_units:
         current = set(cls.state_units)
         for i, o in enumerate(ks.items):
@@ -181,7 +185,8 @@ def greedy_configuration(ks: KnapsackItems, values: NDArray[np.float64]) -> tupl
 def repair_and_fill(
     ks: KnapsackItems, values: NDArray[np.float64], chosen: list[int], order: IntArray
 ) -> tuple[int, ...]:
-    """Make ``chosen`` fit the true memory, then add items (in ``order``) that fit.
+    """Make ``chosen`` fit the true memory, then add items (in ``order``) that fit
+    and whose value is not negative.
 
     Returns the op indices of the configuration, sorted.
     """
@@ -197,7 +202,7 @@ def repair_and_fill(
         if share >= ks.capacity_steps:
             break
         u = int(ks.units[i])
-        if u in used:
+        if u in used or values[i] < 0:
             continue
         s = int(ks.share_steps[i])
         if share + s > ks.capacity_steps or mem + float(ks.mem_gb[i]) > ks.memory_gb + 1e-9:

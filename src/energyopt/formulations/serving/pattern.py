@@ -226,6 +226,7 @@ def knapsack_pricing(
         costs.on_cost[(cls.type_name, ks.clock_mhz)]
         - duals.count[cls.index]
         - duals.power[cls.index] * on_power
+        - duals.base_price(cls.index, ks.clock_mhz)
     )
     values = item_values(cls, ks, table, costs, duals)
     rc_item = item_reduced_costs(table, costs, duals, cls.index)[ks.items]

@@ -1,0 +1,320 @@
+"""Branch-and-price for the configuration formulation (``formulation = "branch_price"``).
+
+Column generation (``colgen.generate_columns`` / ``price_round``) runs at every node
+of a best-bound branch-and-bound tree over the configuration master, in one warm LP
+(``branch_lp.BranchLp``) whose branching rows change bounds from node to node.
+
+Branching rule: on integer aggregates of the column counts, in this order -
+
+1. the number of configurations of a class that hold a unit (``("held", c, u)``),
+2. the number of GPUs of a class at a clock (``("gpus", c, f)``),
+3. the number of configurations of a class that hold one op (``("op", c, o)``),
+
+the most fractional one of the first kind that has any (ties by key). Holding
+counts come first because the LP's weakness is fractional hosting: a unit served by
+0.3 of a GPU pays 0.3 of its static power. On fleet-64 the bound rose faster per
+node that way (6,846 W after 200 nodes, against 6,765 W after 700 nodes with GPU
+counts first; root LP 6,735 W). Why aggregates:
+each is a sum of column counts, so a bound on it is one row of the master, and its
+price enters pricing without changing the pricing problem's form: a GPU-count price
+is a constant per (class, clock) in the configuration's base cost, a holding price
+is a per-item bonus, which both the enumerated pricing and the knapsack DP take.
+Branching on a single column's count would not have that property (a forbidden
+column comes back from pricing), and Ryan-Foster pairs would make the knapsack
+quadratic. Both children of a node partition its plans (aggregate <= floor, >=
+ceil), so no plan is lost. A node whose aggregates are all integral while some
+count is fractional (possible: the aggregates do not determine the counts) is not
+branched further; it stays open with its bound (an unresolved leaf), which keeps
+the global bound valid.
+
+Bounds: a node's bound is the best Lagrangian bound of its column generation (the
+node LP's value corrected by the most negative reduced cost per class, valid even
+when pricing stops early) and never below its parent's. The global bound is the
+least bound of the open nodes and unresolved leaves, never above the incumbent,
+and at least the unit-decomposition bound computed from the root prices.
+
+Primal side: the LP dive (``lp_dive``) at the root and every DIVE_EVERY nodes (it
+dives from that node's LP, so it starts from a different point each time), an
+integer LP solution found at a node, and the integer master over all columns
+generated so far (HiGHS, warm-started from the incumbent) at the root and at the end.
+
+Limits: the search stops when the gap is closed, after ``preset.nodes`` nodes, or at
+the time limit. Every effort in it is counted (nodes, column generation rounds per
+node, HiGHS branch-and-bound nodes for the integer master), so with a time limit
+that is not reached the same instance gives the same plan and bound on a quiet or a
+loaded machine; the time limit is a safety net. Objective values and bounds are in
+the instance's objective units (W for power).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from energyopt.catalog.problem import Problem
+from energyopt.formulations.errors import BackendFailure
+from energyopt.formulations.serving import pattern as pat
+from energyopt.perf.oppoints import OpTable
+from energyopt.progress import Progress
+from energyopt.solvers.branch_lp import AggKey, Bounds, BranchLp, NodeInfeasible
+from energyopt.solvers.colgen import generate_columns
+from energyopt.solvers.highs_direct import padded_start, solve_master_mip
+from energyopt.solvers.lp_dive import lp_dive
+from energyopt.solvers.presets import SolverPreset
+from energyopt.solvers.result import (
+    FEASIBLE,
+    INFEASIBLE,
+    NO_SOLUTION,
+    Result,
+    Termination,
+    relative_gap,
+    status_at,
+)
+from energyopt.solvers.unit_bound import best_unit_bound
+from energyopt.spec.plan import Plan
+
+NODE_ROUNDS = 40
+"""Column generation rounds per node at most (the node's bound stays valid below it)."""
+DIVE_EVERY = 10
+"""An LP dive from the node LP every this many nodes (and at the root)."""
+MIP_NODES = 2000
+"""HiGHS branch-and-bound nodes of each integer master solve over the generated columns."""
+INTEGRAL_TOL = 1e-6
+KIND_ORDER = ("held", "gpus", "op")
+UNIT_BOUND_SHARE = 0.1
+"""Share of the time limit the root unit bound may take (its search stops there)."""
+MIP_TIME_SHARE = 0.25
+"""Share of the time left that one integer master solve may take (safety net)."""
+
+
+@dataclass(order=True)
+class Node:
+    """An open node: its bound (objective units), creation order and restrictions."""
+
+    bound: float
+    seq: int
+    depth: int = field(compare=False)
+    bounds: Bounds = field(compare=False)
+
+
+@dataclass
+class Incumbent:
+    """The best plan so far: its objective and integer-master values (columns in the
+    program's order, padded with zeros for columns generated later)."""
+
+    objective: float = math.inf
+    values: NDArray[np.float64] | None = None
+    found: str = ""
+
+    def offer(self, objective: float, values: NDArray[np.float64], how: str) -> bool:
+        if objective < self.objective - 1e-9 * max(1.0, abs(objective)):
+            self.objective, self.values, self.found = objective, values, how
+            return True
+        return False
+
+
+def _integer_values(tree: BranchLp, x: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Integer-master values (artificials dropped, counts rounded) of tree LP values."""
+    mp = tree.mp
+    n_art = len(mp.artificial)
+    values = np.array(x[n_art:], dtype=np.float64)
+    z = np.asarray(mp.z_var, dtype=np.int64) - n_art
+    values[z] = np.round(values[z])
+    return values
+
+
+def _is_integral(tree: BranchLp, x: NDArray[np.float64]) -> bool:
+    z = x[np.asarray(tree.mp.z_var, dtype=np.int64)]
+    return bool(np.all(np.abs(z - np.round(z)) <= INTEGRAL_TOL))
+
+
+def choose_branch(aggregates: dict[AggKey, float]) -> tuple[AggKey, float] | None:
+    """The aggregate to branch on (see the module docstring) and its value, or None."""
+    for kind in KIND_ORDER:
+        best: tuple[float, AggKey, float] | None = None
+        for key in sorted(k for k in aggregates if k[0] == kind):
+            v = aggregates[key]
+            frac = v - math.floor(v + INTEGRAL_TOL)
+            if frac <= INTEGRAL_TOL or frac >= 1.0 - INTEGRAL_TOL:
+                continue
+            score = abs(frac - 0.5)
+            if best is None or score < best[0]:
+                best = (score, key, v)
+        if best is not None:
+            return best[1], best[2]
+    return None
+
+
+def _dive(tree: BranchLp, deadline: float) -> tuple[float, NDArray[np.float64]] | None:
+    """(objective, integer-master values) of an LP dive from the current node LP."""
+    try:
+        ok = lp_dive(tree, deadline)
+        lp = tree.solve() if ok else None
+    except BackendFailure:
+        lp = None
+    finally:
+        tree.reset_counts()
+    if lp is None or lp.artificial_rps > 1e-6:
+        return None
+    return lp.objective, _integer_values(tree, lp.x)
+
+
+def _repair(
+    prog: pat.PatternProgram,
+    inc: Incumbent,
+    gap: float,
+    lower: float,
+    deadline: float,
+    note: Progress,
+) -> None:
+    """Integer master over every generated column (node-limited, from the incumbent)."""
+    im = pat.integer_model(prog, pyomo=False)
+    start = padded_start(inc.values, len(im.master.cost)) if inc.values is not None else None
+    left = max(0.5, MIP_TIME_SHARE * (deadline - time.perf_counter()))
+    out, values = solve_master_mip(
+        im.master,
+        time_limit_s=left,
+        rel_gap=min(gap, 1e-4),
+        start=start,
+        stop_at=lower / (1.0 - gap) if gap < 1 else None,
+        max_nodes=MIP_NODES,
+    )
+    how = f"integer master over {len(prog.columns)} columns"
+    if out.objective is not None and values is not None and inc.offer(out.objective, values, how):
+        note(f"branch-and-price: integer master plan {out.objective:,.3f}")
+
+
+def solve_branch_price(
+    problem: Problem,
+    table: OpTable,
+    preset: SolverPreset,
+    deadline: float,
+    gap: float,
+    note: Progress,
+) -> Result[Plan]:
+    """Branch-and-price over the configuration formulation (module docstring):
+    the best plan found and the global bound, in objective units (W for power)."""
+    from energyopt.solvers.serving import EXACT_UNIT_BOUND_MAX_UNITS, finish_plan
+
+    t0 = time.perf_counter()
+    prog = pat.prepare(problem, table, note)
+    tree = BranchLp(prog)
+    generate_columns(prog, note, deadline=deadline, session=tree)
+    assert prog.lp is not None
+    if prog.lp.artificial_rps > 1e-6:
+        note(f"LP relaxation cannot serve {prog.lp.artificial_rps:.3g} req/s: infeasible")
+        return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
+    root_bound = prog.bound
+    unit_bound, _ = best_unit_bound(
+        table,
+        prog.costs,
+        prog.classes,
+        prog.lp.duals,
+        prog.lp.budgets_w,
+        prog.lp.budget_duals,
+        exact=len(table.units) <= EXACT_UNIT_BOUND_MAX_UNITS,
+        deadline=time.perf_counter() + UNIT_BOUND_SHARE * (deadline - t0),
+    )
+    note(
+        f"branch-and-price root: LP bound {root_bound:,.3f} ({len(prog.columns)} columns), "
+        f"unit bound {unit_bound:,.3f}"
+    )
+    inc = Incumbent()
+    dived = _dive(tree, deadline)
+    if dived is not None:
+        inc.offer(dived[0], dived[1], "root dive")
+    lower = max(root_bound, unit_bound)
+    _repair(prog, inc, gap, lower, deadline, note)
+    heap: list[Node] = [Node(root_bound, 0, 0, {})]
+    leaves: list[float] = []
+    seq, nodes = 1, 0
+    termination = Termination.CONVERGED
+    while heap:
+        open_low = min(heap[0].bound, min(leaves, default=math.inf))
+        if relative_gap(inc.objective, max(open_low, unit_bound)) <= gap:
+            break
+        if nodes >= preset.nodes:
+            termination = Termination.EFFORT_LIMIT
+            break
+        if time.perf_counter() > deadline:
+            termination = Termination.TIME_LIMIT
+            break
+        node = heapq.heappop(heap)
+        if node.bound >= inc.objective - 1e-9 * max(1.0, abs(inc.objective)):
+            continue
+        nodes += 1
+        tree.set_node(node.bounds)
+        prog.bound = -math.inf
+        try:
+            generate_columns(prog, None, deadline=deadline, session=tree, max_rounds=NODE_ROUNDS)
+        except NodeInfeasible:
+            continue
+        except BackendFailure:
+            leaves.append(node.bound)
+            continue
+        lp = prog.lp
+        assert lp is not None
+        bound = max(node.bound, prog.bound)
+        if bound >= inc.objective - 1e-9 * max(1.0, abs(inc.objective)):
+            continue
+        if _is_integral(tree, lp.x) and lp.artificial_rps <= 1e-6:
+            inc.offer(lp.objective, _integer_values(tree, lp.x), f"node {nodes} LP")
+            if prog.bound < lp.objective - 1e-6 * max(1.0, abs(lp.objective)):
+                leaves.append(bound)  # integral, but pricing did not prove it optimal
+            continue
+        if nodes % DIVE_EVERY == 0:
+            dived = _dive(tree, deadline)
+            if dived is not None and inc.offer(dived[0], dived[1], f"dive at node {nodes}"):
+                note(f"branch-and-price: node {nodes}, dive plan {dived[0]:,.3f}")
+        pick = choose_branch(tree.aggregates(lp.x))
+        if pick is None:
+            leaves.append(bound)
+            continue
+        key, value = pick
+        lo, hi = node.bounds.get(key, (-math.inf, math.inf))
+        for child in ((lo, float(math.floor(value))), (float(math.ceil(value)), hi)):
+            bounds = dict(node.bounds)
+            bounds[key] = child
+            heapq.heappush(heap, Node(bound, seq, node.depth + 1, bounds))
+            seq += 1
+        if nodes % 25 == 0:
+            low = min(heap[0].bound, min(leaves, default=math.inf))
+            note(
+                f"branch-and-price: {nodes} nodes, {len(heap)} open, bound {low:,.3f}, "
+                f"incumbent {inc.objective:,.3f}, {len(prog.columns)} columns"
+            )
+    tree_bound = min(
+        heap[0].bound if heap else math.inf, min(leaves, default=math.inf), inc.objective
+    )
+    if inc.values is not None and relative_gap(inc.objective, max(tree_bound, unit_bound)) > gap:
+        _repair(prog, inc, gap, max(tree_bound, unit_bound), deadline, note)
+        tree_bound = min(tree_bound, inc.objective)
+    bound = max(tree_bound, unit_bound, root_bound)
+    wall = time.perf_counter() - t0
+    note(
+        f"branch-and-price: {nodes} nodes ({termination}), {len(heap)} open, "
+        f"{len(leaves)} unresolved leaves, {len(prog.columns)} columns; best plan "
+        f"{inc.objective:,.3f} ({inc.found or 'none'}), bound {bound:,.3f}"
+    )
+    if inc.values is None:
+        if not heap and not leaves:
+            return Result(INFEASIBLE, None, None, wall, None, preset.name, [])
+        known = bound if math.isfinite(bound) else None
+        return Result(
+            NO_SOLUTION, None, known, wall, None, preset.name, [], termination=termination
+        )
+    bound = min(bound, inc.objective)
+    im = pat.integer_model(prog, pyomo=False)
+    im.values = padded_start(inc.values, len(im.master.cost))
+    status = status_at(inc.objective, bound, gap) if math.isfinite(bound) else FEASIBLE
+    plan = finish_plan(
+        problem, table, pat.decisions(prog, im), status, inc.objective, bound, preset.name
+    )
+    return Result(
+        status, inc.objective, bound, wall, plan, preset.name, [], termination=termination
+    )

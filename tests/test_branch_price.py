@@ -1,0 +1,150 @@
+"""Branch-and-price: bounds never exceed the brute-force optimum, plans verify and never
+beat it, the tree alone proves the optimum on tiny instances, node pricing honours
+the branching rows, and a node-limited run is repeatable."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from energyopt.catalog import Problem, load_problem, resolve
+from energyopt.formulations.errors import FormulationNotApplicable
+from energyopt.formulations.serving import pattern as pat
+from energyopt.formulations.serving.columns import shared_column
+from energyopt.perf.oppoints import build_op_table
+from energyopt.solvers import branch_price as bp
+from energyopt.solvers.branch_lp import BranchLp
+from energyopt.solvers.colgen import generate_columns
+from energyopt.solvers.presets import load_preset
+from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, OPTIMAL, Termination
+from energyopt.solvers.serving import solve
+from energyopt.spec import Instance
+from energyopt.verify import evaluate_plan, verify_plan
+
+from .serving_exhaustive import random_instance, random_problems
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 1e-6
+
+
+RANDOM = list(random_problems(7, 3))
+
+
+def sandwich(problem: Problem, expected: float | None, **kw: Any) -> Any:
+    result = solve(problem, load_preset("bnp"), time_limit_s=60, **kw)
+    if expected is None:
+        assert result.status in (INFEASIBLE, NO_SOLUTION)
+        assert result.plan is None
+        return result
+    assert result.plan is not None, result.log
+    assert verify_plan(problem, result.plan) == []
+    assert evaluate_plan(problem, result.plan).objective == pytest.approx(result.objective, rel=TOL)
+    assert result.objective is not None and result.bound is not None
+    assert result.bound <= expected * (1 + TOL) + TOL
+    assert result.objective >= expected * (1 - TOL) - TOL
+    return result
+
+
+@pytest.fixture
+def tree_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No unit bound: only the tree can prove the optimum."""
+    monkeypatch.setattr(bp, "best_unit_bound", lambda *a, **k: (-math.inf, 1.0))
+
+
+@pytest.mark.usefixtures("tree_only")
+@pytest.mark.parametrize("k", range(len(RANDOM)))
+def test_the_tree_alone_proves_the_optimum_of_random_tiny_instances(k: int) -> None:
+    data, problem, opt = RANDOM[k]
+    result = sandwich(problem, opt.value)
+    if opt.value is not None and result.formulation == "branch_price":
+        assert result.status == OPTIMAL, (data, result.log[-3:])
+        assert result.objective <= opt.value * (1 + 1e-3) + TOL
+
+
+def full_node_lp(prog: pat.PatternProgram, bounds: bp.Bounds) -> float:
+    """The node LP over every listed configuration (no pricing), restricted by ``bounds``."""
+    full = pat.prepare(prog.problem, prog.table)
+    for cls in full.classes:
+        for (type_name, clock), cs in full.configs.items():
+            if type_name == cls.type_name:
+                for j in range(len(cs)):
+                    ops = tuple(int(o) for o in cs.ops(j))
+                    full.add(shared_column(cls, full.table, full.costs, clock, ops))
+    tree = BranchLp(full)
+    tree.set_node(bounds)
+    return tree.solve().objective
+
+
+def branching_problem() -> Problem:
+    """A tiny instance whose root LP is fractional (so the tree branches)."""
+    rng = random.Random(11)
+    for _ in range(200):
+        data = random_instance(rng)
+        if data["options"]["sharing"]["mode"] == "mig":
+            continue
+        problem = resolve(Instance.model_validate(data), "random-tiny")
+        table = build_op_table(problem)
+        try:
+            prog = pat.prepare(problem, table)
+        except FormulationNotApplicable:
+            continue
+        tree = BranchLp(prog)
+        generate_columns(prog, session=tree)
+        assert prog.lp is not None
+        if prog.enumerated and bp.choose_branch(tree.aggregates(prog.lp.x)) is not None:
+            return problem
+    raise AssertionError("no tiny instance with a fractional root LP")
+
+
+def test_node_pricing_honours_the_branching_rows() -> None:
+    """At each node of two levels below a fractional root, column generation ends at
+    the LP over all configurations with the same rows: the branching prices reach
+    pricing, and the node's Lagrangian bound does not exceed that LP."""
+    problem = branching_problem()
+    table = build_op_table(problem)
+    prog = pat.prepare(problem, table)
+    tree = BranchLp(prog)
+    generate_columns(prog, session=tree)
+    assert prog.lp is not None
+    frontier: list[bp.Bounds] = [{}]
+    checked = 0
+    for _ in range(2):
+        nxt: list[bp.Bounds] = []
+        for bounds in frontier:
+            tree.set_node(bounds)
+            prog.bound = -math.inf
+            try:
+                generate_columns(prog, session=tree)
+            except bp.NodeInfeasible:
+                continue
+            lp = prog.lp
+            assert lp is not None
+            expected = full_node_lp(prog, bounds)
+            assert lp.objective == pytest.approx(expected, rel=1e-6, abs=1e-6)
+            assert prog.bound <= expected * (1 + 1e-7) + 1e-6
+            checked += 1
+            pick = bp.choose_branch(tree.aggregates(lp.x))
+            if pick is None:
+                continue
+            key, value = pick
+            for side in ((-np.inf, float(math.floor(value))), (float(math.ceil(value)), np.inf)):
+                nxt.append({**bounds, key: side})
+        frontier = nxt
+    assert checked >= 3
+
+
+def test_a_node_limited_run_is_repeatable() -> None:
+    """Same instance, node limit, a time limit far from reached: the same plan."""
+    problem = load_problem(ROOT / "instances" / "quickstart.yaml")
+    preset = load_preset("bnp").model_copy(update={"nodes": 5, "rel_gap": 1e-6})
+    runs = [solve(problem, preset, time_limit_s=600) for _ in range(2)]
+    assert all(r.termination == Termination.EFFORT_LIMIT for r in runs), runs[0].log[-3:]
+    first, second = (r.plan for r in runs)
+    assert first is not None and second is not None
+    assert first.model_dump() == second.model_dump()
+    assert runs[0].bound == runs[1].bound
