@@ -14,7 +14,7 @@ import numpy as np
 
 from energyopt.catalog.problem import Problem
 from energyopt.formulations.serving.assemble import power_cap_w
-from energyopt.perf.energy import design_batch, energy_per_request_j, service_latency_ms
+from energyopt.perf.energy import design_batches, energy_per_request_j, service_latency_ms
 from energyopt.perf.oppoints import op_spec, share_options
 from energyopt.perf.params import FloatArray, OpParams, OpSpec, build_params
 from energyopt.perf.power import gpu_on_power_w
@@ -308,12 +308,15 @@ def _check_performance(
         params = build_params([c.spec for c in valid if c.spec is not None])
         rates = np.asarray([c.placement.rate_rps for c in valid], dtype=np.float64)
         met = metrics_at(params, rates)
-        batch = design_batch(params)
-        energy = energy_per_request_j(params, batch)
         if problem.instance.options.objective == "edp":
-            ev.delay_weighted_w = float(
-                np.sum(energy * rates * _delay_ratio(problem, valid, params, batch))
-            )
+            ref_params = _reference_params(problem, valid)
+            batch, ref_batch = design_batches([params, ref_params])
+            energy = energy_per_request_j(params, batch)
+            ratio = _delay_ratio(params, batch, ref_params, ref_batch)
+            ev.delay_weighted_w = float(np.sum(energy * rates * ratio))
+        else:
+            (batch,) = design_batches([params])
+            energy = energy_per_request_j(params, batch)
         for i, c in enumerate(valid):
             pl = c.placement
             where = f"{'+'.join(g.id for g in c.gpus)} {pl.workload}:{pl.phase}"
@@ -399,10 +402,8 @@ def _check_performance(
     ev.gpu_power_w = power
 
 
-def _delay_ratio(
-    problem: Problem, valid: list[PlacementCheck], params: OpParams, batch: FloatArray
-) -> FloatArray:
-    """Each placement's unloaded latency over its unit's at max clock on a full GPU."""
+def _reference_params(problem: Problem, valid: list[PlacementCheck]) -> OpParams:
+    """Each placement's op at max clock on a full GPU (the EDP delay reference)."""
     usable = 1.0 - problem.instance.options.memory_reserve_fraction
     refs = []
     for c in valid:
@@ -420,8 +421,15 @@ def _delay_ratio(
                 c.placement.tp_size,
             )
         )
-    ref_params = build_params(refs)
-    ref = service_latency_ms(ref_params, design_batch(ref_params))
+    return build_params(refs)
+
+
+def _delay_ratio(
+    params: OpParams, batch: FloatArray, ref_params: OpParams, ref_batch: FloatArray
+) -> FloatArray:
+    """Each placement's unloaded latency over its unit's at max clock on a full GPU
+    (``_reference_params``), both at their design batches."""
+    ref = service_latency_ms(ref_params, ref_batch)
     latency = service_latency_ms(params, batch)
     return np.asarray(np.where(ref > 0, latency / np.where(ref > 0, ref, 1.0), 1.0))
 
