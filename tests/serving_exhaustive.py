@@ -150,9 +150,11 @@ def _moved(problem: Problem, table: OpTable, choice: tuple[GpuChoice, ...]) -> i
     return moved
 
 
-def exhaustive_optimum(problem: Problem) -> Optimum:
-    """Least objective over every plan the instance allows (see module docstring)."""
-    table = build_op_table(problem)
+def exhaustive_optimum(problem: Problem, table: OpTable | None = None) -> Optimum:
+    """Least objective over every plan the instance allows (see module docstring);
+    ``table``: the problem's operating-point table, if the caller has built it."""
+    if table is None:
+        table = build_op_table(problem)
     gpus = problem.gpus
     n_units = len(table.units)
     choices = [_gpu_choices(problem, table, i) for i in range(len(gpus))]
@@ -353,4 +355,4 @@ def random_problems(seed: int, count: int) -> Iterator[tuple[dict[str, Any], Pro
         if float(np.prod(sizes)) > MAX_COMBINATIONS:
             continue
         made += 1
-        yield data, problem, exhaustive_optimum(problem)
+        yield data, problem, exhaustive_optimum(problem, table)
