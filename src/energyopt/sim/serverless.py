@@ -24,6 +24,13 @@ while the observed arrival rate leaves headroom, starting instances again (cold,
   (same node) or the network; the request emits nothing meanwhile, so its next
   token gap is the migration time plus a step.
 
+The merge decision (which instances to release, where their requests go) is
+``solvers.serverless_merge.decide_merge`` on the model's candidates: the priced
+greedy, and the merge MILP where the candidate set is small. It reads each
+instance's capacity, batch at capacity, KV budget and holding cost from decode
+figures: a compiled rate table's (``tables/serverless.py``) when the replay is
+given one, else the same figures computed from the performance model.
+
 Every merge decision is checked by ``verify.serverless.check_merge`` (no request
 lost or duplicated, no target over its KV budget or batch limit) and every
 request must finish exactly once (conservation). Times s, energies J.
@@ -35,18 +42,33 @@ import heapq
 import itertools
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from energyopt.formulations.serverless.merge import (
+    DecodeFigures,
+    MergeDecision,
+    MergeRequest,
+    Snapshot,
+    merge_problem,
+    merge_value,
+)
 from energyopt.formulations.serverless.model import LINKS, ServerlessProblem
 from energyopt.perf.forward import decode_pass, prefill_pass
+from energyopt.perf.kvtransfer import Link
 from energyopt.perf.params import OpSpec, build_params
 from energyopt.perf.queueing import metrics_at
 from energyopt.sim.arrivals import Arrivals
+from energyopt.solvers.serverless_merge import MAX_PAIRS, MILP_TIME_LIMIT_S, decide_merge, pack
 from energyopt.spec.instance import Options
 from energyopt.spec.serverless import ServerlessPlan
 from energyopt.verify.serverless import DecodeInstanceState, check_merge
+
+if TYPE_CHECKING:
+    from energyopt.tables.serverless import RateTable
 
 PoolKey = tuple[int, int, int, str, str | None]
 """(model, node, option, phase, link) of a pool."""
@@ -62,13 +84,37 @@ class ConservationError(AssertionError):
 class MergePolicy:
     """Online decode merging: how often it looks, how full it fills a target (share
     of its batch at SLO capacity), the headroom it keeps over the observed rate
-    (EWMA over ``rate_window_s``) and the price of a migrated GB in GPU-seconds."""
+    (mean over the last ``rate_window_s``), the prices of a migrated GB and of a
+    second a migrated request stalls (in the objective's unit: GPU-s for the
+    GPU-seconds objective) and the largest candidate set, in (request, destination)
+    pairs, that the merge MILP decides (``max_pairs`` 0: the greedy always)."""
 
     merge_interval_s: float = 5.0
     fill: float = 0.9
     headroom: float = 0.25
     rate_window_s: float = 20.0
-    gpu_s_per_gb: float = 0.01
+    price_per_gb: float = 0.01
+    price_per_stall_s: float = 1.0
+    max_pairs: int = MAX_PAIRS
+    milp_time_limit_s: float = MILP_TIME_LIMIT_S
+
+
+@dataclass(frozen=True)
+class MergeRecord:
+    """One merge decision of a replay: when, for which model, the inputs the decision
+    read (candidates, the need and the capacity still loading, the seconds left in
+    the epoch), what it decided (names released, request id -> name) and whose
+    decision it took (``milp`` or ``greedy``)."""
+
+    time_s: float
+    model: int
+    snapshots: tuple[Snapshot, ...]
+    need_rps: float
+    other_capacity_rps: float
+    remaining_s: float
+    released: frozenset[str]
+    moves: Mapping[int, str]
+    method: str
 
 
 @dataclass
@@ -124,6 +170,24 @@ class ServerlessSimResult:
     migrated_bytes: float = 0.0
     starts: int = 0
     waits: int = 0
+    decisions: int = 0
+    """Merge decisions taken with at least one candidate that could go."""
+    milp_decisions: int = 0
+    """Of those, the ones the merge MILP solved (the set within ``max_pairs``)."""
+    milp_taken: int = 0
+    """Of those, the ones where the MILP's decision was worth more than the greedy's."""
+    value: float = 0.0
+    """Sum of the decisions' values (objective's unit)."""
+    greedy_value: float = 0.0
+    """Sum of the greedy's values on the decisions the MILP solved."""
+    milp_value: float = 0.0
+    """Sum of the MILP's values on those decisions."""
+    milp_bound: float = 0.0
+    """Sum of the MILP's proven bounds on those decisions (>= any merge's value)."""
+    milp_optimal: int = 0
+    """Decisions on which the MILP proved its decision optimal."""
+    worst_gap: float = 0.0
+    """Largest (bound - greedy value) / bound over the decisions the MILP solved."""
 
     @property
     def ttft_attainment(self) -> float:
@@ -186,6 +250,14 @@ def option_tables(p: ServerlessProblem, m: int, o: int) -> OptionTables:
     )
 
 
+def decode_figures(p: ServerlessProblem, m: int, o: int) -> DecodeFigures:
+    """The decode figures of model m on option o from the performance model (what the
+    rate table stores per (model, option))."""
+    tab = option_tables(p, m, o)
+    held = p.gpu_s_weight * tab.gpus + p.energy_weight * tab.on_w
+    return DecodeFigures(tab.capacity_rps, tab.batch_at_capacity, tab.kv_budget_bytes, held)
+
+
 def plan_targets(p: ServerlessProblem, plan: ServerlessPlan) -> list[dict[PoolKey, int]]:
     """Instances per pool in each epoch of ``plan``."""
     nodes = {n.name: i for i, n in enumerate(p.spec.nodes)}
@@ -217,8 +289,13 @@ class _Sim:
         targets: list[dict[PoolKey, int]],
         arrivals: Arrivals,
         merging: MergePolicy | None,
+        table: RateTable | None = None,
+        record: list[MergeRecord] | None = None,
     ) -> None:
         self.p = p
+        self.rate_table = table
+        self.record = record
+        self.figures: dict[int, dict[int, DecodeFigures]] = {}
         self.targets = targets
         self.arr = arrivals
         self.merging = merging
@@ -244,6 +321,25 @@ class _Sim:
         if got is None:
             got = option_tables(self.p, m, o)
             self.tables[(m, o)] = got
+        return got
+
+    def figures_of(self, m: int) -> dict[int, DecodeFigures]:
+        """Decode figures of model m by option: the table's, else the model's."""
+        got = self.figures.get(m)
+        if got is None:
+            if self.rate_table is not None:
+                from energyopt.tables.serverless import option_name
+
+                names = tuple(option_name(o) for o in self.p.options)
+                if self.rate_table.option_names() != names:
+                    raise ValueError(
+                        f"{self.rate_table.table.path}: options "
+                        f"{self.rate_table.option_names()}, the file's are {names}"
+                    )
+                got = self.rate_table.decode_figures(self.p.spec.models[m].name)
+            else:
+                got = {o: decode_figures(self.p, m, o) for o in range(self.p.n_options)}
+            self.figures[m] = got
         return got
 
     def push(self, t: float, kind: int, a: int = 0, b: int = 0) -> None:
@@ -413,61 +509,98 @@ class _Sim:
             requests={r: kv for r, (_, kv) in inst.reqs.items()},
         )
 
-    def merge_away(self, source: Instance, now: float, fill: float | None = None) -> bool:
-        """Migrate every request of ``source`` into other decode instances of its model
-        (best fit decreasing; its own node first), release it; False (nothing moved)
-        if they do not all fit."""
-        m, node, _, _, _ = source.key
-        targets = [i for i in self.decode_candidates(m, None, now) if i.iid != source.iid]
-        limit = {
-            i.iid: self.max_batch
-            if fill is None
-            else max(1, math.floor(fill * self.table(m, i.key[2]).batch_at_capacity))
-            for i in targets
-        }
-        self.advance(source, now)
-        load = {i.iid: len(i.reqs) for i in targets}
-        used = {i.iid: i.kv_used for i in targets}
-        moves: dict[int, str] = {}
-        for rid, (_, kv) in sorted(source.reqs.items(), key=lambda x: -x[1][1]):
-            fit = [
-                i
-                for i in targets
-                if load[i.iid] + 1 <= min(limit[i.iid], self.max_batch)
-                and used[i.iid] + kv <= self.table(m, i.key[2]).kv_budget_bytes
-            ]
-            if not fit:
-                return False
-            best = max(fit, key=lambda i: (i.key[1] == node, used[i.iid], -i.iid))
-            moves[rid] = str(best.iid)
-            load[best.iid] += 1
-            used[best.iid] += kv
-        states = [self.state_of(source)] + [self.state_of(i) for i in targets]
-        bad = check_merge(states, moves, [str(source.iid)])
-        if bad:
-            raise ConservationError("merge rejected: " + "; ".join(str(v) for v in bad))
-        for rid, target in moves.items():
-            finish_step, kv = source.reqs.pop(rid)
-            source.kv_used -= kv
-            left = max(finish_step - source.steps, 0.0)
+    def snapshot(self, inst: Instance, now: float) -> Snapshot:
+        """The instance as a merge decision sees it: each request's reserved KV and
+        the bytes a migration would move now (prompt + tokens so far)."""
+        m, node, o, _, _ = inst.key
+        self.advance(inst, now)
+        reqs = []
+        for rid, (finish_step, kv) in sorted(inst.reqs.items()):
+            left = max(finish_step - inst.steps, 0.0)
             generated = max(float(self.arr.output_tokens[rid]) - left, 0.0)
             moved = self.kv_per_token[m] * (float(self.arr.prompt_tokens[rid]) + generated)
-            self.res.migrated_bytes += moved
-            self.res.migrated_requests += 1
-            dest = self.instances[int(target)]
-            self.advance(dest, now)
-            dest.reqs[rid] = (dest.steps + left, kv)
-            dest.kv_used += kv
-            pause = self.p.links[0 if dest.key[1] == node else 1].transfer_s(moved)
-            step = float(self.table(m, dest.key[2]).step_s[len(dest.reqs)])
-            self.res.tokens += 1.0
-            if pause + step <= self.tbt_slo[m]:
-                self.res.tokens_ok += 1.0
-            self.reschedule(dest)
-        self.res.merges += 1
-        source.draining = True
-        self.reschedule(source)
-        self.release(source, now)
+            reqs.append(MergeRequest(rid, kv, moved))
+        return Snapshot(str(inst.iid), node, o, tuple(reqs))
+
+    def merge_terms(self) -> tuple[float, float]:
+        pol = self.merging
+        assert pol is not None
+        return pol.price_per_gb, pol.price_per_stall_s
+
+    def merge_links(self) -> tuple[Link, Link]:
+        """Links a merge decision prices migrations over: the table's, else the file's."""
+        return self.rate_table.links() if self.rate_table is not None else self.p.links
+
+    def merge_max_batch(self) -> int:
+        """Batch limit a merge decision reads: the table's, else the file's."""
+        return self.rate_table.max_batch if self.rate_table is not None else self.max_batch
+
+    def remaining_s(self, now: float) -> float:
+        return max(0.0, (self.epoch + 1) * self.p.epoch_s - now)
+
+    def apply_merge(self, cands: list[Instance], decision: MergeDecision, now: float) -> None:
+        """Carry out a decision on ``cands`` (checked by ``check_merge`` first):
+        migrate every request of a released instance to its destination, release it."""
+        moves = {rid: str(cands[j].iid) for rid, j in decision.moves.items()}
+        released = [str(cands[i].iid) for i in sorted(decision.released)]
+        bad = check_merge([self.state_of(i) for i in cands], moves, released)
+        if bad:
+            raise ConservationError("merge rejected: " + "; ".join(str(v) for v in bad))
+        for i in sorted(decision.released):
+            source = cands[i]
+            m, node, _, _, _ = source.key
+            self.advance(source, now)
+            held = bool(source.reqs)
+            for rid, _ in sorted(source.reqs.items(), key=lambda x: (-x[1][1], x[0])):
+                finish_step, kv = source.reqs.pop(rid)
+                source.kv_used -= kv
+                left = max(finish_step - source.steps, 0.0)
+                generated = max(float(self.arr.output_tokens[rid]) - left, 0.0)
+                moved = self.kv_per_token[m] * (float(self.arr.prompt_tokens[rid]) + generated)
+                self.res.migrated_bytes += moved
+                self.res.migrated_requests += 1
+                dest = cands[decision.moves[rid]]
+                self.advance(dest, now)
+                dest.reqs[rid] = (dest.steps + left, kv)
+                dest.kv_used += kv
+                pause = self.p.links[0 if dest.key[1] == node else 1].transfer_s(moved)
+                step = float(self.table(m, dest.key[2]).step_s[len(dest.reqs)])
+                self.res.tokens += 1.0
+                if pause + step <= self.tbt_slo[m]:
+                    self.res.tokens_ok += 1.0
+                self.reschedule(dest)
+            if held:
+                self.res.merges += 1
+            source.draining = True
+            self.reschedule(source)
+            self.release(source, now)
+
+    def merge_away(self, source: Instance, now: float) -> bool:
+        """The plan removes ``source``: migrate every request of it into the other
+        decode instances of its model (best fit decreasing, own node first, up to the
+        batch limit) and release it; False (nothing moved) if they do not all fit."""
+        m = source.key[0]
+        cands = [source] + [i for i in self.decode_candidates(m, None, now) if i.iid != source.iid]
+        price_gb, price_stall = self.merge_terms()
+        prob = merge_problem(
+            [self.snapshot(i, now) for i in cands],
+            self.figures_of(m),
+            need_rps=0.0,
+            other_capacity_rps=0.0,
+            remaining_s=self.remaining_s(now),
+            fill=None,
+            max_batch=self.merge_max_batch(),
+            price_per_gb=price_gb,
+            price_per_stall_s=price_stall,
+            links=self.merge_links(),
+        )
+        count = [len(r) for r in prob.requests]
+        used = [sum(x.kv_bytes for x in r) for r in prob.requests]
+        held = [[(i, x) for x in r] for i, r in enumerate(prob.requests)]
+        dest = pack(prob, 0, set(), count, used, held)
+        if dest is None:
+            return False
+        self.apply_merge(cands, MergeDecision(frozenset({0}), dest), now)
         return True
 
     def observe(self, now: float) -> None:
@@ -480,20 +613,21 @@ class _Sim:
         self.rate_est = counts / span
 
     def consolidate(self, now: float, forecast: bool = False) -> None:
-        """The online merge step: per model and node, release the least-loaded decode
-        instances whose requests fit into the others (within ``fill``) while the
-        model's kept capacity covers the observed rate with headroom (and, at an
-        epoch boundary, the epoch's forecast rate); start instances of the plan's
-        pools again, up to the plan's count, when it does not."""
+        """The online merge step, per model: the decode instances kept must cover the
+        observed rate with headroom (and, at an epoch boundary, the epoch's forecast
+        rate). If they do not, start instances of the plan's pools again, up to the
+        plan's count; otherwise ``decide_merge`` on the instances that are up
+        chooses which to release and where their requests go."""
         pol = self.merging
         assert pol is not None
         self.observe(now)
         want = self.targets[min(self.epoch, self.p.n_epochs - 1)]
         for m in range(self.p.n_models):
+            figs = self.figures_of(m)
             need = float(self.rate_est[m]) * (1.0 + pol.headroom)
             if forecast:
                 need = max(need, float(self.p.demand[m, min(self.epoch, self.p.n_epochs - 1)]))
-            active = self.decode_candidates(m, None, now)
+            active = sorted(self.decode_candidates(m, None, now), key=lambda i: i.iid)
             loading = [
                 self.instances[i]
                 for k, ids in self.by_key.items()
@@ -501,7 +635,8 @@ class _Sim:
                 for i in ids
                 if self.instances[i].ready_at > now and not self.instances[i].draining
             ]
-            cap = sum(self.table(m, i.key[2]).capacity_rps for i in active + loading)
+            other = sum(figs[i.key[2]].capacity_rps for i in loading)
+            cap = other + sum(figs[i.key[2]].capacity_rps for i in active)
             if cap < need:
                 for key, count in want.items():
                     if key[0] != m or key[3] != "decode":
@@ -513,22 +648,65 @@ class _Sim:
                         else:
                             self.start(key, now, now + tab.load_s)
                             self.push(now + tab.load_s, _CONTROL, -2, m)
-                        cap += tab.capacity_rps
+                        cap += figs[key[2]].capacity_rps
                 continue
-            for inst in sorted(active, key=lambda i: (len(i.reqs), i.iid)):
-                tab = self.table(m, inst.key[2])
-                if cap - tab.capacity_rps < need:
-                    continue
-                kv_gb = inst.kv_used / 1e9
-                saved = tab.gpus * max(0.0, (self.epoch + 1) * self.p.epoch_s - now)
-                if saved <= pol.gpu_s_per_gb * kv_gb:
-                    continue
-                if not inst.reqs:
-                    inst.draining = True
-                    self.release(inst, now)
-                    cap -= tab.capacity_rps
-                elif self.merge_away(inst, now, pol.fill):
-                    cap -= tab.capacity_rps
+            if not active:
+                continue
+            if cap - need < min(figs[i.key[2]].capacity_rps for i in active):
+                continue  # no instance can go: nothing to decide
+            self.decide(m, active, now, need, other)
+
+    def decide(self, m: int, active: list[Instance], now: float, need: float, other: float) -> None:
+        """One merge decision on model m's ``active`` instances, recorded and applied."""
+        pol = self.merging
+        assert pol is not None
+        snaps = tuple(self.snapshot(i, now) for i in active)
+        remaining = self.remaining_s(now)
+        prob = merge_problem(
+            snaps,
+            self.figures_of(m),
+            need_rps=need,
+            other_capacity_rps=other,
+            remaining_s=remaining,
+            fill=pol.fill,
+            max_batch=self.merge_max_batch(),
+            price_per_gb=pol.price_per_gb,
+            price_per_stall_s=pol.price_per_stall_s,
+            links=self.merge_links(),
+        )
+        out = decide_merge(prob, max_pairs=pol.max_pairs, time_limit_s=pol.milp_time_limit_s)
+        res = self.res
+        res.decisions += 1
+        res.value += out.value
+        if out.milp is not None:
+            res.milp_decisions += 1
+            res.milp_taken += int(out.milp.value > out.greedy_value + 1e-9)
+            res.greedy_value += out.greedy_value
+            res.milp_value += out.milp.value
+            bound = out.milp.bound if out.milp.bound is not None else math.inf
+            res.milp_bound += bound
+            res.milp_optimal += int(out.milp.optimal)
+            if bound > 1e-12:
+                res.worst_gap = max(res.worst_gap, (bound - out.greedy_value) / bound)
+        if self.record is not None:
+            self.record.append(
+                MergeRecord(
+                    now,
+                    m,
+                    snaps,
+                    need,
+                    other,
+                    remaining,
+                    frozenset(snaps[i].name for i in out.decision.released),
+                    {rid: snaps[j].name for rid, j in out.decision.moves.items()},
+                    out.method,
+                )
+            )
+        if out.decision.released:
+            assert abs(merge_value(prob, out.decision) - out.value) <= 1e-9 * max(
+                1.0, abs(out.value)
+            )
+            self.apply_merge(active, out.decision, now)
 
     # --- the loop -----------------------------------------------------------
     def route_prefill(self, rid: int, now: float) -> None:
@@ -654,9 +832,15 @@ def simulate(
     plan: ServerlessPlan,
     arrivals: Arrivals,
     merging: MergePolicy | None = None,
+    *,
+    table: RateTable | None = None,
+    record: list[MergeRecord] | None = None,
 ) -> ServerlessSimResult:
-    """Replay ``arrivals`` (workload index = model index) under ``plan``."""
-    return _Sim(p, plan_targets(p, plan), arrivals, merging).run()
+    """Replay ``arrivals`` (workload index = model index) under ``plan``; with
+    ``merging``, the merge decisions read their decode figures from ``table`` (a
+    compiled rate table of the same file) when given, and each is appended to
+    ``record`` when given."""
+    return _Sim(p, plan_targets(p, plan), arrivals, merging, table, record).run()
 
 
 def replicated_trace(

@@ -10,6 +10,12 @@ first grid rate at or above it), ``pool`` (category)). Online, the observed rate
 (with the headroom the scheduler wants) gives the cell; its decode instances are
 how many the pool may merge down to. A rate above the grid, or a cell without a
 plan, has ``feasible`` 0.
+
+The table also carries what an online merge decision reads of a decode instance,
+per (model, option): its SLO capacity, batch at that capacity, KV budget and
+holding cost per second (``decode_*``, ``held_per_s``), the two links' latency and
+bandwidth, and the batch limit (meta ``max_batch``). ``RateTable.merge_decision``
+takes the simulator's merge decision from these alone (no performance model).
 """
 
 from __future__ import annotations
@@ -20,8 +26,12 @@ from pathlib import Path
 import numpy as np
 
 from energyopt.families import certify, family
-from energyopt.formulations.serverless.model import ServerlessProblem, build_problem
+from energyopt.formulations.serverless.merge import DecodeFigures, Snapshot, merge_problem
+from energyopt.formulations.serverless.model import LINKS, Option, ServerlessProblem, build_problem
+from energyopt.perf.kvtransfer import Link
 from energyopt.progress import Progress, quiet
+from energyopt.sim.serverless import MergePolicy, decode_figures
+from energyopt.solvers.serverless_merge import MergeOutcome, decide_merge
 from energyopt.spec.serverless import ServerlessPlan
 from energyopt.tables.format import ColumnData, Table, TableError, write_table
 from energyopt.tables.stdlib_reader import Axis
@@ -39,6 +49,11 @@ def pool_names(p: ServerlessProblem) -> list[str]:
                     f"{node.name}/{phase}/{link}/{opt.share_pct}%/tp{opt.tp}/{opt.clock_mhz}MHz"
                 )
     return out
+
+
+def option_name(opt: Option) -> str:
+    """``share%/tpN/clockMHz``: an option's name on the table's ``option`` axis."""
+    return f"{opt.share_pct}%/tp{opt.tp}/{opt.clock_mhz}MHz"
 
 
 def _pool_of(pool: object) -> str:
@@ -101,15 +116,39 @@ def compile_rate_table(
         Axis("model", "category", tuple(models)),
         Axis("rate", "ceil", tuple(rates)),
         Axis("pool", "category", tuple(names)),
+        Axis("option", "category", tuple(option_name(o) for o in base.options)),
+        Axis("link", "category", LINKS),
     ]
     unit = base.unit
+    figs = [[decode_figures(base, m, o) for o in range(base.n_options)] for m in range(len(models))]
+
+    def per_option(field: str) -> np.ndarray:
+        return np.array([[getattr(f, field) for f in row] for row in figs], dtype=np.float64)
+
+    mo = ("model", "option")
+    nan = float("nan")
     columns = {
         "count": ColumnData(counts, ("model", "rate", "pool"), "<i4", 0),
-        "objective": ColumnData(objective, ("model", "rate"), "<f8", float("nan"), unit),
-        "bound": ColumnData(bound, ("model", "rate"), "<f8", float("nan"), unit),
+        "objective": ColumnData(objective, ("model", "rate"), "<f8", nan, unit),
+        "bound": ColumnData(bound, ("model", "rate"), "<f8", nan, unit),
         "feasible": ColumnData(feasible, ("model", "rate"), "<u1", 0),
+        "decode_capacity_rps": ColumnData(per_option("capacity_rps"), mo, "<f8", nan, "rps"),
+        "decode_batch_at_capacity": ColumnData(per_option("batch_at_capacity"), mo, "<f8", nan),
+        "decode_kv_budget_bytes": ColumnData(per_option("kv_budget_bytes"), mo, "<f8", nan, "B"),
+        "held_per_s": ColumnData(per_option("held_per_s"), mo, "<f8", nan, f"{unit}/s"),
+        "link_latency_s": ColumnData(
+            np.array([lk.latency_s for lk in base.links]), ("link",), "<f8", nan, "s"
+        ),
+        "link_bandwidth_bps": ColumnData(
+            np.array([lk.bandwidth_bps for lk in base.links]), ("link",), "<f8", nan, "B/s"
+        ),
     }
-    meta = {"base": base.source, "epoch_s": base.epoch_s, "solver": solver}
+    meta = {
+        "base": base.source,
+        "epoch_s": base.epoch_s,
+        "solver": solver,
+        "max_batch": base.spec.options.max_batch,
+    }
     write_table(path, KIND, axes, columns, meta)
     return out
 
@@ -152,3 +191,63 @@ class RateTable:
         if pools is None:
             return None
         return sum(c for name, c in pools.items() if name.split("/")[1] == "decode")
+
+    def option_names(self) -> tuple[str, ...]:
+        """The options (``share%/tpN/clockMHz``) in the order decode figures index them."""
+        return tuple(str(v) for v in self.table.axes["option"].values)
+
+    def decode_figures(self, model: str) -> dict[int, DecodeFigures]:
+        """Decode figures of ``model`` on every option (by option index); TableError
+        for a model the table does not hold."""
+        m = self.table.axes["model"].index(model)
+        if m < 0:
+            raise TableError(self.table.path, f"no model {model!r}")
+        cols = [
+            self.table.array(c)[m]
+            for c in (
+                "decode_capacity_rps",
+                "decode_batch_at_capacity",
+                "decode_kv_budget_bytes",
+                "held_per_s",
+            )
+        ]
+        return {
+            o: DecodeFigures(*(float(c[o]) for c in cols)) for o in range(len(self.option_names()))
+        }
+
+    def links(self) -> tuple[Link, Link]:
+        """(nvlink, network) links of a migration inside a node and across nodes."""
+        lat = self.table.array("link_latency_s")
+        bw = self.table.array("link_bandwidth_bps")
+        return Link(float(lat[0]), float(bw[0])), Link(float(lat[1]), float(bw[1]))
+
+    @property
+    def max_batch(self) -> int:
+        return int(self.table.meta["max_batch"])
+
+    def merge_decision(
+        self,
+        model: str,
+        snapshots: tuple[Snapshot, ...],
+        *,
+        need_rps: float,
+        other_capacity_rps: float,
+        remaining_s: float,
+        policy: MergePolicy,
+    ) -> MergeOutcome:
+        """The merge decision on ``model``'s decode instances (``snapshots``: option
+        indices into ``option_names``), from the table's figures and links alone: what
+        the simulator decides when it reads this table."""
+        prob = merge_problem(
+            snapshots,
+            self.decode_figures(model),
+            need_rps=need_rps,
+            other_capacity_rps=other_capacity_rps,
+            remaining_s=remaining_s,
+            fill=policy.fill,
+            max_batch=self.max_batch,
+            price_per_gb=policy.price_per_gb,
+            price_per_stall_s=policy.price_per_stall_s,
+            links=self.links(),
+        )
+        return decide_merge(prob, max_pairs=policy.max_pairs, time_limit_s=policy.milp_time_limit_s)
