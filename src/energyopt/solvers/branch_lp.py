@@ -15,19 +15,30 @@ clock (``Duals.gpus_at``), a ``held``/``op`` price is a bonus on holding the op
 
 One ``BranchLp`` serves the whole tree: every row is added once, the first time some
 node branches on it, and a node sets the bounds of the rows it restricts and frees
-the others. Objective values are the instance's objective units (W for power).
+the others. Cut rows (``add_cut``) hold in every node: sum_o a_o y_o >= b, where y_o
+is the number of configurations (over all classes) that hold op o; their prices
+are per-item bonuses too.
+
+Each branching and cut row has an artificial slack (cost ``ARTIFICIAL_COST`` per
+unit) on its lower side, as the demand rows have: the LP over the columns generated
+so far is then always feasible, and a node that only columns not generated yet could
+satisfy is not mistaken for an infeasible one (its bound carries the slack's cost
+until pricing finds them). Objective values are the instance's objective units (W
+for power).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
 from energyopt.formulations.errors import BackendFailure
 from energyopt.formulations.serving.columns import Column
-from energyopt.formulations.serving.master import LpSolution, read_lp_solution
+from energyopt.formulations.serving.master import ARTIFICIAL_COST, LpSolution, read_lp_solution
 from energyopt.formulations.serving.pattern import PatternProgram
 from energyopt.solvers.master_lp import LpSession
 
@@ -35,10 +46,6 @@ AggKey = tuple[Literal["gpus", "held", "op"], int, int]
 """(kind, class, clock / unit / op) of a branching aggregate (see the module docstring)."""
 Bounds = dict[AggKey, tuple[float, float]]
 """The branching restrictions of one node: aggregate -> (lower, upper) bound."""
-
-
-class NodeInfeasible(BackendFailure):
-    """The node's LP has no feasible point: no plan meets its branching bounds."""
 
 
 class BranchLp(LpSession):
@@ -49,6 +56,10 @@ class BranchLp(LpSession):
         super().__init__(prog.problem, prog.table, prog.costs, prog.classes, prog.columns)
         self.columns: list[Column] = list(prog.columns)
         self.rows: dict[AggKey, int] = {}
+        self.cuts: list[tuple[int, NDArray[np.float64]]] = []
+        """(row, coefficient per op) of each cut row."""
+        self.slacks: list[int] = []
+        """The artificial slack variable of every branching and cut row."""
 
     def coefficient(self, key: AggKey, col: Column) -> float:
         """Coefficient of ``col``'s count variable in the aggregate ``key``."""
@@ -68,30 +79,53 @@ class BranchLp(LpSession):
             coef = self.coefficient(key, col)
             if coef:
                 self.mp.entries.append((row, z_var, coef))
+        for row, per_op in self.cuts:
+            coef = float(per_op[list(col.ops)].sum())
+            if coef:
+                self.mp.entries.append((row, z_var, coef))
 
-    def ensure_row(self, key: AggKey) -> int:
-        """The row of aggregate ``key`` (added free, lower and upper bound infinite)."""
-        if key in self.rows:
-            return self.rows[key]
+    def _add_row(self, lo: float, coefficient: Callable[[Column], float]) -> int:
+        """A row lo <= sum_j coefficient(column j) z_j with an artificial slack."""
         mp = self.mp
-        row = mp.row(-np.inf, np.inf)
+        row = mp.row(lo, np.inf)
         cols: list[int] = []
         coefs: list[float] = []
         for j, col in enumerate(self.columns):
-            coef = self.coefficient(key, col)
+            coef = coefficient(col)
             if coef:
                 z = mp.z_var[j]
                 mp.entries.append((row, z, coef))
                 cols.append(z)
                 coefs.append(coef)
         self.lp.add_row(
-            -np.inf,
-            np.inf,
-            np.asarray(cols, dtype=np.int32),
-            np.asarray(coefs, dtype=np.float64),
+            lo, np.inf, np.asarray(cols, dtype=np.int32), np.asarray(coefs, dtype=np.float64)
         )
-        self.rows[key] = row
+        slack = mp.var(ARTIFICIAL_COST, 0.0, np.inf)
+        mp.entries.append((row, slack, 1.0))
+        self.lp.add_col(
+            ARTIFICIAL_COST,
+            0.0,
+            np.inf,
+            np.asarray([row], dtype=np.int32),
+            np.asarray([1.0], dtype=np.float64),
+        )
+        self.slacks.append(slack)
         return row
+
+    def ensure_row(self, key: AggKey) -> int:
+        """The row of aggregate ``key`` (added free, lower and upper bound infinite)."""
+        if key not in self.rows:
+            self.rows[key] = self._add_row(-np.inf, lambda col: self.coefficient(key, col))
+        return self.rows[key]
+
+    def add_cut(self, per_op: NDArray[np.float64], lo: float) -> None:
+        """Add the cut sum_o per_op[o] y_o >= lo (y_o: configurations holding op o)."""
+        row = self._add_row(lo, lambda col: float(per_op[list(col.ops)].sum()))
+        self.cuts.append((row, per_op))
+
+    def slack(self, x: NDArray[np.float64]) -> float:
+        """Total artificial slack of the branching and cut rows at LP values ``x``."""
+        return float(x[self.slacks].sum()) if self.slacks else 0.0
 
     def set_node(self, bounds: Bounds) -> None:
         """Restrict the aggregates of ``bounds``; every other branching row is free."""
@@ -107,17 +141,15 @@ class BranchLp(LpSession):
             self.set_count_bounds(z, self.mp.lo[z], self.mp.hi[z])
 
     def solve(self) -> LpSolution:
-        """Re-solve (warm); prices include the branching rows'. NodeInfeasible when the
-        LP has no feasible point, BackendFailure when it ends otherwise unsolved."""
+        """Re-solve (warm); prices include the branching and cut rows'. BackendFailure
+        unless optimal (the slacks keep the LP feasible)."""
         out = self.lp.solve()
         if not out.optimal:
-            if "infeasible" in out.status.lower():
-                raise NodeInfeasible(f"node LP: {out.status}")
             raise BackendFailure(f"node LP: {out.status}")
         sol = read_lp_solution(
             self.mp, out.col_value, out.row_dual, out.objective, len(self.classes)
         )
-        if not self.rows:
+        if not self.rows and not self.cuts:
             return sol
         y = out.row_dual
         gpus_at: dict[tuple[int, int], float] = {}
@@ -134,7 +166,27 @@ class BranchLp(LpSession):
                 arr[self.table.unit == what] += price
             else:
                 arr[what] += price
+        for row, per_op in self.cuts:
+            price = float(y[row])
+            if price != 0.0:
+                for cls in range(len(self.classes)):
+                    arr = held.setdefault(cls, np.zeros(len(self.table)))
+                    arr += price * per_op
         return replace(sol, duals=replace(sol.duals, gpus_at=gpus_at, held=held))
+
+    def integer_values(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Values of the integer master over the same columns (``pattern.integer_model``:
+        per column its count, rounded, then its rates) at tree LP values ``x``."""
+        mp = self.mp
+        idx: list[int] = []
+        counts: list[int] = []
+        for j in range(len(self.columns)):
+            counts.append(len(idx))
+            idx.append(mp.z_var[j])
+            idx.extend(mp.r_vars[j])
+        values = np.array(x[np.asarray(idx, dtype=np.int64)], dtype=np.float64)
+        values[counts] = np.round(values[counts])
+        return values
 
     def aggregates(self, x: np.ndarray) -> dict[AggKey, float]:
         """Every aggregate with a positive value at the LP values ``x``."""
