@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from energyopt.catalog import builtin_catalog
-from energyopt.perf.energy import design_batch, energy_per_request_j
+from energyopt.perf.energy import design_batches, energy_per_request_j
 from energyopt.perf.forward import decode_pass, prefill_pass
 from energyopt.perf.params import OpSpec, build_params
 from energyopt.perf.power import gpu_on_power_w
@@ -130,8 +130,9 @@ def test_rates_below_capacity_meet_the_slo(case: dict, fraction: float) -> None:
 def test_power_is_monotone_in_clock_and_rate(case: dict, rate: float, more: float) -> None:
     hi = build_params([spec(case)])
     lo = build_params([spec(case, clock_frac=lower_clock(case))])
-    e_hi = energy_per_request_j(hi, design_batch(hi))[0]
-    e_lo = energy_per_request_j(lo, design_batch(lo))[0]
+    batch_hi, batch_lo = design_batches([hi, lo])  # one queueing-model run for both
+    e_hi = energy_per_request_j(hi, batch_hi)[0]
+    e_lo = energy_per_request_j(lo, batch_lo)[0]
     gpu = builtin_catalog().gpu(case["gpu"])
     f_hi = case["clock_frac"] * gpu.max_sm_clock_mhz
     f_lo = lower_clock(case) * gpu.max_sm_clock_mhz
