@@ -133,15 +133,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     problem = fam.load_for_plan(args.instance, args.catalog)
     plan, stated = fam.from_file(problem, read_data(args.plan), args.plan)
     violations = fam.verify(problem, plan)
+    cost = None
     if not violations:
-        violations = check_stated(fam, problem, plan, stated, fam.sense(problem))
-    if violations:
+        cost = fam.cost(problem, plan)
+        violations = check_stated(fam, problem, plan, stated, fam.sense(problem), cost)
+    if violations or cost is None:
         err(f"{args.plan}: {len(violations)} violation(s) of {args.instance}:")
         for v in violations:
             err(f"  - {v}")
         return EXIT_VIOLATION
     print(f"{args.plan}: feasible for {args.instance}")
-    print(f"objective {fam.cost(problem, plan):,.6g} (recomputed from the plan)")
+    print(f"objective {cost:,.6g} (recomputed from the plan)")
     return EXIT_OK
 
 

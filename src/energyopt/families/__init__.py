@@ -89,11 +89,18 @@ def certify(fam: AnyFamily, problem: Any, result: Result[Any], rel_gap: float, n
 
 
 def check_stated(
-    fam: AnyFamily, problem: Any, plan: Any, stated: Stated, sense: str
+    fam: AnyFamily,
+    problem: Any,
+    plan: Any,
+    stated: Stated,
+    sense: str,
+    cost: float | None = None,
 ) -> list[Violation]:
     """Disagreements between the objective, bound and gap a plan file states and
-    the plan's own cost."""
-    cost = fam.cost(problem, plan)
+    the plan's own cost (``cost``: ``fam.cost(problem, plan)`` where the caller has
+    it already; computed here otherwise)."""
+    if cost is None:
+        cost = fam.cost(problem, plan)
     tol = objective_tolerance(cost)
     out: list[Violation] = []
     if stated.objective is not None and abs(stated.objective - cost) > tol:
