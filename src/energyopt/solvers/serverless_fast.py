@@ -36,6 +36,7 @@ from energyopt.formulations.serverless.model import (
 )
 from energyopt.progress import Progress, quiet
 from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, Result, Termination
+from energyopt.solvers.serverless_result import serverless_result
 from energyopt.spec.serverless import Pool, ServerlessPlan
 
 ALGORITHM = "per-phase SLO-capacity provisioning, then prefill/decode coupling on nodes"
@@ -131,16 +132,14 @@ def solve_fast(
             if left > 1e-9 and p.n_nodes > 1:
                 left = _split(p, m, left, free, nic_out, nic_in, add, epoch_routes)
             if left > 1e-6 * max(1.0, float(p.demand[m, t])):
-                return Result(
+                return serverless_result(
                     NO_SOLUTION,
-                    None,
-                    None,
-                    time.perf_counter() - t0,
-                    None,
                     "fast",
+                    time.perf_counter() - t0,
                     log=[f"epoch {t}: {left:.4g} rps of {models[m]} found no room"],
                     termination=Termination.HEURISTIC,
                     algorithm=ALGORITHM,
+                    formulation="",
                 )
         counts: dict[tuple[int, int, int, int], int] = {}
         epoch_list: list[Pool] = []
@@ -172,15 +171,15 @@ def solve_fast(
         pools.append(epoch_list)
         routes.append(epoch_routes)
     progress(f"fast: {p.n_epochs} epochs provisioned")
-    return Result(
+    return serverless_result(
         FEASIBLE,
-        total,
-        None,
-        time.perf_counter() - t0,
-        p.plan_of(pools, routes),
         "fast",
+        time.perf_counter() - t0,
+        objective=total,
+        plan=p.plan_of(pools, routes),
         termination=Termination.HEURISTIC,
         algorithm=ALGORITHM,
+        formulation="",
     )
 
 

@@ -11,7 +11,6 @@ import numpy as np
 from energyopt.backends.highs import MipRun, MipStatus, solve_mip
 from energyopt.formulations.serverless.milp import (
     DECODE,
-    FORMULATION_NAME,
     Milp,
     build_milp,
     highs_lp,
@@ -29,10 +28,12 @@ from energyopt.solvers.result import (
     Result,
     Termination,
 )
+from energyopt.solvers.serverless_result import serverless_result
 from energyopt.spec.serverless import Pool, ServerlessPlan
 
 ROUND_TOL = 1e-6
 """A relaxed count within this of an integer is that integer."""
+ROLLING = "rolling horizon, one epoch per MILP"
 
 
 def _run(milp: Milp, time_limit_s: float, rel_gap: float, relax: bool) -> MipRun:
@@ -56,20 +57,16 @@ def _plan(
 
 
 def _infeasible(solver: str, wall: float, log: list[str]) -> Result[ServerlessPlan]:
-    return Result(
+    return serverless_result(
         INFEASIBLE,
-        None,
-        None,
-        wall,
-        None,
         solver,
+        wall,
         log=log,
         diagnosis=[
             "the nodes' GPUs, NICs or power caps cannot hold instances enough for some "
             "epoch's demand within the SLOs"
         ],
         termination=Termination.INFEASIBLE,
-        formulation=FORMULATION_NAME,
         algorithm="HiGHS",
     )
 
@@ -88,15 +85,14 @@ def solve_milp(
     progress(f"milp: {len(milp):,} columns, {milp.matrix.shape[0]:,} rows")
     if len(milp) == 0:  # no demand anywhere: the empty plan
         empty = np.zeros(0)
-        return Result(
+        return serverless_result(
             OPTIMAL,
-            0.0,
-            0.0,
-            time.perf_counter() - t0,
-            _plan(p, milp, empty.astype(np.int64), empty, empty),
             "milp",
+            time.perf_counter() - t0,
+            objective=0.0,
+            bound=0.0,
+            plan=_plan(p, milp, empty.astype(np.int64), empty, empty),
             termination=Termination.CONVERGED,
-            formulation=FORMULATION_NAME,
             algorithm="no demand: nothing to run",
         )
     run = _run(milp, time_limit_s, rel_gap, relax=False)
@@ -111,16 +107,15 @@ def solve_milp(
         counts, rates, routes = _split(milp, run.col_value)
         objective = objective_of(milp, counts, rates)
         plan = _plan(p, milp, counts, rates, routes)
-    return Result(
+    return serverless_result(
         status,
-        objective,
-        bound,
-        wall,
-        plan,
         "milp",
+        wall,
+        objective=objective,
+        bound=bound,
+        plan=plan,
         log=log,
         termination=termination,
-        formulation=FORMULATION_NAME,
         algorithm="HiGHS branch and cut",
     )
 
@@ -144,16 +139,12 @@ def solve_relaxation(
     if run.status is MipStatus.INFEASIBLE:
         return _infeasible("lp", wall, log)
     if not run.optimal or run.col_value is None:
-        return Result(
+        return serverless_result(
             NO_SOLUTION,
-            None,
-            None,
-            wall,
-            None,
             "lp",
+            wall,
             log=log,
             termination=Termination.TIME_LIMIT,
-            formulation=FORMULATION_NAME,
             algorithm="HiGHS dual simplex (LP relaxation)",
         )
     bound = run.dual_bound  # the LP optimum
@@ -171,16 +162,15 @@ def solve_relaxation(
     plan = _plan(p, milp, counts, rates, routes) if fits else None
     if plan is None:
         log.append("the relaxation's counts rounded up do not fit the nodes")
-    return Result(
+    return serverless_result(
         FEASIBLE if plan is not None else NO_SOLUTION,
-        objective_of(milp, counts, rates) if plan is not None else None,
-        bound,
-        wall,
-        plan,
         "lp",
+        wall,
+        objective=objective_of(milp, counts, rates) if plan is not None else None,
+        bound=bound,
+        plan=plan,
         log=log,
         termination=Termination.CONVERGED,
-        formulation=FORMULATION_NAME,
         algorithm="LP relaxation bound, counts rounded up",
     )
 
@@ -212,17 +202,13 @@ def solve_rolling(
             continue
         run = _run(milp, max(0.1, left), rel_gap, relax=False)
         if run.col_value is None:
-            return Result(
+            return serverless_result(
                 INFEASIBLE if run.status is MipStatus.INFEASIBLE else NO_SOLUTION,
-                None,
-                None,
-                time.perf_counter() - t0,
-                None,
                 "rolling",
+                time.perf_counter() - t0,
                 log=[f"epoch {t}: {run.highs_status}"],
                 termination=Termination.HEURISTIC,
-                formulation=FORMULATION_NAME,
-                algorithm="rolling horizon, one epoch per MILP",
+                algorithm=ROLLING,
             )
         counts, rates, route_rates = _split(milp, run.col_value)
         total += objective_of(milp, counts, rates, start, p.stop_cost)
@@ -235,14 +221,12 @@ def solve_rolling(
             if counts[i] > 0
         }
         progress(f"rolling: epoch {t} planned")
-    return Result(
+    return serverless_result(
         FEASIBLE,
-        total,
-        None,
-        time.perf_counter() - t0,
-        p.plan_of(pools, routes),
         "rolling",
+        time.perf_counter() - t0,
+        objective=total,
+        plan=p.plan_of(pools, routes),
         termination=Termination.HEURISTIC,
-        formulation=FORMULATION_NAME,
-        algorithm="rolling horizon, one epoch per MILP",
+        algorithm=ROLLING,
     )
