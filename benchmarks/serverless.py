@@ -26,12 +26,22 @@ the epoch means of the load as their forecast:
   attribute the gain); a decode instance it removes is priced for its drain
   (``decode_drain_s``, default output mean x TBT SLO);
 * ``energyopt+merge``: the rolling MILP pricing no drain (removed decode
-  instances are merged away), with online decode merging.
+  instances are merged away), with online decode merging: each decision by the
+  merge MILP where the candidate set has at most 400 (request, destination) pairs,
+  by the priced greedy otherwise, reading its decode figures from the rate table
+  compiled from the load's file (tables/serverless.py);
+* ``merge, greedy`` and ``merge, no limit``: the same plan and replay with every
+  merge decision by the greedy, and by the merge MILP whatever the set's size (the
+  greedy's gap on every decision of the replay).
 
 It prints GPU-seconds, energy, TTFT and TBT attainment, merges and migrated
 bytes, the ratios to static and to autoscale, and the issue's targets as met /
-not met; then the fast algorithm's gap to the whole-horizon MILP (plan and bound)
-on instances/serverless/azure-conv-small.yaml and on the two loads.
+not met, and per merging contender its merge decisions: how many the MILP solved,
+the greedy's value against the MILP's and its proven bound; then the merge MILP
+against the greedy on random candidate sets (Llama-3.1-8B decode instances on the
+benchmark's H100 options, seeded) by size, which is what the 400-pair limit rests
+on; then the fast algorithm's gap to the whole-horizon MILP (plan and bound) on
+instances/serverless/azure-conv-small.yaml and on the two loads.
 
 Run: python benchmarks/serverless.py [--minutes 58] [--bursty-minutes 30] [--copies 8]
 [DATA_DIR]; --write-instances FOLDER writes instances/serverless/.
@@ -40,12 +50,21 @@ Run: python benchmarks/serverless.py [--minutes 58] [--bursty-minutes 30] [--cop
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
+from energyopt.formulations.serverless.merge import (
+    MergeProblem,
+    MergeRequest,
+    Snapshot,
+    merge_problem,
+    merge_value,
+)
 from energyopt.formulations.serverless.model import (
     ServerlessProblem,
     build_problem,
@@ -55,6 +74,7 @@ from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.serverless import (
     MergePolicy,
     ServerlessSimResult,
+    decode_figures,
     epoch_demand,
     replicated_trace,
     simulate,
@@ -62,10 +82,12 @@ from energyopt.sim.serverless import (
 from energyopt.sim.synthetic import synthetic_arrivals
 from energyopt.sim.trace import read_trace
 from energyopt.solvers.serverless_fast import solve_fast
+from energyopt.solvers.serverless_merge import MAX_PAIRS, greedy_merge, milp_merge, pairs
 from energyopt.solvers.serverless_milp import solve_milp, solve_rolling
 from energyopt.spec.evaluation import BurstyLoad
 from energyopt.spec.serverless import ServerlessFile, ServerlessPlan
 from energyopt.spec.workload import Workload
+from energyopt.tables.serverless import RateTable, compile_rate_table
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCH_S = 60.0
@@ -158,9 +180,16 @@ def contenders(
     solve_s["energyopt+merge"] = time.perf_counter() - t0
     assert res.plan is not None, f"energyopt+merge: {res.log}"
     plans["energyopt+merge"] = (p_merge, res.plan, MergePolicy())
+    plans["merge, greedy"] = (p_merge, res.plan, MergePolicy(max_pairs=0))
+    plans["merge, no limit"] = (p_merge, res.plan, MergePolicy(max_pairs=10**9))
     out = {}
-    for label, (prob, plan, merging) in plans.items():
-        out[label] = simulate(prob, plan, arrivals, merging)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "rates.tbl"  # the online scheduler's table: decode figures
+        compile_rate_table(p_merge, [max(demand)], path, time_limit_s=limit_s)
+        rates = RateTable.open(path)
+        for label, (prob, plan, merging) in plans.items():
+            table = rates if merging is not None else None
+            out[label] = simulate(prob, plan, arrivals, merging, table=table)
     return out, p, solve_s
 
 
@@ -169,14 +198,15 @@ def table(name: str, results: dict[str, ServerlessSimResult], wall_s: float) -> 
     print(f"\n{name}: {results['static'].requests:,} requests (simulated in {wall_s:.0f} s)")
     print(
         f"{'contender':<16} {'GPU-s':>9} {'/static':>8} {'/autosc':>8} {'kWh':>7} "
-        f"{'TTFT att':>8} {'TBT att':>8} {'merges':>6} {'migr GB':>8} {'starts':>6}"
+        f"{'TTFT att':>8} {'TBT att':>8} {'merges':>6} {'migr GB':>8} {'starts':>6} "
+        f"{'freed':>5}"
     )
     for label, r in results.items():
         print(
             f"{label:<16} {r.gpu_s:>9,.0f} {r.gpu_s / static.gpu_s:>8.3f} "
             f"{r.gpu_s / auto.gpu_s:>8.3f} {r.energy_j / 3.6e6:>7.3f} "
             f"{100 * r.ttft_attainment:>7.2f}% {100 * r.tbt_attainment:>7.2f}% "
-            f"{r.merges:>6} {r.migrated_bytes / 1e9:>8.1f} {r.starts:>6}"
+            f"{r.merges:>6} {r.migrated_bytes / 1e9:>8.1f} {r.starts:>6} {r.released:>5}"
         )
     eo = results["energyopt+merge"]
     vs_static = 1 - eo.gpu_s / static.gpu_s
@@ -200,7 +230,100 @@ def table(name: str, results: dict[str, ServerlessSimResult], wall_s: float) -> 
     ]
     for text, ok in checks:
         print(f"  {'met    ' if ok else 'not met'}  {text}")
+    for label, r in results.items():
+        if not r.decisions:
+            continue
+        line = (
+            f"  {label}: {r.decisions} merge decisions worth {r.value:,.2f} GPU-s (freed "
+            f"net of migrations; {r.released} instances released)"
+        )
+        if r.milp_decisions:
+            gap = 100 * (1 - r.greedy_value / r.milp_bound) if r.milp_bound > 0 else 0.0
+            line += (
+                f"; the MILP solved {r.milp_decisions} ({r.milp_optimal} proven optimal, "
+                f"better than the greedy on {r.milp_taken}): greedy {r.greedy_value:,.2f}, "
+                f"MILP {r.milp_value:,.2f}, bound {r.milp_bound:,.2f}, the greedy "
+                f"{gap:.2f} % under the bound in sum, {100 * r.worst_gap:.2f} % on the "
+                "worst decision"
+            )
+        print(line)
     return all(ok for _, ok in checks)
+
+
+def random_candidates(p: ServerlessProblem, rng: np.random.Generator, n: int) -> MergeProblem:
+    """A random merge problem on p's first model: n decode instances of random
+    options on two nodes, each half to fully loaded (requests with log-normal prompts
+    of median 800 tokens, 20-400 output tokens, part generated) then thinned by a
+    uniform factor in [0.5, 1], and a need of 20-80 % of their capacity."""
+    figs = {o: decode_figures(p, 0, o) for o in range(p.n_options)}
+    usable = [o for o, f in figs.items() if f.capacity_rps > 0]
+    per_token = p.llms[0].kv_bytes_per_token
+    snaps = []
+    rid = 0
+    for i in range(n):
+        o = int(rng.choice(usable))
+        limit = max(1, int(0.9 * figs[o].batch_at_capacity))
+        k = int(int(rng.integers(limit // 2, limit + 1)) * rng.uniform(0.5, 1.0))
+        reqs = []
+        for _ in range(k):
+            prompt = float(min(rng.lognormal(np.log(800.0), 0.8), 14000.0))
+            out = float(rng.integers(20, 400))
+            kv = per_token * (prompt + out)
+            reqs.append(MergeRequest(rid, kv, per_token * (prompt + rng.uniform(0.0, out))))
+            rid += 1
+        snaps.append(Snapshot(str(i), int(rng.integers(0, 2)), o, tuple(reqs)))
+    total = sum(figs[s.option].capacity_rps for s in snaps)
+    pol = MergePolicy()
+    return merge_problem(
+        snaps,
+        figs,
+        need_rps=total * float(rng.uniform(0.2, 0.8)),
+        other_capacity_rps=0.0,
+        remaining_s=float(rng.uniform(5.0, 60.0)),
+        fill=pol.fill,
+        max_batch=p.spec.options.max_batch,
+        price_per_gb=pol.price_per_gb,
+        price_per_stall_s=pol.price_per_stall_s,
+        links=p.links,
+    )
+
+
+def merge_sets(p: ServerlessProblem, sets: int) -> None:
+    """The merge MILP (HiGHS, its 2-s limit) against the greedy on ``sets`` random
+    candidate sets of 2-8 instances (seed 0), by size in (request, destination) pairs."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(sets):
+        prob = random_candidates(p, rng, int(rng.integers(2, 9)))
+        greedy = merge_value(prob, greedy_merge(prob))
+        t0 = time.perf_counter()
+        got = milp_merge(prob)
+        wall = time.perf_counter() - t0
+        bound = got.bound if got.bound is not None else float("inf")
+        rows.append((pairs(prob), wall, got.optimal, greedy, got.value, bound))
+    print(
+        f"\nmerge MILP vs the greedy on {sets} random candidate sets (GPU-s freed net of "
+        f"migrations; the policy's limit is {MAX_PAIRS} pairs):"
+    )
+    print(
+        f"  {'pairs':<11} {'sets':>4} {'optimal':>7} {'mean ms':>8} {'max ms':>7} "
+        f"{'greedy':>8} {'MILP':>8} {'bound':>8} {'MILP>gr':>7} {'worst gap':>9}"
+    )
+    for lo, hi in ((0, 100), (100, MAX_PAIRS + 1), (MAX_PAIRS + 1, 800), (800, 10**9)):
+        sel = [r for r in rows if lo <= r[0] < hi]
+        if not sel:
+            continue
+        g = sum(r[3] for r in sel)
+        m = sum(r[4] for r in sel)
+        b = sum(r[5] for r in sel)
+        worst = max((r[5] - r[3]) / r[5] if r[5] > 0 else 0.0 for r in sel)
+        walls = [1e3 * r[1] for r in sel]
+        name = f"{lo}-{hi - 1}" if hi < 10**9 else f"{lo}+"
+        print(
+            f"  {name:<11} {len(sel):>4} {sum(r[2] for r in sel):>7} "
+            f"{sum(walls) / len(walls):>8.0f} {max(walls):>7.0f} {g:>8.1f} {m:>8.1f} "
+            f"{b:>8.1f} {sum(r[4] > r[3] + 1e-9 for r in sel):>7} {100 * worst:>8.1f}%"
+        )
 
 
 def gap_to_milp(p: ServerlessProblem, limit_s: float) -> None:
@@ -253,6 +376,7 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=8)
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--milp-limit", type=float, default=20.0)
+    ap.add_argument("--merge-sets", type=int, default=80, help="random merge candidate sets")
     ap.add_argument("--write-instances", metavar="FOLDER", help="write the bundled instances")
     args = ap.parse_args()
     data = Path(args.data)
@@ -270,6 +394,7 @@ def main() -> None:
         results, p, _ = contenders(name, arr, minutes, args.max_batch, args.milp_limit)
         met.append(table(name, results, time.perf_counter() - t0))
         problems.append(p)
+    merge_sets(problems[0], args.merge_sets)
     print("\nfast algorithm vs the whole-horizon MILP (GPU-seconds):")
     small = ROOT / "instances" / "serverless" / "azure-conv-small.yaml"
     for p in [load_serverless(small), *problems]:

@@ -142,11 +142,12 @@ def test_the_merge_milp_is_at_least_the_greedy_and_conserves_requests(seed: int)
     greedy = greedy_merge(p)
     got = milp_merge(p)
     assert merge_violations(p, greedy) == [] and merge_violations(p, got.decision) == []
-    assert got.value >= merge_value(p, greedy) - 1e-9
-    assert got.bound is not None and got.bound >= got.value - 1e-9
+    g = merge_value(p, greedy)
+    assert got.value >= g - 1e-6 * max(1.0, abs(g))  # HiGHS' relative gap 1e-6
+    assert got.bound is not None and got.bound >= got.value
     _conserves(p, got.decision)
     out = decide_merge(p)
-    assert out.value == pytest.approx(max(got.value, merge_value(p, greedy)), abs=1e-9)
+    assert out.value == pytest.approx(max(got.value, g), abs=1e-9)
     _conserves(p, out.decision)
 
 

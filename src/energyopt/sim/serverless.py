@@ -172,6 +172,9 @@ class ServerlessSimResult:
     waits: int = 0
     decisions: int = 0
     """Merge decisions taken with at least one candidate that could go."""
+    released: int = 0
+    """Decode instances the merge decisions released (empty ones included; ``merges``
+    counts every release that moved requests, forced by the plan or decided)."""
     milp_decisions: int = 0
     """Of those, the ones the merge MILP solved (the set within ``max_pairs``)."""
     milp_taken: int = 0
@@ -702,6 +705,7 @@ class _Sim:
                     out.method,
                 )
             )
+        res.released += len(out.decision.released)
         if out.decision.released:
             assert abs(merge_value(prob, out.decision) - out.value) <= 1e-9 * max(
                 1.0, abs(out.value)

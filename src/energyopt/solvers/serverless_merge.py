@@ -136,7 +136,10 @@ def milp_merge(
     p: MergeProblem, *, time_limit_s: float = MILP_TIME_LIMIT_S, rel_gap: float = 1e-6
 ) -> MergeSolution:
     """The merge MILP with HiGHS: its best decision (NO_MERGE without an incumbent),
-    the decision's value recomputed from it, and HiGHS' bound on every merge's value.
+    the decision's value recomputed from it, and a bound on every merge's value:
+    HiGHS' dual bound, or where it has none (stopped before the root relaxation)
+    the value of releasing every candidate with no migration priced (prices are
+    >= 0, so no merge is worth more).
     Where the capacity is short with every candidate kept no release is possible: the
     empty decision, value and bound 0 (also where the spare capacity is below every
     candidate's: none can go)."""
@@ -155,7 +158,8 @@ def milp_merge(
             raise AssertionError("merge MILP decision rejected: " + "; ".join(bad))
         decision = got
     value = merge_value(p, decision)
-    bound = None if bound_cost is None else max(-bound_cost, value)
+    trivial = sum(p.freed(i) for i in range(p.size))
+    bound = max(trivial if bound_cost is None else min(-bound_cost, trivial), value)
     return MergeSolution(decision, value, bound, status is OPTIMAL, "milp")
 
 
