@@ -29,9 +29,10 @@ the global bound valid.
 
 Cuts: the LP pays a unit's static power by fractions of GPUs; Chvatal-Gomory cover
 cuts (``cover_cuts``) on the number of configurations that hold each op are
-separated at the root (CUT_ROUNDS rounds) and once at every node, and hold in the
-whole tree. On fleet-64 they raise the root bound from 6,735 W to 6,914 W (the unit
-bound there is 7,090 W).
+separated at the root (CUT_ROUNDS rounds; NODE_CUT_ROUNDS at every other node) and
+hold in the whole tree. On fleet-64 they raise the root bound from 6,735 W to
+6,914 W (the unit bound there is 7,090 W); separating once more at every node made
+nodes about ten times slower for a lower bound after 100 nodes, so it is off.
 
 Bounds: a node's bound is the best Lagrangian bound of its column generation (the
 node LP's value corrected by the most negative reduced cost per class, valid even
@@ -45,11 +46,14 @@ integer LP solution found at a node, and the integer master over all columns
 generated so far (HiGHS, warm-started from the incumbent) at the root and at the end.
 
 Limits: the search stops when the gap is closed, after ``preset.nodes`` nodes, or at
-the time limit. Every effort in it is counted (nodes, column generation rounds per
-node, HiGHS branch-and-bound nodes for the integer master), so with a time limit
-that is not reached the same instance gives the same plan and bound on a quiet or a
-loaded machine; the time limit is a safety net. Objective values and bounds are in
-the instance's objective units (W for power).
+the time limit. Every effort in it is counted (cut rounds, nodes, column generation
+rounds per node, HiGHS branch-and-bound nodes for the integer master), so with a
+time limit that is not reached the same instance gives the same plan and bound on a
+quiet or a loaded machine. The time limit is a safety net, shared out as: root
+column generation up to ROOT_SHARE of it, the unit bound UNIT_BOUND_SHARE of what is
+left, root cuts up to CUT_SHARE, the tree up to TREE_SHARE, each integer master
+MIP_TIME_SHARE of what is left. Objective values and bounds are in the instance's
+objective units (W for power).
 """
 
 from __future__ import annotations
@@ -89,16 +93,23 @@ NODE_ROUNDS = 40
 """Column generation rounds per node at most (the node's bound stays valid below it)."""
 DIVE_EVERY = 10
 """An LP dive from the node LP every this many nodes (and at the root)."""
-MIP_NODES = 2000
+MIP_NODES = 200
 """HiGHS branch-and-bound nodes of each integer master solve over the generated columns."""
 INTEGRAL_TOL = 1e-6
-CUT_ROUNDS = 30
+CUT_ROUNDS = 10
 """Rounds of cover-cut separation at the root at most (``cover_cuts``)."""
-NODE_CUT_ROUNDS = 1
-"""Rounds of cover-cut separation at each other node at most."""
+NODE_CUT_ROUNDS = 0
+"""Rounds of cover-cut separation at each other node at most (see the docstring)."""
 KIND_ORDER = ("held", "gpus", "op")
-UNIT_BOUND_SHARE = 0.1
-"""Share of the time limit the root unit bound may take (its search stops there)."""
+ROOT_SHARE = 0.5
+"""Root column generation stops at this share of the time limit (a safety net)."""
+UNIT_BOUND_SHARE = 0.25
+"""Share of the time left that the root unit bound may take (its search stops there)."""
+CUT_SHARE = 0.6
+"""Root cut rounds stop at this share of the time limit (a safety net)."""
+TREE_SHARE = 0.85
+"""The tree stops at this share of the time limit, leaving the rest to the final
+integer master."""
 MIP_TIME_SHARE = 0.25
 """Share of the time left that one integer master solve may take (safety net)."""
 
@@ -210,6 +221,8 @@ def _cut_rounds(
     bound = prog.bound
     added = 0
     for _ in range(rounds):
+        if time.perf_counter() > deadline:
+            break
         lp = prog.lp
         assert lp is not None
         held = np.zeros(len(prog.table))
@@ -243,7 +256,8 @@ def solve_branch_price(
     t0 = time.perf_counter()
     prog = pat.prepare(problem, table, note)
     tree = BranchLp(prog)
-    generate_columns(prog, note, deadline=deadline, session=tree)
+    limit = deadline - t0
+    generate_columns(prog, note, deadline=t0 + ROOT_SHARE * limit, session=tree)
     assert prog.lp is not None
     if prog.lp.artificial_rps > 1e-6:
         note(f"LP relaxation cannot serve {prog.lp.artificial_rps:.3g} req/s: infeasible")
@@ -257,7 +271,7 @@ def solve_branch_price(
         prog.lp.budgets_w,
         prog.lp.budget_duals,
         exact=len(table.units) <= EXACT_UNIT_BOUND_MAX_UNITS,
-        deadline=time.perf_counter() + UNIT_BOUND_SHARE * (deadline - t0),
+        deadline=time.perf_counter() + UNIT_BOUND_SHARE * (deadline - time.perf_counter()),
     )
     note(
         f"branch-and-price root: LP bound {root_bound:,.3f} ({len(prog.columns)} columns), "
@@ -266,7 +280,7 @@ def solve_branch_price(
     seen: set[tuple[int, float]] = set()
     before = root_bound
     root_bound, cuts = _cut_rounds(
-        prog, tree, deadline, seen, rounds=CUT_ROUNDS, colgen_rounds=MAX_ROUNDS
+        prog, tree, t0 + CUT_SHARE * limit, seen, rounds=CUT_ROUNDS, colgen_rounds=MAX_ROUNDS
     )
     note(
         f"branch-and-price: {cuts} cover cuts, root bound {before:,.3f} -> {root_bound:,.3f} "
@@ -289,7 +303,7 @@ def solve_branch_price(
         if nodes >= preset.nodes:
             termination = Termination.EFFORT_LIMIT
             break
-        if time.perf_counter() > deadline:
+        if time.perf_counter() > t0 + TREE_SHARE * limit:
             termination = Termination.TIME_LIMIT
             break
         node = heapq.heappop(heap)
