@@ -190,7 +190,8 @@ def merge_value(p: MergeProblem, d: MergeDecision) -> float:
 def merge_violations(p: MergeProblem, d: MergeDecision) -> list[str]:
     """Why a decision is not a merge of ``p`` (empty: it is one): every request of a
     released candidate moves to a kept one, no other request moves, each kept one
-    stays within its batch limit and KV budget, and the kept capacity covers the need."""
+    stays within its batch limit and KV budget (less ``KV_MARGIN_BYTES``), and the
+    kept capacity covers the need."""
     bad: list[str] = []
     kept = [i for i in range(p.size) if i not in d.released]
     holder = {r.rid: i for i, reqs in enumerate(p.requests) for r in reqs}
@@ -215,7 +216,9 @@ def merge_violations(p: MergeProblem, d: MergeDecision) -> list[str]:
     for j in kept:
         if count[j] > max(int(p.batch_limit[j]), len(p.requests[j])):
             bad.append(f"{p.names[j]}: {count[j]} requests, over its limit {p.batch_limit[j]}")
-        budget = max(float(p.kv_budget_bytes[j]), sum(r.kv_bytes for r in p.requests[j]))
+        budget = max(
+            float(p.kv_budget_bytes[j]) - KV_MARGIN_BYTES, sum(r.kv_bytes for r in p.requests[j])
+        )
         if used[j] > budget * (1 + 1e-9):
             bad.append(f"{p.names[j]}: {used[j] / GB:.3f} GB of KV, over {budget / GB:.3f} GB")
     kept_cap = p.other_capacity_rps + float(p.capacity_rps[kept].sum())
