@@ -11,8 +11,10 @@ more than 10 % below it. The simulator's latencies come from the same pass model
     python benchmarks/queueing.py                   # the full grid, up to 40,000 requests a point
     python benchmarks/queueing.py --requests 10000  # quicker, noisier at high load
 
-A point simulates at most ITERATION_BUDGET decode iterations (fewer requests where
-the decode batch is small; at least MIN_REQUESTS).
+A point starts with at most ITERATION_BUDGET decode iterations (fewer requests where
+the decode batch is small; at least MIN_REQUESTS), then pools replicate runs until the
+simulated P99 TTFT is known to PRECISION (95 % interval) or ``--requests`` are
+simulated; the table prints the interval's half-width and the requests used.
 
 Besides the grid (prompts a multiple of the 512-token chunk, the quickstart
 workloads), it prints two other prompt shapes on the H100: a prompt that ends in a
@@ -34,6 +36,7 @@ from energyopt.perf.params import OpParams, build_params
 from energyopt.perf.queueing import metrics_at, slo_capacity
 from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.engine import Simulator
+from energyopt.sim.metrics import WorkloadStats
 from energyopt.spec import Instance
 from energyopt.spec.plan import GpuPlan, Placement, Plan
 
@@ -67,6 +70,8 @@ PERCENTILE = 99.0
 ITERATION_BUDGET = 400_000
 """Simulated decode iterations a point may take: fewer requests where the batch is small."""
 MIN_REQUESTS = 3_000
+PRECISION = 0.03
+"""Replicates are pooled until the simulated P99 TTFT is known to +/- 3 % (95 %)."""
 
 
 def single_gpu_problem(shape: Shape, gpu: str, rate_rps: float) -> Problem:
@@ -98,9 +103,9 @@ def op_params(problem: Problem, gpu: str, clock_mhz: int) -> OpParams:
 
 def simulate(
     problem: Problem, gpu: str, clock_mhz: int, rate_rps: float, requests: int, seed: int
-) -> tuple[float, float]:
-    """(P99 TTFT, P99 TBT) in ms of the simulator serving ``requests`` Poisson arrivals
-    of mean-sized requests at ``rate_rps`` on one GPU at ``clock_mhz``."""
+) -> WorkloadStats:
+    """The simulator's counters after serving ``requests`` Poisson arrivals of
+    mean-sized requests at ``rate_rps`` on one GPU at ``clock_mhz``."""
     rng = np.random.default_rng(seed)
     times = np.cumsum(rng.exponential(1.0 / rate_rps, requests))
     wl = problem.instance.workloads[0]
@@ -126,9 +131,31 @@ def simulate(
         ),
     )
     sim = Simulator(problem, arrivals, window_s=float(times[-1]) + 1e-3, drain_s=600.0)
-    stats = sim.run(plan).stats[0]
+    return sim.run(plan).stats[0]
+
+
+def relative_halfwidth(stats: WorkloadStats) -> float:
+    """Half the width of the 95 % interval of the simulated P99 TTFT, over the P99."""
     q = PERCENTILE / 100.0
-    return stats.ttft_percentile_ms(q), stats.tbt_percentile_ms(q)
+    lo, hi = stats.ttft_percentile_interval_ms(q)
+    return 0.5 * (hi - lo) / stats.ttft_percentile_ms(q)
+
+
+def simulate_precisely(
+    problem: Problem, gpu: str, clock_mhz: int, rate_rps: float, first: int, cap: int, seed: int
+) -> WorkloadStats:
+    """Replicate simulations (seeds ``seed``, ``seed`` + 1, ...; ``first`` requests
+    each) pooled until the 95 % interval of the P99 TTFT is within +/- PRECISION of it
+    or ``cap`` requests are simulated. A P99 from a few thousand requests is noisy
+    where under 2 % of prompts wait at all (the light A100 points): it then rests on
+    a few dozen waits."""
+    stats = simulate(problem, gpu, clock_mhz, rate_rps, first, seed)
+    total = first
+    while relative_halfwidth(stats) > PRECISION and total + first <= cap:
+        seed += 1
+        stats.absorb(simulate(problem, gpu, clock_mhz, rate_rps, first, seed))
+        total += first
+    return stats
 
 
 @dataclass(frozen=True)
@@ -144,6 +171,8 @@ class Point:
     ttft_sim_ms: float
     tbt_model_ms: float
     tbt_sim_ms: float
+    ttft_sim_halfwidth: float  # 95 % interval of the simulated P99 TTFT, half, relative
+    requests: int
 
     @property
     def ttft_error(self) -> float:
@@ -180,9 +209,10 @@ def compare(
         # a request costs about O / batch decode iterations of the event loop
         batch = max(float(model.batch[0]), 1.0)
         count = int(min(requests, max(MIN_REQUESTS, ITERATION_BUDGET * batch / shape.output)))
-        ttft, tbt = simulate(
-            single_gpu_problem(shape, gpu, rate), gpu, clock_mhz, rate, count, seed
+        stats = simulate_precisely(
+            single_gpu_problem(shape, gpu, rate), gpu, clock_mhz, rate, count, requests, seed
         )
+        q = PERCENTILE / 100.0
         out.append(
             Point(
                 shape.label,
@@ -191,9 +221,11 @@ def compare(
                 load,
                 rate,
                 float(model.ttft_ms[0]),
-                ttft,
+                stats.ttft_percentile_ms(q),
                 float(model.tbt_ms[0]),
-                tbt,
+                stats.tbt_percentile_ms(q),
+                relative_halfwidth(stats),
+                stats.arrived,
             )
         )
     return out
@@ -203,13 +235,15 @@ def print_table(points: list[Point]) -> None:
     """One line per point."""
     print(
         f"{'workload':22s} {'GPU':15s} {'MHz':>5s} {'load':>5s} {'req/s':>7s} "
-        f"{'TTFT model':>10s} {'sim':>7s} {'err':>7s} {'TBT model':>9s} {'sim':>6s} {'err':>7s}"
+        f"{'TTFT model':>10s} {'sim':>7s} {'(95%)':>6s} {'err':>7s} {'TBT model':>9s} {'sim':>6s} "
+        f"{'err':>7s} {'requests':>8s}"
     )
     for pt in points:
         print(
             f"{pt.shape:22s} {pt.gpu:15s} {pt.clock_mhz:5d} {pt.load:5.2f} {pt.rate_rps:7.2f} "
-            f"{pt.ttft_model_ms:10.1f} {pt.ttft_sim_ms:7.1f} {pt.ttft_error:+7.1%} "
-            f"{pt.tbt_model_ms:9.1f} {pt.tbt_sim_ms:6.1f} {pt.tbt_error:+7.1%}"
+            f"{pt.ttft_model_ms:10.1f} {pt.ttft_sim_ms:7.1f} {pt.ttft_sim_halfwidth:6.1%} "
+            f"{pt.ttft_error:+7.1%} {pt.tbt_model_ms:9.1f} {pt.tbt_sim_ms:6.1f} "
+            f"{pt.tbt_error:+7.1%} {pt.requests:8d}"
             + ("" if pt.met else "  MISS"),
             flush=True,
         )

@@ -131,3 +131,36 @@ def test_bad_margins_are_refused(bad: object) -> None:
         Options(latency_margin=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="latency_margin"):
         PlannerSpec(name="p", kind="energyopt", latency_margin=bad)  # type: ignore[arg-type]
+
+
+def test_pooled_runs_and_the_percentile_interval() -> None:
+    """Pooling replicate runs adds their counters; the 95 % order-statistic interval
+    of a percentile holds the sample percentile and narrows as samples are pooled."""
+    from energyopt.sim.metrics import WorkloadStats
+
+    slo = Slo(ttft_ms=100.0, tbt_ms=10.0, percentile=99)
+    rng = np.random.default_rng(0)
+
+    def run(n: int) -> WorkloadStats:
+        st = WorkloadStats("w", slo)
+        for x in rng.exponential(20.0, n):
+            st.arrived += 1
+            st.first_token(float(x))
+            st.gaps(float(x) / 10.0, 3)
+        return st
+
+    a, b = run(2000), run(2000)
+    lo_a, hi_a = a.ttft_percentile_interval_ms(0.99)
+    assert lo_a <= a.ttft_percentile_ms(0.99) <= hi_a
+    ok, gaps = a.ttft_ok + b.ttft_ok, a.tbt_gaps + b.tbt_gaps
+    a.absorb(b)
+    assert (a.arrived, a.ttft_ok, a.tbt_gaps, len(a.ttft_ms)) == (4000, ok, gaps, 4000)
+    assert sum(a.tbt_hist) == gaps
+    lo, hi = a.ttft_percentile_interval_ms(0.99)
+    assert lo <= a.ttft_percentile_ms(0.99) <= hi
+    assert hi - lo < hi_a - lo_a
+    # the exponential's true P99 (20 ln 100 = 92.1 ms) lies inside
+    assert lo < 20.0 * np.log(100.0) < hi
+    with pytest.raises(ValueError, match="cannot pool"):
+        a.absorb(WorkloadStats("other", slo))
+    assert all(np.isnan(WorkloadStats("w", slo).ttft_percentile_interval_ms(0.99)))

@@ -67,6 +67,37 @@ class WorkloadStats:
         if ttft_ms <= self.slo.ttft_ms and tpot_ms <= self.slo.tbt_ms:
             self.met_slo += 1
 
+    def absorb(self, other: WorkloadStats) -> None:
+        """Add ``other``'s requests and token gaps to these counters (pooling runs of
+        the same workload, e.g. replicate simulations with different seeds)."""
+        if other.name != self.name:
+            raise ValueError(f"cannot pool workload {other.name!r} into {self.name!r}")
+        self.arrived += other.arrived
+        self.completed += other.completed
+        self.ttft_ms.extend(other.ttft_ms)
+        self.ttft_ok += other.ttft_ok
+        self.tbt_gaps += other.tbt_gaps
+        self.tbt_ok += other.tbt_ok
+        self.tbt_hist = [a + b for a, b in zip(self.tbt_hist, other.tbt_hist, strict=True)]
+        self.met_slo += other.met_slo
+        self.shed += other.shed
+
+    def ttft_percentile_interval_ms(self, q: float, z: float = 1.96) -> tuple[float, float]:
+        """Distribution-free confidence interval (ms) of the TTFT at quantile ``q``:
+        the order statistics n q -/+ z sqrt(n q (1 - q)) of the sorted TTFTs (z 1.96:
+        95 %). (nan, nan) without requests; an end beyond the sample is +/- inf."""
+        n = len(self.ttft_ms)
+        if n == 0:
+            return math.nan, math.nan
+        values = np.sort(np.asarray(self.ttft_ms))
+        half = z * math.sqrt(n * q * (1.0 - q))
+        lo = math.floor(n * q - half) - 1
+        hi = math.ceil(n * q + half) - 1
+        return (
+            float(values[lo]) if lo >= 0 else -math.inf,
+            float(values[hi]) if hi < n else math.inf,
+        )
+
     def ttft_percentile_ms(self, q: float) -> float:
         """TTFT at quantile ``q`` (ms) of the requests that got a first token."""
         if not self.ttft_ms:
