@@ -538,3 +538,35 @@ def test_mutated_serverless_files_are_refused_cleanly_or_solved(tmp_path: Path) 
     from .mutations import check_family_file_mutations
 
     check_family_file_mutations(tmp_path, _doc(), ("milp", "lp", "fast"), max_examples=20)
+
+
+_REPLAY = """
+from tests.test_serverless import QUIET, _arrivals, _doc, _problem
+from energyopt.families import family
+from energyopt.sim.serverless import MergePolicy, simulate
+
+nodes = [{"name": "n0", "gpus": 2}, {"name": "n1", "gpus": 2}]
+p = _problem(nodes=nodes, models=[dict(_doc()["models"][0], demand_rps=[40.0, 20.0, 40.0])])
+res = family("serverless").solve(p, "fast", time_limit_s=10, rel_gap=1e-6, progress=QUIET)
+r = simulate(p, res.plan, _arrivals(6.0, 180.0, 3))
+print(repr(r.energy_j), repr(r.gpu_s))
+"""
+
+
+def test_a_replay_is_the_same_in_every_process() -> None:
+    """The simulator's result does not depend on Python's string hashing (pools were
+    started in set order, which fixed instance ids and so the routing)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    outs = []
+    for seed in ("0", "1"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        done = subprocess.run(
+            [sys.executable, "-c", _REPLAY], cwd=root, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        outs.append(done.stdout)
+    assert outs[0] == outs[1]

@@ -72,6 +72,12 @@ if TYPE_CHECKING:
 
 PoolKey = tuple[int, int, int, str, str | None]
 """(model, node, option, phase, link) of a pool."""
+
+
+def pool_order(key: PoolKey) -> tuple[int, int, int, str, str]:
+    """A total order of pool keys (the link may be None), the same in every process."""
+    return key[0], key[1], key[2], key[3], key[4] or ""
+
 TOKEN_GRID = 64
 """Prompt lengths at which prefill time is tabulated (log-spaced; interpolated)."""
 
@@ -376,7 +382,8 @@ class _Sim:
     def apply_epoch(self, t_epoch: int, now: float) -> None:
         """Move every pool to the plan's count of epoch ``t_epoch``."""
         want = self.targets[t_epoch]
-        for key in set(want) | {k for k, v in self.by_key.items() if v}:
+        # in a fixed order: the order of starts fixes instance ids and so routing
+        for key in sorted(set(want) | {k for k, v in self.by_key.items() if v}, key=pool_order):
             target = want.get(key, 0)
             insts = self.live(key)
             active = [i for i in insts if not i.draining]
