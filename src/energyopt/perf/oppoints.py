@@ -13,15 +13,10 @@ from numpy.typing import NDArray
 from energyopt.catalog import mig
 from energyopt.catalog.problem import Problem
 from energyopt.perf.clocks import candidate_clocks_mhz
-from energyopt.perf.energy import (
-    at_max_clock,
-    design_batch_of,
-    energy_per_request_j,
-    service_latency_ms,
-)
-from energyopt.perf.params import FloatArray, OpParams, OpSpec, build_params
+from energyopt.perf.energy import energy_per_request_j, service_latency_ms
+from energyopt.perf.memo import capacity_and_design_batch
+from energyopt.perf.params import FloatArray, OpSpec, build_params
 from energyopt.perf.power import gpu_on_power_w
-from energyopt.perf.queueing import metrics_at, slo_capacity
 from energyopt.spec.hardware import GpuType
 from energyopt.spec.workload import Phase, Workload
 
@@ -216,7 +211,7 @@ def build_op_table(problem: Problem) -> OpTable:
     all_refs = build_params(refs)
     ref_first, ref_inverse = all_refs.distinct()
     ref_params = all_refs.take(ref_first)
-    capacity, memory_bytes, batch, ref_batch = _capacity_and_design_batch(params, ref_params)
+    capacity, memory_bytes, batch, ref_batch = capacity_and_design_batch(params, ref_params)
     energy = energy_per_request_j(params, batch)
     latency = service_latency_ms(params, batch)
     capacity, energy, latency = capacity[inverse], energy[inverse], latency[inverse]
@@ -241,29 +236,6 @@ def build_op_table(problem: Problem) -> OpTable:
         ref_latency_ms=ref_latency[keep],
         on_power=on_power,
     )
-
-
-def _capacity_and_design_batch(
-    params: OpParams, refs: OpParams
-) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
-    """(SLO capacity in req/s, memory in bytes per GPU at that capacity, design batch)
-    of ``params``, and the design batch of ``refs``.
-
-    The capacity of each op, and those of the same ops at max clock (which give the
-    design batches, ``perf.energy.design_batch``) come out of one run of the queueing
-    model over the distinct rows of all three: a run costs nearly the same for a few
-    rows as for a few hundred (its bisections make thousands of vectorized passes),
-    so one run instead of three makes a small table about three times as fast.
-    """
-    n = len(params)
-    stacked = OpParams.concat([params, at_max_clock(params), refs])
-    first, inverse = stacked.distinct()
-    rows = stacked.take(first)
-    capacity = slo_capacity(rows)
-    at_cap = metrics_at(rows, capacity)
-    design = design_batch_of(at_cap.batch)
-    own, at_max, ref = inverse[:n], inverse[n : 2 * n], inverse[2 * n :]
-    return capacity[own], at_cap.memory_bytes[own], design[at_max], design[ref]
 
 
 def _empty(

@@ -126,6 +126,19 @@ class OpParams:
         _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
         return first.astype(np.int64), inverse.reshape(-1).astype(np.int64)
 
+    def row_keys(self) -> list[bytes]:
+        """One key per operating point, equal for two points exactly when every
+        parameter is bitwise equal and both have the same profile object (its
+        ``id``: a holder of keys keeps the profiles alive, see ``perf.memo``)."""
+        columns = [
+            np.asarray(getattr(self, f.name), dtype=np.float64)
+            for f in fields(self)
+            if f.name != "profile"
+        ]
+        columns.append(np.asarray([id(prof) for prof in self.profile], dtype=np.float64))
+        rows = np.ascontiguousarray(np.stack(columns, axis=1))
+        return [row.tobytes() for row in rows]
+
     def take(self, index: NDArray[np.int64]) -> OpParams:
         """The operating points at ``index``."""
         return OpParams(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
