@@ -13,8 +13,8 @@ Branching rule: on integer aggregates of the column counts, in this order -
 the most fractional one of the first kind that has any (ties by key). Holding
 counts come first because the LP's weakness is fractional hosting: a unit served by
 0.3 of a GPU pays 0.3 of its static power. On fleet-64 the bound rose faster per
-node that way (6,846 W after 200 nodes, against 6,765 W after 700 nodes with GPU
-counts first; root LP 6,735 W). Why aggregates:
+node that way (before the cover cuts: 6,846 W after 200 nodes, against 6,765 W
+after 700 nodes with GPU counts first; root LP 6,735 W). Why aggregates:
 each is a sum of column counts, so a bound on it is one row of the master, and its
 price enters pricing without changing the pricing problem's form: a GPU-count price
 is a constant per (class, clock) in the configuration's base cost, a holding price
@@ -32,7 +32,8 @@ cuts (``cover_cuts``) on the number of configurations that hold each op are
 separated at the root (CUT_ROUNDS rounds; NODE_CUT_ROUNDS at every other node) and
 hold in the whole tree. On fleet-64 they raise the root bound from 6,735 W to
 6,914 W (the unit bound there is 7,090 W); separating once more at every node made
-nodes about ten times slower for a lower bound after 100 nodes, so it is off.
+nodes about ten times slower (100 nodes in about 110 s against 10 s) for 4 W more
+bound after 25 nodes (6,921 W against 6,917 W), so it is off.
 
 Bounds: a node's bound is the best Lagrangian bound of its column generation (the
 node LP's value corrected by the most negative reduced cost per class, valid even
