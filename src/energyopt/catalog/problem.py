@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from energyopt.catalog.loader import Catalog, bind_catalog
@@ -29,8 +30,15 @@ class Problem:
 
     @property
     def gpus(self) -> list[Gpu]:
-        """Every GPU of the cluster, in file order."""
-        return self.instance.cluster.gpus()
+        """Every GPU of the cluster, in file order (a new list each call)."""
+        return list(self._gpus)
+
+    @cached_property
+    def _gpus(self) -> tuple[Gpu, ...]:
+        """The cluster's GPUs, expanded once per problem: ``Cluster.gpus`` validates a
+        ``Gpu`` for each, and solvers and the verifier ask for them dozens of times
+        (a mutated fleet of thousands of GPUs took a minute). The instance is frozen."""
+        return tuple(self.instance.cluster.gpus())
 
     def gpu_type(self, name: str) -> GpuType:
         """Catalog GPU type ``name``."""
