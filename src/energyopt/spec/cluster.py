@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from typing import Annotated
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -133,7 +134,7 @@ class Cluster(Spec):
         dup = {n for n, k in names.items() if k > 1}
         if dup:
             raise ValueError(f"duplicate node names: {sorted(dup)}")
-        ids = Counter(g.id for g in self.gpus())
+        ids = Counter(gid for _, _, _, gid in self._slots())
         dup_ids = {i for i, k in ids.items() if k > 1}
         if dup_ids:
             raise ValueError(f"duplicate GPU ids: {sorted(dup_ids)}")
@@ -141,21 +142,24 @@ class Cluster(Spec):
 
     def gpus(self) -> list[Gpu]:
         """Every GPU, in file order, with its id (``node/index`` unless ids are given)."""
-        out: list[Gpu] = []
+        return [
+            Gpu(
+                id=gid,
+                node=node.name,
+                type=entry.type,
+                index=index,
+                power_cap_w=entry.power_cap_w,
+                state=entry.state,
+            )
+            for node, entry, index, gid in self._slots()
+        ]
+
+    def _slots(self) -> Iterator[tuple[Node, GpuEntry, int, str]]:
+        """(node, entry, index in the node, id) of every GPU, in file order, without
+        building its ``Gpu`` (validation checks the ids of fleets of thousands)."""
         for node in self.nodes:
             index = 0
             for entry in node.gpus:
                 for k in range(entry.count):
-                    gid = entry.ids[k] if entry.ids else f"{node.name}/{index}"
-                    out.append(
-                        Gpu(
-                            id=gid,
-                            node=node.name,
-                            type=entry.type,
-                            index=index,
-                            power_cap_w=entry.power_cap_w,
-                            state=entry.state,
-                        )
-                    )
+                    yield node, entry, index, entry.ids[k] if entry.ids else f"{node.name}/{index}"
                     index += 1
-        return out
