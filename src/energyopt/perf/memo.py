@@ -11,6 +11,7 @@ bisections make thousands of vectorized passes), so ``capacity_and_design_batch`
 evaluates only the points it has not met, all in one run, and keeps the last
 ``MEMO_POINTS`` results. The values are exactly those of a fresh run: the model
 is elementwise, so a point's result does not depend on the others in its run.
+The verifier does not read it: it recomputes every figure of the plan it checks.
 """
 
 from __future__ import annotations
