@@ -33,6 +33,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from energyopt.formulations.serverless.model import FloatArray, IntArray
+from energyopt.formulations.sparse_rows import SparseRows
 from energyopt.perf.kvtransfer import Link
 
 GB = 1e9
@@ -269,20 +270,8 @@ def build_merge_milp(p: MergeProblem) -> MergeMilp:
                     dst.append(j)
                     cost.append(p.move_cost(i, r, j))
     kv_of = {r.rid: r.kv_bytes / GB for reqs in p.requests for r in reqs}
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    lo: list[float] = []
-    hi: list[float] = []
-
-    def row(entries: list[tuple[int, float]], low: float, high: float) -> None:
-        k = len(lo)
-        for c, v in entries:
-            rows.append(k)
-            cols.append(c)
-            vals.append(v)
-        lo.append(low)
-        hi.append(high)
+    rows = SparseRows()
+    row = rows.add
 
     by_rid: dict[int, list[int]] = {}
     by_dst: dict[int, list[int]] = {j: [] for j in range(n)}
@@ -301,12 +290,12 @@ def build_merge_milp(p: MergeProblem) -> MergeMilp:
             row([*kv_row, (j, room[j])], -np.inf, room[j])
     row([(i, float(p.capacity_rps[i])) for i in range(n)], -np.inf, p.spare_rps())
     width = n + len(rid)
-    matrix = sp.csc_matrix((vals, (rows, cols)), shape=(len(lo), width))
+    matrix = rows.matrix(width)
     return MergeMilp(
         cost=np.array(cost, dtype=np.float64),
         matrix=matrix,
-        row_lo=np.array(lo, dtype=np.float64),
-        row_hi=np.array(hi, dtype=np.float64),
+        row_lo=rows.lower(),
+        row_hi=rows.upper(),
         pair_rid=np.array(rid, dtype=np.int64),
         pair_from=np.array(src, dtype=np.int64),
         pair_to=np.array(dst, dtype=np.int64),

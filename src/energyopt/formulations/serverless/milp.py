@@ -33,6 +33,7 @@ from energyopt.formulations.serverless.model import (
     IntArray,
     ServerlessProblem,
 )
+from energyopt.formulations.sparse_rows import SparseRows
 from energyopt.spec.serverless import Pool
 
 FORMULATION_NAME = "serverless joint prefill/decode MILP (pools x links x epochs, KV transfer)"
@@ -188,20 +189,8 @@ def build_milp(
         cost[n_p : 2 * n_p][sel] = e
         cost[2 * n_p : 3 * n_p][sel] = p.start_cost(m)[a_po[sel]]
         cost[3 * n_p : 4 * n_p][sel] = np.where(a_pk[sel] == DECODE, p.stop_cost(m)[a_po[sel]], 0.0)
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    lo: list[float] = []
-    hi: list[float] = []
-
-    def row(entries: list[tuple[int, float]], low: float, high: float) -> None:
-        r = len(lo)
-        for c, v in entries:
-            rows.append(r)
-            cols.append(c)
-            vals.append(v)
-        lo.append(low)
-        hi.append(high)
+    rows = SparseRows()
+    row = rows.add
 
     x0, y0, u0, v0, r0 = 0, n_p, 2 * n_p, 3 * n_p, 4 * n_p
     pools_at: dict[tuple[int, int, int, int], list[int]] = {}
@@ -294,14 +283,14 @@ def build_milp(
                     )
                     entries.append((y0 + int(q), float(e)))
                 row(entries, -np.inf, float(p.power_cap_w[n]))
-    matrix = sp.csc_matrix((vals, (rows, cols)), shape=(len(lo), n_col))
+    matrix = rows.matrix(n_col)
     integer = np.zeros(n_col, dtype=bool)
     integer[:n_p] = True
     return Milp(
         cost=cost,
         matrix=matrix,
-        row_lo=np.asarray(lo),
-        row_hi=np.asarray(hi),
+        row_lo=rows.lower(),
+        row_hi=rows.upper(),
         integer=integer,
         pt=a_pt,
         pm=a_pm,
