@@ -67,9 +67,7 @@ def problem_family(path: str, catalogs: list[str]) -> AnyFamily:
         return family(kind)
     except SpecError as exc:
         known = ", ".join([*(f.kind for f in families()), *DOCUMENTS])
-        raise SpecError(
-            [f"{path}: kind: unknown problem family {kind!r}; known: {known}"]
-        ) from exc
+        raise SpecError([f"{path}: kind: unknown problem family {kind!r}; known: {known}"]) from exc
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -151,17 +149,36 @@ def cmd_export(args: argparse.Namespace) -> int:
     from energyopt.solvers.export import write_program
 
     fam = problem_family(args.file, args.catalog)
+    fmt = args.format or Path(args.output).suffix.lstrip(".").lower()
+    if fmt == "csv":
+        return export_tuner_conf(fam.kind, args.file, args.output)
     problem = fam.load(args.file, args.catalog)
     try:
         program = fam.program(problem)
     except NotExportable as exc:
         raise SpecError([f"{args.file}: {fam.kind}: {exc}"]) from None
-    fmt = args.format or Path(args.output).suffix.lstrip(".").lower()
     if fmt not in ("mps", "lp"):
-        raise SpecError([f"{args.output}: --format: mps or lp (or a .mps / .lp file name)"])
+        raise SpecError(
+            [f"{args.output}: --format: mps or lp (or a .mps / .lp file name; csv for collectives)"]
+        )
     write_program(program, args.output, fmt)
     print(f"{fam.kind} program of {args.file} written to {args.output} ({fmt.upper()})")
     return EXIT_OK
+
+
+def export_tuner_conf(kind: str, path: str, output: str) -> int:
+    """``export COLLECTIVE.yaml -o F.csv``: the NCCL example tuner plugin's CSV for the
+    file's topology in its healthy state (``tables.collective``)."""
+    from energyopt.tables.collective import main as collective_tables
+
+    if kind != "collective":
+        raise SpecError(
+            [
+                f"{output}: --format csv: the NCCL tuner config of a kind: collective "
+                f"file; {path} is kind: {kind}"
+            ]
+        )
+    return collective_tables([path, "--tuner-conf", output])
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -251,10 +268,16 @@ def configure(sub: Any) -> None:
     p.add_argument("plan")
     p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("export", help="write a problem's MILP as MPS or LP for other solvers")
+    p = sub.add_parser(
+        "export",
+        help="write a problem's MILP as MPS or LP for other solvers (a collective file's "
+        "NCCL tuner config as CSV)",
+    )
     p.add_argument("file")
-    p.add_argument("-o", "--output", required=True, help="file to write (.mps or .lp)")
-    p.add_argument("--format", choices=["mps", "lp"], default=None, help="default: by suffix")
+    p.add_argument("-o", "--output", required=True, help="file to write (.mps, .lp or .csv)")
+    p.add_argument(
+        "--format", choices=["mps", "lp", "csv"], default=None, help="default: by suffix"
+    )
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("catalog", help="list the embedded GPU types and models")
