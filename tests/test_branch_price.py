@@ -19,6 +19,7 @@ from energyopt.formulations.serving import pattern as pat
 from energyopt.formulations.serving.columns import shared_column
 from energyopt.perf.oppoints import build_op_table
 from energyopt.solvers import branch_price as bp
+from energyopt.solvers import pattern_root
 from energyopt.solvers.branch_lp import BranchLp
 from energyopt.solvers.colgen import generate_columns
 from energyopt.solvers.cover_cuts import MULTIPLIERS, cover_cut
@@ -55,7 +56,7 @@ def sandwich(problem: Problem, expected: float | None, **kw: Any) -> Any:
 @pytest.fixture
 def tree_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """No unit bound: only the tree can prove the optimum."""
-    monkeypatch.setattr(bp, "best_unit_bound", lambda *a, **k: (-math.inf, 1.0))
+    monkeypatch.setattr(pattern_root, "best_unit_bound", lambda *a, **k: (-math.inf, 1.0))
 
 
 @pytest.mark.usefixtures("tree_only")

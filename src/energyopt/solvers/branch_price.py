@@ -80,6 +80,7 @@ from energyopt.solvers.colgen import MAX_ROUNDS, generate_columns
 from energyopt.solvers.cover_cuts import separate
 from energyopt.solvers.highs_direct import padded_start, solve_master_mip
 from energyopt.solvers.lp_dive import lp_dive
+from energyopt.solvers.pattern_root import solve_root
 from energyopt.solvers.presets import SolverPreset
 from energyopt.solvers.result import (
     FEASIBLE,
@@ -90,7 +91,6 @@ from energyopt.solvers.result import (
     relative_gap,
     status_at,
 )
-from energyopt.solvers.unit_bound import best_unit_bound
 from energyopt.spec.plan import Plan
 
 NODE_ROUNDS = 40
@@ -110,8 +110,6 @@ NODE_CUT_ROUNDS = 0
 KIND_ORDER = ("held", "gpus", "op")
 ROOT_SHARE = 0.5
 """Root column generation stops at this share of the time limit (a safety net)."""
-UNIT_BOUND_SHARE = 0.25
-"""Share of the time left that the root unit bound may take (its search stops there)."""
 CUT_SHARE = 0.6
 """Root cut rounds stop at this share of the time limit (a safety net)."""
 TREE_SHARE = 0.85
@@ -288,28 +286,24 @@ def solve_branch_price(
 ) -> Result[Plan]:
     """Branch-and-price over the configuration formulation (module docstring):
     the best plan found and the global bound, in objective units (W for power)."""
-    from energyopt.solvers.serving import EXACT_UNIT_BOUND_MAX_UNITS, finish_plan
+    from energyopt.solvers.serving import finish_plan
 
     t0 = time.perf_counter()
-    prog = pat.prepare(problem, table, note)
-    tree = BranchLp(prog)
     limit = deadline - t0
-    generate_columns(prog, note, deadline=t0 + ROOT_SHARE * limit, session=tree)
-    assert prog.lp is not None
-    if prog.lp.artificial_rps > 1e-6:
-        note(f"LP relaxation cannot serve {prog.lp.artificial_rps:.3g} req/s: infeasible")
-        return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
-    root_bound = prog.bound
-    unit_bound, _ = best_unit_bound(
+    root = solve_root(
+        problem,
         table,
-        prog.costs,
-        prog.classes,
-        prog.lp.duals,
-        prog.lp.budgets_w,
-        prog.lp.budget_duals,
-        exact=len(table.units) <= EXACT_UNIT_BOUND_MAX_UNITS,
-        deadline=time.perf_counter() + UNIT_BOUND_SHARE * (deadline - time.perf_counter()),
+        note,
+        colgen_deadline=t0 + ROOT_SHARE * limit,
+        deadline=deadline,
+        exact_unit_bound=True,
+        make_session=BranchLp,
     )
+    if root is None:
+        return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
+    prog, tree, unit_bound = root.prog, root.session, root.unit_bound
+    assert tree is not None and prog.lp is not None
+    root_bound = prog.bound
     note(
         f"branch-and-price root: LP bound {root_bound:,.3f} ({len(prog.columns)} columns), "
         f"unit bound {unit_bound:,.3f}"

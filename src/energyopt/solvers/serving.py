@@ -17,13 +17,13 @@ from energyopt.formulations.serving.assemble import assemble_plan
 from energyopt.formulations.serving.per_gpu import build_per_gpu
 from energyopt.perf.oppoints import OpTable, build_op_table
 from energyopt.progress import Progress
-from energyopt.solvers.colgen import generate_columns
 from energyopt.solvers.cpsat_backend import solve_cpsat
 from energyopt.solvers.diagnose import diagnose_infeasible, unservable_units
 from energyopt.solvers.highs_backend import MilpOutcome, solve_milp
 from energyopt.solvers.highs_direct import solve_master_mip
 from energyopt.solvers.lp_dive import lp_dive
 from energyopt.solvers.master_lp import LpSession
+from energyopt.solvers.pattern_root import Root, solve_root
 from energyopt.solvers.presets import SolverPreset
 from energyopt.solvers.result import (
     FEASIBLE,
@@ -36,7 +36,6 @@ from energyopt.solvers.result import (
     settle,
     status_at,
 )
-from energyopt.solvers.unit_bound import best_unit_bound
 from energyopt.spec.plan import Plan
 from energyopt.verify.serving import evaluate_plan
 
@@ -46,12 +45,6 @@ MAX_FILTERED_COLUMNS = 20_000
 SLACK_STEPS = (0.2, 1.0)
 DIVE_SHARE = 0.3
 """Part of the time left after column generation that an LP dive may take."""
-EXACT_UNIT_BOUND_MAX_UNITS = 8
-"""Up to this many units the exact solver proves each unit's cover bound with HiGHS;
-above it (and always for decompositions) the grid DP bound is used."""
-UNIT_BOUND_SHARE = 0.25
-"""Share of the time left after column generation that the unit bound may take (its
-golden-section search stops there with the best share charge found so far)."""
 
 
 ServingResult = Result[Plan]
@@ -327,23 +320,19 @@ def solve_configurations(
     otherwise (column generation as a decomposition) one integer solve over the
     generated columns, with the LP / unit bound as the certificate."""
     t0 = time.perf_counter()
-    prog = pat.prepare(problem, table, note)
-    generate_columns(prog, note, deadline=t0 + 0.5 * (deadline - t0))
-    assert prog.lp is not None
-    if prog.lp.artificial_rps > 1e-6:
-        note(f"LP relaxation cannot serve {prog.lp.artificial_rps:.3g} req/s: infeasible")
-        return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
-    lp_bound = prog.lower_bound
-    unit_bound, mix = best_unit_bound(
+    root: Root[LpSession] | None = solve_root(
+        problem,
         table,
-        prog.costs,
-        prog.classes,
-        prog.lp.duals,
-        prog.lp.budgets_w,
-        prog.lp.budget_duals,
-        exact=exact and len(table.units) <= EXACT_UNIT_BOUND_MAX_UNITS,
-        deadline=time.perf_counter() + UNIT_BOUND_SHARE * (deadline - time.perf_counter()),
+        note,
+        colgen_deadline=t0 + 0.5 * (deadline - t0),
+        deadline=deadline,
+        exact_unit_bound=exact,
     )
+    if root is None:
+        return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
+    prog, unit_bound, mix = root.prog, root.unit_bound, root.mix
+    assert prog.lp is not None
+    lp_bound = prog.lower_bound
     lower = max(lp_bound, unit_bound)
     note(
         f"bounds: LP {lp_bound:,.3f} after {prog.rounds} rounds ({len(prog.columns)} columns), "
