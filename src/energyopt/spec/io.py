@@ -132,7 +132,11 @@ def read_data(path: str | Path) -> dict[str, Any]:
 
 def file_kind(path: str | Path) -> str:
     """Problem family of an instance file: its top-level ``kind:``, ``serving`` if absent."""
-    data = read_data(path)
+    return data_kind(read_data(path), path)
+
+
+def data_kind(data: dict[str, Any], path: str | Path) -> str:
+    """``kind:`` of parsed ``data`` (``serving`` if absent); ``path`` names the file in errors."""
     kind = data.get("kind", "serving")
     if not isinstance(kind, str):
         raise SpecError([f"{path}: kind: should be a string, got {kind!r}"])
