@@ -32,6 +32,7 @@ import highspy
 import numpy as np
 import scipy.sparse as sp
 
+from energyopt.backends.highs import binary_lp
 from energyopt.formulations.serverless.model import FloatArray, IntArray
 from energyopt.formulations.sparse_rows import SparseRows
 from energyopt.perf.kvtransfer import Link
@@ -304,21 +305,7 @@ def build_merge_milp(p: MergeProblem) -> MergeMilp:
 
 def merge_highs_lp(milp: MergeMilp) -> highspy.HighsLp:
     """The merge MILP as a HiGHS model (every column binary)."""
-    lp = highspy.HighsLp()
-    n = len(milp)
-    lp.num_col_ = n
-    lp.num_row_ = milp.matrix.shape[0]
-    lp.col_cost_ = milp.cost
-    lp.col_lower_ = np.zeros(n)
-    lp.col_upper_ = np.ones(n)
-    lp.row_lower_ = np.where(np.isfinite(milp.row_lo), milp.row_lo, -highspy.kHighsInf)
-    lp.row_upper_ = np.where(np.isfinite(milp.row_hi), milp.row_hi, highspy.kHighsInf)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = milp.matrix.indptr.astype(np.int32)
-    lp.a_matrix_.index_ = milp.matrix.indices.astype(np.int32)
-    lp.a_matrix_.value_ = milp.matrix.data.astype(np.float64)
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * n
-    return lp
+    return binary_lp(milp.cost, milp.matrix, milp.row_lo, milp.row_hi)
 
 
 def decision_of(p: MergeProblem, milp: MergeMilp, values: FloatArray) -> MergeDecision:
