@@ -447,6 +447,26 @@ def test_unreachable_slo_is_named(tmp_path: Path) -> None:
     assert "0.001" in lines[0]
 
 
+def test_each_unreachable_slo_names_its_own_workload(tmp_path: Path) -> None:
+    """The check runs every workload's candidates in one model run: the verdicts and
+    the best candidate's latencies must still be each workload's own."""
+    data = quick_data()
+    data["workloads"][1]["slo"]["tbt_ms"] = 0.002
+    data["workloads"][2]["slo"]["ttft_ms"] = 0.003
+    lines = unreachable_slos(load_problem(write_yaml(tmp_path / "slo.yaml", data)))
+    names = [w["name"] for w in data["workloads"]]
+    assert [line.split(".slo:")[0] for line in lines] == [
+        f"workloads[1]({names[1]})",
+        f"workloads[2]({names[2]})",
+    ]
+    assert "/ 0.002 ms" in lines[0] and "(SLO 0.003 /" in lines[1]
+    alone = quick_data()
+    alone["workloads"] = [alone["workloads"][2]]
+    alone["workloads"][0]["slo"]["ttft_ms"] = 0.003
+    single = unreachable_slos(load_problem(write_yaml(tmp_path / "one.yaml", alone)))
+    assert [line.split(": ", 1)[1] for line in single] == [lines[1].split(": ", 1)[1]]
+
+
 # ---------------------------------------------------------------- bad files
 
 

@@ -13,10 +13,13 @@ TP_CANDIDATES = (1, 2, 4, 8)
 
 
 def unreachable_slos(problem: Problem) -> list[str]:
-    """'field: message' lines for workloads whose SLO no catalog GPU type can meet."""
+    """'field: message' lines for workloads whose SLO no catalog GPU type can meet.
+
+    One queueing-model run over every workload's candidates (a run costs about the
+    same for a few points as for thousands), then a verdict per workload."""
     inst = problem.instance
-    lines: list[str] = []
-    for w, wl in enumerate(inst.workloads):
+    per_workload: list[tuple[list[OpSpec], list[str]]] = []
+    for wl in inst.workloads:
         model = problem.model_of(wl)
         specs: list[OpSpec] = []
         labels: list[str] = []
@@ -30,25 +33,37 @@ def unreachable_slos(problem: Problem) -> list[str]:
                     full = (100, None, 1.0, 1.0, usable)
                     specs.append(op_spec(problem, wl, phase, gpu, gpu.max_sm_clock_mhz, full, k))
                     labels.append(f"{gpu.name} TP{k}" if k > 1 else gpu.name)
+        per_workload.append((specs, labels))
+    every = [spec for specs, _ in per_workload for spec in specs]
+    if every:
+        all_params = build_params(every)
+        all_met = metrics_at(all_params, np.full(len(every), 1e-6))
+        all_ok = all_met.meets_slo(all_params)
+    lines: list[str] = []
+    start = 0
+    for w, (wl, (specs, labels)) in enumerate(zip(inst.workloads, per_workload, strict=True)):
         if not specs:
+            model = problem.model_of(wl)
             lines.append(
                 f"workloads[{w}]({wl.name}).model: {wl.model} "
                 f"({model.weight_bytes / 1e9:.0f} GB of weights) fits no catalog GPU with up to "
                 f"{TP_CANDIDATES[-1]}-way tensor parallelism"
             )
             continue
-        params = build_params(specs)
-        met = metrics_at(params, np.full(len(specs), 1e-6))
-        ok = met.meets_slo(params)
+        rows = slice(start, start + len(specs))
+        start += len(specs)
+        ok = all_ok[rows]
+        ttft, tbt = all_met.ttft_ms[rows], all_met.tbt_ms[rows]
+        ttft_slo, tbt_slo = all_params.ttft_slo_ms[rows], all_params.tbt_slo_ms[rows]
         by_gpu: dict[str, bool] = {}
         for label, good in zip(labels, ok, strict=True):
             by_gpu[label] = by_gpu.get(label, True) and bool(good)
         if any(by_gpu.values()):
             continue
-        best = int(np.argmin(met.ttft_ms / params.ttft_slo_ms + met.tbt_ms / params.tbt_slo_ms))
+        best = int(np.argmin(ttft / ttft_slo + tbt / tbt_slo))
         lines.append(
             f"workloads[{w}]({wl.name}).slo: no catalog GPU meets it even unloaded at its max "
-            f"clock; best is {labels[best]} with TTFT {met.ttft_ms[best]:.0f} ms and TBT "
-            f"{met.tbt_ms[best]:.1f} ms (SLO {wl.slo.ttft_ms:g} / {wl.slo.tbt_ms:g} ms)"
+            f"clock; best is {labels[best]} with TTFT {ttft[best]:.0f} ms and TBT "
+            f"{tbt[best]:.1f} ms (SLO {wl.slo.ttft_ms:g} / {wl.slo.tbt_ms:g} ms)"
         )
     return lines
