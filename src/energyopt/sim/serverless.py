@@ -51,6 +51,7 @@ import numpy as np
 from energyopt.formulations.serverless.merge import (
     DecodeFigures,
     MergeDecision,
+    MergeProblem,
     MergeRequest,
     Snapshot,
     merge_problem,
@@ -62,7 +63,13 @@ from energyopt.perf.kvtransfer import Link
 from energyopt.perf.params import OpSpec, build_params
 from energyopt.perf.queueing import metrics_at
 from energyopt.sim.arrivals import Arrivals
-from energyopt.solvers.serverless_merge import MAX_PAIRS, MILP_TIME_LIMIT_S, decide_merge, pack
+from energyopt.solvers.serverless_merge import (
+    MAX_PAIRS,
+    MILP_TIME_LIMIT_S,
+    MergeOutcome,
+    decide_merge,
+    pack,
+)
 from energyopt.spec.instance import Options
 from energyopt.spec.serverless import ServerlessPlan
 from energyopt.verify.serverless import DecodeInstanceState, check_merge
@@ -77,6 +84,7 @@ PoolKey = tuple[int, int, int, str, str | None]
 def pool_order(key: PoolKey) -> tuple[int, int, int, str, str]:
     """A total order of pool keys (the link may be None), the same in every process."""
     return key[0], key[1], key[2], key[3], key[4] or ""
+
 
 TOKEN_GRID = 64
 """Prompt lengths at which prefill time is tabulated (log-spaced; interpolated)."""
@@ -103,6 +111,37 @@ class MergePolicy:
     price_per_stall_s: float = 1.0
     max_pairs: int = MAX_PAIRS
     milp_time_limit_s: float = MILP_TIME_LIMIT_S
+
+    def problem(
+        self,
+        snapshots: tuple[Snapshot, ...],
+        figures: Mapping[int, DecodeFigures],
+        *,
+        need_rps: float,
+        other_capacity_rps: float,
+        remaining_s: float,
+        max_batch: int,
+        links: tuple[Link, Link],
+    ) -> MergeProblem:
+        """The merge problem this policy poses on a model's decode instances
+        (``snapshots``) from their options' decode figures (by option index)."""
+        return merge_problem(
+            snapshots,
+            figures,
+            need_rps=need_rps,
+            other_capacity_rps=other_capacity_rps,
+            remaining_s=remaining_s,
+            fill=self.fill,
+            max_batch=max_batch,
+            price_per_gb=self.price_per_gb,
+            price_per_stall_s=self.price_per_stall_s,
+            links=links,
+        )
+
+    def decide(self, prob: MergeProblem) -> MergeOutcome:
+        """The decision this policy takes: the merge MILP within ``max_pairs``, else the
+        priced greedy."""
+        return decide_merge(prob, max_pairs=self.max_pairs, time_limit_s=self.milp_time_limit_s)
 
 
 @dataclass(frozen=True)
@@ -672,19 +711,16 @@ class _Sim:
         assert pol is not None
         snaps = tuple(self.snapshot(i, now) for i in active)
         remaining = self.remaining_s(now)
-        prob = merge_problem(
+        prob = pol.problem(
             snaps,
             self.figures_of(m),
             need_rps=need,
             other_capacity_rps=other,
             remaining_s=remaining,
-            fill=pol.fill,
             max_batch=self.merge_max_batch(),
-            price_per_gb=pol.price_per_gb,
-            price_per_stall_s=pol.price_per_stall_s,
             links=self.merge_links(),
         )
-        out = decide_merge(prob, max_pairs=pol.max_pairs, time_limit_s=pol.milp_time_limit_s)
+        out = pol.decide(prob)
         res = self.res
         res.decisions += 1
         res.value += out.value

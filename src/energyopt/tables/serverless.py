@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 
 from energyopt.families import certify, family
-from energyopt.formulations.serverless.merge import DecodeFigures, Snapshot, merge_problem
+from energyopt.formulations.serverless.merge import DecodeFigures, Snapshot
 from energyopt.formulations.serverless.model import LINKS, Option, ServerlessProblem, build_problem
 from energyopt.perf.kvtransfer import Link
 from energyopt.progress import Progress, quiet
 from energyopt.sim.serverless import MergePolicy, decode_figures
-from energyopt.solvers.serverless_merge import MergeOutcome, decide_merge
+from energyopt.solvers.serverless_merge import MergeOutcome
 from energyopt.spec.serverless import ServerlessPlan
 from energyopt.tables.format import ColumnData, Table, TableError, write_table
 from energyopt.tables.stdlib_reader import Axis
@@ -238,16 +238,13 @@ class RateTable:
         """The merge decision on ``model``'s decode instances (``snapshots``: option
         indices into ``option_names``), from the table's figures and links alone: what
         the simulator decides when it reads this table."""
-        prob = merge_problem(
+        prob = policy.problem(
             snapshots,
             self.decode_figures(model),
             need_rps=need_rps,
             other_capacity_rps=other_capacity_rps,
             remaining_s=remaining_s,
-            fill=policy.fill,
             max_batch=self.max_batch,
-            price_per_gb=policy.price_per_gb,
-            price_per_stall_s=policy.price_per_stall_s,
             links=self.links(),
         )
-        return decide_merge(prob, max_pairs=policy.max_pairs, time_limit_s=policy.milp_time_limit_s)
+        return policy.decide(prob)
