@@ -151,35 +151,22 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     fam = problem_family(args.file, args.catalog)
     fmt = args.format or Path(args.output).suffix.lstrip(".").lower()
-    if fmt == "csv":
-        return export_tuner_conf(fam.kind, args.file, args.output)
     problem = fam.load(args.file, args.catalog)
+    others = fam.exports(problem)
+    if fmt in others:
+        others[fmt](args.output)
+        print(f"{fam.kind} {fmt} file of {args.file} written to {args.output}")
+        return EXIT_OK
+    if fmt not in ("mps", "lp"):
+        known = ", ".join(["mps", "lp", *others])
+        raise SpecError([f"{args.output}: --format: {known} for a {fam.kind} file (or by suffix)"])
     try:
         program = fam.program(problem)
     except NotExportable as exc:
         raise SpecError([f"{args.file}: {fam.kind}: {exc}"]) from None
-    if fmt not in ("mps", "lp"):
-        raise SpecError(
-            [f"{args.output}: --format: mps or lp (or a .mps / .lp file name; csv for collectives)"]
-        )
     write_program(program, args.output, fmt)
     print(f"{fam.kind} program of {args.file} written to {args.output} ({fmt.upper()})")
     return EXIT_OK
-
-
-def export_tuner_conf(kind: str, path: str, output: str) -> int:
-    """``export COLLECTIVE.yaml -o F.csv``: the NCCL example tuner plugin's CSV for the
-    file's topology in its healthy state (``tables.collective``)."""
-    from energyopt.tables.collective import main as collective_tables
-
-    if kind != "collective":
-        raise SpecError(
-            [
-                f"{output}: --format csv: the NCCL tuner config of a kind: collective "
-                f"file; {path} is kind: {kind}"
-            ]
-        )
-    return collective_tables([path, "--tuner-conf", output])
 
 
 def cmd_schema(args: argparse.Namespace) -> int:

@@ -4,7 +4,7 @@ time or energy on a topology with degraded links and stragglers."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -178,6 +178,13 @@ class CollectiveFamily:
     ) -> tuple[CollectivePlan, Stated]:
         plan = parse(CollectivePlan, data, source)
         return plan, Stated(plan.objective, plan.bound, plan.gap)
+
+    def exports(self, p: CollectiveProblem) -> Mapping[str, Callable[[str], None]]:
+        """``csv``: the NCCL example tuner plugin's config for the file's topology,
+        healthy (``tables.collective.write_healthy_tuner_conf``)."""
+        from energyopt.tables.collective import write_healthy_tuner_conf
+
+        return {"csv": lambda path: write_healthy_tuner_conf(p, path)}
 
     def program(self, p: CollectiveProblem) -> Any:
         """The synthesis MILP of the file's first collective (a HiGHS model)."""

@@ -3,7 +3,7 @@ GPUs by MPS share, clock and start time, for mean JCT or throughput."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -178,6 +178,10 @@ class ColocationFamily:
     ) -> tuple[ColocationPlan, Stated]:
         plan = parse(ColocationPlan, data, source)
         return plan, Stated(plan.objective, plan.bound, plan.gap)
+
+    def exports(self, problem: ColocationProblem) -> Mapping[str, Callable[[str], None]]:
+        """No files besides the program."""
+        return {}
 
     def program(self, problem: ColocationProblem) -> Any:
         """The exact solver's time-indexed unit MILP (a HiGHS model)."""

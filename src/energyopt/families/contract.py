@@ -8,7 +8,7 @@ family only through this contract (docs/families.md shows how to add one).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -113,6 +113,11 @@ class Family(Protocol[ProblemT, PlanT]):
 
     def program(self, problem: ProblemT) -> Any:
         """The family's mathematical program as a Pyomo model; NotExportable if none."""
+        ...
+
+    def exports(self, problem: ProblemT) -> Mapping[str, Callable[[str], None]]:
+        """Files other than the program that ``energyopt export`` writes, by file
+        suffix: each writes ``problem``'s file of that kind to the path it is given."""
         ...
 
 

@@ -5,7 +5,7 @@ SLO's limit per second (then least energy)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -208,6 +208,10 @@ class KeepAliveFamily:
     ) -> tuple[KeepAlivePlan, Stated]:
         plan = parse(KeepAlivePlan, data, source)
         return plan, Stated(plan.objective, plan.bound, plan.gap)
+
+    def exports(self, p: KeepAliveProblem) -> Mapping[str, Callable[[str], None]]:
+        """No files besides the program."""
+        return {}
 
     def program(self, p: KeepAliveProblem) -> Any:
         """The whole-horizon MILP the ``milp`` solver solves (a HiGHS model; for the

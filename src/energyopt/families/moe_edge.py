@@ -5,7 +5,7 @@ within memory and the TBT/TTFT SLOs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -172,6 +172,10 @@ class MoeEdgeFamily:
     def from_file(self, p: MoeEdgeProblem, data: Any, source: str) -> tuple[MoeEdgePlan, Stated]:
         plan = parse(MoeEdgePlan, data, source)
         return plan, Stated(plan.objective, plan.bound, plan.gap)
+
+    def exports(self, p: MoeEdgeProblem) -> Mapping[str, Callable[[str], None]]:
+        """No files besides the program."""
+        return {}
 
     def program(self, p: MoeEdgeProblem) -> Any:
         """The relaxed (secant) placement MILP of the max-clock configuration with the

@@ -4,7 +4,7 @@ between them, at least GPU-seconds, energy or a weighted sum."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -244,6 +244,10 @@ class ServerlessFamily:
     ) -> tuple[ServerlessPlan, Stated]:
         plan = parse(ServerlessPlan, data, source)
         return plan, Stated(plan.objective, plan.bound, plan.gap)
+
+    def exports(self, p: ServerlessProblem) -> Mapping[str, Callable[[str], None]]:
+        """No files besides the program."""
+        return {}
 
     def program(self, p: ServerlessProblem) -> Any:
         """The whole-horizon MILP the ``milp`` solver solves (a HiGHS model)."""

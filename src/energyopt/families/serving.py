@@ -3,7 +3,7 @@ power (or another objective of ``options.objective``) under TTFT/TBT SLOs and ca
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -137,6 +137,10 @@ class ServingFamily:
     def from_file(self, problem: Problem, data: Any, source: str) -> tuple[Plan, Stated]:
         plan = parse(Plan, data, source)
         return plan, Stated(plan.objective, plan.bound, plan.gap)
+
+    def exports(self, problem: Problem) -> Mapping[str, Callable[[str], None]]:
+        """No files besides the program."""
+        return {}
 
     def program(self, problem: Problem) -> Any:
         from energyopt.formulations.serving.per_gpu import build_per_gpu

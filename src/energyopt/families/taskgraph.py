@@ -3,7 +3,7 @@ makespan, EDP, ED²P or energy within (1+ε) of the fastest schedule."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -241,6 +241,10 @@ class TaskGraphFamily:
             raise SpecError(problems)
         schedule = Schedule(tuple(gpu), tuple(option), tuple(start))
         return schedule, Stated(f.objective_value, f.bound, f.gap)
+
+    def exports(self, tg: TaskGraph) -> Mapping[str, Callable[[str], None]]:
+        """No files besides the program."""
+        return {}
 
     def program(self, tg: TaskGraph) -> Any:
         raise NotExportable(

@@ -301,6 +301,22 @@ def parse_tuner_conf(text: str) -> list[TunerRow]:
     return rows
 
 
+DEFAULT_SIZES_LOG2 = tuple(range(10, 31, 2))
+"""Message sizes of a compiled policy: 1 KiB to 1 GiB, every power of 4 (log2 bytes)."""
+
+
+def write_healthy_tuner_conf(
+    p: CollectiveProblem, path: str | Path, sizes_log2: tuple[int, ...] = DEFAULT_SIZES_LOG2
+) -> None:
+    """The NCCL example tuner plugin's config for ``p``'s topology with every link
+    healthy and no straggler (ring/tree choices; all-to-all is not in its format)."""
+    from energyopt.spec.collective import OPS
+
+    ops = tuple(o for o in OPS if o != "all_to_all")
+    healthy = p.with_health(Health())
+    write_tuner_conf(compile_policy(healthy, ops, sizes_log2, 0, nccl_only=True), path)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m energyopt.tables.collective FILE``: compile the runtime policy of a
     collective file's topology and write it (``--policy``) and/or its NCCL tuner
@@ -319,7 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("file", help="a kind: collective file (its topology; health is ignored)")
     ap.add_argument("--policy", help="write the policy table (JSON)")
     ap.add_argument("--tuner-conf", help="write the NCCL example tuner plugin's CSV")
-    ap.add_argument("--sizes-log2", default="10:30:2", help="first:last:step of log2 bytes")
+    ap.add_argument(
+        "--sizes-log2",
+        default=f"{DEFAULT_SIZES_LOG2[0]}:{DEFAULT_SIZES_LOG2[-1]}:2",
+        help="first:last:step of log2 bytes",
+    )
     ap.add_argument("--max-stragglers", type=int, default=2)
     args = ap.parse_args(argv)
     try:
@@ -342,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             write_policy(compile_policy(p, ops, sizes, args.max_stragglers), args.policy)
             print(f"policy of {args.file} written to {args.policy}")
         if args.tuner_conf:
-            write_tuner_conf(compile_policy(p, ops, sizes, 0, nccl_only=True), args.tuner_conf)
+            write_healthy_tuner_conf(p, args.tuner_conf, sizes)
             print(f"NCCL tuner config of {args.file} written to {args.tuner_conf}")
     except SpecError as exc:
         for line in exc.problems:
