@@ -41,7 +41,8 @@ when pricing stops early) and never below its parent's. The global bound is the
 least bound of the open nodes and unresolved leaves, never above the incumbent,
 and at least the unit-decomposition bound computed from the root prices.
 
-Primal side: the LP dive (``lp_dive``) at the root and every DIVE_EVERY nodes (it
+Primal side: residual packing (``residual_pack``) at the root, the LP dive
+(``lp_dive``) at the root and every DIVE_EVERY nodes (it
 dives from that node's LP, so it starts from a different point each time), an
 integer LP solution found at a node, and the integer master (HiGHS, warm-started
 from the incumbent) over every column after the root cuts and, at the end, over the
@@ -82,6 +83,7 @@ from energyopt.solvers.highs_direct import padded_start, solve_master_mip
 from energyopt.solvers.lp_dive import lp_dive
 from energyopt.solvers.pattern_root import solve_root
 from energyopt.solvers.presets import SolverPreset
+from energyopt.solvers.residual_pack import residual_pack
 from energyopt.solvers.result import (
     FEASIBLE,
     INFEASIBLE,
@@ -318,6 +320,9 @@ def solve_branch_price(
         f"({len(prog.columns)} columns)"
     )
     inc = Incumbent()
+    packed = residual_pack(tree, prog, accept=lambda lp: tree.slack(lp.x) <= 1e-6)
+    if packed is not None:
+        inc.offer(packed[0], packed[1], "residual packing")
     dived = _dive(tree, deadline)
     if dived is not None:
         inc.offer(dived[0], dived[1], "root dive")

@@ -25,6 +25,7 @@ from energyopt.solvers.lp_dive import lp_dive
 from energyopt.solvers.master_lp import LpSession
 from energyopt.solvers.pattern_root import Root, solve_root
 from energyopt.solvers.presets import SolverPreset
+from energyopt.solvers.residual_pack import residual_pack
 from energyopt.solvers.result import (
     FEASIBLE,
     INFEASIBLE,
@@ -279,9 +280,11 @@ def _solve_per_gpu(
     return Result(status, out.objective, bound, out.wall_s, plan, preset.name, out.log)
 
 
-def _dive(prog: pat.PatternProgram, deadline: float) -> tuple[float, np.ndarray] | None:
-    """(objective, integer-master values) of an LP dive over the generated columns."""
-    session = LpSession(prog.problem, prog.table, prog.costs, prog.classes, prog.columns)
+def _dive(
+    prog: pat.PatternProgram, session: LpSession, deadline: float
+) -> tuple[float, np.ndarray] | None:
+    """(objective, integer-master values) of an LP dive over the generated columns,
+    in ``session`` (which holds them all; its count bounds stay changed)."""
     try:
         if not lp_dive(session, deadline):
             return None
@@ -293,6 +296,11 @@ def _dive(prog: pat.PatternProgram, deadline: float) -> tuple[float, np.ndarray]
         lp.x[session.mp.z_var]
     )
     return lp.objective, values
+
+
+def _session(prog: pat.PatternProgram) -> LpSession:
+    """The root LP of the configuration formulation, kept for the primal heuristics."""
+    return LpSession(prog.problem, prog.table, prog.costs, prog.classes, prog.columns)
 
 
 def lp_relaxation_bound(model: Any) -> float:
@@ -327,6 +335,7 @@ def solve_configurations(
         colgen_deadline=t0 + 0.5 * (deadline - t0),
         deadline=deadline,
         exact_unit_bound=exact,
+        make_session=_session,
     )
     if root is None:
         return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
@@ -374,12 +383,24 @@ def solve_configurations(
         return out
 
     if preset.backend == "highs" and not pat.is_small(prog):
-        dived = _dive(prog, time.perf_counter() + DIVE_SHARE * (deadline - time.perf_counter()))
-        if dived is not None:
-            im = pat.integer_model(prog, pyomo=False)
-            im.values = dived[1]
-            best, start = (dived[0], pat.decisions(prog, im)), dived[1]
-            note(f"LP dive: plan {dived[0]:,.3f} (gap {relative_gap(dived[0], lower):.3%})")
+        # Two incumbents for the integer solve to start from: residual packing (one
+        # LP solve; the better one on large fleets) and the LP dive (one LP solve per
+        # rounding step; often the better one on small ones).
+        assert root.session is not None
+        found: list[tuple[str, tuple[float, np.ndarray] | None]] = [
+            ("residual packing", residual_pack(root.session, prog))
+        ]
+        dive_deadline = time.perf_counter() + DIVE_SHARE * (deadline - time.perf_counter())
+        found.append(("LP dive", _dive(prog, root.session, dive_deadline)))
+        for what, plan in found:
+            if plan is None:
+                note(f"{what}: no plan")
+                continue
+            note(f"{what}: plan {plan[0]:,.3f} (gap {relative_gap(plan[0], lower):.3%})")
+            if best is None or plan[0] < best[0] - 1e-9:
+                im = pat.integer_model(prog, pyomo=False)
+                im.values = plan[1]
+                best, start = (plan[0], pat.decisions(prog, im)), plan[1]
     left = deadline - time.perf_counter()
     out = integer_solve(min(FIRST_STAGE_SHARE * left, FIRST_STAGE_MAX_S) if exact else left)
     if best is not None:

@@ -1,0 +1,334 @@
+"""Residual packing: an integer plan from the configuration master's LP without one
+LP re-solve per rounded count (the LP dive's cost at fleet scale).
+
+The LP serves most of each unit's demand with whole configurations and leaves a
+fraction of one per column. Rounding those fractions up (what the dive ends with)
+gives each unit a nearly idle GPU of its own: on fleet-4096 that is about 250
+extra GPUs, 11 % above the bound. Here instead:
+
+1. every column keeps the integer part of its LP count (tensor-parallel columns,
+   which cannot share a GPU, are rounded up), at the LP's rate per use;
+2. what each unit has left to serve (its residual, req/s) gets the cheapest
+   single-GPU operating point of its own that covers it, costed by the share of
+   the GPU it takes (share / GPU share capacity x the GPU's on-cost, plus the
+   op's cost per req/s), on GPU types that still have GPUs free; a residual above
+   every point's capacity takes whole GPUs first;
+3. the chosen points are packed first-fit decreasing, per (GPU type, clock), into
+   shared configurations (share, memory and the GPU power cap respected, one op
+   per unit) and those are placed on the classes with GPUs free;
+4. one LP with every count fixed re-routes the demand over the result (so rates,
+   power rows and budgets hold exactly) and gives the plan's objective.
+
+It returns None when that LP cannot serve every rate (a budget or a class count
+the packing broke); the caller keeps its other heuristics. Objective values are
+the instance's objective units (W for power), rates req/s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from energyopt.formulations.errors import BackendFailure
+from energyopt.formulations.serving import pattern as pat
+from energyopt.formulations.serving.columns import Column, shared_column
+from energyopt.formulations.serving.master import LpSolution
+from energyopt.perf.oppoints import OpTable
+from energyopt.solvers.master_lp import LpSession
+
+RESIDUAL_TOL = 1e-6
+"""Residual demand below this (req/s) counts as served."""
+
+
+@dataclass
+class _Bin:
+    """One shared configuration being filled: share units and memory (GB) used,
+    power at the residual rates (W), and its ops."""
+
+    share: int
+    memory_gb: float
+    power_w: float
+    ops: list[int] = field(default_factory=list)
+    units: set[int] = field(default_factory=set)
+
+
+MAX_TRIES = 12
+"""Packings at most: when a GPU type runs out of free GPUs, the next try keeps that
+many more of its GPUs back from the residual choice."""
+
+
+def residual_pack(
+    session: LpSession,
+    prog: pat.PatternProgram,
+    accept: Callable[[LpSolution], bool] | None = None,
+) -> tuple[float, NDArray[np.float64]] | None:
+    """(objective, integer-master values) of a residual-packing plan from the
+    session's current LP solution, or None (see the module docstring). The packed
+    configurations join ``prog`` and the session as columns; the count bounds are
+    back at the master's own (0 to the class size) and ``prog.lp`` is the session's
+    LP over every column when it returns. ``accept``: a
+    further test of the routing LP (a branch-and-price tree: no row on its slack)."""
+    base = _kept_counts(session, prog)
+    if base is None:
+        return None
+    counts, residual, free = base
+    table = prog.table
+    # GPUs of each type kept back from the choice: none at first; a type whose
+    # bins overflow it keeps back what it was short the next time.
+    reserve = dict.fromkeys(table.type_names, 0)
+    assert prog.lp is not None
+    count_price = dict.fromkeys(table.type_names, np.inf)
+    for c in prog.classes:
+        price = -float(prog.lp.duals.count[c.index])
+        count_price[c.type_name] = min(count_price[c.type_name], price)
+    for _ in range(MAX_TRIES):
+        chosen = _choose(prog, residual, free, reserve, count_price)
+        if chosen is None:
+            return None
+        packed = _pack(prog, chosen, dict(free))
+        if isinstance(packed, list):
+            return _route(session, prog, counts, packed, accept)
+        type_name, short = packed
+        reserve[type_name] += short
+    return None
+
+
+def _kept_counts(
+    session: LpSession, prog: pat.PatternProgram
+) -> tuple[NDArray[np.float64], NDArray[np.float64], dict[int, int]] | None:
+    """(kept count per column, residual req/s per unit, free GPUs per class): the
+    LP's tensor-parallel columns rounded up, serving at the LP's rate per use (a
+    TP group cannot share its GPUs); every shared column at 0. None when that
+    overfills a class."""
+    table, mp = prog.table, session.mp
+    lp = session.solve()
+    z_idx = np.asarray(mp.z_var, dtype=np.int64)
+    z = lp.x[z_idx]
+    counts = np.zeros(z.size)
+    residual = np.array([u.rate_rps for u in table.units], dtype=np.float64)
+    used = np.zeros(len(prog.classes), dtype=np.int64)
+    for j, col in enumerate(prog.columns[: len(z_idx)]):
+        if z[j] <= 1e-9 or col.gpus_per_use == 1:
+            continue
+        counts[j] = np.ceil(z[j] - 1e-9)
+        used[col.cls] += int(counts[j]) * col.gpus_per_use
+        for op, r in zip(col.ops, mp.r_vars[j], strict=True):
+            residual[int(table.unit[op])] -= float(lp.x[r])
+    free = {c.index: c.size - int(used[c.index]) for c in prog.classes}
+    if any(v < 0 for v in free.values()):
+        return None
+    return counts, np.maximum(residual, 0.0), free
+
+
+def _choose(
+    prog: pat.PatternProgram,
+    residual: NDArray[np.float64],
+    free: dict[int, int],
+    reserve: dict[str, int],
+    count_price: dict[str, float],
+) -> list[tuple[int, float]] | None:
+    """(op, req/s) pieces that cover each unit's residual: per unit (largest rate
+    first) the cheapest cover of the form m full uses of one single-GPU point plus
+    one partial use of another (or n equal uses of one), each use charged its share
+    of the GPU's on-cost and of ``count_price`` (the LP's price of a GPU of the
+    type, objective units per GPU), within each type's free GPUs less ``reserve``."""
+    table, costs = prog.table, prog.costs
+    room: dict[str, float] = dict.fromkeys(table.type_names, 0.0)
+    for c in prog.classes:
+        room[c.type_name] += free[c.index]
+    for name in room:
+        room[name] = max(0.0, room[name] - reserve[name])
+    type_cap = np.array([table.share_capacity[n] for n in table.type_names], dtype=np.float64)
+    share_frac = table.share / type_cap[table.gpu_type]
+    gpu_cost = np.array(
+        [
+            costs.on_cost[(table.type_names[t], int(f))] + count_price[table.type_names[t]]
+            for t, f in zip(table.gpu_type, table.clock_mhz, strict=True)
+        ]
+    )
+    # A piece of more than half a GPU leaves room only for pieces of under half,
+    # which pack among themselves anyway: charge it the whole GPU.
+    fixed_all = np.where(share_frac <= 0.5 + 1e-9, share_frac, 1.0) * gpu_cost
+    chosen: list[tuple[int, float]] = []
+    for u in np.argsort(-residual, kind="stable").tolist():
+        rate = float(residual[u])
+        if rate <= RESIDUAL_TOL:
+            break
+        ops = table.ops_of(u)
+        ops = ops[table.tp[ops] == 1]
+        left = np.array([room[table.type_names[t]] for t in table.gpu_type[ops]])
+        ops = ops[share_frac[ops] <= left + 1e-9]
+        while True:
+            if ops.size == 0:
+                return None
+            pieces = _cover(rate, ops, table.capacity_rps[ops], fixed_all[ops], costs.op_cost[ops])
+            need: dict[int, float] = {}
+            for op, _ in pieces:
+                t = int(table.gpu_type[op])
+                need[t] = need.get(t, 0.0) + float(share_frac[op])
+            short = [t for t, v in need.items() if v > room[table.type_names[t]] + 1e-9]
+            if not short:
+                break
+            # The cover needs more of a type than is left: cover without it.
+            ops = ops[~np.isin(table.gpu_type[ops], short)]
+        for t, v in need.items():
+            room[table.type_names[t]] -= v
+        chosen.extend(pieces)
+    return chosen
+
+
+def _cover(
+    rate: float,
+    ops: NDArray[np.int64],
+    cap: NDArray[np.float64],
+    fixed: NDArray[np.float64],
+    per_rps: NDArray[np.float64],
+) -> list[tuple[int, float]]:
+    """The cheapest cover of ``rate`` req/s among: n equal uses of one point (n =
+    ceil(rate / cap)), or m = floor(rate / cap_i) full uses of point i and one use
+    of point j (cap_j at least what is left) for the rest. Costs per use ``fixed``
+    and per req/s ``per_rps``; returns (op, req/s) per use."""
+    n_eq = np.ceil(rate / cap - 1e-9)
+    cost_eq = n_eq * fixed + per_rps * rate
+    m = np.floor(rate / cap + 1e-9)
+    rest = rate - m * cap
+    full = m * (fixed + per_rps * cap)
+    fits = cap[None, :] >= rest[:, None] - RESIDUAL_TOL
+    mixed = full[:, None] + np.where(
+        rest[:, None] > RESIDUAL_TOL, fixed[None, :] + per_rps[None, :] * rest[:, None], 0.0
+    )
+    mixed = np.where(fits, mixed, np.inf)
+    i, j = np.unravel_index(int(np.argmin(mixed)), mixed.shape)
+    k = int(np.argmin(cost_eq))
+    if cost_eq[k] <= mixed[i, j]:
+        n = int(n_eq[k])
+        return [(int(ops[k]), rate / n)] * n
+    pieces = [(int(ops[i]), float(cap[i]))] * int(m[i])
+    if rest[i] > RESIDUAL_TOL:
+        pieces.append((int(ops[j]), float(rest[i])))
+    return pieces
+
+
+def _pack(
+    prog: pat.PatternProgram, chosen: list[tuple[int, float]], free: dict[int, int]
+) -> list[Column] | tuple[str, int]:
+    """Shared configurations holding ``chosen``, placed on classes with free GPUs;
+    or (GPU type, GPUs short) when a type has too few free GPUs for its bins."""
+    table, costs, problem = prog.table, prog.costs, prog.problem
+    groups: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    for op, rate in chosen:
+        groups.setdefault((int(table.gpu_type[op]), int(table.clock_mhz[op])), []).append(
+            (op, rate)
+        )
+    columns: list[Column] = []
+    for (t, clock), items in sorted(groups.items()):
+        type_name = table.type_names[t]
+        usable = problem.gpu_type(type_name).memory_gb * (
+            1.0 - problem.instance.options.memory_reserve_fraction
+        )
+        classes = [c for c in prog.classes if c.type_name == type_name]
+        power_cap = min(c.power_cap_w for c in classes)
+        bins = _first_fit(
+            table,
+            items,
+            table.share_capacity[type_name],
+            usable,
+            power_cap,
+            table.on_power[(type_name, clock)],
+        )
+        for b in bins:
+            cls = next((c for c in classes if free[c.index] > 0), None)
+            if cls is None:
+                return type_name, len(bins) - bins.index(b)
+            free[cls.index] -= 1
+            columns.append(shared_column(cls, table, costs, clock, tuple(sorted(b.ops))))
+    return columns
+
+
+def _first_fit(
+    table: OpTable,
+    items: list[tuple[int, float]],
+    share_capacity: int,
+    memory_gb: float,
+    power_cap_w: float,
+    on_power_w: float,
+) -> list[_Bin]:
+    """First-fit decreasing by share: share units, memory (GB) and the GPU power cap
+    (W, at the residual rates) respected, one op per unit in a bin."""
+    bins: list[_Bin] = []
+    for op, rate in sorted(items, key=lambda it: (-int(table.share[it[0]]), it[0])):
+        s, mem = int(table.share[op]), float(table.memory_gb[op])
+        power = float(table.energy_j[op]) * rate
+        u = int(table.unit[op])
+        target = next(
+            (
+                b
+                for b in bins
+                if u not in b.units
+                and b.share + s <= share_capacity
+                and b.memory_gb + mem <= memory_gb + 1e-9
+                and b.power_w + power <= power_cap_w + 1e-9
+            ),
+            None,
+        )
+        if target is None:
+            target = _Bin(0, 0.0, on_power_w)
+            bins.append(target)
+        target.share += s
+        target.memory_gb += mem
+        target.power_w += power
+        target.ops.append(op)
+        target.units.add(u)
+    return bins
+
+
+def _route(
+    session: LpSession,
+    prog: pat.PatternProgram,
+    counts: NDArray[np.float64],
+    new_cols: list[Column],
+    accept: Callable[[LpSolution], bool] | None,
+) -> tuple[float, NDArray[np.float64]] | None:
+    """Fix every count (the LP's kept counts plus one per packed configuration),
+    solve the LP once for the rates, restore the count bounds."""
+    extra: dict[tuple[int, int, tuple[int, ...]], int] = {}
+    for col in new_cols:
+        prog.add(col)
+        extra[col.key] = extra.get(col.key, 0) + 1
+    session.add(prog.columns[len(session.mp.z_var) :])
+    mp = session.mp
+    index = {col.key: j for j, col in enumerate(prog.columns)}
+    fixed = np.zeros(len(mp.z_var))
+    fixed[: counts.size] = counts
+    for key, n in extra.items():
+        fixed[index[key]] += n
+    z_idx = np.asarray(mp.z_var, dtype=np.int64)
+    try:
+        for j, v in enumerate(z_idx):
+            session.set_count_bounds(int(v), float(fixed[j]), float(fixed[j]))
+        try:
+            lp = session.solve()
+        except BackendFailure:
+            return None
+        if lp.artificial_rps > RESIDUAL_TOL or (accept is not None and not accept(lp)):
+            return None
+        # Integer-master layout (``pattern.integer_model``): per column its count,
+        # then its rates.
+        idx: list[int] = []
+        at: list[int] = []
+        for j in range(len(z_idx)):
+            at.append(len(idx))
+            idx.append(int(z_idx[j]))
+            idx.extend(mp.r_vars[j])
+        values = np.array(lp.x[np.asarray(idx, dtype=np.int64)], dtype=np.float64)
+        values[at] = fixed
+        return lp.objective, values
+    finally:
+        for v in z_idx:
+            session.set_count_bounds(int(v), float(mp.lo[v]), float(mp.hi[v]))
+        # The program's LP solution covers the new columns too (callers index
+        # its values by the session's variables).
+        prog.lp = session.solve()
