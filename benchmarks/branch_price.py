@@ -74,27 +74,34 @@ def ratios(r: Run, ref: Run | None) -> tuple[float | None, float | None]:
     return r.wall_s / ref.wall_s, obj
 
 
-def target_line(name: str, runs: list[Run], best_bound: float | None) -> str | None:
-    """The target of instance ``name`` for the branch-and-price run, met or not."""
+def target_lines(name: str, runs: list[Run], best_bound: float | None) -> list[str]:
+    """The targets of instance ``name``, met or not: on fleet-64 the proof by
+    branch-and-price; on the larger fleets the gap and time of every run with a
+    plan (the issue asks it of the method, not of one preset)."""
     bnp = next((r for r in runs if r.solver == "bnp"), None)
-    if bnp is None or bnp.objective is None:
-        return None
     if name == "fleet-64":
+        if bnp is None or bnp.objective is None:
+            return []
         own = relative_gap(bnp.objective, bnp.bound) if bnp.bound is not None else None
         met = own is not None and own <= 1e-3 and bnp.wall_s <= 60.0
-        return (
+        return [
             f"fleet-64: bnp proves {fmt(own, '.3%')} in {bnp.wall_s:.1f} s "
             f"(target <= 0.1 % in <= 60 s): {'met' if met else 'not met'}"
-        )
-    if name in TARGETS and best_bound is not None:
-        limit, seconds = TARGETS[name]
-        g = relative_gap(bnp.objective, best_bound)
-        met = g <= limit and bnp.wall_s <= seconds
-        return (
-            f"{name}: bnp {g:.2%} from the best certified bound in {bnp.wall_s:.1f} s "
+        ]
+    if name not in TARGETS or best_bound is None:
+        return []
+    limit, seconds = TARGETS[name]
+    lines = []
+    for r in runs:
+        if r.objective is None:
+            continue
+        g = relative_gap(r.objective, best_bound)
+        met = g <= limit and r.wall_s <= seconds
+        lines.append(
+            f"{name}: {r.solver} {g:.2%} from the best certified bound in {r.wall_s:.1f} s "
             f"(target <= {limit:.0%} in <= {seconds:.0f} s): {'met' if met else 'not met'}"
         )
-    return None
+    return lines
 
 
 def main() -> None:
@@ -157,9 +164,7 @@ def main() -> None:
                 f"{fmt(o_colgen, '.4f'):>10} {r.termination:<12} "
                 f"{'-' if r.objective is None else 'yes' if r.verified else 'NO'}"
             )
-        line = target_line(name, runs, best_bound)
-        if line:
-            targets.append(line)
+        targets.extend(target_lines(name, runs, best_bound))
     print("\n" + "\n".join(targets))
 
 
