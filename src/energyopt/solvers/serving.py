@@ -402,7 +402,11 @@ def solve_configurations(
                 im.values = plan[1]
                 best, start = (plan[0], pat.decisions(prog, im)), plan[1]
     left = deadline - time.perf_counter()
-    out = integer_solve(min(FIRST_STAGE_SHARE * left, FIRST_STAGE_MAX_S) if exact else left)
+    out: MilpOutcome | None = None
+    if best is not None and relative_gap(best[0], lower) <= gap:
+        note("the first plan is within the target gap of the certified bound")
+    else:
+        out = integer_solve(min(FIRST_STAGE_SHARE * left, FIRST_STAGE_MAX_S) if exact else left)
     if best is not None:
         note(
             f"integer plan over {len(prog.columns)} generated columns: {best[0]:,.3f} "
@@ -422,7 +426,7 @@ def solve_configurations(
             # Knapsack-priced configurations cannot be listed: no filter; the rest
             # of the time goes to the integer solve over the generated columns.
             note("reduced-cost filter: configurations are priced, not listed; solving on")
-            if best is not None and out.status != OPTIMAL:
+            if best is not None and (out is None or out.status != OPTIMAL):
                 integer_solve(deadline - time.perf_counter())
             break
         extra = pat.columns_within(prog, slack, limit=MAX_FILTERED_COLUMNS)
