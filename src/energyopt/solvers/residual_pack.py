@@ -172,12 +172,15 @@ def _choose(
         room[name] = max(0.0, room[name] - reserve[name])
     type_cap = np.array([table.share_capacity[n] for n in table.type_names], dtype=np.float64)
     share_frac = table.share / type_cap[table.gpu_type]
-    gpu_cost = np.array(
+    pairs, at = np.unique(np.stack([table.gpu_type, table.clock_mhz]), axis=1, return_inverse=True)
+    pair_cost = np.array(
         [
-            costs.on_cost[(table.type_names[t], int(f))] + count_price[table.type_names[t]]
-            for t, f in zip(table.gpu_type, table.clock_mhz, strict=True)
+            costs.on_cost[(table.type_names[int(t)], int(f))]
+            + count_price[table.type_names[int(t)]]
+            for t, f in pairs.T
         ]
     )
+    gpu_cost = pair_cost[np.asarray(at).reshape(-1)]
     # A piece of more than half a GPU leaves room only for pieces of under half,
     # which pack among themselves anyway: charge it the whole GPU.
     fixed_all = np.where(share_frac <= 0.5 + 1e-9, share_frac, 1.0) * gpu_cost
@@ -288,6 +291,7 @@ def _first_fit(
     """First-fit decreasing by share: share units, memory (GB) and the GPU power cap
     (W, at the residual rates) respected, one op per unit in a bin."""
     bins: list[_Bin] = []
+    room: list[_Bin] = []  # the bins with share left, in the order they were opened
     for op, rate in sorted(items, key=lambda it: (-int(table.share[it[0]]), it[0])):
         s, mem = int(table.share[op]), float(table.memory_gb[op])
         power = float(table.energy_j[op]) * rate
@@ -295,7 +299,7 @@ def _first_fit(
         target = next(
             (
                 b
-                for b in bins
+                for b in room
                 if u not in b.units
                 and b.share + s <= share_capacity
                 and b.memory_gb + mem <= memory_gb + 1e-9
@@ -306,11 +310,14 @@ def _first_fit(
         if target is None:
             target = _Bin(0, 0.0, on_power_w)
             bins.append(target)
+            room.append(target)
         target.share += s
         target.memory_gb += mem
         target.power_w += power
         target.ops.append(op)
         target.units.add(u)
+        if target.share >= share_capacity:
+            room.remove(target)
     return bins
 
 
