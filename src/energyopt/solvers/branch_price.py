@@ -320,7 +320,7 @@ def solve_branch_price(
         f"({len(prog.columns)} columns)"
     )
     inc = Incumbent()
-    packed = residual_pack(tree, prog, accept=lambda lp: tree.slack(lp.x) <= 1e-6)
+    packed = residual_pack(tree, prog)
     if packed is not None:
         inc.offer(packed[0], packed[1], "residual packing")
     dived = _dive(tree, deadline)

@@ -20,8 +20,8 @@ Here instead:
    overflow it keeps that many GPUs back on the next try;
 4. steps 2-3 run with the LP's GPU prices times each of PRICE_SCALES, and the
    cheapest packing is kept;
-5. one LP with every count fixed routes the demand over the result (so rates,
-   power rows and budgets hold exactly) and gives the plan's objective.
+5. one LP over the columns in use, every count fixed, routes the demand (so
+   rates, power rows and budgets hold exactly) and gives the plan's objective.
 
 It returns None when no packing fits or that LP cannot serve every rate (a
 budget the packing broke); the caller keeps its other heuristics. Objective
@@ -30,7 +30,6 @@ values are the instance's objective units (W for power), rates req/s.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,7 +38,6 @@ from numpy.typing import NDArray
 from energyopt.formulations.errors import BackendFailure
 from energyopt.formulations.serving import pattern as pat
 from energyopt.formulations.serving.columns import Column, shared_column
-from energyopt.formulations.serving.master import LpSolution
 from energyopt.perf.oppoints import OpTable
 from energyopt.solvers.master_lp import LpSession
 
@@ -71,16 +69,13 @@ many more of its GPUs back from the residual choice."""
 
 
 def residual_pack(
-    session: LpSession,
-    prog: pat.PatternProgram,
-    accept: Callable[[LpSolution], bool] | None = None,
+    session: LpSession, prog: pat.PatternProgram
 ) -> tuple[float, NDArray[np.float64]] | None:
     """(objective, integer-master values) of a residual-packing plan from the
     session's current LP solution, or None (see the module docstring). The packed
-    configurations join ``prog`` and the session as columns; the count bounds are
-    back at the master's own (0 to the class size) and ``prog.lp`` is the session's
-    LP over every column when it returns. ``accept``: a
-    further test of the routing LP (a branch-and-price tree: no row on its slack)."""
+    configurations join ``prog`` as columns (a session that holds a prefix of
+    ``prog.columns`` takes them at its next ``add``); the session itself is not
+    changed."""
     base = _kept_counts(session, prog)
     if base is None:
         return None
@@ -96,7 +91,7 @@ def residual_pack(
             best = packed
     if best is None:
         return None
-    return _route(session, prog, counts, best[1], accept)
+    return _route(prog, counts, best[1])
 
 
 def _pack_at(
@@ -322,49 +317,40 @@ def _first_fit(
 
 
 def _route(
-    session: LpSession,
-    prog: pat.PatternProgram,
-    counts: NDArray[np.float64],
-    new_cols: list[Column],
-    accept: Callable[[LpSolution], bool] | None,
+    prog: pat.PatternProgram, counts: NDArray[np.float64], new_cols: list[Column]
 ) -> tuple[float, NDArray[np.float64]] | None:
-    """Fix every count (the LP's kept counts plus one per packed configuration),
-    solve the LP once for the rates, restore the count bounds."""
+    """Fix every count (``counts`` per column of ``prog``, plus one per packed
+    configuration, which joins ``prog``) and route the demand in an LP over the
+    columns in use only (the root LP and its basis stay as they are); the
+    objective and the values in the integer master's layout over every column."""
+    n_before = len(prog.columns)
     extra: dict[tuple[int, int, tuple[int, ...]], int] = {}
     for col in new_cols:
         prog.add(col)
         extra[col.key] = extra.get(col.key, 0) + 1
-    session.add(prog.columns[len(session.mp.z_var) :])
-    mp = session.mp
     index = {col.key: j for j, col in enumerate(prog.columns)}
-    fixed = np.zeros(len(mp.z_var))
-    fixed[: counts.size] = counts
+    fixed = np.zeros(len(prog.columns))
+    fixed[:n_before] = counts[:n_before]
     for key, n in extra.items():
         fixed[index[key]] += n
-    z_idx = np.asarray(mp.z_var, dtype=np.int64)
+    used = np.flatnonzero(fixed > 0.5)
+    sub = LpSession(
+        prog.problem, prog.table, prog.costs, prog.classes, [prog.columns[j] for j in used]
+    )
+    for k, j in enumerate(used):
+        sub.set_count_bounds(sub.mp.z_var[k], float(fixed[j]), float(fixed[j]))
     try:
-        for j, v in enumerate(z_idx):
-            session.set_count_bounds(int(v), float(fixed[j]), float(fixed[j]))
-        try:
-            lp = session.solve()
-        except BackendFailure:
-            return None
-        if lp.artificial_rps > RESIDUAL_TOL or (accept is not None and not accept(lp)):
-            return None
-        # Integer-master layout (``pattern.integer_model``): per column its count,
-        # then its rates.
-        idx: list[int] = []
-        at: list[int] = []
-        for j in range(len(z_idx)):
-            at.append(len(idx))
-            idx.append(int(z_idx[j]))
-            idx.extend(mp.r_vars[j])
-        values = np.array(lp.x[np.asarray(idx, dtype=np.int64)], dtype=np.float64)
-        values[at] = fixed
-        return lp.objective, values
-    finally:
-        for v in z_idx:
-            session.set_count_bounds(int(v), float(mp.lo[v]), float(mp.hi[v]))
-        # The program's LP solution covers the new columns too (callers index
-        # its values by the session's variables).
-        prog.lp = session.solve()
+        lp = sub.solve()
+    except BackendFailure:
+        return None
+    if lp.artificial_rps > RESIDUAL_TOL:
+        return None
+    # Integer-master layout (``pattern.integer_model``): per column its count,
+    # then its rates.
+    sizes = np.asarray([1 + len(col.ops) for col in prog.columns], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    values = np.zeros(int(offsets[-1]))
+    for k, j in enumerate(used):
+        values[offsets[j]] = fixed[j]
+        values[offsets[j] + 1 : offsets[j + 1]] = lp.x[np.asarray(sub.mp.r_vars[k], dtype=np.int64)]
+    return lp.objective, values

@@ -20,7 +20,7 @@ from energyopt.progress import Progress
 from energyopt.solvers.cpsat_backend import solve_cpsat
 from energyopt.solvers.diagnose import diagnose_infeasible, unservable_units
 from energyopt.solvers.highs_backend import MilpOutcome, solve_milp
-from energyopt.solvers.highs_direct import solve_master_mip
+from energyopt.solvers.highs_direct import padded_start, solve_master_mip
 from energyopt.solvers.lp_dive import lp_dive
 from energyopt.solvers.master_lp import LpSession
 from energyopt.solvers.pattern_root import Root, solve_root
@@ -283,8 +283,8 @@ def _solve_per_gpu(
 def _dive(
     prog: pat.PatternProgram, session: LpSession, deadline: float
 ) -> tuple[float, np.ndarray] | None:
-    """(objective, integer-master values) of an LP dive over the generated columns,
-    in ``session`` (which holds them all; its count bounds stay changed)."""
+    """(objective, integer-master values over ``prog``'s columns) of an LP dive in
+    ``session`` (which holds a prefix of them; its count bounds stay changed)."""
     try:
         if not lp_dive(session, deadline):
             return None
@@ -295,7 +295,9 @@ def _dive(
     values[np.asarray(session.mp.z_var) - len(session.mp.artificial)] = np.round(
         lp.x[session.mp.z_var]
     )
-    return lp.objective, values
+    # Columns the program gained after the session's (residual packing's) at 0.
+    size = sum(1 + len(col.ops) for col in prog.columns)
+    return lp.objective, padded_start(values, size)
 
 
 def _session(prog: pat.PatternProgram) -> LpSession:
