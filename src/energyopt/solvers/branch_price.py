@@ -73,17 +73,17 @@ from numpy.typing import NDArray
 from energyopt.catalog.problem import Problem
 from energyopt.formulations.errors import BackendFailure
 from energyopt.formulations.serving import pattern as pat
-from energyopt.formulations.serving.master import build_master
 from energyopt.perf.oppoints import OpTable
 from energyopt.progress import Progress
 from energyopt.solvers.branch_lp import AggKey, Bounds, BranchLp
 from energyopt.solvers.colgen import MAX_ROUNDS, generate_columns
 from energyopt.solvers.cover_cuts import separate
-from energyopt.solvers.highs_direct import padded_start, solve_master_mip
+from energyopt.solvers.highs_direct import padded_start
 from energyopt.solvers.lp_dive import lp_dive
 from energyopt.solvers.pattern_root import solve_root
 from energyopt.solvers.presets import SolverPreset
 from energyopt.solvers.residual_pack import residual_pack
+from energyopt.solvers.restricted_master import solve_restricted, with_start_columns
 from energyopt.solvers.result import (
     FEASIBLE,
     INFEASIBLE,
@@ -208,37 +208,23 @@ def _repair(
     """Integer master over the generated columns (those in ``only`` and the
     incumbent's when given, else all), at most ``max_nodes`` HiGHS nodes, from the
     incumbent."""
-    sizes = np.asarray([1 + len(col.ops) for col in prog.columns], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    full = padded_start(inc.values, int(offsets[-1])) if inc.values is not None else None
-    picked = list(range(len(prog.columns)))
-    if only is not None:
-        keep = set(only)
-        if full is not None:
-            keep.update(j for j in picked if full[offsets[j]] > 0.5)
-        picked = sorted(keep)
-    block = np.concatenate([np.arange(offsets[j], offsets[j + 1]) for j in picked])
-    mp = build_master(
-        prog.problem,
-        prog.table,
-        prog.costs,
-        prog.classes,
-        [prog.columns[j] for j in picked],
-        artificials=False,
+    picked = (
+        list(range(len(prog.columns)))
+        if only is None
+        else with_start_columns(prog, only, inc.values)
     )
     left = max(0.5, MIP_TIME_SHARE * (deadline - time.perf_counter()))
-    out, values = solve_master_mip(
-        mp,
+    out, expanded = solve_restricted(
+        prog,
+        picked,
+        inc.values,
         time_limit_s=left,
         rel_gap=min(gap, 1e-4),
-        start=full[block] if full is not None else None,
         stop_at=lower / (1.0 - gap) if gap < 1 else None,
         max_nodes=max_nodes,
     )
-    if out.objective is None or values is None:
+    if out.objective is None or expanded is None:
         return
-    expanded = np.zeros(int(offsets[-1]))
-    expanded[block] = values[: len(block)]
     if inc.offer(out.objective, expanded, f"integer master over {len(picked)} columns"):
         note(f"branch-and-price: integer master plan {out.objective:,.3f}")
 
