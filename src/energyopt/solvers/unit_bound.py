@@ -20,6 +20,18 @@ SEARCH_STEPS = 5
 GRID_STEPS = 1000
 BIG_STEPS = 10
 """Rate grid of ``grid_cover_bound`` (its capacities round up to rate / GRID_STEPS)."""
+GRID_WORK = 256_000
+"""Grid steps summed over the units of one bound evaluation: a fleet with few units
+gets a finer grid (up to 16 times GRID_STEPS), so a tighter bound, at the cost of
+16 units at 1,000 steps (fleet-64: 7,090.4 W at 1,000 steps, 7,096.8 W at 16,000 in
+0.34 s per evaluation; HiGHS' exact covers give 7,098.2 W in 1.7 s)."""
+
+
+def grid_steps(units: int) -> int:
+    """Steps of the rate grid for a bound over ``units`` covering problems."""
+    return int(min(16 * GRID_STEPS, max(GRID_STEPS, GRID_WORK // max(1, units))))
+
+
 COVER_REL_GAP = 1e-6
 """Relative gap HiGHS closes on a unit's covering problem."""
 
@@ -110,7 +122,11 @@ def unit_decomposition_bound(
         limit = time_limit_s
         if deadline is not None:
             limit = min(limit, (deadline - time.perf_counter()) / (len(covers) - i))
-        total += cover_bound(cover, limit) if exact and limit > 0 else grid_cover_bound(cover)
+        total += (
+            cover_bound(cover, limit)
+            if exact and limit > 0
+            else grid_cover_bound(cover, grid_steps(len(covers)))
+        )
     return total
 
 
