@@ -47,6 +47,10 @@ MAX_FILTERED_COLUMNS = 20_000
 SLACK_STEPS = (0.2, 1.0)
 DIVE_SHARE = 0.3
 """Part of the time left after column generation that an LP dive may take."""
+FINISH_S_PER_GPU = 2.5e-4
+"""Seconds per GPU kept back from the search for assembling and verifying the plan
+(fleet-10240 on the shared 2-core machine: 0.4-0.9 s to assemble, 1.9 s to
+verify), at most a quarter of the time limit."""
 RESTRICTED_MASTER_COLUMNS = 20_000
 """From this many generated columns on, the colgen integer solve runs over the root
 LP's columns and the first plan's only: over all 32,111 columns of fleet-10240
@@ -153,7 +157,9 @@ def solve(
         f"formulation: {formulation}, backend: {preset.backend}, time limit {limit:g} s, "
         f"gap {gap:g}"
     )
-    deadline = start + limit
+    # The plan's assembly and its verification come after the search: keep them
+    # inside the limit too.
+    deadline = start + limit - min(0.25 * limit, FINISH_S_PER_GPU * len(problem.gpus))
     try:
         if formulation in ("pattern", "colgen"):
             result = solve_configurations(
