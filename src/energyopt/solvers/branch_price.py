@@ -83,7 +83,11 @@ from energyopt.solvers.lp_dive import lp_dive
 from energyopt.solvers.pattern_root import solve_root
 from energyopt.solvers.presets import SolverPreset
 from energyopt.solvers.residual_pack import residual_pack
-from energyopt.solvers.restricted_master import solve_restricted, with_start_columns
+from energyopt.solvers.restricted_master import (
+    RESTRICTED_MASTER_COLUMNS,
+    solve_restricted,
+    with_start_columns,
+)
 from energyopt.solvers.result import (
     FEASIBLE,
     INFEASIBLE,
@@ -313,8 +317,21 @@ def solve_branch_price(
     if dived is not None:
         inc.offer(dived[0], dived[1], "root dive")
     lower = max(root_bound, unit_bound)
-    _repair(prog, inc, gap, lower, deadline, note, max_nodes=MIP_NODES)
     used = _positive(tree, prog.lp.x)
+    # Over every column of a large master HiGHS overruns its time (see
+    # restricted_master.RESTRICTED_MASTER_COLUMNS): there, the root LP's columns and the
+    # incumbent's only.
+    large = len(prog.columns) >= RESTRICTED_MASTER_COLUMNS
+    _repair(
+        prog,
+        inc,
+        gap,
+        lower,
+        deadline,
+        note,
+        max_nodes=MIP_NODES,
+        only=set(used) if large else None,
+    )
     heap: list[Node] = [Node(root_bound, 0, 0, {})]
     leaves: list[float] = []
     seq, nodes = 1, 0

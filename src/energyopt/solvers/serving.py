@@ -26,7 +26,11 @@ from energyopt.solvers.master_lp import LpSession
 from energyopt.solvers.pattern_root import Root, solve_root
 from energyopt.solvers.presets import SolverPreset
 from energyopt.solvers.residual_pack import residual_pack
-from energyopt.solvers.restricted_master import solve_restricted, with_start_columns
+from energyopt.solvers.restricted_master import (
+    RESTRICTED_MASTER_COLUMNS,
+    solve_restricted,
+    with_start_columns,
+)
 from energyopt.solvers.result import (
     FEASIBLE,
     INFEASIBLE,
@@ -51,13 +55,6 @@ FINISH_S_PER_GPU = 2.5e-4
 """Seconds per GPU kept back from the search for assembling and verifying the plan
 (fleet-10240 on the shared 2-core machine: 0.4-0.9 s to assemble, 1.9 s to
 verify), at most a quarter of the time limit."""
-RESTRICTED_MASTER_COLUMNS = 20_000
-"""From this many generated columns on, the colgen integer solve runs over the root
-LP's columns and the first plan's only: over all 32,111 columns of fleet-10240
-HiGHS' root took 24 s where 7 s were left (it does not stop at its time limit
-there), and it never improved the first plan at that size."""
-
-
 ServingResult = Result[Plan]
 """What every serving solver returns: the plan, its cost in the instance's objective
 (W for power), a valid lower bound and the gap."""
