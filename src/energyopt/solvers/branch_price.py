@@ -103,6 +103,10 @@ NODE_ROUNDS = 40
 """Column generation rounds per node at most (the node's bound stays valid below it)."""
 DIVE_EVERY = 10
 """An LP dive from the node LP every this many nodes (and at the root)."""
+ROOT_DIVE_SHARE = 0.3
+"""Share of the time left that the root dive may take (a safety net: on fleet-64 it
+takes 0.03 s; on fleet-10240 each of its LP solves takes 2-4 s, and with the whole
+time left it ran past the limit)."""
 MIP_NODES = 200
 """HiGHS branch-and-bound nodes of the root integer master (after the cuts)."""
 FINAL_MIP_NODES = 200
@@ -313,7 +317,7 @@ def solve_branch_price(
     packed = residual_pack(tree, prog)
     if packed is not None:
         inc.offer(packed[0], packed[1], "residual packing")
-    dived = _dive(tree, deadline)
+    dived = _dive(tree, time.perf_counter() + ROOT_DIVE_SHARE * (deadline - time.perf_counter()))
     if dived is not None:
         inc.offer(dived[0], dived[1], "root dive")
     lower = max(root_bound, unit_bound)
