@@ -87,14 +87,22 @@ def _node_gpus(node: Node) -> int:
     return sum(e.count for e in node.gpus)
 
 
-def zero_price_bound(problem: Problem, table: OpTable) -> float:
-    """Per-unit cover bound with no prices on GPUs or budgets (valid, weak)."""
+def zero_price_bound(problem: Problem, table: OpTable, deadline: float | None = None) -> float:
+    """Per-unit cover bound with no prices on GPUs or budgets (valid, weak); its
+    share-charge search stops at ``deadline`` (``time.perf_counter`` seconds) with
+    the best charge evaluated so far."""
     classes = gpu_classes(problem, table)
     costs = objective_costs(problem, table)
     zero = np.zeros(len(classes))
     duals = Duals(np.zeros(len(table.units)), zero, zero)
-    bound, _ = best_unit_bound(table, costs, classes, duals, [], [], exact=False)
+    bound, _ = best_unit_bound(table, costs, classes, duals, [], [], exact=False, deadline=deadline)
     return bound
+
+
+PARTS_SHARE = 0.8
+"""Share of the time limit the parts are solved in; the bound takes the rest. With
+the bound first, on fleet-4096 its search took 11 of the 24 s and each part was
+left about 1 s (17.4 % above the best bound)."""
 
 
 def solve_pop(
@@ -112,14 +120,13 @@ def solve_pop(
     sub_preset = load_preset(preset.sub_solver)
     if sub_preset.formulation == "pop":
         raise ValueError(f"pop: sub_solver {preset.sub_solver!r} is itself a POP preset")
-    bound = zero_price_bound(problem, table)
-    note(f"pop: bound at zero prices {bound:,.3f} ({time.perf_counter() - t0:.1f} s)")
+    parts_deadline = t0 + PARTS_SHARE * (deadline - t0)
     parts = preset.partitions
     while True:
         subs = split_problem(problem, parts, preset.seed)
         results = []
         for i, sub in enumerate(subs):
-            left = max(1.0, (deadline - time.perf_counter()) / (len(subs) - i))
+            left = max(1.0, (parts_deadline - time.perf_counter()) / (len(subs) - i))
             res = solve(sub, sub_preset, time_limit_s=left, rel_gap=gap)
             note(
                 f"pop: part {i + 1}/{len(subs)} ({len(sub.gpus)} GPUs, "
@@ -137,6 +144,9 @@ def solve_pop(
             return Result(status, None, None, wall, None, preset.name, [])
         parts = max(1, len(subs) // 2)
         note(f"pop: a part has no plan; trying {parts} parts")
+    t_bound = time.perf_counter()
+    bound = zero_price_bound(problem, table, deadline=deadline)
+    note(f"pop: bound at zero prices {bound:,.3f} ({time.perf_counter() - t_bound:.1f} s)")
     merged = {g.gpu: g for r in results if r.plan is not None for g in r.plan.gpus}
     plan = Plan(
         instance=problem.instance.name,
