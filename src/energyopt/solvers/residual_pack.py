@@ -40,6 +40,7 @@ from energyopt.formulations.serving import pattern as pat
 from energyopt.formulations.serving.columns import Column, shared_column
 from energyopt.perf.oppoints import OpTable
 from energyopt.solvers.master_lp import LpSession
+from energyopt.solvers.restricted_master import column_offsets
 
 RESIDUAL_TOL = 1e-6
 """Residual demand below this (req/s) counts as served."""
@@ -347,8 +348,7 @@ def _route(
         return None
     # Integer-master layout (``pattern.integer_model``): per column its count,
     # then its rates.
-    sizes = np.asarray([1 + len(col.ops) for col in prog.columns], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    offsets = column_offsets(prog)
     values = np.zeros(int(offsets[-1]))
     for k, j in enumerate(used):
         values[offsets[j]] = fixed[j]

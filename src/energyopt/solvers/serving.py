@@ -28,6 +28,7 @@ from energyopt.solvers.presets import SolverPreset
 from energyopt.solvers.residual_pack import residual_pack
 from energyopt.solvers.restricted_master import (
     RESTRICTED_MASTER_COLUMNS,
+    column_offsets,
     solve_restricted,
     with_start_columns,
 )
@@ -305,8 +306,7 @@ def _dive(
         lp.x[session.mp.z_var]
     )
     # Columns the program gained after the session's (residual packing's) at 0.
-    size = sum(1 + len(col.ops) for col in prog.columns)
-    return lp.objective, padded_start(values, size)
+    return lp.objective, padded_start(values, int(column_offsets(prog)[-1]))
 
 
 def _session(prog: pat.PatternProgram) -> LpSession:
