@@ -1,6 +1,6 @@
 """Residual packing: its plans verify, cost what it says, never beat the brute-force
-optimum, leave the LP's count bounds as they were, and stay close to the bound on
-a fleet where rounding the LP up does not."""
+optimum, leave the root LP as it was, and stay close to the bound on a fleet where
+rounding the LP up does not; colgen's restricted integer master gives verified plans."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from energyopt.catalog import Problem, load_problem
 from energyopt.formulations.errors import FormulationNotApplicable
 from energyopt.formulations.serving import pattern as pat
 from energyopt.perf.oppoints import build_op_table
+from energyopt.solvers import serving
 from energyopt.solvers.master_lp import LpSession
 from energyopt.solvers.pattern_root import Root, solve_root
+from energyopt.solvers.presets import load_preset
 from energyopt.solvers.residual_pack import residual_pack
 from energyopt.solvers.result import FEASIBLE, relative_gap
 from energyopt.solvers.serving import finish_plan
@@ -90,7 +92,7 @@ def test_random_tiny_instances_give_packed_plans() -> None:
     assert found >= 5
 
 
-def test_the_count_bounds_are_restored() -> None:
+def test_the_root_lp_is_left_as_it_was() -> None:
     problem = load_problem(ROOT / "instances" / "fleet-64.yaml")
     root = root_of(problem)
     assert root is not None and root.session is not None
@@ -115,3 +117,20 @@ def test_on_fleet_256_packing_is_within_four_percent_of_the_bound() -> None:
     lower = max(root.prog.lower_bound, root.unit_bound)
     assert objective >= lower * (1 - TOL)
     assert relative_gap(objective, lower) <= 0.04
+
+
+def test_the_restricted_integer_master_gives_a_verified_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """colgen's integer solve over the root LP's and the first plan's columns only
+    (what masters of RESTRICTED_MASTER_COLUMNS or more get), forced on fleet-64, where
+    neither first plan is within the 1 % target so the integer solve runs."""
+    monkeypatch.setattr(serving, "RESTRICTED_MASTER_COLUMNS", 0)
+    problem = load_problem(ROOT / "instances" / "fleet-64.yaml")
+    result = serving.solve(problem, load_preset("colgen"), time_limit_s=60)
+    assert result.plan is not None and result.objective is not None
+    assert result.bound is not None
+    assert verify_plan(problem, result.plan) == []
+    assert evaluate_plan(problem, result.plan).objective == pytest.approx(result.objective, rel=TOL)
+    assert result.objective >= result.bound * (1 - TOL)
+    assert any("highs: incumbent" in line for line in result.log)
