@@ -63,7 +63,8 @@ def format_totals(
         )
     if result is not None:
         how = f" ({result.formulation} formulation)" if result.formulation else ""
-        lines.append(f"solver {result.solver}{how}, {result.wall_s:.2f} s")
+        why = f", stopped: {result.termination}" if result.termination is not None else ""
+        lines.append(f"solver {result.solver}{how}{why}, {result.wall_s:.2f} s")
     return lines
 
 

@@ -45,7 +45,7 @@ def generate_columns(
     *,
     session: LpSession | None = None,
     max_rounds: int = MAX_ROUNDS,
-) -> None:
+) -> str:
     """Column generation to LP optimality over all maximal configurations
     (``deadline`` a ``time.perf_counter`` value), at most ``max_rounds`` rounds, in
     ``session`` (a new one over the program's columns when None; a given session
@@ -53,9 +53,11 @@ def generate_columns(
 
     Sets ``prog.lp`` and ``prog.bound``: the best Lagrangian bound seen (the LP
     value corrected by the most negative reduced cost per class), valid even if
-    pricing stopped early. Knapsack-priced configurations are searched with the
-    coarse DP first; the exact DP runs when the coarse one finds nothing (and at
-    the time limit), so every bound reported comes from exact pricing.
+    pricing stopped early. Returns why it stopped: "converged" (no column prices
+    out), "rounds" (``max_rounds``) or "time" (``deadline``). Knapsack-priced
+    configurations are searched with the coarse DP first; the exact DP runs when
+    the coarse one finds nothing (and at the time limit), so every bound reported
+    comes from exact pricing.
     """
     if session is None:
         session = LpSession(prog.problem, prog.table, prog.costs, prog.classes, prog.columns)
@@ -77,12 +79,14 @@ def generate_columns(
                 f"{len(prog.columns)} columns, best reduced cost {best:,.3f}"
             )
         if added == 0:
-            return
+            return "converged"
         if deadline is not None and time.perf_counter() > deadline:
             if log:
                 log("column generation stopped at the time limit; bound is the Lagrangian one")
+            why = "time"
             break
     else:
+        why = "rounds"
         if log:
             log(f"column generation stopped after {max_rounds} rounds; bound is Lagrangian")
     session.add(prog.columns[len(session.mp.z_var) :])
@@ -90,6 +94,7 @@ def generate_columns(
     _, _, bound = price_round(prog, effort=EXACT, add=False)
     if bound is not None:
         prog.bound = max(prog.bound, bound)
+    return why
 
 
 def price_round(

@@ -50,6 +50,8 @@ class MilpOutcome:
     bound: float | None
     wall_s: float
     log: list[str] = field(default_factory=list)
+    time_limited: bool = False
+    """HiGHS stopped at its time limit (a rerun on a busier machine may differ)."""
 
 
 def solve_milp(

@@ -108,7 +108,13 @@ def solve_master_mip(
             if again.objective is None:
                 # No plan within the time left: keep the start's own values and cost.
                 values = padded_start(start, n)
-                again = MilpOutcome("feasible", values_objective(mp, values), None, again.wall_s)
+                again = MilpOutcome(
+                    "feasible",
+                    values_objective(mp, values),
+                    None,
+                    again.wall_s,
+                    time_limited=again.time_limited,
+                )
             outcome = again
     return outcome, values
 
@@ -135,6 +141,7 @@ def _read_mip(
     """Outcome of a finished HiGHS MIP run; the objective is the values' own cost."""
     status = h.getModelStatus()
     info = h.getInfo()
+    timed = status == highspy.HighsModelStatus.kTimeLimit
     if status == highspy.HighsModelStatus.kInfeasible:
         return MilpOutcome("infeasible", None, None, wall), None
     has = info.primal_solution_status == 2  # kSolutionStatusFeasible
@@ -142,7 +149,10 @@ def _read_mip(
     bound = float(info.mip_dual_bound)
     bound_value = bound if np.isfinite(bound) else None
     if values is None:
-        return MilpOutcome("no_solution", None, bound_value, wall), None
+        return MilpOutcome("no_solution", None, bound_value, wall, time_limited=timed), None
     done = status == highspy.HighsModelStatus.kOptimal
     objective = float(info.objective_function_value)
-    return MilpOutcome("optimal" if done else "feasible", objective, bound_value, wall), values
+    outcome = MilpOutcome(
+        "optimal" if done else "feasible", objective, bound_value, wall, time_limited=timed
+    )
+    return outcome, values

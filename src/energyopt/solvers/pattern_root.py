@@ -40,6 +40,9 @@ class Root(Generic[S]):
     session: S | None
     unit_bound: float
     mix: float  # the unit bound's share-charge mix
+    time_cut: tuple[str, ...] = ()
+    """Steps a time share stopped before their effort limits (a rerun on a busier
+    machine may then differ)."""
 
 
 def solve_root(
@@ -59,11 +62,12 @@ def solve_root(
     None, after saying so, when the LP cannot serve every rate (infeasible)."""
     prog = pat.prepare(problem, table, note)
     session = make_session(prog) if make_session is not None else None
-    generate_columns(prog, note, deadline=colgen_deadline, session=session)
+    why = generate_columns(prog, note, deadline=colgen_deadline, session=session)
     assert prog.lp is not None
     if prog.lp.artificial_rps > 1e-6:
         note(f"LP relaxation cannot serve {prog.lp.artificial_rps:.3g} req/s: infeasible")
         return None
+    ub_deadline = time.perf_counter() + UNIT_BOUND_SHARE * (deadline - time.perf_counter())
     unit_bound, mix = best_unit_bound(
         table,
         prog.costs,
@@ -72,6 +76,9 @@ def solve_root(
         prog.lp.budgets_w,
         prog.lp.budget_duals,
         exact=exact_unit_bound and len(table.units) <= EXACT_UNIT_BOUND_MAX_UNITS,
-        deadline=time.perf_counter() + UNIT_BOUND_SHARE * (deadline - time.perf_counter()),
+        deadline=ub_deadline,
     )
-    return Root(prog, session, unit_bound, mix)
+    cut = (("column generation",) if why == "time" else ()) + (
+        ("unit bound",) if time.perf_counter() >= ub_deadline else ()
+    )
+    return Root(prog, session, unit_bound, mix, cut)

@@ -19,6 +19,12 @@ Formulation = Literal[
 ]
 
 
+MIP_NODES = 2_000
+"""Default node limit of colgen's integer master solve: an effort limit, so a run
+gives the same plan on a quiet or a loaded machine while the time limit (then a
+safety net) is not reached."""
+
+
 class SolverPreset(Spec):
     """A solver backend and its options."""
 
@@ -39,6 +45,11 @@ class SolverPreset(Spec):
     )
     nodes: int = Field(
         default=2000, gt=0, description="branch_price: branch-and-bound nodes at most"
+    )
+    mip_nodes: int = Field(
+        default=MIP_NODES,
+        gt=0,
+        description="colgen: branch-and-bound nodes of the integer master solve at most",
     )
     partitions: int = Field(default=4, ge=1, description="pop: number of sub-problems")
     seed: int = Field(default=0, description="pop: seed of the random split")

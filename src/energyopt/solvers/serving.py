@@ -39,6 +39,7 @@ from energyopt.solvers.result import (
     OPTIMAL,
     Result,
     Status,
+    Termination,
     relative_gap,
     settle,
     status_at,
@@ -365,6 +366,7 @@ def solve_configurations(
     root_support = {int(j) for j in np.flatnonzero(z_root > 1e-9)}
 
     start: np.ndarray | None = None
+    cuts = list(root.time_cut)
 
     def integer_solve(limit_s: float) -> MilpOutcome:
         nonlocal best, start
@@ -392,7 +394,10 @@ def solve_configurations(
                 progress=note,
                 stop_at=lower / (1.0 - gap) if gap < 1 else None,
                 certified_bound=lower,
+                max_nodes=None if exact else preset.mip_nodes,
             )
+            if out.time_limited:
+                cuts.append("integer solve")
             im.values = values
         else:
             im = pat.integer_model(prog)
@@ -415,6 +420,8 @@ def solve_configurations(
         ]
         dive_deadline = time.perf_counter() + DIVE_SHARE * (deadline - time.perf_counter())
         found.append(("LP dive", _dive(prog, root.session, dive_deadline)))
+        if found[-1][1] is None and time.perf_counter() >= dive_deadline:
+            cuts.append("LP dive")
         for what, plan in found:
             if plan is None:
                 note(f"{what}: no plan")
@@ -476,4 +483,15 @@ def solve_configurations(
     objective, decisions = best
     status = _status(FEASIBLE, objective, bound, gap)
     plan = finish_plan(problem, table, decisions, status, objective, bound, preset.name)
-    return Result(status, objective, bound, wall, plan, preset.name, [])
+    if cuts:
+        termination = Termination.TIME_LIMIT
+        note(
+            f"stopped by the time limit in: {', '.join(dict.fromkeys(cuts))} (a rerun on a "
+            "busier machine may give another plan; a longer limit makes the run repeatable)"
+        )
+    elif relative_gap(objective, bound) <= gap:
+        termination = Termination.CONVERGED
+    else:
+        # colgen: the integer solve's node limit; exact: its time share ran out
+        termination = Termination.TIME_LIMIT if exact else Termination.EFFORT_LIMIT
+    return Result(status, objective, bound, wall, plan, preset.name, [], termination=termination)

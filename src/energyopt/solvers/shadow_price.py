@@ -53,7 +53,7 @@ from energyopt.progress import Progress
 from energyopt.solvers.colgen import COLUMNS_PER_ROUND
 from energyopt.solvers.highs_direct import solve_master_mip
 from energyopt.solvers.presets import SolverPreset
-from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, Result, status_at
+from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, Result, Termination, status_at
 from energyopt.solvers.result import relative_gap as rel_gap_of
 from energyopt.solvers.subgradient import PolyakControl, projected_step
 from energyopt.solvers.unit_bound import best_unit_bound
@@ -158,6 +158,8 @@ class PriceRun:
     ops: PricedOps
     budgets_w: list[float]
     class_budget: NDArray[np.float64]  # [class, budget row] membership
+    timed_out: bool = False
+    """The time limit, not ``iterations`` or a zero subgradient, ended the loop."""
 
 
 def find_prices(
@@ -222,6 +224,7 @@ def find_prices(
         sum(table.on_power[(c.type_name, max(table.clocks[c.type_name]))] * c.size for c in classes)
     ) + float(np.dot(rates, [ops.on_power_per_rps[ops.unit == u].max() for u in range(len(rates))]))
     best_l, best_prices = -np.inf, prices
+    timed_out = False
     control = PolyakControl(theta=step, patience=STALL_ITERATIONS, rel_improvement=1e-9)
     recent: list[NDArray[np.int64]] = []
     it = 0
@@ -238,11 +241,14 @@ def find_prices(
         moved, norm = projected_step(
             flat, g, value, upper, control.theta, min_gap=1e-6 * abs(upper)
         )
-        if norm <= 1e-18 or time.perf_counter() > t0 + time_limit_s:
+        if norm <= 1e-18:
+            break
+        if time.perf_counter() > t0 + time_limit_s:
+            timed_out = it + 1 < iterations
             break
         gpu, mem, budget = np.split(moved, np.cumsum(sizes)[:2])
         prices = Prices(gpu, mem, budget)
-    return PriceRun(best_l, best_prices, recent, it + 1, ops, budgets, member)
+    return PriceRun(best_l, best_prices, recent, it + 1, ops, budgets, member, timed_out)
 
 
 def solve_shadow_price(
@@ -271,6 +277,7 @@ def solve_shadow_price(
     rates = np.asarray([u.rate_rps for u in table.units])
     nu_c = member @ best_prices.budget if len(budgets) else np.zeros(len(classes))
     duals = Duals(np.zeros(len(table.units)), -best_prices.gpu, -nu_c)
+    ub_deadline = time.perf_counter() + 0.25 * (deadline - time.perf_counter())
     unit_b, _ = best_unit_bound(
         table,
         prog.costs,
@@ -279,7 +286,10 @@ def solve_shadow_price(
         budgets,
         list(-best_prices.budget),
         exact=False,
-        deadline=time.perf_counter() + 0.25 * (deadline - time.perf_counter()),
+        deadline=ub_deadline,
+    )
+    cuts = (["subgradient"] if run.timed_out else []) + (
+        ["unit bound"] if time.perf_counter() >= ub_deadline else []
     )
     bound = max(best_l, unit_b)
     note(
@@ -299,7 +309,10 @@ def solve_shadow_price(
         stop_at=bound / (1.0 - gap) if gap < 1 else None,
         progress=note,
         certified_bound=bound,
+        max_nodes=preset.mip_nodes,
     )
+    if out.time_limited:
+        cuts.append("repair")
     if out.objective is None or values is None:
         # The packed columns cannot serve the demand together (this proves nothing
         # about the problem): complete by column generation, keeping the bound.
@@ -328,7 +341,19 @@ def solve_shadow_price(
         problem, table, pat.decisions(prog, im), status, objective, bound, preset.name
     )
     note(f"repaired plan over {len(prog.columns)} columns: {objective:,.3f}")
-    return Result(status, objective, bound, wall, plan, preset.name, [])
+    if cuts:
+        note(
+            f"stopped by the time limit in: {', '.join(cuts)} (a rerun on a busier machine "
+            "may give another plan; a longer limit makes the run repeatable)"
+        )
+    termination = (
+        Termination.TIME_LIMIT
+        if cuts
+        else Termination.CONVERGED
+        if rel_gap_of(objective, bound) <= gap
+        else Termination.EFFORT_LIMIT
+    )
+    return Result(status, objective, bound, wall, plan, preset.name, [], termination=termination)
 
 
 def _priced_columns(prog: pat.PatternProgram, run: PriceRun) -> list[Any]:
