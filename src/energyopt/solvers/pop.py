@@ -105,6 +105,10 @@ the bound first, on fleet-4096 its search took 11 of the 24 s and each part was
 left about 1 s (17.4 % above the best bound)."""
 
 
+PART_SHARE_SLACK = 2.0
+"""A part may take this many equal shares of the time left for the parts."""
+
+
 def solve_pop(
     problem: Problem,
     table: OpTable,
@@ -127,10 +131,13 @@ def solve_pop(
         subs = split_problem(problem, parts, preset.seed)
         results = []
         for i, sub in enumerate(subs):
-            # Each part stops on its own effort limits; the time to the parts'
-            # deadline is its safety net (an equal share of it would bind first on
-            # a loaded machine and make the run unrepeatable).
-            left = max(1.0, parts_deadline - time.perf_counter())
+            # Each part stops on its own effort limits; its safety net is
+            # PART_SHARE_SLACK times an equal share of the time to the parts'
+            # deadline (an equal share binds first on a loaded machine and makes
+            # the run unrepeatable; all of it leaves the last parts nothing when
+            # the limit is too short for every part's effort).
+            rest = parts_deadline - time.perf_counter()
+            left = max(1.0, min(rest, PART_SHARE_SLACK * rest / (len(subs) - i)))
             res = solve(sub, sub_preset, time_limit_s=left, rel_gap=gap)
             if res.termination == Termination.TIME_LIMIT:
                 cut = True

@@ -413,15 +413,18 @@ def solve_configurations(
     if preset.backend == "highs" and not pat.is_small(prog):
         # Two incumbents for the integer solve to start from: residual packing (one
         # LP solve; the better one on large fleets) and the LP dive (one LP solve per
-        # rounding step; often the better one on small ones).
+        # rounding step; often the better one on small ones), which is skipped when
+        # the packing is already within the target gap.
         assert root.session is not None
         found: list[tuple[str, tuple[float, np.ndarray] | None]] = [
             ("residual packing", residual_pack(root.session, prog))
         ]
-        dive_deadline = time.perf_counter() + DIVE_SHARE * (deadline - time.perf_counter())
-        found.append(("LP dive", _dive(prog, root.session, dive_deadline)))
-        if found[-1][1] is None and time.perf_counter() >= dive_deadline:
-            cuts.append("LP dive")
+        packed = found[0][1]
+        if packed is None or relative_gap(packed[0], lower) > gap:
+            dive_deadline = time.perf_counter() + DIVE_SHARE * (deadline - time.perf_counter())
+            found.append(("LP dive", _dive(prog, root.session, dive_deadline)))
+            if found[-1][1] is None and time.perf_counter() >= dive_deadline:
+                cuts.append("LP dive")
         for what, plan in found:
             if plan is None:
                 note(f"{what}: no plan")
@@ -431,6 +434,8 @@ def solve_configurations(
                 im = pat.integer_model(prog, pyomo=False)
                 im.values = plan[1]
                 best, start = (plan[0], pat.decisions(prog, im)), plan[1]
+        if len(found) == 1:
+            note("LP dive: skipped (residual packing is within the target gap)")
     left = deadline - time.perf_counter()
     out: MilpOutcome | None = None
     if best is not None and relative_gap(best[0], lower) <= gap:
