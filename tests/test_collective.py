@@ -91,7 +91,14 @@ def test_every_schedule_delivers_its_collective(layout: list[int]) -> None:
     for op in OPS:
         for root in sorted({0, p.n - 1}):
             c = Collective(op=op, bytes=4096, root=root)
-            for alg in ("ring", "tree", "halving_doubling", "hierarchical", "direct"):
+            for alg in (
+                "ring",
+                "tree",
+                "halving_doubling",
+                "hierarchical",
+                "hierarchical_direct",
+                "direct",
+            ):
                 if not applicable(alg, op, p.n, sizes):
                     continue
                 for channels in (1, 3):
@@ -101,6 +108,16 @@ def test_every_schedule_delivers_its_collective(layout: list[int]) -> None:
                         )
                         assert execute(prog, c) == [], (op, alg, channels, order)
                         checked += 1
+                weighted = alg in ("hierarchical", "hierarchical_direct") and op == "all_reduce"
+                if weighted:
+                    g = p.n // p.n_nodes
+                    weights = [float(i + 1) for i in range(g)]
+                    weights = [x / sum(weights) for x in weights]
+                    prog = program_of(
+                        op, alg, p.n, p.node_of, p.local_of, root, 2, None, 0, weights=weights
+                    )
+                    assert execute(prog, c) == [], (op, alg, "weighted")
+                    checked += 1
     assert checked >= 40
 
 

@@ -75,7 +75,8 @@ class CollectiveFamily:
                 "select",
                 self.kind,
                 "certified bound",
-                "ring, tree, halving-doubling, hierarchical, direct x protocol x chunks x "
+                "ring, tree, halving-doubling, hierarchical (rings or all-pairs inside nodes), "
+                "direct x protocol x chunks x "
                 "channels x clock on the cost model",
             ),
             SolverEntry(

@@ -73,7 +73,14 @@ def structures(p: CollectiveProblem, c: Collective) -> Iterator[Structure]:
         rest = [r for r in range(p.n) if r not in slow]
         orders.append((tuple(rest + slow), len(slow)))
     weighted = rail_weights(p)
-    for alg in ("ring", "tree", "halving_doubling", "hierarchical", "direct"):
+    for alg in (
+        "ring",
+        "tree",
+        "halving_doubling",
+        "hierarchical",
+        "hierarchical_direct",
+        "direct",
+    ):
         if not applicable(alg, c.op, p.n, sizes):
             continue
         chunk_set = CHUNKS if (alg in PIPELINED or c.op == "broadcast") else (1,)
@@ -81,7 +88,10 @@ def structures(p: CollectiveProblem, c: Collective) -> Iterator[Structure]:
             for k in chunk_set:
                 for order, leaves in orders if alg == "tree" else [(None, 0)]:
                     yield Structure(alg, ch, k, order, leaves)
-                if alg == "hierarchical" and weighted and c.op in ("all_reduce", "broadcast"):
+                if weighted and (
+                    (alg == "hierarchical" and c.op in ("all_reduce", "broadcast"))
+                    or (alg == "hierarchical_direct" and c.op == "all_reduce")
+                ):
                     yield Structure(alg, ch, k, None, 0, weighted)
 
 

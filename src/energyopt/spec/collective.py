@@ -21,12 +21,21 @@ from energyopt.spec.base import Spec
 
 Op = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
 OPS: tuple[Op, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
-Algorithm = Literal["ring", "tree", "halving_doubling", "hierarchical", "direct", "synthesized"]
+Algorithm = Literal[
+    "ring",
+    "tree",
+    "halving_doubling",
+    "hierarchical",
+    "hierarchical_direct",
+    "direct",
+    "synthesized",
+]
 ALGORITHMS: tuple[Algorithm, ...] = (
     "ring",
     "tree",
     "halving_doubling",
     "hierarchical",
+    "hierarchical_direct",
     "direct",
     "synthesized",
 )
@@ -207,7 +216,8 @@ class Choice(Spec):
     )
     rail_weights: tuple[float, ...] | None = Field(
         default=None,
-        description="hierarchical all-reduce or broadcast: share of the message each rail "
+        description="hierarchical all-reduce or broadcast, hierarchical_direct all-reduce: "
+        "share of the message each rail "
         "(local GPU index) carries; default equal",
     )
     pieces: int | None = Field(

@@ -1,5 +1,6 @@
 """The candidate schedules as programs: ring, double binary tree, recursive
-halving-doubling, hierarchical (inside nodes, then across, then inside), direct,
+halving-doubling, hierarchical (inside nodes, then across, then inside; with rings
+or all-pairs steps inside nodes), direct,
 and a synthesized schedule's own sends; each over ``channels`` parallel copies
 (rings and hierarchical phases rotated per channel so they use different links).
 
@@ -42,6 +43,12 @@ def applicable(algorithm: Algorithm, op: Op, n: int, node_sizes: Sequence[int]) 
         return op == "broadcast" or (op != "all_to_all" and n & (n - 1) == 0)
     if algorithm == "hierarchical":
         return len(node_sizes) > 1 and len(set(node_sizes)) == 1 and op != "all_to_all"
+    if algorithm == "hierarchical_direct":
+        return (
+            len(node_sizes) > 1
+            and len(set(node_sizes)) == 1
+            and op in ("all_reduce", "reduce_scatter", "all_gather")
+        )
     return True  # direct
 
 
@@ -277,19 +284,7 @@ def hierarchical(
         return tuple(np.concatenate([per_node[k][s] for k in range(n_nodes)]) for s in range(g - 1))
 
     def inter(kind: str) -> tuple[IntArray, ...]:
-        """Ring phase across nodes on every rail, on the rail's pieces."""
-        out: list[IntArray] = []
-        for s in range(n_nodes - 1):
-            rows: Rows = []
-            for loc_i in range(g):
-                pos = rails[loc_i]
-                for i in range(n_nodes):
-                    kk = (i - s - 1) % n_nodes if kind == "rs" else (i - s) % n_nodes
-                    rows.append(
-                        (pos[i], pos[(i + 1) % n_nodes], piece(kk, loc_i), 1 if kind == "rs" else 0)
-                    )
-            out.append(sends(rows))
-        return tuple(out)
+        return _rail_rings(kind, rails, n_nodes)
 
     base = _full(op, n, n)
     if weights is not None:
@@ -341,6 +336,84 @@ def hierarchical(
     raise NotApplicable(f"hierarchical has no {op}")
 
 
+def _rail_rings(kind: str, rails: Sequence[Sequence[int]], n_nodes: int) -> tuple[IntArray, ...]:
+    """Ring reduce-scatter ("rs") or all-gather ("ag") across nodes on every rail
+    (``rails[l]``: the rank of local index l in each node), on the rail's pieces
+    l * n_nodes + k."""
+    out: list[IntArray] = []
+    for s in range(n_nodes - 1):
+        rows: Rows = []
+        for loc_i, pos in enumerate(rails):
+            for i in range(n_nodes):
+                kk = (i - s - 1) % n_nodes if kind == "rs" else (i - s) % n_nodes
+                rows.append(
+                    (
+                        pos[i],
+                        pos[(i + 1) % n_nodes],
+                        loc_i * n_nodes + kk,
+                        1 if kind == "rs" else 0,
+                    )
+                )
+        out.append(sends(rows))
+    return tuple(out)
+
+
+def hierarchical_direct(
+    op: Op,
+    node_of: Sequence[int],
+    local_of: Sequence[int],
+    weights: Sequence[float] | None = None,
+) -> Program:
+    """Hierarchical with all-pairs phases inside nodes: every rank sends each other
+    rank of its node that rank's pieces in one step (reduce-scatter: reducing;
+    all-gather: copying), the rails run rings across nodes in between. Fewer steps
+    than rings inside nodes (one protocol overhead, not g - 1), and with ``weights``
+    (all-reduce) a rail whose members are slow or badly linked gets a smaller
+    share, so a straggler also reduces less inside its node (in a ring every rank
+    reduces every piece but one)."""
+    n = len(node_of)
+    n_nodes = max(node_of) + 1
+    g = n // n_nodes
+    rank_at = {(node_of[r], local_of[r]): r for r in range(n)}
+    rails = [[rank_at[(k, loc_i)] for k in range(n_nodes)] for loc_i in range(g)]
+
+    def intra(kind: str) -> tuple[IntArray, ...]:
+        rows: Rows = []
+        for k in range(n_nodes):
+            for m in range(g):
+                for loc_i in range(g):
+                    if loc_i == m:
+                        continue
+                    a, b = rank_at[(k, m)], rank_at[(k, loc_i)]
+                    for kk in range(n_nodes):
+                        q = loc_i * n_nodes + kk
+                        rows.append((a, b, q, 1) if kind == "rs" else (b, a, q, 0))
+        return (sends(rows),)
+
+    base = _full(op, n, n)
+    if weights is not None:
+        if op != "all_reduce" or len(weights) != g:
+            raise NotApplicable(f"rail weights need an all-reduce and {g} weights")
+        w = np.asarray(weights, dtype=np.float64)
+        base = Program(op, n, np.repeat(w / n_nodes, n_nodes), base.owner, base.dest, ())
+    at = np.array([rank_at[(q % n_nodes, q // n_nodes)] for q in range(n)], dtype=np.int64)
+    if op == "all_reduce":
+        return _with(
+            base,
+            concat_steps(
+                intra("rs"),
+                _rail_rings("rs", rails, n_nodes),
+                _rail_rings("ag", rails, n_nodes),
+                intra("ag"),
+            ),
+        )
+    if op == "reduce_scatter":
+        return _with(base, concat_steps(intra("rs"), _rail_rings("rs", rails, n_nodes)), dest=at)
+    if op == "all_gather":
+        return _with(base, concat_steps(_rail_rings("ag", rails, n_nodes), intra("ag")), owner=at)
+    raise NotApplicable(f"hierarchical_direct has no {op}")
+
+
 def synthesized(op: Op, n: int, choice: Choice) -> Program:
     """A synthesized schedule's own pieces and sends."""
     if choice.pieces is None or choice.transfers is None:
@@ -388,6 +461,8 @@ def program_of(
             progs.append(halving_doubling(op, o, root))
         elif algorithm == "hierarchical":
             progs.append(hierarchical(op, node_of, local_of, root, c, weights))
+        elif algorithm == "hierarchical_direct":
+            progs.append(hierarchical_direct(op, node_of, local_of, weights))
         else:
             progs.append(direct(op, o, root))
     return progs[0] if channels == 1 else parallel(progs)
