@@ -37,7 +37,7 @@ from energyopt.spec.collective import (
 
 CHANNELS = (1, 2, 4, 8, 16, 32)
 CHUNKS = (1, 2, 4, 8, 16)
-PIPELINED: tuple[Algorithm, ...] = ("tree",)
+PIPELINED: tuple[Algorithm, ...] = ("tree", "hierarchical_direct")
 """Algorithms whose chunks pipeline (a broadcast pipelines in every algorithm)."""
 FORMULATION = "collective cost model (alpha-beta-gamma, link contention)"
 

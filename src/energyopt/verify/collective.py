@@ -195,13 +195,17 @@ def run_time_us(
     got: dict[tuple[int, int], float] = {}
     last = 0.0
     for g in range(n_steps + ch.chunks - 1):
+        # per flow: bytes, whether any of them is reduced, and the reduced bytes
+        # (a flow may carry a reducing step of one chunk and a copying one of another)
         flows: dict[tuple[int, int, int], list[float]] = {}
         for s in range(max(0, g - ch.chunks + 1), min(n_steps, g + 1)):
             for a, b, q, red in rows_of[s]:
                 key = (int(a), int(b), chan[q])
-                cur = flows.setdefault(key, [0.0, 0.0])
-                cur[0] += frac[q] * c.bytes / ch.chunks
+                cur = flows.setdefault(key, [0.0, 0.0, 0.0])
+                part = frac[q] * c.bytes / ch.chunks
+                cur[0] += part
                 cur[1] = max(cur[1], float(red))
+                cur[2] += part if red else 0.0
         if not flows:
             continue
         load: dict[tuple[str, str], int] = {}
@@ -211,11 +215,11 @@ def run_time_us(
             for e in routes[(a, b, k)]:
                 load[e] = load.get(e, 0) + 1
         reducing: dict[int, int] = {}
-        for (_a, b, _k), (_, red) in flows.items():
+        for (_a, b, _k), (_, red, _) in flows.items():
             if red:
                 reducing[b] = reducing.get(b, 0) + 1
         ends: list[tuple[tuple[int, int], tuple[int, int], float, float]] = []
-        for key, (nbytes, red) in flows.items():
+        for key, (nbytes, red, reduced) in flows.items():
             a, b, k = key
             share = min(_link(p, u, v)[0] / load[(u, v)] for u, v in routes[key])
             lat = sum(_link(p, u, v)[1] for u, v in routes[key])
@@ -224,8 +228,8 @@ def run_time_us(
             busy = PROTOCOL_STEP_US[ch.protocol] * s_ab + nbytes / rate / 1e3
             if red:
                 mem = p.gpu.memory_bandwidth_gbps / 3.0 / reducing[b]
-                busy += nbytes * sd[b] / min(p.rates.reduce_gbs * ratio, mem) / 1e3
-            touched += nbytes * (3.0 if red else 2.0)
+                busy += reduced * sd[b] / min(p.rates.reduce_gbs * ratio, mem) / 1e3
+            touched += 2.0 * nbytes + reduced
             ra, rb = (a, k), (b, k)
             begin = max(free.get(ra, 0.0), free.get(rb, 0.0), got.get(ra, 0.0))
             ends.append((ra, rb, begin + busy, begin + busy + lat))

@@ -5,8 +5,8 @@ Flows of one step share links. A flow from a to b occupies both ranks for the
 protocol's step overhead (times the slower end's straggler factor) plus its bytes
 over its rate: the least over the route's links of the link's capacity shared
 equally by the step's flows on it, and one channel's copy rate at the clock,
-times the protocol's efficiency; a reducing flow adds its bytes over the
-reduction rate (one channel's at the clock, and the GPU's memory bandwidth / 3
+times the protocol's efficiency; a reducing flow adds the bytes it reduces over
+the reduction rate (one channel's at the clock, and the GPU's memory bandwidth / 3
 shared by its reductions of the step: gamma). Its data lands the route's latency
 after (alpha). Steps run as a dataflow (``dataflow_makespan``): a rank starts a
 step when it has finished the last one and received its inputs, so latency
@@ -51,6 +51,8 @@ class Flows:
     chan: IntArray
     share: FloatArray
     """Share of the message bytes each flow carries."""
+    reduce_share: FloatArray
+    """The part of ``share`` the receiver reduces (the rest it copies)."""
     n_steps: int
     link_share: FloatArray
     """(F,): least over the flow's route of link capacity / flows on the link, GB/s."""
@@ -76,8 +78,9 @@ def flows_of(p: CollectiveProblem, prog: Program, chunks: int) -> Flows:
     """The flows of ``prog`` cut into ``chunks`` pipelined chunks."""
     table, _ = route_table(p)
     per_step = pipelined(prog, chunks)
-    steps, src, dst, red, chan, share = [], [], [], [], [], []
-    for g, (flows, sh) in enumerate(per_step):
+    steps, src, dst, red, chan, share, reduced = [], [], [], [], [], [], []
+    for g, (flows, sh, rsh) in enumerate(per_step):
+        reduced.append(rsh)
         steps.append(np.full(len(sh), g, dtype=np.int64))
         src.append(flows[:, 0])
         dst.append(flows[:, 1])
@@ -104,6 +107,7 @@ def flows_of(p: CollectiveProblem, prog: Program, chunks: int) -> Flows:
         reduce=np.concatenate(red) if red else np.zeros(0, dtype=np.int64),
         chan=np.concatenate(chan) if chan else np.zeros(0, dtype=np.int64),
         share=np.concatenate(share) if share else np.zeros(0),
+        reduce_share=np.concatenate(reduced) if reduced else np.zeros(0),
         n_steps=len(per_step),
         link_share=cap.min(axis=1) if len(step) else np.zeros(0),
         route_us=us,
@@ -125,7 +129,8 @@ def time_us(
     np.add.at(reducing, (fl.step * p.n + fl.dst)[red], 1.0)
     k_dst = np.maximum(reducing[fl.step * p.n + fl.dst], 1.0)
     hbm = p.gpu.memory_bandwidth_gbps / HBM_TOUCHES_PER_REDUCED_BYTE / k_dst
-    gamma = nbytes * p.slowdown[fl.dst] / np.minimum(p.rates.reduce_gbs * ratio, hbm) / 1e3
+    reduced = fl.reduce_share * message_bytes
+    gamma = reduced * p.slowdown[fl.dst] / np.minimum(p.rates.reduce_gbs * ratio, hbm) / 1e3
     occ = occ + np.where(red, gamma, 0.0)
     return float(p.rates.launch_us + dataflow_makespan(p.n, fl, occ))
 
@@ -181,7 +186,7 @@ def rank_power_w(p: CollectiveProblem, channels: int, clock_mhz: int) -> float:
 def memory_energy_j(fl: Flows, message_bytes: int) -> float:
     """Energy of HBM traffic: each byte read at the sender and written at the
     receiver, a reduced byte also read there, J."""
-    touches = fl.share * message_bytes * (2.0 + (fl.reduce > 0))
+    touches = (2.0 * fl.share + fl.reduce_share) * message_bytes
     return float(touches.sum() * 8.0 * HBM_PJ_PER_BIT * 1e-12)
 
 

@@ -98,19 +98,20 @@ def parallel(programs: list[Program]) -> Program:
     )
 
 
-def pipelined(prog: Program, chunks: int) -> list[tuple[IntArray, FloatArray]]:
+def pipelined(prog: Program, chunks: int) -> list[tuple[IntArray, FloatArray, FloatArray]]:
     """The program cut into ``chunks`` equal chunks, chunk j's step s running in step
     s + j: per global step its flows (src, dst, reduce, channel) and their bytes as shares of
-    the message (sends between the same pair on the same channel in a step are one
-    flow)."""
+    the message and the part of them that is reduced at the receiver (sends between
+    the same pair on the same channel in a step are one flow, which may carry
+    reducing and copying sends of different chunks)."""
     chan = prog.channel_of()
     n_steps = len(prog.steps)
-    out: list[tuple[IntArray, FloatArray]] = []
+    out: list[tuple[IntArray, FloatArray, FloatArray]] = []
     for g in range(n_steps + chunks - 1):
         parts = [prog.steps[s] for s in range(max(0, g - chunks + 1), min(n_steps, g + 1))]
         rows = [p for p in parts if p.shape[0]]
         if not rows:
-            out.append((np.zeros((0, 4), dtype=np.int64), np.zeros(0)))
+            out.append((np.zeros((0, 4), dtype=np.int64), np.zeros(0), np.zeros(0)))
             continue
         allr = np.concatenate(rows)
         share = prog.frac[allr[:, 2]] / chunks
@@ -118,10 +119,12 @@ def pipelined(prog: Program, chunks: int) -> list[tuple[IntArray, FloatArray]]:
         uniq, inv = np.unique(key, return_inverse=True)
         total = np.zeros(len(uniq))
         np.add.at(total, inv, share)
+        reduced = np.zeros(len(uniq))
+        np.add.at(reduced, inv, share * allr[:, 3])
         red = np.zeros(len(uniq), dtype=np.int64)
         np.maximum.at(red, inv, allr[:, 3])
         pair = uniq % (prog.n * prog.n)
         ch = uniq // (prog.n * prog.n)
         flows = np.stack([pair // prog.n, pair % prog.n, red, ch], axis=1).astype(np.int64)
-        out.append((flows, total))
+        out.append((flows, total, reduced))
     return out
