@@ -38,6 +38,7 @@ from energyopt.solvers.collective_select import (
 )
 from energyopt.solvers.collective_synth import synthesize
 from energyopt.spec.collective import (
+    CANDIDATE_ALGORITHMS,
     OPS,
     PROTOCOLS,
     Choice,
@@ -91,14 +92,7 @@ def test_every_schedule_delivers_its_collective(layout: list[int]) -> None:
     for op in OPS:
         for root in sorted({0, p.n - 1}):
             c = Collective(op=op, bytes=4096, root=root)
-            for alg in (
-                "ring",
-                "tree",
-                "halving_doubling",
-                "hierarchical",
-                "hierarchical_direct",
-                "direct",
-            ):
+            for alg in CANDIDATE_ALGORITHMS:
                 if not applicable(alg, op, p.n, sizes):
                     continue
                 for channels in (1, 3):

@@ -27,6 +27,7 @@ from energyopt.formulations.collective.schedules import NotApplicable, applicabl
 from energyopt.progress import Progress, quiet
 from energyopt.solvers.result import FEASIBLE, Result, Termination, status_at
 from energyopt.spec.collective import (
+    CANDIDATE_ALGORITHMS,
     PROTOCOLS,
     Algorithm,
     Choice,
@@ -73,14 +74,7 @@ def structures(p: CollectiveProblem, c: Collective) -> Iterator[Structure]:
         rest = [r for r in range(p.n) if r not in slow]
         orders.append((tuple(rest + slow), len(slow)))
     weighted = rail_weights(p)
-    for alg in (
-        "ring",
-        "tree",
-        "halving_doubling",
-        "hierarchical",
-        "hierarchical_direct",
-        "direct",
-    ):
+    for alg in CANDIDATE_ALGORITHMS:
         if not applicable(alg, c.op, p.n, sizes):
             continue
         chunk_set = CHUNKS if (alg in PIPELINED or c.op == "broadcast") else (1,)

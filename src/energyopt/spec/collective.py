@@ -13,7 +13,7 @@ model.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -30,15 +30,9 @@ Algorithm = Literal[
     "direct",
     "synthesized",
 ]
-ALGORITHMS: tuple[Algorithm, ...] = (
-    "ring",
-    "tree",
-    "halving_doubling",
-    "hierarchical",
-    "hierarchical_direct",
-    "direct",
-    "synthesized",
-)
+ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
+CANDIDATE_ALGORITHMS: tuple[Algorithm, ...] = tuple(a for a in ALGORITHMS if a != "synthesized")
+"""The algorithms selection builds schedules of (a synthesized one comes from the MILP)."""
 Protocol = Literal["ll", "ll128", "simple"]
 PROTOCOLS: tuple[Protocol, ...] = ("ll", "ll128", "simple")
 
