@@ -134,3 +134,25 @@ def test_the_restricted_integer_master_gives_a_verified_plan(
     assert evaluate_plan(problem, result.plan).objective == pytest.approx(result.objective, rel=TOL)
     assert result.objective >= result.bound * (1 - TOL)
     assert any("highs: incumbent" in line for line in result.log)
+
+
+@pytest.mark.parametrize("case", range(len(RANDOM)))
+def test_the_restricted_master_never_certifies_a_bound_above_the_optimum(
+    case: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the restricted master forced on every integer solve (as masters of
+    RESTRICTED_MASTER_COLUMNS or more get it) and a gap no first plan meets, colgen
+    runs its reduced-cost filter to the full column set; the bound it reports then
+    comes from an integer solve over every column within the slack, never from the
+    restricted one: bound <= brute-force optimum <= plan."""
+    monkeypatch.setattr(serving, "RESTRICTED_MASTER_COLUMNS", 0)
+    _, problem, optimum = RANDOM[case]
+    result = serving.solve(problem, load_preset("colgen"), time_limit_s=60, rel_gap=1e-9)
+    if optimum.value is None:
+        assert result.plan is None
+        return
+    assert result.plan is not None and result.objective is not None
+    assert result.bound is not None
+    assert verify_plan(problem, result.plan) == []
+    assert result.bound <= optimum.value * (1 + TOL) + TOL
+    assert result.objective >= optimum.value * (1 - TOL) - TOL

@@ -368,8 +368,12 @@ def solve_configurations(
     start: np.ndarray | None = None
     cuts = list(root.time_cut)
 
-    def integer_solve(limit_s: float) -> MilpOutcome:
-        nonlocal best, start
+    covered_all = True  # the last integer solve saw every generated column
+
+    def integer_solve(limit_s: float, *, whole: bool = False) -> MilpOutcome:
+        """The integer master over the generated columns; ``whole``: never over the
+        restricted set (its bound must hold for every generated column)."""
+        nonlocal best, start, covered_all
         if preset.backend == "highs":
             im = pat.integer_model(prog, pyomo=False)
             # As a decomposition, a large master (RESTRICTED_MASTER_COLUMNS) with a
@@ -377,10 +381,12 @@ def solve_configurations(
             picked = (
                 with_start_columns(prog, root_support, start)
                 if not exact
+                and not whole
                 and start is not None
                 and len(prog.columns) >= RESTRICTED_MASTER_COLUMNS
                 else list(range(len(prog.columns)))
             )
+            covered_all = len(picked) == len(prog.columns)
             out, values = solve_restricted(
                 prog,
                 picked,
@@ -475,7 +481,11 @@ def solve_configurations(
         if extra is None:
             break
         share = 1.0 if frac >= 1.0 else 0.8
-        out = integer_solve(share * (deadline - time.perf_counter()))
+        # Whole: the bound of this solve is the problem's only if it saw every
+        # column within the slack (a restricted master's bound holds for its own
+        # columns alone).
+        out = integer_solve(share * (deadline - time.perf_counter()), whole=True)
+        complete = complete and covered_all
         if complete and out.status == INFEASIBLE and best is None:
             return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
         if complete and preset.backend == "highs" and out.bound is not None and best is not None:
