@@ -102,7 +102,9 @@ def test_every_schedule_delivers_its_collective(layout: list[int]) -> None:
                         )
                         assert execute(prog, c) == [], (op, alg, channels, order)
                         checked += 1
-                weighted = alg in ("hierarchical", "hierarchical_direct") and op == "all_reduce"
+                weighted = (alg == "hierarchical" and op == "all_reduce") or (
+                    alg == "hierarchical_direct"
+                )
                 if weighted:
                     g = p.n // p.n_nodes
                     weights = [float(i + 1) for i in range(g)]

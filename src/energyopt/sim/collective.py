@@ -5,11 +5,12 @@ Health changes at given times; each rank learns of a change after its own
 delay. Rules for when a rank switches to the schedule the policy gives for the
 new state:
 
-- ``agreed``: rank 0 (the leader) stamps the change with sequence number
-  s + ``lag`` where s is the collective it is running when it learns of it; the
-  stamp travels with the next collective's launch (every rank has it once that
-  collective has started), and every rank switches at the stamped number. With
-  ``lag`` 2 every rank has the stamp before the collective it applies to.
+- ``agreed``: the first rank to learn of a change stamps it with sequence number
+  s + ``lag`` where s is the collective running when it learns; the stamp travels
+  with the next collective's launch (every rank has it once that collective has
+  started), and every rank switches at the stamped number (the earliest stamp of
+  a change, should two ranks stamp it). With ``lag`` 2 every rank has every stamp
+  that applies to a collective before that collective starts.
 - ``eager``: each rank switches as soon as it learns (ranks disagree for a while:
   a collective run with different schedules on different ranks is a mismatch;
   in a real system it hangs or corrupts data);
@@ -81,7 +82,7 @@ def simulate(
     # per rank: the index of the health state it acts on
     known = [0] * n
     stamped: list[tuple[int, int]] = []  # (sequence number, state index)
-    learned_by_leader: set[int] = set()
+    stamped_states: set[int] = set()
     cost_cache: dict[tuple[int, tuple[object, ...], str, int], float] = {}
     for s, c in enumerate(trace):
         actual = sum(1 for e in events if e.time_us <= now)
@@ -96,9 +97,10 @@ def simulate(
         elif rule == "eager":
             acting = learned
         else:
+            first = max(learned)  # what the rank that knows most has learned
             for i in range(1, len(states)):
-                if i not in learned_by_leader and learned[0] >= i:
-                    learned_by_leader.add(i)
+                if i not in stamped_states and first >= i:
+                    stamped_states.add(i)
                     stamped.append((s + AGREED_LAG, i))
             for r in range(n):
                 for seq, i in stamped:

@@ -37,7 +37,7 @@ from energyopt.spec.collective import (
 )
 
 CHANNELS = (1, 2, 4, 8, 16, 32)
-CHUNKS = (1, 2, 4, 8, 16)
+CHUNKS = (1, 2, 3, 4, 6, 8, 12, 16)
 PIPELINED: tuple[Algorithm, ...] = ("tree", "hierarchical_direct")
 """Algorithms whose chunks pipeline (a broadcast pipelines in every algorithm)."""
 FORMULATION = "collective cost model (alpha-beta-gamma, link contention)"
@@ -84,7 +84,7 @@ def structures(p: CollectiveProblem, c: Collective) -> Iterator[Structure]:
                     yield Structure(alg, ch, k, order, leaves)
                 if weighted and (
                     (alg == "hierarchical" and c.op in ("all_reduce", "broadcast"))
-                    or (alg == "hierarchical_direct" and c.op == "all_reduce")
+                    or alg == "hierarchical_direct"
                 ):
                     yield Structure(alg, ch, k, None, 0, weighted)
 

@@ -367,10 +367,12 @@ def hierarchical_direct(
     """Hierarchical with all-pairs phases inside nodes: every rank sends each other
     rank of its node that rank's pieces in one step (reduce-scatter: reducing;
     all-gather: copying), the rails run rings across nodes in between. Fewer steps
-    than rings inside nodes (one protocol overhead, not g - 1), and with ``weights``
-    (all-reduce) a rail whose members are slow or badly linked gets a smaller
-    share, so a straggler also reduces less inside its node (in a ring every rank
-    reduces every piece but one)."""
+    than rings inside nodes (one protocol overhead, not g - 1). With ``weights``, a
+    rail whose members are slow or badly linked gets a smaller share: in an
+    all-reduce of the message, so a straggler also reduces less inside its node (in
+    a ring every rank reduces every piece but one); in an all-gather or a
+    reduce-scatter, whose pieces belong to ranks, of each piece cut into parts
+    (``_split_rails``)."""
     n = len(node_of)
     n_nodes = max(node_of) + 1
     g = n // n_nodes
@@ -392,8 +394,10 @@ def hierarchical_direct(
 
     base = _full(op, n, n)
     if weights is not None:
-        if op != "all_reduce" or len(weights) != g:
-            raise NotApplicable(f"rail weights need an all-reduce and {g} weights")
+        if len(weights) != g:
+            raise NotApplicable(f"rail weights need {g} weights")
+        if op in ("all_gather", "reduce_scatter"):
+            return _split_rails(op, node_of, rank_at, rails, weights)
         w = np.asarray(weights, dtype=np.float64)
         base = Program(op, n, np.repeat(w / n_nodes, n_nodes), base.owner, base.dest, ())
     at = np.array([rank_at[(q % n_nodes, q // n_nodes)] for q in range(n)], dtype=np.int64)
@@ -412,6 +416,64 @@ def hierarchical_direct(
     if op == "all_gather":
         return _with(base, concat_steps(_rail_rings("ag", rails, n_nodes), intra("ag")), owner=at)
     raise NotApplicable(f"hierarchical_direct has no {op}")
+
+
+def _split_rails(
+    op: Op,
+    node_of: Sequence[int],
+    rank_at: dict[tuple[int, int], int],
+    rails: Sequence[Sequence[int]],
+    weights: Sequence[float],
+) -> Program:
+    """All-gather (and, reversed, reduce-scatter) with the bytes across nodes split
+    over the rails by ``weights``: every rank's piece is cut into one part per rail
+    (part l: ``weights[l]`` of it); all-pairs inside every node first, so each rank
+    holds its node's pieces; rail l then carries part l of every piece across nodes
+    (a ring); last, all-pairs inside every node again, each rank passing on the
+    parts its rail brought. A slow NIC carries less, at the cost of a second phase
+    inside nodes. Piece r * g + l is part l of rank r's piece."""
+    n = len(node_of)
+    n_nodes = len(rails[0])
+    g = len(rails)
+    members = [[r for r in range(n) if node_of[r] == k] for k in range(n_nodes)]
+    first: Rows = [
+        (r, rank_at[(k, loc_i)], r * g + part, 0)
+        for k in range(n_nodes)
+        for r in members[k]
+        for loc_i in range(g)
+        if rank_at[(k, loc_i)] != r
+        for part in range(g)
+    ]
+    across: list[Rows] = []
+    for step in range(n_nodes - 1):
+        rows: Rows = []
+        for loc_i, pos in enumerate(rails):
+            for i in range(n_nodes):
+                src_node = (i - step) % n_nodes
+                rows.extend(
+                    (pos[i], pos[(i + 1) % n_nodes], r * g + loc_i, 0) for r in members[src_node]
+                )
+        across.append(rows)
+    last: Rows = [
+        (rank_at[(k, loc_i)], rank_at[(k, m)], r * g + loc_i, 0)
+        for k in range(n_nodes)
+        for loc_i in range(g)
+        for m in range(g)
+        if m != loc_i
+        for r in range(n)
+        if node_of[r] != k
+    ]
+    phases = [first, *across, last]
+    w = np.asarray(weights, dtype=np.float64)
+    frac = np.tile(w, n) / n
+    owner = np.repeat(np.arange(n, dtype=np.int64), g)
+    none = np.full(n * g, NONE, dtype=np.int64)
+    if op == "all_gather":
+        return Program(op, n, frac, owner, none, tuple(sends(rows) for rows in phases))
+    # reduce-scatter: the all-gather reversed, every send turned round and reducing
+    # (each rank receives each part once in the all-gather, so this is a reduction tree)
+    turned = [[(b, a, q, 1) for a, b, q, _ in rows] for rows in reversed(phases)]
+    return Program(op, n, frac, none, owner, tuple(sends(rows) for rows in turned))
 
 
 def synthesized(op: Op, n: int, choice: Choice) -> Program:
