@@ -38,6 +38,7 @@ from energyopt.solvers.collective_select import (
 )
 from energyopt.solvers.collective_synth import synthesize
 from energyopt.spec.collective import (
+    ALGORITHMS,
     CANDIDATE_ALGORITHMS,
     OPS,
     PROTOCOLS,
@@ -58,6 +59,8 @@ from energyopt.tables.collective import (
     write_policy,
     write_tuner_conf,
 )
+from energyopt.tables.format import Table, TableError, write_table
+from energyopt.tables.stdlib_reader import Axis
 from energyopt.verify.collective import evaluate_collective, execute, plan_cost
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -320,7 +323,7 @@ def test_policy_lookup_file_and_tuner_export_round_trip(tmp_path: Path) -> None:
         p, ("all_reduce", "all_gather"), (10, 16, 22), max_stragglers=1, nccl_only=True
     )
     assert len(pol.cells) == 2 * 3 * 4 * 2
-    path = tmp_path / "policy.json"
+    path = tmp_path / "policy.eot"
     write_policy(pol, path)
     back = read_policy(path)
     assert back.cells == pol.cells
@@ -352,6 +355,26 @@ def test_policy_lookup_file_and_tuner_export_round_trip(tmp_path: Path) -> None:
             assert (r.n_nodes, r.n_ranks) == (1, 4)
     with pytest.raises(ValueError, match="line 1"):
         parse_tuner_conf("allreduce,0,10,magic,ll,1,1,1\n")
+
+
+def test_a_full_policy_round_trips_through_the_table_format(tmp_path: Path) -> None:
+    """Every algorithm the policy may hold, rail weights and tree orders included,
+    comes back from the lookup compiler's file as compiled; the file answers a
+    lookup by its keys; another kind of table is refused, naming the file."""
+    p = _problem([2, 2], [{"op": "all_reduce", "bytes": 1}])
+    pol = compile_policy(p, ("all_reduce", "all_gather"), (12, 20, 24), max_stragglers=1)
+    assert any(ch.rail_weights is not None for ch in pol.cells.values())
+    path = tmp_path / "policy.eot"
+    write_policy(pol, path)
+    assert read_policy(path).cells == pol.cells
+    row = Table.open(path).lookup(op="all_reduce", size_log2=24, factor=2, stragglers=1)
+    cell = pol.cells[("all_reduce", 24, 2, 1)]
+    assert row["algorithm"] == ALGORITHMS.index(cell.algorithm)
+    assert row["channels"] == cell.channels and row["chunks"] == cell.chunks
+    other = tmp_path / "other.eot"
+    write_table(other, "something-else", [Axis("x", "exact", (0,))], {})
+    with pytest.raises(TableError, match=r"other\.eot"):
+        read_policy(other)
 
 
 def test_policy_command_writes_a_tuner_config_nccl_parses(

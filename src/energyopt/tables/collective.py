@@ -15,23 +15,30 @@ state in O(n).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from energyopt.formulations.collective.model import CollectiveProblem
 from energyopt.solvers.collective_select import Evaluator, Scored, Structure, select_one
 from energyopt.spec.collective import (
+    ALGORITHMS,
+    PROTOCOLS,
+    Algorithm,
     Choice,
     Collective,
     Health,
     LinkHealth,
     Op,
+    Protocol,
     Straggler,
 )
 from energyopt.spec.io import write_text_atomic
+from energyopt.tables.format import ColumnData, Table, TableError, write_table
+from energyopt.tables.stdlib_reader import Axis
 
 FACTORS = (1.0, 0.75, 0.5, 0.25)
 """Slowest-link factors of the table's cells, descending."""
@@ -103,44 +110,6 @@ class Policy:
         """The schedule of a collective under a health summary (constant time)."""
         return self.cells[self.key(op, nbytes, health)]
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": "collective-policy",
-            "sizes_log2": list(self.sizes_log2),
-            "factors": list(FACTORS),
-            "max_stragglers": self.max_stragglers,
-            "n_nodes": self.n_nodes,
-            "n_ranks": self.n_ranks,
-            "cells": [
-                {
-                    "op": k[0],
-                    "size_log2": k[1],
-                    "factor": k[2],
-                    "stragglers": k[3],
-                    "choice": v.model_dump(mode="json", exclude_none=True),
-                }
-                for k, v in sorted(self.cells.items())
-            ],
-        }
-
-    @staticmethod
-    def from_json(data: dict[str, Any]) -> Policy:
-        return Policy(
-            sizes_log2=tuple(data["sizes_log2"]),
-            max_stragglers=int(data["max_stragglers"]),
-            n_nodes=int(data["n_nodes"]),
-            n_ranks=int(data["n_ranks"]),
-            cells={
-                (
-                    c["op"],
-                    int(c["size_log2"]),
-                    int(c["factor"]),
-                    int(c["stragglers"]),
-                ): Choice.model_validate(c["choice"])
-                for c in data["cells"]
-            },
-        )
-
 
 def compile_policy(
     p: CollectiveProblem,
@@ -204,12 +173,131 @@ def localize(choice: Choice, p: CollectiveProblem) -> Choice:
     return choice.model_copy(update=update) if update else choice
 
 
+POLICY_KIND = "collective-policy"
+"""The ``kind`` of a policy table file."""
+CELL_AXES = ("op", "size_log2", "factor", "stragglers")
+
+
 def write_policy(policy: Policy, path: str | Path) -> None:
-    write_text_atomic(path, json.dumps(policy.to_json(), indent=1) + "\n")
+    """Write the policy as a table file of the lookup compiler's format (docs/tables.md),
+    keyed by op, size_log2 (the bucket ``Policy.key`` rounds a size down to), factor
+    (index into ``FACTORS``) and stragglers: per cell the algorithm and protocol
+    (indices into the lists in its metadata), chunks, channels, clock (MHz), tree
+    leaves, predicted time (us) and energy (J), and the representative state's rank
+    order and rail weights (``has_order``, ``has_weights``: whether the cell has
+    them; ``localize`` refits both to the actual state)."""
+    ops = tuple(sorted({k[0] for k in policy.cells}))
+    sizes = policy.sizes_log2
+    factors = tuple(range(len(FACTORS)))
+    strag = tuple(range(policy.max_stragglers + 1))
+    n = policy.n_ranks
+    rails = max(1, n // max(1, policy.n_nodes))
+    shape = (len(ops), len(sizes), len(factors), len(strag))
+    ints = {name: np.zeros(shape, dtype=np.int64) for name in _INT_FIELDS}
+    floats = {name: np.full(shape, np.nan) for name in ("time_us", "energy_j")}
+    order = np.full((*shape, n), -1, dtype=np.int64)
+    weights = np.full((*shape, rails), np.nan)
+    for (op, b, f, k), ch in policy.cells.items():
+        if ch.algorithm == "synthesized":
+            raise ValueError(f"cell {op} 2^{b}: a synthesized schedule has no table form")
+        at = (ops.index(op), sizes.index(b), f, k)
+        ints["algorithm"][at] = ALGORITHMS.index(ch.algorithm)
+        ints["protocol"][at] = PROTOCOLS.index(ch.protocol)
+        ints["chunks"][at] = ch.chunks
+        ints["channels"][at] = ch.channels
+        ints["clock_mhz"][at] = ch.clock_mhz
+        ints["leaves"][at] = ch.leaves
+        floats["time_us"][at] = np.nan if ch.time_us is None else ch.time_us
+        floats["energy_j"][at] = np.nan if ch.energy_j is None else ch.energy_j
+        if ch.order is not None:
+            ints["has_order"][at] = 1
+            order[at] = ch.order
+        if ch.rail_weights is not None:
+            ints["has_weights"][at] = 1
+            weights[at][: len(ch.rail_weights)] = ch.rail_weights
+    axes = [
+        Axis("op", "category", ops),
+        Axis("size_log2", "exact", sizes),
+        Axis("factor", "exact", factors),
+        Axis("stragglers", "exact", strag),
+        Axis("rank", "exact", tuple(range(n))),
+        Axis("rail", "exact", tuple(range(rails))),
+    ]
+    units = {"clock_mhz": "MHz"}
+    columns = {
+        name: ColumnData(arr, CELL_AXES, "<i4", -1, units.get(name, ""))
+        for name, arr in ints.items()
+    }
+    columns["time_us"] = ColumnData(floats["time_us"], CELL_AXES, "<f8", float("nan"), "us")
+    columns["energy_j"] = ColumnData(floats["energy_j"], CELL_AXES, "<f8", float("nan"), "J")
+    columns["order"] = ColumnData(order, (*CELL_AXES, "rank"), "<i4", -1)
+    columns["rail_weight"] = ColumnData(weights, (*CELL_AXES, "rail"), "<f8", float("nan"))
+    meta = {
+        "algorithms": list(ALGORITHMS),
+        "protocols": list(PROTOCOLS),
+        "factors": list(FACTORS),
+        "sizes_log2": list(sizes),
+        "max_stragglers": policy.max_stragglers,
+        "n_nodes": policy.n_nodes,
+        "n_ranks": n,
+    }
+    write_table(path, POLICY_KIND, axes, columns, meta)
+
+
+_INT_FIELDS = (
+    "algorithm",
+    "protocol",
+    "chunks",
+    "channels",
+    "clock_mhz",
+    "leaves",
+    "has_order",
+    "has_weights",
+)
 
 
 def read_policy(path: str | Path) -> Policy:
-    return Policy.from_json(json.loads(Path(path).read_text()))
+    """A policy table file back as a Policy (TableError, naming the file, if it is not
+    one)."""
+    t = Table.open(path)
+    if t.kind != POLICY_KIND:
+        raise TableError(str(path), f"a {t.kind!r} table, not a {POLICY_KIND!r} one")
+    meta = t.meta
+    ops = [str(v) for v in t.axes["op"].values]
+    sizes = tuple(int(v) for v in meta["sizes_log2"])
+    algorithms: list[Algorithm] = list(meta["algorithms"])
+    protocols: list[Protocol] = list(meta["protocols"])
+    a = {name: t.array(name) for name in (*_INT_FIELDS, "time_us", "energy_j")}
+    order, weights = t.array("order"), t.array("rail_weight")
+    cells: dict[tuple[str, int, int, int], Choice] = {}
+    for i, op in enumerate(ops):
+        for j, b in enumerate(sizes):
+            for f in range(len(meta["factors"])):
+                for k in range(int(meta["max_stragglers"]) + 1):
+                    at = (i, j, f, k)
+                    w = weights[at]
+                    cells[(op, b, f, k)] = Choice(
+                        collective=f"{op}:{1 << b}",
+                        algorithm=algorithms[int(a["algorithm"][at])],
+                        protocol=protocols[int(a["protocol"][at])],
+                        chunks=int(a["chunks"][at]),
+                        channels=int(a["channels"][at]),
+                        clock_mhz=int(a["clock_mhz"][at]),
+                        leaves=int(a["leaves"][at]),
+                        order=tuple(int(x) for x in order[at]) if a["has_order"][at] else None,
+                        rail_weights=(
+                            tuple(float(x) for x in w[~np.isnan(w)])
+                            if a["has_weights"][at]
+                            else None
+                        ),
+                        time_us=None if np.isnan(a["time_us"][at]) else float(a["time_us"][at]),
+                        energy_j=(
+                            None if np.isnan(a["energy_j"][at]) else float(a["energy_j"][at])
+                        ),
+                    )
+    return Policy(
+        sizes, int(meta["max_stragglers"]), int(meta["n_nodes"]), int(meta["n_ranks"]), cells
+    )
 
 
 def tuner_lines(policy: Policy, factor_index: int = 0, stragglers: int = 0) -> list[str]:
@@ -333,7 +421,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m energyopt.tables.collective", description=main.__doc__
     )
     ap.add_argument("file", help="a kind: collective file (its topology; health is ignored)")
-    ap.add_argument("--policy", help="write the policy table (JSON)")
+    ap.add_argument(
+        "--policy", help="write the policy table (the lookup compiler's format, e.g. policy.eot)"
+    )
     ap.add_argument("--tuner-conf", help="write the NCCL example tuner plugin's CSV")
     ap.add_argument(
         "--sizes-log2",
