@@ -27,7 +27,14 @@ from energyopt.formulations.serving.costs import objective_costs
 from energyopt.perf.oppoints import OpTable
 from energyopt.progress import Progress
 from energyopt.solvers.presets import SolverPreset, load_preset
-from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, Result, Termination, status_at
+from energyopt.solvers.result import (
+    INFEASIBLE,
+    NO_SOLUTION,
+    Result,
+    Termination,
+    status_at,
+    stop_reason,
+)
 from energyopt.solvers.result import relative_gap as rel_gap_of
 from energyopt.solvers.unit_bound import best_unit_bound
 from energyopt.spec.cluster import Node
@@ -126,7 +133,7 @@ def solve_pop(
         raise ValueError(f"pop: sub_solver {preset.sub_solver!r} is itself a POP preset")
     parts_deadline = t0 + PARTS_SHARE * (deadline - t0)
     parts = preset.partitions
-    cut = False
+    cut_part = False
     while True:
         subs = split_problem(problem, parts, preset.seed)
         results = []
@@ -140,7 +147,7 @@ def solve_pop(
             left = max(1.0, min(rest, PART_SHARE_SLACK * rest / (len(subs) - i)))
             res = solve(sub, sub_preset, time_limit_s=left, rel_gap=gap)
             if res.termination == Termination.TIME_LIMIT:
-                cut = True
+                cut_part = True
             note(
                 f"pop: part {i + 1}/{len(subs)} ({len(sub.gpus)} GPUs, "
                 f"{len(sub.instance.workloads)} workloads): {res.status}, "
@@ -159,7 +166,7 @@ def solve_pop(
         note(f"pop: a part has no plan; trying {parts} parts")
     t_bound = time.perf_counter()
     bound = zero_price_bound(problem, table, deadline=deadline)
-    cut = cut or time.perf_counter() >= deadline
+    cut_bound = time.perf_counter() >= deadline
     note(f"pop: bound at zero prices {bound:,.3f} ({time.perf_counter() - t_bound:.1f} s)")
     merged = {g.gpu: g for r in results if r.plan is not None for g in r.plan.gpus}
     plan = Plan(
@@ -180,11 +187,12 @@ def solve_pop(
             "status": status,
         }
     )
-    if cut:
-        note(
-            "pop: a part stopped at the time limit (a rerun on a busier machine may give "
-            "another plan; a longer limit makes the run repeatable)"
-        )
+    termination = stop_reason(
+        (["a part"] if cut_part else []) + (["the bound"] if cut_bound else []),
+        False,
+        note,
+        otherwise=Termination.HEURISTIC,
+    )
     return Result(
         status,
         objective,
@@ -193,5 +201,5 @@ def solve_pop(
         plan,
         preset.name,
         [],
-        termination=Termination.TIME_LIMIT if cut else Termination.HEURISTIC,
+        termination=termination,
     )

@@ -20,7 +20,8 @@ Formulation = Literal[
 
 
 MIP_NODES = 2_000
-"""Default node limit of colgen's integer master solve: an effort limit, so a run
+"""Default node limit of the integer solves of colgen (its master) and shadow-price
+(its repair): an effort limit, so a run
 gives the same plan on a quiet or a loaded machine while the time limit (then a
 safety net) is not reached."""
 
@@ -49,7 +50,7 @@ class SolverPreset(Spec):
     mip_nodes: int = Field(
         default=MIP_NODES,
         gt=0,
-        description="colgen: branch-and-bound nodes of the integer master solve at most",
+        description="colgen, shadow-price: branch-and-bound nodes of the integer solve at most",
     )
     partitions: int = Field(default=4, ge=1, description="pop: number of sub-problems")
     seed: int = Field(default=0, description="pop: seed of the random split")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Generic, Literal, TypeVar
@@ -126,3 +126,23 @@ def relative_gap(objective: float, bound: float) -> float:
 def status_at(objective: float, bound: float, rel_gap: float) -> Status:
     """OPTIMAL when the plan is within ``rel_gap`` of the bound, else FEASIBLE."""
     return OPTIMAL if relative_gap(objective, bound) <= rel_gap + 1e-12 else FEASIBLE
+
+
+def stop_reason(
+    cuts: Sequence[str],
+    within_gap: bool,
+    note: Callable[[str], None],
+    *,
+    otherwise: Termination = Termination.EFFORT_LIMIT,
+) -> Termination:
+    """Why a decomposition stopped: ``time_limit`` when a time share cut any of the
+    stages in ``cuts`` before its effort limit (said through ``note``: a rerun on a
+    busier machine may then differ), else ``converged`` when the plan is within the
+    target gap, else ``otherwise`` (an effort limit ended it)."""
+    if cuts:
+        note(
+            f"stopped by the time limit in: {', '.join(dict.fromkeys(cuts))} (a rerun on a "
+            "busier machine may give another plan; a longer limit makes the run repeatable)"
+        )
+        return Termination.TIME_LIMIT
+    return Termination.CONVERGED if within_gap else otherwise

@@ -43,6 +43,7 @@ from energyopt.solvers.result import (
     relative_gap,
     settle,
     status_at,
+    stop_reason,
 )
 from energyopt.spec.plan import Plan
 from energyopt.verify.serving import evaluate_plan
@@ -368,12 +369,10 @@ def solve_configurations(
     start: np.ndarray | None = None
     cuts = list(root.time_cut)
 
-    covered_all = True  # the last integer solve saw every generated column
-
     def integer_solve(limit_s: float, *, whole: bool = False) -> MilpOutcome:
         """The integer master over the generated columns; ``whole``: never over the
         restricted set (its bound must hold for every generated column)."""
-        nonlocal best, start, covered_all
+        nonlocal best, start
         if preset.backend == "highs":
             im = pat.integer_model(prog, pyomo=False)
             # As a decomposition, a large master (RESTRICTED_MASTER_COLUMNS) with a
@@ -386,7 +385,6 @@ def solve_configurations(
                 and len(prog.columns) >= RESTRICTED_MASTER_COLUMNS
                 else list(range(len(prog.columns)))
             )
-            covered_all = len(picked) == len(prog.columns)
             out, values = solve_restricted(
                 prog,
                 picked,
@@ -485,7 +483,6 @@ def solve_configurations(
         # column within the slack (a restricted master's bound holds for its own
         # columns alone).
         out = integer_solve(share * (deadline - time.perf_counter()), whole=True)
-        complete = complete and covered_all
         if complete and out.status == INFEASIBLE and best is None:
             return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
         if complete and preset.backend == "highs" and out.bound is not None and best is not None:
@@ -498,15 +495,12 @@ def solve_configurations(
     objective, decisions = best
     status = _status(FEASIBLE, objective, bound, gap)
     plan = finish_plan(problem, table, decisions, status, objective, bound, preset.name)
-    if cuts:
-        termination = Termination.TIME_LIMIT
-        note(
-            f"stopped by the time limit in: {', '.join(dict.fromkeys(cuts))} (a rerun on a "
-            "busier machine may give another plan; a longer limit makes the run repeatable)"
-        )
-    elif relative_gap(objective, bound) <= gap:
-        termination = Termination.CONVERGED
-    else:
-        # colgen: the integer solve's node limit; exact: its time share ran out
-        termination = Termination.TIME_LIMIT if exact else Termination.EFFORT_LIMIT
+    # above the gap, colgen stopped on the integer solve's node limit; the exact
+    # stage on its time share
+    termination = stop_reason(
+        cuts,
+        relative_gap(objective, bound) <= gap,
+        note,
+        otherwise=Termination.TIME_LIMIT if exact else Termination.EFFORT_LIMIT,
+    )
     return Result(status, objective, bound, wall, plan, preset.name, [], termination=termination)

@@ -53,7 +53,7 @@ from energyopt.progress import Progress
 from energyopt.solvers.colgen import COLUMNS_PER_ROUND
 from energyopt.solvers.highs_direct import solve_master_mip
 from energyopt.solvers.presets import SolverPreset
-from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, Result, Termination, status_at
+from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, Result, status_at, stop_reason
 from energyopt.solvers.result import relative_gap as rel_gap_of
 from energyopt.solvers.subgradient import PolyakControl, projected_step
 from energyopt.solvers.unit_bound import best_unit_bound
@@ -341,18 +341,7 @@ def solve_shadow_price(
         problem, table, pat.decisions(prog, im), status, objective, bound, preset.name
     )
     note(f"repaired plan over {len(prog.columns)} columns: {objective:,.3f}")
-    if cuts:
-        note(
-            f"stopped by the time limit in: {', '.join(cuts)} (a rerun on a busier machine "
-            "may give another plan; a longer limit makes the run repeatable)"
-        )
-    termination = (
-        Termination.TIME_LIMIT
-        if cuts
-        else Termination.CONVERGED
-        if rel_gap_of(objective, bound) <= gap
-        else Termination.EFFORT_LIMIT
-    )
+    termination = stop_reason(cuts, rel_gap_of(objective, bound) <= gap, note)
     return Result(status, objective, bound, wall, plan, preset.name, [], termination=termination)
 
 

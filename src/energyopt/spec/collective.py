@@ -210,9 +210,9 @@ class Choice(Spec):
     )
     rail_weights: tuple[float, ...] | None = Field(
         default=None,
-        description="hierarchical all-reduce or broadcast, hierarchical_direct all-reduce: "
-        "share of the message each rail "
-        "(local GPU index) carries; default equal",
+        description="hierarchical all-reduce or broadcast, hierarchical_direct: share of "
+        "the message (all-reduce, broadcast) or of every rank's piece (all-gather, "
+        "reduce-scatter) each rail (local GPU index) carries; default equal",
     )
     pieces: int | None = Field(
         default=None, ge=1, description="synthesized: equal pieces of the message"
