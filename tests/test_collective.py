@@ -18,7 +18,7 @@ from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_VIOLATION, main
 from energyopt.families import certify, family
 from energyopt.formulations.collective import nccl
 from energyopt.formulations.collective.calibration import errors, nccl_tests_points, vidur_points
-from energyopt.formulations.collective.costmodel import time_bound_us
+from energyopt.formulations.collective.costmodel import flows_of, memory_energy_j, time_bound_us
 from energyopt.formulations.collective.model import (
     CollectiveProblem,
     build_problem,
@@ -26,8 +26,9 @@ from energyopt.formulations.collective.model import (
 )
 from energyopt.formulations.collective.program import Program
 from energyopt.formulations.collective.schedules import applicable, program_of
+from energyopt.perf.power import HBM_PJ_PER_BIT
 from energyopt.progress import quiet
-from energyopt.sim.collective import HealthEvent, simulate
+from energyopt.sim.collective import AGREED_LAG, HealthEvent, simulate
 from energyopt.solvers.collective_select import (
     CHANNELS,
     CHUNKS,
@@ -423,6 +424,42 @@ def test_hot_swap_agreed_sequence_number_never_mismatches() -> None:
     assert runs["agreed"].switches >= 1
     assert runs["oracle"].total_us <= runs["agreed"].total_us + 1e-9
     assert runs["agreed"].total_us <= runs["static"].total_us
+
+
+def test_pipelining_changes_no_byte_a_program_moves_or_reduces() -> None:
+    """Cutting a program into chunks merges sends of different chunks between the
+    same pair into one flow, a reducing one with a copying one among them; the
+    bytes sent and the bytes reduced (the HBM traffic) stay those of the sends."""
+    p = _problem([4, 4], [{"op": "all_reduce", "bytes": 1 << 20}])
+    prog = program_of("all_reduce", "hierarchical_direct", p.n, p.node_of, p.local_of, 0, 2, None)
+    m = 1 << 22
+    sent = sum(float(prog.frac[q]) for st in prog.steps for _, _, q, _ in st.tolist())
+    reduced = sum(float(prog.frac[q]) for st in prog.steps for _, _, q, red in st.tolist() if red)
+    expected_j = (2.0 * sent + reduced) * m * 8.0 * HBM_PJ_PER_BIT * 1e-12
+    mixed = False
+    for chunks in (1, 2, 4, 8):
+        fl = flows_of(p, prog, chunks)
+        mixed |= bool(np.any((fl.reduce_share > 0) & (fl.reduce_share < fl.share - 1e-15)))
+        assert memory_energy_j(fl, m) == pytest.approx(expected_j, rel=1e-12), chunks
+    assert mixed, "no flow carried a reducing and a copying send: the test proves nothing"
+
+
+def test_the_first_rank_to_learn_of_a_change_stamps_the_switch() -> None:
+    """Rank 0 hears of the change only long after the trace ends; another rank hears
+    at once. Every rank switches AGREED_LAG collectives after the one that starts
+    first once someone knows, all at the same collective."""
+    p = _problem([2, 2], [{"op": "all_reduce", "bytes": 1}])
+    pol = compile_policy(p, ("all_reduce",), (24,), max_stragglers=0)
+    trace = [Collective(op="all_reduce", bytes=1 << 24)] * 12
+    quiet = simulate(p, pol, trace, [], "static")
+    at = sum(quiet.per_collective_us[:3]) + 1.0  # during the fourth collective
+    event = HealthEvent(
+        at, Health(links=(LinkHealth(gpu="n0/0", link="nic", factor=0.25),)), (1e9, 0, 0, 0)
+    )
+    run = simulate(p, pol, trace, [event], "agreed")
+    assert run.mismatches == 0
+    # collective 4 is the first to start after the change: stamped there
+    assert run.switch_seq == [4 + AGREED_LAG]
 
 
 @pytest.mark.parametrize(
