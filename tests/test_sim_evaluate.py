@@ -170,3 +170,46 @@ def test_evaluate_keeps_the_catalog_given_on_the_command_line(
     assert main(["evaluate", str(spec), "-q", "--no-plots", "--catalog", str(extra)]) == 0
     out = capsys.readouterr().out
     assert "joint" in out and "performance-first" in out
+
+
+def _tiny_planner(kind: str) -> tuple[object, dict[str, float]]:
+    from energyopt.catalog.problem import resolve
+    from energyopt.sim.planners import make_planner
+    from energyopt.spec.evaluation import PlannerSpec
+    from energyopt.spec.instance import Instance
+
+    problem = resolve(Instance.model_validate(BASE), "base.yaml")
+    planner = make_planner(PlannerSpec(name=kind, kind=kind), problem, "eval.yaml")  # type: ignore[arg-type]
+    return planner, {"chat": 6.0}
+
+
+@pytest.mark.parametrize("status", ["no_solution", "infeasible"])
+def test_a_planner_backs_off_when_no_plan_is_found_and_says_whether_it_was_proven(
+    monkeypatch: pytest.MonkeyPatch, status: str
+) -> None:
+    """A solve that runs out of time without a plan (as highs-exact did on fleet-16's
+    diurnal load at t = 0) must not leave the run without a plan: the planner backs
+    off to 90 % of the forecast and marks the shortfall unproven; after a proof of
+    infeasibility it backs off too, marked proven."""
+    from energyopt.solvers import serving
+    from energyopt.solvers.result import Result, Status
+
+    real = serving.solve
+    seen: list[float] = []
+
+    def solve(problem, preset, **kw):  # type: ignore[no-untyped-def]
+        rate = problem.instance.workloads[0].rate_rps
+        seen.append(rate)
+        if rate > 5.9:
+            return Result(Status(status), None, None, 0.0, None, "fake")
+        return real(problem, preset, **kw)
+
+    monkeypatch.setattr(serving, "solve", solve)
+    planner, rates = _tiny_planner("energyopt")
+    out = planner.plan(rates)  # type: ignore[attr-defined]
+    assert out.plan is not None
+    assert out.served_fraction == pytest.approx(0.9)
+    assert out.unproven is (status == "no_solution")
+    assert seen == pytest.approx([6.0, 5.4])
+    again = planner.plan(rates)  # type: ignore[attr-defined]
+    assert (again.solves, again.unproven) == (0, out.unproven)  # from the cache, same verdict

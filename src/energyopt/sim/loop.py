@@ -39,6 +39,7 @@ class Tally:
     solver_s: list[float] = field(default_factory=list)  # wall time of each planning call
     solves: int = 0
     shortfall_epochs: int = 0  # planned for less than the forecast (fleet too small)
+    unproven_shortfall_epochs: int = 0  # of those: no plan in the time limit, not a proof
     unplanned_epochs: int = 0  # no plan: the previous one kept
     rejected_plans: int = 0  # plans the verifier rejected at their planned load
     predicted_j: float = 0.0  # the planners' own power figures times epoch lengths
@@ -197,6 +198,16 @@ def run_planner(
             return None
         if planned.served_fraction < 1.0 - 1e-9:
             run.shortfall_epochs += 1
+            run.unproven_shortfall_epochs += int(planned.unproven)
+            say(
+                f"{planner.name}: t={now:.0f} s: planned for "
+                f"{100 * planned.served_fraction:.0f} % of the forecast ("
+                + (
+                    "no plan for more in the time limit)"
+                    if planned.unproven
+                    else "more is infeasible)"
+                )
+            )
         at = problem_at_plan_rates(problem, planned.plan)
         if verify_plan(at, planned.plan):
             run.rejected_plans += 1

@@ -65,6 +65,7 @@ def summary_rows(res: EvaluationResult) -> list[dict[str, float | str | int | No
                 "online_spills": r.online.spills if r.online else None,
                 "online_wakes": r.online.wakes if r.online else None,
                 "shortfall_epochs": run.tally.shortfall_epochs,
+                "unproven_shortfall_epochs": run.tally.unproven_shortfall_epochs,
                 "unplanned_epochs": run.tally.unplanned_epochs,
                 "rejected_plans": run.tally.rejected_plans,
             }
@@ -115,7 +116,11 @@ def format_table(res: EvaluationResult) -> list[str]:
         if row["unfinished"]:
             notes.append(f"{row['unfinished']} requests unfinished after the drain")
         if row["shortfall_epochs"]:
-            notes.append(f"{row['shortfall_epochs']} epochs planned below the forecast")
+            unproven = row["unproven_shortfall_epochs"]
+            notes.append(
+                f"{row['shortfall_epochs']} epochs planned below the forecast"
+                + (f" ({unproven} for want of a plan in the time limit)" if unproven else "")
+            )
         if row["unplanned_epochs"]:
             notes.append(f"{row['unplanned_epochs']} epochs without a new plan")
         if row["rejected_plans"]:
