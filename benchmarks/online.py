@@ -127,7 +127,7 @@ def clairvoyant_kwh(res: EvaluationResult) -> tuple[float, int]:
         key = tuple(int(q) for q in np.floor(r / (YARDSTICK_QUANTUM * base) + 1e-9))
         if key not in cache:
             fraction = 1.0
-            bound = 0.0
+            bound: float | None = None
             for _ in range(8):
                 scales = {
                     w.name: max(fraction * q * YARDSTICK_QUANTUM, 1e-3)
@@ -138,6 +138,8 @@ def clairvoyant_kwh(res: EvaluationResult) -> tuple[float, int]:
                     bound = out.bound
                     break
                 fraction *= 0.9
+            if bound is None:  # a zero here would overstate the saving
+                raise RuntimeError(f"yardstick: no bound for window {k} (rates {r.tolist()})")
             cache[key] = bound
         width = min(window, ev.duration_s - k * window)
         total_j += cache[key] * width
