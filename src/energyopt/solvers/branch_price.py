@@ -75,6 +75,7 @@ from energyopt.formulations.errors import BackendFailure
 from energyopt.formulations.serving import pattern as pat
 from energyopt.perf.oppoints import OpTable
 from energyopt.progress import Progress
+from energyopt.solvers import packing_bound
 from energyopt.solvers.branch_lp import AggKey, Bounds, BranchLp
 from energyopt.solvers.colgen import MAX_ROUNDS, generate_columns
 from energyopt.solvers.cover_cuts import separate
@@ -272,6 +273,28 @@ def _cut_rounds(
     return bound, added
 
 
+def _pool_bound(
+    problem: Problem, prog: pat.PatternProgram, deadline: float, note: Progress
+) -> tuple[float, bool]:
+    """The clock-pool bound (``packing_bound``) where it applies, else -inf, and
+    whether the time limit stopped it (the bound then depends on the machine)."""
+    if not packing_bound.applies(problem, prog.table, prog.costs):
+        return -math.inf, False
+    pools = packing_bound.build_pools(problem, prog.table, prog.costs, prog.classes)
+    found = packing_bound.pool_bound(pools, deadline=deadline)
+    if found.converged:
+        why = "converged"
+    elif found.rounds >= packing_bound.MAX_ROUNDS:
+        why = "round limit"
+    else:
+        why = "time limit"
+    note(
+        f"branch-and-price: clock-pool bound {found.bound:,.3f} ({why} after {found.rounds} "
+        f"rounds; master LP {found.lp:,.3f})"
+    )
+    return found.bound, why == "time limit"
+
+
 def solve_branch_price(
     problem: Problem,
     table: OpTable,
@@ -411,6 +434,11 @@ def solve_branch_price(
             only=used,
         )
         tree_bound = min(tree_bound, inc.objective)
+    if inc.values is not None and relative_gap(inc.objective, max(tree_bound, unit_bound)) > gap:
+        pooled, time_cut = _pool_bound(problem, prog, deadline, note)
+        unit_bound = max(unit_bound, pooled)
+        if time_cut:
+            termination = Termination.TIME_LIMIT
     bound = max(tree_bound, unit_bound, root_bound)
     wall = time.perf_counter() - t0
     note(

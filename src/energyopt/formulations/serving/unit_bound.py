@@ -153,6 +153,12 @@ def undominated(
     """Drop placements another one beats on every count (fixed cost, cost per
     request/s, capacity), and repeats of an earlier one; the cover problem's
     optimum is unchanged. The survivors keep their order."""
+    keep = undominated_index(fixed, per_rps, cap)
+    return fixed[keep], per_rps[keep], cap[keep]
+
+
+def undominated_index(fixed: np.ndarray, per_rps: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """Indices (ascending) of the placements ``undominated`` keeps."""
     # Exact repeats first (the earliest stays): classes with the same prices give
     # the same placement once per class.
     _, first = np.unique(np.stack([fixed, per_rps, cap], axis=1), axis=0, return_index=True)
@@ -168,8 +174,7 @@ def undominated(
         same = (f[:, None] == f[None, i]) & (r[:, None] == r[None, i]) & (c[:, None] == c[None, i])
         earlier = np.arange(n)[:, None] < np.arange(n)[None, i]
         beaten[i] = (no_worse & (~same | earlier)).any(axis=0)
-    keep = cand[~beaten]
-    return fixed[keep], per_rps[keep], cap[keep]
+    return np.asarray(cand[~beaten], dtype=np.int64)
 
 
 def cover_lp(cover: UnitCover) -> highspy.HighsLp:

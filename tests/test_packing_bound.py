@@ -1,0 +1,70 @@
+"""The clock-pool bound (``solvers.packing_bound``): never above the exhaustive
+optimum of random tiny instances, at least the unit bound's seed, and equal to its
+master LP when column generation converges."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from energyopt.catalog import Problem
+from energyopt.formulations.serving.classes import gpu_classes
+from energyopt.formulations.serving.costs import objective_costs
+from energyopt.perf.oppoints import build_op_table
+from energyopt.solvers import packing_bound as pb
+
+from .serving_exhaustive import random_problems
+
+TOL = 1e-6
+RANDOM = list(random_problems(23, 16))
+
+
+def bound_of(problem: Problem, **kw: int) -> pb.PoolBound | None:
+    table = build_op_table(problem)
+    costs = objective_costs(problem, table)
+    if not pb.applies(problem, table, costs):
+        return None
+    pools = pb.build_pools(problem, table, costs, gpu_classes(problem, table))
+    return pb.pool_bound(pools, deadline=time.perf_counter() + 120, **kw)
+
+
+@pytest.mark.parametrize("k", range(len(RANDOM)))
+def test_the_pool_bound_never_exceeds_the_exhaustive_optimum(k: int) -> None:
+    data, problem, opt = RANDOM[k]
+    found = bound_of(problem)
+    if found is None:
+        pytest.skip("migration costs or a GPU with a state: the bound does not apply")
+    if opt.value is None:
+        return  # infeasible: any bound is valid
+    assert found.bound <= opt.value * (1 + TOL) + TOL, data
+    if found.converged:
+        # Lagrangian duality: with no column left to price, the bound is the LP.
+        assert found.bound == pytest.approx(found.lp, rel=1e-6, abs=1e-6)
+
+
+def test_the_search_only_raises_the_seeded_bound() -> None:
+    """More rounds never lower the bound: it is the best value evaluated."""
+    checked = 0
+    for _, problem, opt in RANDOM:
+        if opt.value is None:
+            continue
+        seed = bound_of(problem, max_rounds=0)
+        if seed is None or not math.isfinite(seed.bound):
+            continue
+        full = bound_of(problem)
+        assert full is not None
+        assert full.bound >= seed.bound - TOL
+        checked += 1
+    assert checked >= 2
+
+
+def test_the_bound_is_not_used_with_migration_costs() -> None:
+    for _, problem, _ in RANDOM:
+        table = build_op_table(problem)
+        costs = objective_costs(problem, table)
+        if costs.migration_penalty > 0:
+            assert not pb.applies(problem, table, costs)
+            return
+    pytest.fail("no instance with a migration penalty among the random ones")
