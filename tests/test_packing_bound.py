@@ -18,7 +18,8 @@ from energyopt.solvers import packing_bound as pb
 from .serving_exhaustive import random_problems
 
 TOL = 1e-6
-RANDOM = list(random_problems(23, 16))
+RANDOM = list(random_problems(5, 40))
+"""40 random tiny instances, 23 feasible, 21 of them without migration costs."""
 
 
 def bound_of(problem: Problem, **kw: int) -> pb.PoolBound | None:
@@ -57,7 +58,7 @@ def test_the_search_only_raises_the_seeded_bound() -> None:
         assert full is not None
         assert full.bound >= seed.bound - TOL
         checked += 1
-    assert checked >= 2
+    assert checked >= 15
 
 
 def test_the_bound_is_not_used_with_migration_costs() -> None:
