@@ -25,7 +25,8 @@ cost per request/s op_cost + y_power energy) plus the pools' GPUs, whose reduced
 on-cost times their count is taken at 0 or at the class size, whichever is lower.
 For every y >= 0 that sum, less the count prices times the class sizes, is a
 valid lower bound on the integer optimum (each cover bounded from below by HiGHS'
-proven bound). The unit bound is this at one share charge (alpha) for all pools;
+proven bound). The unit bound is much like this at one share charge (alpha) for
+all pools (with the configuration LP's count and budget prices);
 here y is improved by Dantzig-Wolfe column generation over per-unit covers, with
 the master LP's duals smoothed towards the best y so far (Wentges), so every
 pool gets its own prices. On fleet-64 (16 units, 16 pools) it gives 7,102.2 W
@@ -271,8 +272,9 @@ def pool_bound(
 ) -> PoolBound:
     """Maximise the Lagrangian bound by column generation over per-unit covers
     (module docstring); stops on convergence, after ``max_rounds`` rounds, or
-    before a round that would end past ``deadline`` (``time.perf_counter`` seconds,
-    judged by the last round's time), with the best bound evaluated.
+    before a seed or round that would end past ``deadline`` (``time.perf_counter``
+    seconds, judged by the last one's time), with the best bound evaluated (-inf
+    when the deadline leaves no time for a seed).
     The first prices are the unit bound's share charges (START_MIXES). ``trace``
     hears (round, best bound, master LP value) after every round."""
     u_n, k_n = p.units, p.n_pools
@@ -309,7 +311,11 @@ def pool_bound(
     # bound and its covers as columns. The smoothing centre starts at the master's
     # own duals (centred on a seed, the first rounds only repeat its covers).
     best = -math.inf
+    seed_s = 0.0
     for alpha in START_MIXES:
+        if time.perf_counter() + seed_s >= deadline:
+            break
+        started = time.perf_counter()
         y = np.zeros(p.n_rows)
         y[u_n : u_n + k_n] = alpha * p.pool_on_cost / p.pool_share
         y[u_n + k_n : u_n + 2 * k_n] = (1.0 - alpha) * p.pool_on_cost
@@ -318,6 +324,7 @@ def pool_bound(
         for u, c in enumerate(covers):
             if c.uses is not None:
                 add(u, c)
+        seed_s = time.perf_counter() - started
     if not math.isfinite(best):
         return PoolBound(best, math.inf, 0, False)
     # Pool GPU columns and their fixed rows; an artificial per unit keeps the master
