@@ -50,7 +50,12 @@ from energyopt.backends.highs import solve_mip
 from energyopt.catalog.problem import Problem
 from energyopt.formulations.serving.classes import GpuClass
 from energyopt.formulations.serving.costs import Costs
-from energyopt.formulations.serving.unit_bound import UnitCover, cover_lp, undominated_index
+from energyopt.formulations.serving.unit_bound import (
+    UnitCover,
+    cover_lp,
+    threshold_charge,
+    undominated_index,
+)
 from energyopt.perf.oppoints import OpTable
 
 FloatArray = NDArray[np.float64]
@@ -136,7 +141,7 @@ def build_pools(problem: Problem, table: OpTable, costs: Costs, classes: list[Gp
     ).reshape(-1)
     tp = table.tp[ops].astype(np.float64)
     frac = table.share[ops] / np.maximum(capacity, 1.0)
-    thr = np.where(frac > 0.5 + 1e-12, 1.0, np.where(np.abs(frac - 0.5) <= 1e-12, 0.5, 0.0))
+    thr = threshold_charge(frac)
     whole = tp > 1
     pool_keys = sorted(keys, key=keys.__getitem__)
     pool_class = np.asarray([c for c, _ in pool_keys], dtype=np.int64)
@@ -187,11 +192,11 @@ class Cover:
 
 
 class _Prices:
-    """Views of a dual vector y >= 0 (convexity part free) over the master rows."""
+    """Views of a dual vector y over the master rows (the pool and count parts,
+    >= 0; the convexity part, free, is not needed to evaluate a bound)."""
 
     def __init__(self, p: Pools, y: FloatArray) -> None:
         u, k = p.units, p.n_pools
-        self.convexity = y[:u]
         self.share = y[u : u + k]
         self.thr = y[u + k : u + 2 * k]
         self.mem = y[u + 2 * k : u + 3 * k]

@@ -36,8 +36,14 @@ def share_weight(share: int, capacity: int, alpha: float) -> float:
     below), which is also dual-feasible since at most one share exceeds half.
     """
     frac = share / capacity
-    threshold = 1.0 if frac > 0.5 + 1e-12 else (0.5 if abs(frac - 0.5) <= 1e-12 else 0.0)
-    return alpha * frac + (1.0 - alpha) * threshold
+    return alpha * frac + (1.0 - alpha) * float(threshold_charge(np.asarray(frac)))
+
+
+def threshold_charge(frac: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The threshold part of ``share_weight`` for GPU fractions ``frac``: 1 above
+    half a GPU, 1/2 at exactly half, 0 below (at most one share per GPU exceeds
+    half, so these add up to at most 1 on any GPU)."""
+    return np.where(frac > 0.5 + 1e-12, 1.0, np.where(np.abs(frac - 0.5) <= 1e-12, 0.5, 0.0))
 
 
 @dataclass(frozen=True)
@@ -102,10 +108,7 @@ def unit_relaxation(
         on_cost[of_type] = [costs.on_cost[(type_name, int(c))] for c in clocks]
         on_w[of_type] = [table.on_power[(type_name, int(c))] for c in clocks]
         share = np.asarray(table.share)[of_type] / table.share_capacity[type_name]
-        threshold = np.where(
-            share > 0.5 + 1e-12, 1.0, np.where(np.abs(share - 0.5) <= 1e-12, 0.5, 0.0)
-        )
-        frac[of_type] = alpha * share + (1.0 - alpha) * threshold
+        frac[of_type] = alpha * share + (1.0 - alpha) * threshold_charge(share)
     frac = np.where(tp > 1, tp.astype(np.float64), frac)
     class_type = np.asarray([table.type_names.index(c.type_name) for c in classes], dtype=np.int64)
     class_size = np.asarray([c.size for c in classes], dtype=np.int64)
