@@ -128,6 +128,8 @@ TREE_SHARE = 0.85
 integer master."""
 MIP_TIME_SHARE = 0.25
 """Share of the time left that one integer master solve may take (safety net)."""
+POOL_NOTE_EVERY = 10
+"""Clock-pool bound rounds between progress lines (a round takes about 1 s on fleet-64)."""
 
 
 @dataclass(order=True)
@@ -281,7 +283,12 @@ def _pool_bound(
     if not packing_bound.applies(problem, prog.table, prog.costs):
         return -math.inf, False
     pools = packing_bound.build_pools(problem, prog.table, prog.costs, prog.classes)
-    found = packing_bound.pool_bound(pools, deadline=deadline)
+
+    def progress(rounds: int, best: float, lp: float) -> None:
+        if rounds % POOL_NOTE_EVERY == 0:
+            note(f"branch-and-price: clock-pool round {rounds}, bound {best:,.3f}, LP {lp:,.3f}")
+
+    found = packing_bound.pool_bound(pools, deadline=deadline, trace=progress)
     if found.converged:
         why = "converged"
     elif found.rounds >= packing_bound.MAX_ROUNDS:
