@@ -1,10 +1,9 @@
 """The clock-pool bound (``solvers.packing_bound``): never above the exhaustive
-optimum of random tiny instances, at least the unit bound's seed, and equal to its
-master LP when column generation converges."""
+optimum of random tiny instances, equal to its master LP when column generation
+converges, and lifted by the search to the optimum on most of them."""
 
 from __future__ import annotations
 
-import math
 import time
 
 import pytest
@@ -45,20 +44,25 @@ def test_the_pool_bound_never_exceeds_the_exhaustive_optimum(k: int) -> None:
         assert found.bound == pytest.approx(found.lp, rel=1e-6, abs=1e-6)
 
 
-def test_the_search_only_raises_the_seeded_bound() -> None:
-    """More rounds never lower the bound: it is the best value evaluated."""
-    checked = 0
+def test_column_generation_lifts_the_seeded_bound_to_the_optimum_on_most_instances() -> None:
+    """The seeds alone (the unit bound's share charges) are far below the optimum
+    on about half the instances; the search converges everywhere and closes most
+    of them (15 of 21 exactly when written)."""
+    lifted = tight = feasible = 0
     for _, problem, opt in RANDOM:
         if opt.value is None:
             continue
         seed = bound_of(problem, max_rounds=0)
-        if seed is None or not math.isfinite(seed.bound):
+        if seed is None:
             continue
         full = bound_of(problem)
-        assert full is not None
-        assert full.bound >= seed.bound - TOL
-        checked += 1
-    assert checked >= 15
+        assert full is not None and full.converged
+        feasible += 1
+        lifted += full.bound > seed.bound + 1e-6 * max(1.0, abs(seed.bound))
+        tight += full.bound >= opt.value * (1 - 1e-6) - TOL
+    assert feasible == 21
+    assert lifted >= 8
+    assert tight >= 12
 
 
 def test_the_bound_is_not_used_with_migration_costs() -> None:
