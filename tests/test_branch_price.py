@@ -55,9 +55,11 @@ def sandwich(problem: Problem, expected: float | None, **kw: Any) -> Any:
 
 @pytest.fixture
 def tree_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No unit bound and no exact finish: only the tree can prove the optimum."""
+    """No unit bound, no clock-pool MILP and no exact finish: only the tree can prove
+    the optimum."""
     monkeypatch.setattr(pattern_root, "best_unit_bound", lambda *a, **k: (-math.inf, 1.0))
     monkeypatch.setattr(bp, "EXACT_FINISH_CONFIGS", -1)
+    monkeypatch.setattr(bp, "POOL_MILP_PLACEMENTS", -1)
 
 
 @pytest.mark.usefixtures("tree_only")
@@ -162,8 +164,10 @@ def test_node_pricing_honours_the_branching_rows() -> None:
     assert checked >= 3
 
 
-def test_a_node_limited_run_is_repeatable() -> None:
-    """Same instance, node limit, a time limit far from reached: the same plan."""
+def test_a_node_limited_run_is_repeatable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same instance, node limit, a time limit far from reached: the same plan (the
+    clock-pool MILP, which would prove quickstart's optimum before the tree, is off)."""
+    monkeypatch.setattr(bp, "POOL_MILP_PLACEMENTS", -1)
     problem = load_problem(ROOT / "instances" / "quickstart.yaml")
     preset = load_preset("bnp").model_copy(update={"nodes": 5, "rel_gap": 1e-6})
     runs = [solve(problem, preset, time_limit_s=600) for _ in range(2)]
@@ -184,3 +188,24 @@ def test_the_exact_finish_proves_what_the_tree_leaves_open() -> None:
     result = sandwich(problem, exact.objective)
     assert result.status == OPTIMAL, result.log[-3:]
     assert any("exact finish" in line for line in result.log), result.log[-3:]
+
+
+def test_the_clock_pool_milp_proves_the_bound_before_the_tree(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """quickstart with no tree nodes and no exact finish: the clock-pool MILP, run
+    before the tree, proves the optimum highs-pattern proves (its relaxation's
+    optimum is a plan here) and is never above it; the Lagrangian pool bound after
+    the tree is then skipped."""
+    problem = load_problem(ROOT / "instances" / "quickstart.yaml")
+    exact = solve(problem, load_preset("highs-pattern"), time_limit_s=120)
+    assert exact.status == OPTIMAL and exact.objective is not None
+    monkeypatch.setattr(bp, "EXACT_FINISH_CONFIGS", -1)
+    preset = load_preset("bnp").model_copy(update={"nodes": 0})
+    result = solve(problem, preset, time_limit_s=120)
+    assert any("clock-pool MILP bound" in line for line in result.log), result.log[-3:]
+    assert not any("clock-pool bound" in line for line in result.log), result.log[-3:]
+    assert result.bound is not None and result.plan is not None
+    assert verify_plan(problem, result.plan) == []
+    assert result.bound <= exact.objective * (1 + TOL) + TOL
+    assert result.bound >= exact.objective * (1 - 1e-6)

@@ -1,9 +1,11 @@
 """The clock-pool bound (``solvers.packing_bound``): never above the exhaustive
 optimum of random tiny instances, equal to its master LP when column generation
-converges, and lifted by the search to the optimum on most of them."""
+converges, and lifted by the search to the optimum on most of them; the same
+relaxation solved as a MILP (``solvers.pool_milp``) bounds at least as high."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -13,11 +15,12 @@ from energyopt.formulations.serving.classes import gpu_classes
 from energyopt.formulations.serving.costs import objective_costs
 from energyopt.perf.oppoints import build_op_table
 from energyopt.solvers import packing_bound as pb
+from energyopt.solvers.pool_milp import pool_milp_bound
 
-from .serving_exhaustive import random_problems
+from .serving_exhaustive import shared_random_problems
 
 TOL = 1e-6
-RANDOM = list(random_problems(5, 40))
+RANDOM = shared_random_problems(5, 40)
 """40 random tiny instances, 23 feasible, 21 of them without migration costs."""
 
 
@@ -42,6 +45,14 @@ def test_the_pool_bound_never_exceeds_the_exhaustive_optimum(k: int) -> None:
     if found.converged:
         # Lagrangian duality: with no column left to price, the bound is the LP.
         assert found.bound == pytest.approx(found.lp, rel=1e-6, abs=1e-6)
+        # the same relaxation with its integers kept bounds at least as high
+        table = build_op_table(problem)
+        pools = pb.build_pools(
+            problem, table, objective_costs(problem, table), gpu_classes(problem, table)
+        )
+        milp = pool_milp_bound(pools, math.inf, time_limit_s=60)
+        assert milp.finished
+        assert milp.bound >= found.bound - 1e-5 * max(1.0, abs(found.bound)), data
 
 
 def test_column_generation_lifts_the_seeded_bound_to_the_optimum_on_most_instances() -> None:

@@ -60,6 +60,38 @@ def single_threaded_highs() -> None:
     h.run()
 
 
+def mixed_lp(
+    cost: NDArray[np.float64],
+    matrix: Any,
+    row_lo: NDArray[np.float64],
+    row_hi: NDArray[np.float64],
+    col_lo: NDArray[np.float64],
+    col_hi: NDArray[np.float64],
+    integer: NDArray[np.bool_],
+) -> highspy.HighsLp:
+    """A mixed-integer program min cost.x, row_lo <= matrix x <= row_hi, col_lo <= x
+    <= col_hi, x_j integer where ``integer[j]``, as a HiGHS model (``matrix`` a scipy
+    CSC matrix, one column per variable; numpy's infinities for no bound)."""
+    lp = highspy.HighsLp()
+    n = len(cost)
+    lp.num_col_ = n
+    lp.num_row_ = matrix.shape[0]
+    lp.col_cost_ = np.asarray(cost, dtype=np.float64)
+    lp.col_lower_ = np.asarray(col_lo, dtype=np.float64)
+    lp.col_upper_ = np.asarray(col_hi, dtype=np.float64)
+    lp.row_lower_ = np.asarray(row_lo, dtype=np.float64)
+    lp.row_upper_ = np.asarray(row_hi, dtype=np.float64)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = matrix.indptr.astype(np.int32)
+    lp.a_matrix_.index_ = matrix.indices.astype(np.int32)
+    lp.a_matrix_.value_ = matrix.data.astype(np.float64)
+    lp.integrality_ = [
+        highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
+        for i in integer
+    ]
+    return lp
+
+
 def binary_lp(
     cost: NDArray[np.float64],
     matrix: Any,
@@ -68,21 +100,10 @@ def binary_lp(
 ) -> highspy.HighsLp:
     """A 0/1 program min cost.x, row_lo <= matrix x <= row_hi as a HiGHS model
     (``matrix`` a scipy CSC matrix, one column per variable)."""
-    lp = highspy.HighsLp()
     n = len(cost)
-    lp.num_col_ = n
-    lp.num_row_ = matrix.shape[0]
-    lp.col_cost_ = cost
-    lp.col_lower_ = np.zeros(n)
-    lp.col_upper_ = np.ones(n)
-    lp.row_lower_ = row_lo
-    lp.row_upper_ = row_hi
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = matrix.indptr.astype(np.int32)
-    lp.a_matrix_.index_ = matrix.indices.astype(np.int32)
-    lp.a_matrix_.value_ = matrix.data.astype(np.float64)
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * n
-    return lp
+    return mixed_lp(
+        cost, matrix, row_lo, row_hi, np.zeros(n), np.ones(n), np.ones(n, dtype=np.bool_)
+    )
 
 
 @dataclass(frozen=True)
@@ -210,16 +231,21 @@ def solve_mip(
     time_limit_s: float,
     rel_gap: float,
     objective_bound: float | None = None,
+    node_limit: int | None = None,
 ) -> MipRun:
     """Run HiGHS on a mixed-integer model until optimal (relative gap ``rel_gap``) or
     ``time_limit_s`` seconds; with ``objective_bound`` (a finite value in the
-    objective's unit) HiGHS stops once no plan can be better than it (``CUT_OFF``).
+    objective's unit) HiGHS stops once no plan can be better than it (``CUT_OFF``);
+    with ``node_limit`` it stops after that many branch-and-bound nodes (an effort
+    limit: the same model gives the same result on a quiet or a loaded machine).
     A model without integer columns is solved as an LP."""
     h = quiet_highs()
     h.setOptionValue("time_limit", time_limit_s)
     h.setOptionValue("mip_rel_gap", rel_gap)
     if objective_bound is not None:
         h.setOptionValue("objective_bound", float(objective_bound))
+    if node_limit is not None:
+        h.setOptionValue("mip_max_nodes", int(node_limit))
     h.passModel(lp)
     h.run()
     info = h.getInfo()

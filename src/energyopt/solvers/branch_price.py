@@ -75,7 +75,7 @@ from energyopt.formulations.errors import BackendFailure
 from energyopt.formulations.serving import pattern as pat
 from energyopt.perf.oppoints import OpTable
 from energyopt.progress import Progress
-from energyopt.solvers import packing_bound
+from energyopt.solvers import packing_bound, pool_milp
 from energyopt.solvers.branch_lp import AggKey, Bounds, BranchLp
 from energyopt.solvers.colgen import MAX_ROUNDS, generate_columns
 from energyopt.solvers.cover_cuts import separate
@@ -133,6 +133,14 @@ EXACT_FINISH_CONFIGS = 5_000
 configuration solve (on the bundled 4-GPU disaggregated instance, 65 of them: the
 tree ends 200 nodes at 2.06 %, the exact solve proves the optimum in 1 s; fleet-64's
 24,005 are past it: that solve stalls at 7,143 W there)."""
+POOL_MILP_SHARE = 0.75
+"""The clock-pool MILP (``pool_milp``) stops at this share of the time limit (a safety
+net; on fleet-64 it starts at 12 s and takes 23-28 s on a quiet 2-core machine)."""
+POOL_MILP_PLACEMENTS = 5_000
+"""Placements (ops in classes) up to which the clock-pool MILP is tried (fleet-64: 1,221)."""
+TARGET_MARGIN = 1e-3
+"""The clock-pool MILP's target lies this share of the gap tolerance inside it, so
+that a bound it proves closes the gap despite rounding."""
 POOL_NOTE_EVERY = 10
 """Clock-pool bound rounds between progress lines (a round takes about 1 s on fleet-64)."""
 
@@ -307,6 +315,35 @@ def _pool_bound(
     return found.bound, why == "time limit"
 
 
+def _pool_milp(
+    problem: Problem,
+    prog: pat.PatternProgram,
+    incumbent: float,
+    gap: float,
+    deadline: float,
+    note: Progress,
+) -> tuple[float, bool, bool]:
+    """The clock-pool relaxation as a MILP (``pool_milp``) with the value that closes
+    the gap as its target, where it applies; else -inf. Returns the bound, whether the
+    search finished and whether the time limit cut it."""
+    if not packing_bound.applies(problem, prog.table, prog.costs):
+        return -math.inf, False, False
+    pools = packing_bound.build_pools(problem, prog.table, prog.costs, prog.classes)
+    if len(pools.unit) > POOL_MILP_PLACEMENTS:
+        return -math.inf, False, False
+    target = incumbent - (1.0 - TARGET_MARGIN) * gap * abs(incumbent)
+    left = deadline - time.perf_counter()
+    if left <= 0:
+        return -math.inf, False, True
+    note(
+        f"branch-and-price: clock-pool MILP ({len(pools.unit)} placements, "
+        f"{pools.n_pools} pools), target {target:,.3f}"
+    )
+    found = pool_milp.pool_milp_bound(pools, target, time_limit_s=left)
+    note(f"branch-and-price: clock-pool MILP bound {found.bound:,.3f} ({found.status})")
+    return found.bound, found.finished, found.time_cut
+
+
 def _exact_finish(
     problem: Problem,
     table: OpTable,
@@ -396,10 +433,16 @@ def solve_branch_price(
         max_nodes=MIP_NODES,
         only=set(used) if large else None,
     )
+    pool_done = pool_cut = False
+    if inc.values is not None and relative_gap(inc.objective, max(lower, unit_bound)) > gap:
+        pooled, pool_done, pool_cut = _pool_milp(
+            problem, prog, inc.objective, gap, t0 + POOL_MILP_SHARE * limit, note
+        )
+        unit_bound = max(unit_bound, pooled)
     heap: list[Node] = [Node(root_bound, 0, 0, {})]
     leaves: list[float] = []
     seq, nodes = 1, 0
-    termination = Termination.CONVERGED
+    termination = Termination.TIME_LIMIT if pool_cut else Termination.CONVERGED
     while heap:
         open_low = min(heap[0].bound, min(leaves, default=math.inf))
         if relative_gap(inc.objective, max(open_low, unit_bound)) <= gap:
@@ -488,7 +531,11 @@ def solve_branch_price(
         ):
             better = None
     best_value = inc.objective if better is None or better.objective is None else better.objective
-    if inc.values is not None and relative_gap(best_value, max(tree_bound, unit_bound)) > gap:
+    if (
+        not pool_done
+        and inc.values is not None
+        and relative_gap(best_value, max(tree_bound, unit_bound)) > gap
+    ):
         pooled, time_cut = _pool_bound(problem, prog, deadline, note)
         unit_bound = max(unit_bound, pooled)
         if time_cut:

@@ -1,0 +1,79 @@
+"""The clock-pool MILP (``solvers.pool_milp``): its bound never exceeds the exhaustive
+optimum of random tiny instances, lifts the Lagrangian bound where integrality
+matters (checked against the Lagrangian in test_packing_bound), and with a target
+proves exactly the target where the relaxation's optimum lies above it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from energyopt.catalog import Problem
+from energyopt.formulations.serving.classes import gpu_classes
+from energyopt.formulations.serving.costs import objective_costs
+from energyopt.perf.oppoints import build_op_table
+from energyopt.solvers import packing_bound as pb
+from energyopt.solvers.pool_milp import pool_milp_bound
+
+from .serving_exhaustive import shared_random_problems
+
+TOL = 1e-6
+RANDOM = shared_random_problems(5, 40)
+"""The random tiny instances of test_packing_bound (21 feasible ones without migration
+costs)."""
+
+
+def pools_of(problem: Problem) -> pb.Pools | None:
+    table = build_op_table(problem)
+    costs = objective_costs(problem, table)
+    if not pb.applies(problem, table, costs):
+        return None
+    return pb.build_pools(problem, table, costs, gpu_classes(problem, table))
+
+
+def test_the_bound_never_exceeds_the_exhaustive_optimum() -> None:
+    checked = 0
+    for data, problem, opt in RANDOM:
+        pools = pools_of(problem)
+        if pools is None:
+            continue
+        found = pool_milp_bound(pools, math.inf, time_limit_s=60)
+        assert found.finished, (data, found)
+        if opt.value is None:
+            continue  # infeasible: any bound is valid
+        checked += 1
+        assert found.bound <= opt.value * (1 + TOL) + TOL, data
+    assert checked == 21
+
+
+def test_a_unit_without_placements_makes_the_relaxation_infeasible() -> None:
+    infeasible = 0
+    for _, problem, opt in RANDOM:
+        pools = pools_of(problem)
+        if pools is None or len(pools.unit) > 0:
+            continue
+        assert opt.value is None
+        assert pool_milp_bound(pools, math.inf, time_limit_s=60).bound == math.inf
+        infeasible += 1
+    assert infeasible >= 1
+
+
+def test_a_target_below_the_relaxation_optimum_is_proved() -> None:
+    """With the target under the relaxation's optimum, the search ends at the target
+    (the cut-off prunes the rest) and the bound is the target less the tolerances."""
+    proved = 0
+    for _, problem, opt in RANDOM:
+        pools = pools_of(problem)
+        if pools is None or opt.value is None:
+            continue
+        full = pool_milp_bound(pools, math.inf, time_limit_s=60)
+        if full.bound <= 1.0:
+            continue
+        target = 0.99 * full.bound
+        cut = pool_milp_bound(pools, target, time_limit_s=60)
+        assert cut.finished
+        assert cut.bound <= target
+        assert cut.bound == pytest.approx(target, rel=1e-6, abs=1e-5)
+        proved += 1
+    assert proved >= 10
