@@ -356,3 +356,17 @@ def random_problems(seed: int, count: int) -> Iterator[tuple[dict[str, Any], Pro
             continue
         made += 1
         yield data, problem, exhaustive_optimum(problem, table)
+
+
+_MADE: dict[int, list[tuple[dict[str, Any], Problem, Optimum]]] = {}
+
+
+def shared_random_problems(seed: int, count: int) -> list[tuple[dict[str, Any], Problem, Optimum]]:
+    """The first ``count`` of ``random_problems(seed, ...)``, enumerated once per test
+    process for every module that asks for them (40 take about 30 s). The same
+    objects are handed to every caller: tests must not change them."""
+    made = _MADE.get(seed, [])
+    if len(made) < count:
+        made = list(random_problems(seed, count))
+        _MADE[seed] = made
+    return made[:count]

@@ -23,11 +23,11 @@ from energyopt.solvers.result import FEASIBLE, relative_gap
 from energyopt.solvers.serving import finish_plan
 from energyopt.verify import evaluate_plan, verify_plan
 
-from .serving_exhaustive import random_problems
+from .serving_exhaustive import shared_random_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-6
-RANDOM = list(random_problems(5, 20))
+RANDOM = shared_random_problems(5, 20)
 
 
 def root_of(problem: Problem) -> Root[LpSession] | None:
