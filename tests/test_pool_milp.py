@@ -6,10 +6,11 @@ proves exactly the target where the relaxation's optimum lies above it."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
-from energyopt.catalog import Problem
+from energyopt.catalog import Problem, load_problem
 from energyopt.formulations.serving.classes import gpu_classes
 from energyopt.formulations.serving.costs import objective_costs
 from energyopt.perf.oppoints import build_op_table
@@ -18,6 +19,7 @@ from energyopt.solvers.pool_milp import pool_milp_bound
 
 from .serving_exhaustive import shared_random_problems
 
+ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-6
 RANDOM = shared_random_problems(5, 40)
 """The random tiny instances of test_packing_bound (21 feasible ones without migration
@@ -77,3 +79,15 @@ def test_a_target_below_the_relaxation_optimum_is_proved() -> None:
         assert cut.bound == pytest.approx(target, rel=1e-6, abs=1e-5)
         proved += 1
     assert proved >= 10
+
+
+def test_a_run_the_time_limit_cuts_says_so_and_stays_valid() -> None:
+    """fleet-64 with 0.05 s: the search does not finish, says the time limit cut it,
+    and its bound stays below the plan bnp proves within 0.1 % (7,117.86 W)."""
+    problem = load_problem(ROOT / "instances" / "fleet-64.yaml")
+    pools = pools_of(problem)
+    assert pools is not None
+    cut = pool_milp_bound(pools, 7_110.0, time_limit_s=0.05)
+    assert not cut.finished
+    assert cut.time_cut
+    assert cut.bound < 7_110.0

@@ -86,8 +86,7 @@ def mixed_lp(
     lp.a_matrix_.index_ = matrix.indices.astype(np.int32)
     lp.a_matrix_.value_ = matrix.data.astype(np.float64)
     lp.integrality_ = [
-        highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
-        for i in integer
+        highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in integer
     ]
     return lp
 
@@ -210,7 +209,8 @@ class MipRun:
     without integer columns (an LP) the bound is HiGHS' objective value, the LP optimum
     when ``status`` is OPTIMAL. ``status`` says how the run ended, ``highs_status`` in
     HiGHS' words (for logs); ``col_value`` is the incumbent's column values, None
-    without one."""
+    without one; ``time_limited`` whether the time limit (not an effort limit or a
+    proof) ended it."""
 
     optimal: bool
     objective: float
@@ -218,6 +218,7 @@ class MipRun:
     status: MipStatus
     highs_status: str
     col_value: NDArray[np.float64] | None
+    time_limited: bool = False
 
     @property
     def has_plan(self) -> bool:
@@ -262,4 +263,5 @@ def solve_mip(
         status,
         h.modelStatusToString(model_status),
         np.asarray(h.getSolution().col_value) if has_plan else None,
+        model_status == highspy.HighsModelStatus.kTimeLimit,
     )

@@ -34,13 +34,14 @@ nodes; without it, 90 s end at a dual bound of 7,100.4 W.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.sparse import csc_matrix
 
 from energyopt.backends.highs import MipStatus, mixed_lp, solve_mip
-from energyopt.solvers.packing_bound import Pools
+from energyopt.solvers.packing_bound import FloatArray, IntArray, Pools
 
 NODES = 50_000
 """HiGHS branch-and-bound nodes at most (the effort limit; fleet-64 takes 2,000-9,000)."""
@@ -62,13 +63,9 @@ class PoolMilpBound:
     status: str
 
 
-def _cover_rows(
-    p: Pools, rows: list[int], cols: list[int], vals: list[float], first: int
-) -> tuple[list[float], int]:
-    """Append each unit's cover rows (module docstring) from row ``first`` on; return
-    their right-hand sides and the next free row."""
-    rhs: list[float] = []
-    row = first
+def _cover_rows(p: Pools) -> Iterator[tuple[IntArray, FloatArray, float]]:
+    """Each unit's cover rows (module docstring): columns (its placements' uses),
+    coefficients and right-hand side."""
     for u in range(p.units):
         rate = float(p.rate[u])
         if rate <= 0:
@@ -86,15 +83,10 @@ def _cover_rows(
                 continue
             seen.add(key)
             used = coef > 0
-            rows.extend([row] * int(used.sum()))
-            cols.extend(members[used].tolist())
-            vals.extend(coef[used].tolist())
-            rhs.append(float(right))
-            row += 1
-    return rhs, row
+            yield members[used], coef[used], float(right)
 
 
-def build_model(p: Pools) -> tuple[csc_matrix, np.ndarray, np.ndarray, np.ndarray]:
+def build_model(p: Pools) -> tuple[csc_matrix, FloatArray, FloatArray, FloatArray]:
     """The MILP's matrix (columns n, then r, then g), row bounds and costs."""
     n_p, n_k = len(p.unit), p.n_pools
     n_of = np.arange(n_p)
@@ -106,7 +98,7 @@ def build_model(p: Pools) -> tuple[csc_matrix, np.ndarray, np.ndarray, np.ndarra
     lo: list[float] = []
     hi: list[float] = []
 
-    def add(cs: np.ndarray, vs: np.ndarray, low: float, high: float) -> None:
+    def add(cs: IntArray, vs: FloatArray, low: float, high: float) -> None:
         rows.extend([len(lo)] * len(cs))
         cols.extend(cs.tolist())
         vals.extend(vs.tolist())
@@ -150,10 +142,9 @@ def build_model(p: Pools) -> tuple[csc_matrix, np.ndarray, np.ndarray, np.ndarra
     for c, size in enumerate(p.class_size):
         pools = np.flatnonzero(p.pool_class == c)
         add(g_of[pools], np.ones(len(pools)), -math.inf, float(size))
-    rhs, n_rows = _cover_rows(p, rows, cols, vals, len(lo))
-    lo.extend(rhs)
-    hi.extend([math.inf] * len(rhs))
-    matrix = csc_matrix((vals, (rows, cols)), shape=(n_rows, 2 * n_p + n_k))
+    for members, coef, right in _cover_rows(p):
+        add(n_of[members], coef, right, math.inf)
+    matrix = csc_matrix((vals, (rows, cols)), shape=(len(lo), 2 * n_p + n_k))
     cost = np.concatenate([np.zeros(n_p), p.op_cost, p.pool_on_cost])
     return matrix, np.asarray(lo), np.asarray(hi), cost
 
@@ -193,7 +184,6 @@ def pool_milp_bound(
     if found == math.inf:  # the relaxation is infeasible: so is the problem
         return PoolMilpBound(math.inf, True, False, run.highs_status)
     if not math.isfinite(found):
-        return PoolMilpBound(-math.inf, finished, False, run.highs_status)
+        return PoolMilpBound(-math.inf, finished, run.time_limited, run.highs_status)
     bound = found - REL_GAP * abs(found) - ABS_TOL
-    time_cut = not finished and "time" in run.highs_status.lower()
-    return PoolMilpBound(bound, finished, time_cut, run.highs_status)
+    return PoolMilpBound(bound, finished, run.time_limited, run.highs_status)
