@@ -430,7 +430,8 @@ TRACE_EDITS: list[tuple[str, Callable[[list[list[str]]], list[list[str]]]]] = [
 
 
 @pytest.mark.parametrize(
-    "name,change", [*TRACE_EDITS, ("binary", None), ("nul", None)], ids=lambda x: str(x)
+    "name,change",
+    [pytest.param(n, c, id=n) for n, c in [*TRACE_EDITS, ("binary", None), ("nul", None)]],
 )
 def test_mutated_trace_is_refused_cleanly_or_valid(
     workspace: Workspace,
