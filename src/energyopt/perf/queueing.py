@@ -33,6 +33,13 @@ from energyopt.perf.forward import decode_pass, prefill_pass
 from energyopt.perf.params import BoolArray, FloatArray, OpParams
 
 BISECTION_STEPS = 48
+"""Bisection steps of the decode batch at a given rate."""
+CAPACITY_STEPS = 34
+"""Bisection steps of the SLO capacity. The bracket starts at ``rate_upper_bound`` and
+ends within 2^-34 (6e-11) of it: under 1e-7 of the capacity wherever the capacity is
+at least 1/1000 of that bound, far below ``CAPACITY_MARGIN``. Each step is a full
+``metrics_at`` evaluation, and capacities take most of the time of building an
+op-point table."""
 QUANTILE_STEPS = 40
 """Bisection steps of the latency quantiles (each halves a bracket of at most one
 decode step plus one chunk pass)."""
@@ -390,7 +397,7 @@ def slo_capacity(p: OpParams) -> FloatArray:
     hi = rate_upper_bound(p)
     lo = np.zeros_like(hi)
     tiny = metrics_at(p, hi * 1e-9).meets_slo(p)
-    for _ in range(BISECTION_STEPS):
+    for _ in range(CAPACITY_STEPS):
         mid = 0.5 * (lo + hi)
         ok = metrics_at(p, mid).meets_slo(p)
         lo = np.where(ok, mid, lo)
