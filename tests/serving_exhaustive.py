@@ -12,6 +12,7 @@ in docs/formulations/serving.md, not from ``formulations.serving.costs``.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections import defaultdict
 from collections.abc import Iterator
@@ -150,6 +151,11 @@ def _moved(problem: Problem, table: OpTable, choice: tuple[GpuChoice, ...]) -> i
     return moved
 
 
+PRUNE_TOL = 1e-6
+"""Relative margin by which a choice's lower bound must exceed the best value before
+its LP is skipped (the LP's own value may sit ~1e-9 below the bound)."""
+
+
 def exhaustive_optimum(problem: Problem, table: OpTable | None = None) -> Optimum:
     """Least objective over every plan the instance allows (see module docstring);
     ``table``: the problem's operating-point table, if the caller has built it."""
@@ -169,6 +175,14 @@ def exhaustive_optimum(problem: Problem, table: OpTable | None = None) -> Optimu
     best: float | None = None
     arg: tuple[GpuChoice, ...] | None = None
     count = 0
+    # A choice's value is at least its static power plus each unit's rate at the
+    # cheapest of its ops the choice offers (the LP without capacities and caps),
+    # plus its GPU count or migration penalty. Choices are tried in order of that
+    # floor; once the floor is above the best value found, no later choice can beat
+    # it and their LPs are skipped (they are still counted).
+    rate_cost = table.energy_j * weight if objective == "edp" else table.energy_j
+    rates = [u.rate_rps for u in table.units]
+    candidates: list[tuple[float, int, tuple[GpuChoice, ...], list[tuple[str, int]], Any]] = []
     for choice in itertools.product(*choices):
         covered = {int(table.unit[o]) for c in choice if c is not None for o in c[2]}
         if len(covered) != n_units:
@@ -183,16 +197,33 @@ def exhaustive_optimum(problem: Problem, table: OpTable | None = None) -> Optimu
         ]
         if any(not p for p in pools):
             continue
+        count += math.prod(len(p) for p in pools)
+        static_w = sum(
+            table.on_power[(gpus[i].type, c[1])] for i, c in enumerate(choice) if c is not None
+        )
+        cheapest = [np.inf] * n_units
+        for c in choice:
+            for o in c[2] if c is not None else ():
+                u = int(table.unit[o])
+                cheapest[u] = min(cheapest[u], float(rate_cost[o]))
+        floor = static_w + sum(r * k for r, k in zip(rates, cheapest, strict=True) if r > 0)
+        if objective == "gpus_on":
+            floor = sum(1 for c in choice if c is not None) + floor / scale
+        elif objective == "power_migration":
+            floor += opts.migration_penalty_w * _moved(problem, table, choice)
+        candidates.append((floor, len(candidates), choice, list(tp_members), pools))
+    candidates.sort(key=lambda c: (c[0], c[1]))
+    for floor, _, choice, pool_keys, pools in candidates:
+        if best is not None and floor - PRUNE_TOL * max(1.0, abs(best)) > best:
+            break
         for grouping in itertools.product(*pools):
-            count += 1
             value = _solve_rates(
-                problem, table, choice, list(tp_members), grouping, caps, weight, objective
+                problem, table, choice, pool_keys, grouping, caps, weight, objective
             )
             if value is None:
                 continue
             if objective == "gpus_on":
-                on = sum(1 for c in choice if c is not None)
-                value = on + value / scale
+                value = sum(1 for c in choice if c is not None) + value / scale
             elif objective == "power_migration":
                 value += opts.migration_penalty_w * _moved(problem, table, choice)
             if best is None or value < best:
