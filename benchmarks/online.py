@@ -173,8 +173,8 @@ def run_load(name: str, ev: Evaluation, verbose: bool) -> tuple[list[str], bool]
             extra = (
                 f"{stats.decisions} dec, {per:.2f}/{stats.max_lookups} lookups (budget "
                 f"{runs[planner].result.online_budget}), boosts {stats.boosts}, restores "
-                f"{stats.restores}, shifts {stats.shifts}, spills {stats.spills}, wakes "
-                f"{stats.wakes}"
+                f"{stats.restores}, trims {stats.trims}, shifts {stats.shifts}, spills "
+                f"{stats.spills}, wakes {stats.wakes}"
             )
             ok = (
                 points >= -TARGET_POINTS
