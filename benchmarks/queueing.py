@@ -243,8 +243,7 @@ def print_table(points: list[Point]) -> None:
             f"{pt.shape:22s} {pt.gpu:15s} {pt.clock_mhz:5d} {pt.load:5.2f} {pt.rate_rps:7.2f} "
             f"{pt.ttft_model_ms:10.1f} {pt.ttft_sim_ms:7.1f} {pt.ttft_sim_halfwidth:6.1%} "
             f"{pt.ttft_error:+7.1%} {pt.tbt_model_ms:9.1f} {pt.tbt_sim_ms:6.1f} "
-            f"{pt.tbt_error:+7.1%} {pt.requests:8d}"
-            + ("" if pt.met else "  MISS"),
+            f"{pt.tbt_error:+7.1%} {pt.requests:8d}" + ("" if pt.met else "  MISS"),
             flush=True,
         )
 

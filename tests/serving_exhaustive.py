@@ -192,8 +192,7 @@ def exhaustive_optimum(problem: Problem, table: OpTable | None = None) -> Optimu
             if c is not None and c[0] == "tp":
                 tp_members[(node_of[i], c[2][0])].append(i)
         pools = [
-            list(_groupings(members, int(table.tp[o])))
-            for (_, o), members in tp_members.items()
+            list(_groupings(members, int(table.tp[o]))) for (_, o), members in tp_members.items()
         ]
         if any(not p for p in pools):
             continue
@@ -244,8 +243,7 @@ def _solve_rates(
     """Least (delay-weighted, for edp) power of the rates; None if infeasible."""
     gpus = problem.gpus
     static = [
-        table.on_power[(gpus[i].type, c[1])] if c is not None else 0.0
-        for i, c in enumerate(choice)
+        table.on_power[(gpus[i].type, c[1])] if c is not None else 0.0 for i, c in enumerate(choice)
     ]
     # Variables: one rate per single placement, one per TP group.
     variables: list[tuple[int, tuple[int, ...]]] = []  # (op, GPUs it draws power on)

@@ -59,6 +59,7 @@ def test_compile_lookup_inspect_of_a_tiered_oppoints_table(
     out = tmp_path / "ops.eot"
     assert main(["compile", str(spec), "-o", str(out), "-q"]) == EXIT_OK
     assert "table written" in capsys.readouterr().out
+
     def place_share(tier: str, share_used: int) -> int:
         key = [f"slo_tier={tier}", "workload=chat-llama", "gpu_type=H100-SXM5-80GB"]
         args = [*key, "clock_mhz=1980", f"share_used={share_used}", "load=2"]

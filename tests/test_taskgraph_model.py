@@ -90,8 +90,7 @@ def test_task_no_gpu_can_run(tmp_path: Path) -> None:
     lines = _errors(tmp_path, data)
     # Refused at the measured point that names a GPU type the platform lacks.
     assert any(
-        "tasks[0](x).measured[0].gpu_type: no GPU of type 'L40S' in gpus" in line
-        for line in lines
+        "tasks[0](x).measured[0].gpu_type: no GPU of type 'L40S' in gpus" in line for line in lines
     )
 
 
