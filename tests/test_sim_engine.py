@@ -219,6 +219,26 @@ def test_verified_plan_meets_its_slos_and_oversubscribed_plan_does_not() -> None
     assert not all(s.meets_percentiles() for s in res.stats)
 
 
+@pytest.mark.parametrize(("rate_a", "rate_b"), [(6.0, 2.5), (1.0, 0.5)])
+def test_power_limits_sit_above_the_simulated_draw_at_the_planned_load(
+    rate_a: float, rate_b: float
+) -> None:
+    # The executor sets each GPU's power limit from the plan; one below what the GPU
+    # draws would throttle its locked clock. Below capacity a decode loop's batch is
+    # smaller than the model's design batch, so the draw exceeds the predicted power
+    # (here by 60-80 %, both workloads sharing one GPU).
+    problem = two_workloads(rate_a=rate_a, rate_b=rate_b, gpus=2)
+    plan = solved(problem)
+    duration = 300.0
+    res = Simulator(problem, steady_arrivals(problem, duration, 5), window_s=duration).run(plan)
+    on = [g for g in plan.gpus if g.on]
+    assert on
+    for g in on:
+        draw_w = res.meter.gpus[g.gpu].window_j / duration
+        assert g.power_limit_w is not None and draw_w <= g.power_limit_w, (g.gpu, draw_w)
+    assert any(res.meter.gpus[g.gpu].window_j / duration > g.predicted_power_w for g in on)
+
+
 def scaled_plan(plan: Plan, factor: float) -> Plan:
     """``plan`` with every placement's rate multiplied by ``factor``."""
     gpus = tuple(

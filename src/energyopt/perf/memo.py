@@ -43,11 +43,21 @@ _memo: OrderedDict[bytes, _Point] = OrderedDict()
 _lock = threading.Lock()
 
 
-def capacity_and_design_batch(
-    params: OpParams, refs: OpParams
-) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
-    """(SLO capacity in req/s, memory in bytes per GPU at that capacity, design batch)
-    of each op of ``params``, and the design batch of each op of ``refs``.
+@dataclass(frozen=True)
+class CapacityFigures:
+    """What the queueing model says of each op at its SLO capacity."""
+
+    capacity_rps: FloatArray
+    memory_bytes: FloatArray  # per GPU, at the capacity
+    design_batch: FloatArray  # decode batch at the capacity of the op at max clock (>= 1)
+    own_batch: FloatArray  # decode batch at the op's own capacity (>= 1)
+    ref_design_batch: FloatArray  # design batch of each reference op
+
+
+def capacity_and_design_batch(params: OpParams, refs: OpParams) -> CapacityFigures:
+    """SLO capacity (req/s), memory per GPU at that capacity (bytes), design batch
+    and decode batch at its own capacity of each op of ``params``, and the design
+    batch of each op of ``refs``.
 
     The design batch of an op (``perf.energy.design_batch``) is the decode batch at
     the SLO capacity of the same op at max clock, so the points evaluated are those
@@ -58,8 +68,9 @@ def capacity_and_design_batch(
     points = _points(stacked)
     capacity = np.asarray([p.capacity_rps for p in points[:n]], dtype=np.float64)
     memory = np.asarray([p.memory_bytes for p in points[:n]], dtype=np.float64)
+    own = design_batch_of(np.asarray([p.batch for p in points[:n]], dtype=np.float64))
     batch = design_batch_of(np.asarray([p.batch for p in points[n:]], dtype=np.float64))
-    return capacity, memory, batch[:n], batch[n:]
+    return CapacityFigures(capacity, memory, batch[:n], own, batch[n:])
 
 
 def _points(params: OpParams) -> list[_Point]:

@@ -158,6 +158,7 @@ class OpTable:
     memory_gb: FloatArray  # per GPU at capacity
     latency_ms: FloatArray  # unloaded service latency at the design batch
     ref_latency_ms: FloatArray  # same at max clock and the full GPU
+    peak_power_w: FloatArray  # dynamic W at capacity, whole TP group, at the batch there
     on_power: dict[tuple[str, int], float]  # W of an on GPU at a clock, nothing running
 
     def __len__(self) -> int:
@@ -211,12 +212,15 @@ def build_op_table(problem: Problem) -> OpTable:
     all_refs = build_params(refs)
     ref_first, ref_inverse = all_refs.distinct()
     ref_params = all_refs.take(ref_first)
-    capacity, memory_bytes, batch, ref_batch = capacity_and_design_batch(params, ref_params)
+    figures = capacity_and_design_batch(params, ref_params)
+    capacity, batch = figures.capacity_rps, figures.design_batch
     energy = energy_per_request_j(params, batch)
     latency = service_latency_ms(params, batch)
+    peak = capacity * energy_per_request_j(params, figures.own_batch)
     capacity, energy, latency = capacity[inverse], energy[inverse], latency[inverse]
-    memory_bytes = memory_bytes[inverse]
-    ref_latency = service_latency_ms(ref_params, ref_batch)[ref_inverse]
+    memory_bytes = figures.memory_bytes[inverse]
+    peak = peak[inverse]
+    ref_latency = service_latency_ms(ref_params, figures.ref_design_batch)[ref_inverse]
     keep = np.flatnonzero(capacity > 1e-9)
     return OpTable(
         units=units,
@@ -234,6 +238,7 @@ def build_op_table(problem: Problem) -> OpTable:
         memory_gb=memory_bytes[keep] / 1e9,
         latency_ms=latency[keep],
         ref_latency_ms=ref_latency[keep],
+        peak_power_w=peak[keep],
         on_power=on_power,
     )
 
@@ -258,6 +263,7 @@ def _empty(
         ints,
         [],
         ints,
+        floats,
         floats,
         floats,
         floats,

@@ -32,7 +32,14 @@ def power_cap_w(problem: Problem, gpu: Gpu) -> float:
 
 
 def power_limit_for(problem: Problem, gpu: Gpu, predicted_w: float) -> float:
-    """Power limit to set: predicted draw plus headroom, within the allowed range (W)."""
+    """Power limit to set (W): ``predicted_w`` plus headroom, within the allowed range.
+
+    ``assemble_plan`` passes the GPU's draw with each placement at its SLO capacity
+    (at the decode batch there), not the plan's predicted power: the model states a
+    placement's dynamic power at its op's design batch, and below capacity the real
+    batch is smaller and a decode loop draws more per request (measured in
+    simulation up to 80 % above the prediction, docs/performance-model.md §5). A
+    limit at the prediction would throttle the locked clock."""
     gtype = problem.gpu_type(gpu.type)
     cap = power_cap_w(problem, gpu)
     limit = math.ceil(predicted_w * POWER_LIMIT_HEADROOM)
@@ -58,6 +65,7 @@ def assemble_plan(
             gpus.append(GpuPlan(gpu=gpu.id, type=gpu.type, on=False))
             continue
         power = table.on_power[(gpu.type, d.clock_mhz)]
+        at_capacity = power  # the draw with every placement at its SLO capacity
         placements: list[Placement] = []
         current = {(p.workload, p.phase) for p in (gpu.state.placements if gpu.state else ())}
         for op, rate in d.ops:
@@ -65,9 +73,11 @@ def assemble_plan(
             if rate <= MIN_RATE_RPS and (unit.workload, unit.phase) not in current:
                 continue  # an empty slot; kept only where it avoids a migration
             power += float(table.energy_j[op]) * rate
+            at_capacity += float(table.peak_power_w[op])
             placements.append(_placement(table, op, rate, None))
         for op, rate, group in d.tp_ops:
             power += float(table.energy_j[op]) * rate / int(table.tp[op])
+            at_capacity += float(table.peak_power_w[op]) / int(table.tp[op])
             placements.append(_placement(table, op, rate, group))
         gpus.append(
             GpuPlan(
@@ -75,7 +85,7 @@ def assemble_plan(
                 type=gpu.type,
                 on=True,
                 clock_mhz=d.clock_mhz,
-                power_limit_w=power_limit_for(problem, gpu, power),
+                power_limit_w=power_limit_for(problem, gpu, max(power, at_capacity)),
                 placements=tuple(placements),
                 predicted_power_w=round(power, 6),
             )
