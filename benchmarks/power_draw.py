@@ -31,13 +31,13 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = (ROOT / "instances" / "quickstart.yaml", ROOT / "instances" / "fleet-16.yaml")
 
 
-def report(path: Path, duration_s: float, seed: int) -> tuple[int, int]:
-    """Print one instance's table; (GPUs on, GPUs whose draw exceeds their limit)."""
+def report(path: Path, duration_s: float, seed: int) -> None:
+    """Print one instance's table."""
     problem = load_problem(path)
     plan = solve(problem, load_preset("highs-exact"), time_limit_s=60).plan
     if plan is None:
         print(f"{path.name}: no plan")
-        return 0, 0
+        return
     rng = np.random.default_rng(seed)
     arrivals = poisson_arrivals(
         problem.instance.workloads, lambda t: np.ones_like(t), 1.0, duration_s, 0.0, rng
@@ -63,7 +63,6 @@ def report(path: Path, duration_s: float, seed: int) -> tuple[int, int]:
         f"fleet: predicted {predicted:,.0f} W, drawn {drawn_all:,.0f} W "
         f"(x{drawn_all / predicted:.2f}); draw above its limit on {over} of {len(on)} GPUs\n"
     )
-    return len(on), over
 
 
 def main() -> None:

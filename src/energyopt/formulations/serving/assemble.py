@@ -31,8 +31,8 @@ def power_cap_w(problem: Problem, gpu: Gpu) -> float:
     return min(cap, gtype.power_limit_max_w)
 
 
-def power_limit_for(problem: Problem, gpu: Gpu, predicted_w: float) -> float:
-    """Power limit to set (W): ``predicted_w`` plus headroom, within the allowed range.
+def power_limit_for(problem: Problem, gpu: Gpu, draw_w: float) -> float:
+    """Power limit to set (W): ``draw_w`` plus headroom, within the allowed range.
 
     ``assemble_plan`` passes the GPU's draw with each placement at its SLO capacity
     (at the decode batch there), not the plan's predicted power: the model states a
@@ -42,7 +42,7 @@ def power_limit_for(problem: Problem, gpu: Gpu, predicted_w: float) -> float:
     limit at the prediction would throttle the locked clock."""
     gtype = problem.gpu_type(gpu.type)
     cap = power_cap_w(problem, gpu)
-    limit = math.ceil(predicted_w * POWER_LIMIT_HEADROOM)
+    limit = math.ceil(draw_w * POWER_LIMIT_HEADROOM)
     return float(max(gtype.power_limit_min_w, min(limit, cap)))
 
 
