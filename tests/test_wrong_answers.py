@@ -22,6 +22,7 @@ from energyopt.verify.serving import evaluate_plan
 from tests.serving_exhaustive import exhaustive_optimum
 
 H100 = "H100-SXM5-80GB"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def tp_pair(caps: tuple[float | None, float | None]) -> dict[str, Any]:
@@ -77,6 +78,22 @@ def test_a_cap_that_leaves_no_room_makes_the_tp_group_infeasible() -> None:
     res = solve(problem, load_preset("highs-exact"), time_limit_s=30)
     assert res.status == INFEASIBLE and res.plan is None
     assert res.diagnosis
+
+
+def test_branch_and_price_proves_an_infeasible_instance_infeasible() -> None:
+    """MIG A100s with three times the bundled token counts: no combination of MIG
+    instances hosts all three workloads (an exhaustive enumeration finds none, in about
+    15 s). Every node LP of the tree still leaned on artificial demand, so the tree
+    alone ended on its node limit with no plan; branch-and-price must say infeasible,
+    as highs-exact does, not "no solution"."""
+    data = yaml.safe_load((ROOT / "instances" / "mig-a100.yaml").read_text())
+    for wl in data["workloads"]:
+        for key in ("prompt_tokens", "output_tokens"):
+            wl[key]["mean"] *= 3
+    problem = resolve(Instance.model_validate(data), "mig-a100-x3-tokens")
+    for name in ("highs-exact", "bnp"):
+        res = solve(problem, load_preset(name), time_limit_s=30)
+        assert res.status == INFEASIBLE and res.plan is None, (name, res.status)
 
 
 def test_a_stated_objective_that_is_not_the_plans_cost_fails_verify(

@@ -525,9 +525,17 @@ def solve_branch_price(
         )
         tree_bound = min(tree_bound, inc.objective)
     better: Result[Plan] | None = None
+    # No plan and the tree not closed (its node LPs still lean on artificial
+    # demand): the exact solve either finds a plan or proves there is none.
+    unresolved = inc.values is None and bool(heap or leaves)
     if (
-        inc.values is not None
-        and relative_gap(inc.objective, max(tree_bound, unit_bound)) > gap
+        (
+            unresolved
+            or (
+                inc.values is not None
+                and relative_gap(inc.objective, max(tree_bound, unit_bound)) > gap
+            )
+        )
         and prog.enumerated
         and sum(len(c) for c in prog.configs.values()) <= EXACT_FINISH_CONFIGS
     ):
@@ -576,7 +584,7 @@ def solve_branch_price(
         f"{inc.objective:,.3f} ({inc.found or 'none'}), bound {bound:,.3f}"
     )
     if inc.values is None:
-        if not heap and not leaves:
+        if (not heap and not leaves) or unit_bound == math.inf:
             return Result(INFEASIBLE, None, None, wall, None, preset.name, [])
         known = bound if math.isfinite(bound) else None
         return Result(
