@@ -304,3 +304,30 @@ def test_evaluation_spec_validates_and_solve_points_to_evaluate(
     code, _out, err = run(capsys, "solve", str(spec))
     assert code == EXIT_BAD_INPUT
     assert f"energyopt evaluate {spec}" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["evaluate", "instances/quickstart.yaml"], "solve it with `energyopt solve"),
+        (["evaluate", "instances/keepalive/azure-llm-2nodes.yaml"], "keepalive problem file"),
+        (["evaluate", "instances/compile-quickstart.yaml"], "energyopt compile"),
+        (["compile", "instances/quickstart.yaml", "-o", "t.eot"], "serving problem file"),
+        (["compile", "instances/evaluate/quickstart-bursty.yaml", "-o", "t.eot"], "evaluate"),
+    ],
+)
+def test_evaluate_and_compile_name_the_kind_of_a_file_they_do_not_take(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    named: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = str(ROOT / argv[1])
+    code, _out, err = run(capsys, argv[0], path, *argv[2:])
+    assert code == EXIT_BAD_INPUT
+    assert err.startswith(f"{path}: kind: `energyopt {argv[0]}` takes kind: ")
+    assert named in err
+    assert len(err.splitlines()) == 1  # one line naming the kind, not a field-by-field refusal
+    assert not (tmp_path / "t.eot").exists()

@@ -83,10 +83,31 @@ DOCUMENTS: dict[str, tuple[Validator, str]] = {
     ),
     "evaluate": (
         validate_evaluation,
-        "an evaluation spec; run it with `energyopt evaluate {path}`",
+        "this is an evaluation spec; run it with `energyopt evaluate {path}`",
     ),
 }
 """kind -> (validator, what to run instead of solve)."""
+
+
+def expect_document(path: str, kinds: Sequence[str], command: str) -> None:
+    """SpecError naming ``kind`` when ``path`` is not one of the document ``kinds``
+    that ``command`` runs, with the command that does take the file: without this, a
+    problem file handed to ``energyopt evaluate`` was refused field by field."""
+    from energyopt.spec.io import data_kind, read_data
+
+    kind = data_kind(read_data(path), path)
+    if kind in kinds:
+        return
+    wanted = " or ".join(f"kind: {k}" for k in kinds)
+    if kind in DOCUMENTS:
+        hint = DOCUMENTS[kind][1].format(path=path)
+        raise SpecError([f"{path}: kind: `energyopt {command}` takes {wanted}; {hint}"])
+    raise SpecError(
+        [
+            f"{path}: kind: `energyopt {command}` takes {wanted}, and this is a {kind} "
+            f"problem file; solve it with `energyopt solve {path}`"
+        ]
+    )
 
 
 def not_a_problem(path: str, kind: str, catalogs: Sequence[str]) -> SpecError:

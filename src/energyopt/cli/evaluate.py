@@ -28,13 +28,14 @@ def configure(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the evaluation; exit 0, or 2 on bad input (SpecError, handled by main)."""
     from energyopt.cli.common import EXIT_OK, progress
-    from energyopt.cli.documents import validate_evaluation
+    from energyopt.cli.documents import expect_document, validate_evaluation
     from energyopt.sim.loop import evaluate
     from energyopt.sim.plots import PLOT_HINT, write_plots
     from energyopt.sim.report import format_table, write_csvs
     from energyopt.spec.errors import SpecError
     from energyopt.spec.evaluation import load_evaluation
 
+    expect_document(args.spec, ("evaluate",), "evaluate")
     validate_evaluation(args.spec, args.catalog)  # refuse what validate refuses, before any work
     ev = load_evaluation(args.spec)
     if args.duration is not None:

@@ -10,8 +10,10 @@ from energyopt.spec.errors import SpecError
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from energyopt.cli.documents import expect_document
     from energyopt.tables import compile_table
 
+    expect_document(args.spec, ("plans", "oppoints"), "compile")
     say = progress(args.quiet)
     say(f"compiling {args.spec} into {args.output} with {args.workers} worker(s)")
     kind = compile_table(
