@@ -151,11 +151,34 @@ def test_unknown_solver_lists_the_valid_ones(capfd: pytest.CaptureFixture[str]) 
     assert code == EXIT_BAD_INPUT and "no solver 'highs-exact'" in err
 
 
-def test_infeasible_instance_exits_3_with_a_reason(
+def test_a_horizon_too_short_is_no_plan_on_the_grid_not_infeasible(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    """One hour of slots, and train-llama7b needs more: the slotted solvers find no
+    plan and say which job the horizon is too short for, but the instance is not
+    infeasible: the checker accepts units past the horizon, and the isolated
+    baseline's plan, which runs there, verifies."""
     data = small_data()
-    data["options"]["slots"] = 2  # one hour: train-llama7b needs more
+    data["options"]["slots"] = 2
+    path = str(write(tmp_path, data))
+    for solver in ("exact", "shadow-price"):
+        code, _, err = run(capfd, "solve", path, "-q", "--solver", solver)
+        assert code == EXIT_INFEASIBLE
+        assert "no plan (no_solution)" in err and "longer than the horizon" in err
+        assert "a plan exists past the horizon" in err
+    plan = tmp_path / "isolated.json"
+    code, _, err = run(capfd, "solve", path, "-q", "--solver", "isolated", "-o", str(plan))
+    assert code == EXIT_OK, err
+    code, out, err = run(capfd, "verify", path, str(plan))
+    assert code == EXIT_OK, out + err
+
+
+def test_a_job_that_fits_no_gpu_is_infeasible_with_a_reason(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A power budget that leaves less than any configuration draws: no horizon helps."""
+    data = small_data()
+    data["cluster"]["power_budget_w"] = 350  # four H100s idle at 300 W
     code, _, err = run(capfd, "solve", str(write(tmp_path, data)), "-q")
     assert code == EXIT_INFEASIBLE
-    assert "no plan (infeasible)" in err and "longer than the horizon" in err
+    assert "no plan (infeasible)" in err and "draws more than the power budget" in err

@@ -12,13 +12,13 @@ from energyopt.formulations.colocation.milp import Milp, build_milp
 from energyopt.formulations.colocation.model import ColocationModel
 from energyopt.formulations.colocation.schedule import Schedule, to_plan
 from energyopt.progress import Progress
-from energyopt.solvers.colocation_diagnose import diagnose
+from energyopt.solvers.colocation_diagnose import diagnose, no_plan_status
 from energyopt.solvers.colocation_result import (
     ColocationResult,
     colocation_result,
     nothing_runs,
 )
-from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Sense
+from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, OPTIMAL, Sense
 
 
 def highs_lp(milp: Milp) -> highspy.HighsLp:
@@ -101,8 +101,9 @@ def solve_exact(
 
 
 def _infeasible(model: ColocationModel, sense: Sense, t0: float, reason: str) -> ColocationResult:
+    """No plan on the slotted grid: infeasible only where no horizon would help."""
     return colocation_result(
-        INFEASIBLE,
+        no_plan_status(model),
         None,
         None,
         sense,

@@ -30,14 +30,14 @@ from energyopt.formulations.colocation.relaxation import Relaxation, build_relax
 from energyopt.formulations.colocation.schedule import Schedule, group_configs, place_units, to_plan
 from energyopt.perf.params import FloatArray
 from energyopt.progress import Progress
-from energyopt.solvers.colocation_diagnose import diagnose
+from energyopt.solvers.colocation_diagnose import diagnose, no_plan_status
 from energyopt.solvers.colocation_lagrangian import Subgradient
 from energyopt.solvers.colocation_result import (
     ColocationResult,
     colocation_result,
     nothing_runs,
 )
-from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Sense
+from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, OPTIMAL, Sense
 from energyopt.spec.colocation import TrainingJob
 
 IntArray = NDArray[np.int64]
@@ -168,7 +168,7 @@ def solve_shadow(
     missing = sorted(set(range(model.n_jobs)) - set(relax.job.tolist()))
     if missing and not relax.optional:
         return colocation_result(
-            INFEASIBLE,
+            no_plan_status(model),
             None,
             None,
             sense,
@@ -215,7 +215,8 @@ def solve_shadow(
     wall = time.perf_counter() - t0
     bound = model.display_objective(sg.best_value) if np.isfinite(sg.best_value) else None
     if best is None:
-        status = NO_SOLUTION if relax.optional else INFEASIBLE
+        # The repair found nothing: no proof, unless a job cannot run at all.
+        status = NO_SOLUTION if relax.optional else no_plan_status(model)
         diag = [] if relax.optional else diagnose(model)
         return colocation_result(status, None, bound, sense, wall, None, "shadow-price", log, diag)
     objective = model.display_objective(best.objective(model))
