@@ -213,3 +213,33 @@ def test_a_planner_backs_off_when_no_plan_is_found_and_says_whether_it_was_prove
     assert seen == pytest.approx([6.0, 5.4])
     again = planner.plan(rates)  # type: ignore[attr-defined]
     assert (again.solves, again.unproven) == (0, out.unproven)  # from the cache, same verdict
+
+
+def test_a_planner_under_a_deep_overload_finds_the_largest_fraction_that_fits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A forecast 5x what the fleet serves (a headroom of 5.5 on the bundled bursty
+    spec left every planner with "no plan for the initial load"): past the 0.9 steps
+    the planner halves the fraction, then bisects, and plans for a fraction within
+    8 % of the largest that fits, never above it."""
+    from energyopt.solvers import serving
+    from energyopt.solvers.result import INFEASIBLE, Result
+
+    real = serving.solve
+    fits = 1.2  # req/s: the largest load the fake fleet serves
+    seen: list[float] = []
+
+    def solve(problem, preset, **kw):  # type: ignore[no-untyped-def]
+        rate = problem.instance.workloads[0].rate_rps
+        seen.append(rate)
+        if rate > fits + 1e-9:
+            return Result(INFEASIBLE, None, None, 0.0, None, "fake")
+        return real(problem, preset, **kw)
+
+    monkeypatch.setattr(serving, "solve", solve)
+    planner, rates = _tiny_planner("energyopt")
+    out = planner.plan(rates)  # type: ignore[attr-defined]
+    assert out.plan is not None and not out.unproven
+    served = out.served_fraction * rates["chat"]
+    assert 0.92 * fits <= served <= fits + 1e-9
+    assert out.solves == len(seen) <= 6 + 7 + 3

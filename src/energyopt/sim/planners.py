@@ -37,6 +37,14 @@ BACKOFF = 0.9
 """When a forecast is infeasible (or no plan for it is found in the time limit),
 plan for this fraction of it, and so on."""
 BACKOFF_STEPS = 6
+DEEP_BACKOFF = 0.5
+"""Past the BACKOFF_STEPS fractions (down to 59 %), halve the fraction (a load
+above 1.7 x what the fleet serves: a spike, or a headroom set too high) ..."""
+DEEP_STEPS = 7
+"""... down to 0.9^5 / 2^7, under 0.5 %; then bisect between the fraction that
+fits and the one above it that did not ..."""
+REFINE_STEPS = 3
+"""... this many times (to within 1 - 2^(-1/8), about 8 %, of the largest)."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +106,8 @@ class SolverPlanner:
 
     def plan(self, rates_rps: dict[str, float]) -> Planned:
         """A verified plan serving ``rates_rps`` (or the largest fraction of it that
-        fits, backing off by ``BACKOFF``), solved or taken from the cache.
+        fits: backing off by ``BACKOFF``, then halving and bisecting, at most
+        BACKOFF_STEPS + DEEP_STEPS + REFINE_STEPS solves), solved or taken from the cache.
 
         A solve that ends without a plan and without proving the forecast
         infeasible (its time limit ran out) backs off too, and the answer says so
@@ -114,11 +123,13 @@ class SolverPlanner:
 
         start = time.perf_counter()
         solves = 0
-        fraction = 1.0
         unproven = False
         out: Planned | None = None
-        for _ in range(BACKOFF_STEPS):
-            scales = {n: fraction * rates_rps[n] / r for n, r in self.base_rates.items()}
+        failed_at = 1.0  # the smallest fraction tried that gave no plan
+
+        def attempt(at: float) -> bool:
+            nonlocal out, solves, unproven, failed_at
+            scales = {n: at * rates_rps[n] / r for n, r in self.base_rates.items()}
             result = solve(
                 scaled_problem(self.problem, scales),
                 self.preset,
@@ -126,19 +137,26 @@ class SolverPlanner:
                 rel_gap=self.spec.rel_gap,
             )
             solves += 1
-            if result.plan is not None:
-                out = Planned(
-                    result.plan,
-                    0.0,
-                    solves,
-                    fraction,
-                    result.bound,
-                    result.objective,
-                    unproven,
-                )
+            if result.plan is None:
+                unproven = unproven or result.status != INFEASIBLE
+                failed_at = min(failed_at, at)
+                return False
+            out = Planned(result.plan, 0.0, solves, at, result.bound, result.objective, unproven)
+            return True
+
+        steps = [BACKOFF**k for k in range(BACKOFF_STEPS)]
+        steps += [steps[-1] * DEEP_BACKOFF**k for k in range(1, DEEP_STEPS + 1)]
+        for k, fraction in enumerate(steps):
+            if attempt(fraction):
+                if k >= BACKOFF_STEPS:  # halved into it: close in on the largest
+                    low, high = fraction, failed_at  # ``out`` stays the plan of ``low``
+                    for _ in range(REFINE_STEPS):
+                        mid = (low * high) ** 0.5
+                        if attempt(mid):
+                            low = mid
+                        else:
+                            high = mid
                 break
-            unproven = unproven or result.status != INFEASIBLE
-            fraction *= BACKOFF
         wall = time.perf_counter() - start
         if out is None:
             out = Planned(None, wall, solves, 0.0)
