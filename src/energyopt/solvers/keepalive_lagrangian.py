@@ -17,7 +17,8 @@ Repair: functions in turn (most requested first) take the cheapest path that fit
 in what the functions before them left of every node budget, with their SLO kept
 exactly by a dynamic programme over late requests; costs are the true energies,
 or the energies at the current prices (to leave room where it is scarce); a
-cold-start cap is met by a growing penalty on cold requests.
+cold-start cap is met by a growing penalty on cold requests. Where no repair fits,
+the functions' paths are chosen jointly by the path master (keepalive_paths.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 from energyopt.formulations.keepalive.milp import FORMULATION_NAME
 from energyopt.formulations.keepalive.model import FloatArray, IntArray, KeepAliveProblem
 from energyopt.progress import Progress, quiet
+from energyopt.solvers.keepalive_paths import PathPool, dive, price_paths, solve_path_master
 from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, Result, Termination, relative_gap
 from energyopt.solvers.subgradient import PolyakControl, projected_step
 from energyopt.spec.keepalive import KeepAlivePlan
@@ -368,14 +370,17 @@ def solve_lagrangian(
     upper = np.inf
     iterations = 0
     termination = Termination.EFFORT_LIMIT
+    pool = PathPool(p)
     while iterations < max_iterations:
         iterations += 1
         value, paths, g = dual_point(p, y)
+        pool.offer(paths)
         if control.observe(value):
             best_bound = max(best_bound, value)
         if iterations == 1 or iterations % REPAIR_EVERY == 0:
             states = best_repair(p, y)
             if states is not None:
+                pool.offer(states)
                 cost = plan_energy(p, states)
                 if cost < upper:
                     upper, best_plan = cost, states
@@ -398,6 +403,27 @@ def solve_lagrangian(
             break
         y = Prices.of(p, prices)
     log = [f"{iterations} subgradient iterations, best dual {best_bound:,.3f} J"]
+    if best_plan is None:
+        # No order of the greedy repair fits: choose the functions' paths jointly.
+        deadline = t0 + time_limit_s
+        priced = price_paths(p, pool, deadline)
+        chosen = solve_path_master(p, pool, time_limit_s=max(1.0, deadline - time.perf_counter()))
+        how = "path master"
+        if chosen is None and priced is not None:
+            chosen, how = dive(priced, deadline), "path dive"
+            # The dive's columns may hold a (cheaper) choice even where it failed.
+            left = max(1.0, deadline - time.perf_counter())
+            better = solve_path_master(p, pool, time_limit_s=left)
+            if better is not None and (
+                chosen is None or plan_energy(p, better) < plan_energy(p, chosen)
+            ):
+                chosen, how = better, "path master after the dive"
+        found = "none" if chosen is None else f"{plan_energy(p, chosen):,.0f} J"
+        line = f"{how} over {pool.size():,} paths: {found}"
+        log.append(line)
+        progress(f"lagrangian: {line}")
+        if chosen is not None:
+            upper, best_plan = plan_energy(p, chosen), chosen
     wall = time.perf_counter() - t0
     bound = float(best_bound) if np.isfinite(best_bound) else None
     if best_plan is None:
@@ -409,7 +435,10 @@ def solve_lagrangian(
             None,
             "lagrangian",
             log=log,
-            diagnosis=["the repair found no plan within the node budgets, SLOs and cap"],
+            diagnosis=[
+                "neither the repair nor the path master found a plan within the node "
+                "budgets, SLOs and cap"
+            ],
             termination=termination,
             formulation=FORMULATION_NAME,
             algorithm="Lagrangian on the node budgets, SLOs and cap; shortest paths; repair",
