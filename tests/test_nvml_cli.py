@@ -161,6 +161,21 @@ def test_restore_missing_checkpoint(simhost: Path, capsys: pytest.CaptureFixture
     assert "cannot read checkpoint nope.json" in capsys.readouterr().err
 
 
+def test_restore_names_a_missing_checkpoint_before_nvml_starts(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """On a host without NVML, restore of a mistyped path says the path is wrong
+    (it said NVML could not start)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ENERGYOPT_NVML_BACKEND", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert main(["restore", "nope.json"]) == 5
+    err = capsys.readouterr().err
+    assert "cannot read checkpoint nope.json" in err and "NVML" not in err
+
+
 def test_real_backend_missing_is_a_clear_message(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

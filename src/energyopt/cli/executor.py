@@ -103,8 +103,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
 @_nvml_errors
 def cmd_restore(args: argparse.Namespace) -> int:
     from energyopt.nvml.session import open_session
-    from energyopt.nvml.transaction import restore
+    from energyopt.nvml.transaction import read_checkpoint, restore
 
+    read_checkpoint(args.checkpoint)  # a missing or foreign file is named before NVML starts
     with open_session() as session:
         count, errors = restore(session.ctx, args.checkpoint)
     if errors:
