@@ -477,6 +477,16 @@ def test_bad_table_header_is_refused_by_inspect_and_lookup(
         StdlibTable(path)
 
 
+def test_a_missing_table_is_named_as_every_missing_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "nothere.eot"
+    for argv in (["inspect", str(path)], ["lookup", str(path), "workload=chat-llama"]):
+        code, _, err = run(capsys, *argv)
+        assert code == 2
+        assert err == f"{path}: cannot read: No such file or directory\n", err
+
+
 def test_outputs_are_never_half_written(tmp_path: Path, plan_file: Path) -> None:
     """A write that fails leaves the old file whole and no temporary file behind."""
     plan = load(Plan, plan_file)

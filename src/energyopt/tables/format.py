@@ -183,7 +183,10 @@ class Table:
         try:
             buffer = np.memmap(name, dtype=np.uint8, mode="r")
         except (OSError, ValueError) as exc:
-            reason = "truncated: empty file" if isinstance(exc, ValueError) else str(exc)
+            if isinstance(exc, ValueError):
+                reason = "truncated: empty file"
+            else:  # as every other file: "cannot read: No such file or directory"
+                reason = f"cannot read: {exc.strerror or exc}"
             raise TableError(name, reason) from None
         try:
             layout = parse_layout(buffer, name, verify)
