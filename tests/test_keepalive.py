@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import highspy
+import numpy as np
 import pytest
 import yaml
 
@@ -364,3 +365,27 @@ def test_the_lagrangian_finds_a_plan_where_no_greedy_order_does() -> None:
     assert lag.plan is not None and lag.objective is not None, lag.log
     assert evaluate_keepalive(spec, lag.plan).violations == []
     assert exact.objective * (1 - 1e-9) <= lag.objective <= 1.02 * exact.objective
+
+
+def test_the_lagrangian_falls_back_on_the_rolling_milp_when_the_path_master_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Same tight instance, with the path master and its dive finding nothing: the
+    rolling-horizon MILP's plan is taken (its states read back from its plan file),
+    it verifies, and the bound is still the Lagrangian's."""
+    from energyopt.solvers import keepalive_lagrangian as kl
+
+    data = yaml.safe_load((ROOT / "instances/keepalive/azure-llm-2nodes.yaml").read_text())
+    for f, t, count in ((0, 10, 15), (1, 9, 132), (3, 7, 14)):
+        data["functions"][f]["arrivals"][t] = count
+    spec = KeepAliveFile.model_validate(data)
+    p = build_problem(spec)
+    monkeypatch.setattr(kl, "solve_path_master", lambda *a, **k: None)
+    monkeypatch.setattr(kl, "dive", lambda *a, **k: None)
+    lag = kl.solve_lagrangian(p)
+    assert lag.plan is not None and lag.objective is not None, lag.log
+    assert any(line.startswith("rolling-horizon MILP: ") for line in lag.log), lag.log
+    ev = evaluate_keepalive(spec, lag.plan)
+    assert ev.violations == [] and ev.energy_j == pytest.approx(lag.objective, rel=1e-9)
+    assert np.array_equal(p.states_of(p.plan_of(p.states_of(lag.plan))), p.states_of(lag.plan))
+    assert lag.bound is not None and lag.bound <= lag.objective

@@ -351,6 +351,20 @@ def best_repair(p: KeepAliveProblem, y: Prices) -> IntArray | None:
     return best
 
 
+def _rolling_plan(p: KeepAliveProblem, deadline: float) -> tuple[IntArray | None, str]:
+    """The rolling-horizon MILP's plan as states (None without one) and a log line."""
+    from energyopt.solvers.keepalive_milp import solve_rolling
+
+    left = deadline - time.perf_counter()
+    if left < 0.5:
+        return None, "rolling-horizon MILP: no time left"
+    rolled = solve_rolling(p, time_limit_s=left)
+    if rolled.plan is None:
+        return None, "rolling-horizon MILP: none"
+    states = p.states_of(rolled.plan)
+    return states, f"rolling-horizon MILP: {plan_energy(p, states):,.0f} J"
+
+
 def solve_lagrangian(
     p: KeepAliveProblem,
     *,
@@ -422,6 +436,11 @@ def solve_lagrangian(
         line = f"{how} over {pool.size():,} paths: {found}"
         log.append(line)
         progress(f"lagrangian: {line}")
+        if chosen is None:
+            # Last resort, with the time left: the rolling-horizon MILP's plan.
+            chosen, line = _rolling_plan(p, deadline)
+            log.append(line)
+            progress(f"lagrangian: {line}")
         if chosen is not None:
             upper, best_plan = plan_energy(p, chosen), chosen
     wall = time.perf_counter() - t0
@@ -436,8 +455,8 @@ def solve_lagrangian(
             "lagrangian",
             log=log,
             diagnosis=[
-                "neither the repair nor the path master found a plan within the node "
-                "budgets, SLOs and cap"
+                "neither the repair, the path master nor the rolling-horizon MILP "
+                "found a plan within the node budgets, SLOs and cap"
             ],
             termination=termination,
             formulation=FORMULATION_NAME,

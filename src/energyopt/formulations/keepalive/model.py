@@ -130,6 +130,20 @@ class KeepAliveProblem:
             ),
         )
 
+    def states_of(self, plan: KeepAlivePlan) -> IntArray:
+        """The (F, T) state indices of a plan of this problem (``plan_of`` inverted);
+        functions in the spec's order, whatever the plan's."""
+        n = self.n_nodes
+        nodes = {nd.name: i for i, nd in enumerate(self.spec.nodes)}
+        by_name = {fs.function: fs for fs in plan.functions}
+        states = np.zeros((self.n_functions, self.n_windows), dtype=np.int64)
+        for f, fn in enumerate(self.spec.functions):
+            fs = by_name[fn.name]
+            states[f] = [
+                STATES.index(st) * n + nodes[nd] for st, nd in zip(fs.states, fs.nodes, strict=True)
+            ]
+        return states
+
 
 def load_keepalive(path: str | Path) -> KeepAliveProblem:
     """Read, validate and bind a keep-alive file; SpecError naming file and field."""
