@@ -279,11 +279,13 @@ def _solve_per_gpu(
     left = max(1.0, deadline - time.perf_counter())
     out = run_backend(pm.model, preset, time_limit_s=left, rel_gap=gap, progress=note)
     bound = out.bound
-    if preset.backend == "cpsat":
-        bound = lp_relaxation_bound(pm.model)
-        note(f"LP relaxation bound {bound:,.3f}")
-        if bound == float("-inf") and out.objective is None:
+    if preset.backend == "cpsat" and out.status != INFEASIBLE:
+        # CP-SAT's bound is its relaxation's; the LP relaxation may be tighter.
+        lp_bound = lp_relaxation_bound(pm.model)
+        note(f"LP relaxation bound {lp_bound:,.3f}")
+        if lp_bound == float("-inf") and out.objective is None:
             return Result(INFEASIBLE, None, None, out.wall_s, None, preset.name, out.log)
+        bound = lp_bound if bound is None else max(bound, lp_bound)
     if out.status == INFEASIBLE:
         return Result(INFEASIBLE, None, bound, out.wall_s, None, preset.name, out.log)
     if out.objective is None:
@@ -409,6 +411,8 @@ def solve_configurations(
             out = run_backend(
                 im.model, preset, time_limit_s=max(0.5, limit_s), rel_gap=gap, progress=note
             )
+            if out.time_limited:
+                cuts.append("integer solve")
         if out.objective is not None and (best is None or out.objective < best[0] - 1e-9):
             best = (out.objective, pat.decisions(prog, im))
             if im.values is not None:
@@ -490,7 +494,8 @@ def solve_configurations(
         out = integer_solve(share * (deadline - time.perf_counter()), whole=True)
         if complete and out.status == INFEASIBLE and best is None:
             return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
-        if complete and preset.backend == "highs" and out.bound is not None and best is not None:
+        # (CP-SAT's bound is its relaxation's, valid for the exact master too.)
+        if complete and out.bound is not None and best is not None:
             bound = max(lower, min(out.bound, best[0]))
         if best is not None:
             note(f"best plan {best[0]:,.3f} (gap {relative_gap(best[0], bound):.3%})")
