@@ -23,7 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from energyopt.formulations.collective.constants import PROTOCOL_EFFICIENCY, PROTOCOL_STEP_US
-from energyopt.formulations.collective.model import CollectiveProblem, FloatArray, IntArray
+from energyopt.formulations.collective.model import (
+    SWITCH,
+    CollectiveProblem,
+    FloatArray,
+    IntArray,
+)
 from energyopt.formulations.collective.program import Program, pipelined
 from energyopt.perf.power import (
     HBM_PJ_PER_BIT,
@@ -221,29 +226,95 @@ def _needs(c: Collective, n: int) -> tuple[FloatArray, FloatArray]:
     return into, out
 
 
+def _total_needs(c: Collective, n: int) -> float:
+    """Bytes all ranks together must send at least (and so receive), by the
+    collective's semantics. An all-reduce needs 2(n - 1) one-way messages per
+    element: the least number of one-way calls that tell n parties everything
+    (directed gossip), which a sum, that cannot be taken apart, needs too."""
+    m = float(c.bytes)
+    if c.op == "all_reduce":
+        return 2.0 * (n - 1) * m
+    into, out = _needs(c, n)
+    return float(max(into.sum(), out.sum()))
+
+
+def _cut_needs(c: Collective, n: int, k: int, root_inside: bool) -> tuple[float, float]:
+    """(bytes in, bytes out) that must cross into and out of a set of ``k`` of the
+    ``n`` ranks (0 < k < n), by the collective's semantics (blocks of m/n)."""
+    m = float(c.bytes)
+    if c.op == "all_gather":
+        return m * (n - k) / n, m * k / n
+    if c.op == "reduce_scatter":
+        return m * k / n, m * (n - k) / n
+    if c.op == "all_reduce":
+        return m, m
+    if c.op == "broadcast":
+        return (0.0, m) if root_inside else (m, 0.0)
+    return m * k * (n - k) / n, m * k * (n - k) / n
+
+
+def _port_capacities(p: CollectiveProblem) -> tuple[FloatArray, ...]:
+    """(into, out of, into over the network, out over the network) each rank, GB/s:
+    its links' capacities, a NIC's as the lesser of its two hops (every byte to
+    or from the network crosses both)."""
+    n = p.n
+    caps = [np.zeros(n) for _ in range(4)]
+    for r, name in enumerate(p.ranks):
+        for u, _, d in p.graph.in_edges(name, data=True):
+            hop = min(d["gbs"], p.graph[SWITCH][u]["gbs"]) if u.endswith(":nic") else d["gbs"]
+            caps[0][r] += hop
+            caps[2][r] += hop if u.endswith(":nic") else 0.0
+        for _, v, d in p.graph.out_edges(name, data=True):
+            hop = min(d["gbs"], p.graph[v][SWITCH]["gbs"]) if v.endswith(":nic") else d["gbs"]
+            caps[1][r] += hop
+            caps[3][r] += hop if v.endswith(":nic") else 0.0
+    return tuple(caps)
+
+
 def time_bound_us(p: CollectiveProblem, c: Collective) -> float:
     """A lower bound on the time of every schedule of ``c`` (any algorithm, protocol,
-    chunking, channels and clock): launch, one step's least overhead and route
-    latency, and each rank's bytes through its links at full capacity."""
+    chunking, channels and clock): launch, route latency, and for some rank its
+    step overhead (times its straggler factor: every rank takes part in a flow,
+    whose overhead is the slower end's) plus its bytes through its links at full
+    capacity. Pooled over ranks, a rank's share of bytes over capacity is at least
+    the pool's: all ranks' bytes through all their links, and each node's bytes
+    across the network through its ranks' NICs, bound the busiest rank too."""
     n = p.n
     into, out = _needs(c, n)
-    cap_in = np.zeros(n)
-    cap_out = np.zeros(n)
-    for r, name in enumerate(p.ranks):
-        for _, _, d in p.graph.in_edges(name, data=True):
-            cap_in[r] += d["gbs"]
-        for _, _, d in p.graph.out_edges(name, data=True):
-            cap_out[r] += d["gbs"]
+    cap_in, cap_out, nic_in, nic_out = _port_capacities(p)
     least_route = min(
         float(p.edge_us[list(p.routes[a][b])].sum()) for a in range(n) for b in range(n) if a != b
     )
-    alpha = min(PROTOCOL_STEP_US.values()) + least_route
-    beta = max(float(np.max(into / cap_in)), float(np.max(out / cap_out))) / 1e3
-    return p.rates.launch_us + alpha + beta
+    alpha = min(PROTOCOL_STEP_US.values())
+    per_rank = np.maximum(into / cap_in, out / cap_out) / 1e3
+    slow = np.maximum(1.0, p.slowdown)
+    total = _total_needs(c, n)
+    pooled = max(total / float(cap_in.sum()), total / float(cap_out.sum())) / 1e3
+    busiest = max(float(np.max(alpha * slow + per_rank)), alpha + pooled) + least_route
+    node_of = np.asarray(p.node_of)
+    for node in set(p.node_of) if p.n_nodes > 1 else ():
+        # The bytes that must leave or enter this node cross the network: the last
+        # of them lands a cross-node route's latency after its rank sent it.
+        inside = node_of == node
+        need_in, need_out = _cut_needs(c, n, int(inside.sum()), bool(inside[c.root]))
+        cut = max(need_in / float(nic_in[inside].sum()), need_out / float(nic_out[inside].sum()))
+        least_cross = min(
+            float(p.edge_us[list(p.routes[a][b])].sum())
+            for a in range(n)
+            for b in range(n)
+            if inside[a] != inside[b]
+        )
+        busiest = max(busiest, alpha + cut / 1e3 + least_cross)
+    return p.rates.launch_us + busiest
 
 
 def energy_bound_j(p: CollectiveProblem, c: Collective) -> float:
-    """A lower bound on every schedule's energy: all ranks at the least power of any
-    clock (one channel) for the least time."""
+    """A lower bound on every schedule's energy, J: all ranks at the least power of
+    any clock (one channel) for the least time, and the memory traffic of the
+    least bytes sent (read at the sender, written at the receiver) and reduced (a
+    sum of n inputs takes n - 1 reductions of a received byte)."""
     least = min(rank_power_w(p, 1, f) for f in p.clocks_mhz)
-    return p.n * least * time_bound_us(p, c) * 1e-6
+    reduced = (p.n - 1) * float(c.bytes) if c.op in ("all_reduce", "reduce_scatter") else 0.0
+    touches = 2.0 * _total_needs(c, p.n) + reduced
+    memory = touches * 8.0 * HBM_PJ_PER_BIT * 1e-12
+    return p.n * least * time_bound_us(p, c) * 1e-6 + memory
