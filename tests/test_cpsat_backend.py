@@ -127,3 +127,31 @@ def test_negative_variables_get_no_bound() -> None:
     out = solve_cpsat(m, time_limit_s=5, threads=1)
     assert out.objective is not None and out.bound is None
     assert any("relaxation not built" in line for line in out.log)
+
+
+def test_without_a_bound_the_plan_is_the_same_and_nothing_is_claimed() -> None:
+    """``bound=False`` (a caller that does not read the bound): the same plan, no
+    relaxation solved, no bound, and a model infeasible on the grid is 'no
+    solution', never 'infeasible' (only the relaxation can prove that)."""
+    m = pyo.ConcreteModel()
+    m.x = pyo.Var(range(3), domain=pyo.NonNegativeReals, bounds=(0, 10))
+    m.z = pyo.Var(range(3), domain=pyo.Binary)
+    m.rows = pyo.ConstraintList()
+    for j in range(3):
+        m.rows.add(m.x[j] <= (2.0 + j / 3) * m.z[j])
+    m.rows.add(sum(m.x[j] for j in range(3)) == math.pi)
+    m.obj = pyo.Objective(expr=sum((1 + j) * m.x[j] + 0.5 * m.z[j] for j in range(3)))
+    with_bound = solve_cpsat(m.clone(), time_limit_s=5, rel_gap=1e-9, threads=1)
+    out = solve_cpsat(m, time_limit_s=5, rel_gap=1e-9, threads=1, bound=False)
+    assert out.status == "feasible" and out.bound is None
+    assert out.objective == pytest.approx(with_bound.objective, rel=1e-9)
+    assert not any("relaxation" in line for line in out.log)
+
+    bad = pyo.ConcreteModel()
+    bad.x = pyo.Var(domain=pyo.NonNegativeReals, bounds=(0, 3.3))
+    bad.z = pyo.Var(domain=pyo.Binary)
+    bad.cap = pyo.Constraint(expr=bad.x <= 1.7 * bad.z)
+    bad.need = pyo.Constraint(expr=bad.x >= 1.75)
+    bad.obj = pyo.Objective(expr=bad.x + bad.z)
+    none = solve_cpsat(bad, time_limit_s=5, threads=1, bound=False)
+    assert none.status == "no_solution" and none.objective is None and none.bound is None

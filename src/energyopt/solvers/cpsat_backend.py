@@ -61,6 +61,7 @@ def solve_cpsat(
     resolution: float = 1e-4,
     bound_resolution: float = 1e-6,
     progress: Progress | None = None,
+    bound: bool = True,
 ) -> MilpOutcome:
     """Run CP-SAT on ``model``; loads the solution into the Pyomo variables.
 
@@ -69,12 +70,15 @@ def solve_cpsat(
     loses about ``bound_resolution`` x the coefficients of each row). The
     outcome's objective is the exact model's value at the loaded solution,
     its bound the relaxation's proven bound (model units), ``time_limited`` True
-    when either solve stopped at its time limit.
+    when either solve stopped at its time limit. ``bound`` False skips the
+    relaxation for a caller that does not use the bound: the restriction gets the
+    whole time limit, and the outcome has no bound (and so never says infeasible).
     """
     start = time.perf_counter()
     log: list[str] = []
     plan = _Discretized(model, resolution, relaxed=False)
-    plan_limit = None if time_limit_s is None else max(0.1, PLAN_SHARE * time_limit_s)
+    share = PLAN_SHARE if bound else 1.0
+    plan_limit = None if time_limit_s is None else max(0.1, share * time_limit_s)
     code, solver = plan.solve(plan_limit, rel_gap, threads, log, progress, "cp-sat")
     if code == cp_model.MODEL_INVALID:
         raise CpSatModelError("CP-SAT rejects the model as invalid")
@@ -88,12 +92,17 @@ def solve_cpsat(
         plan.load(solver)
         if _polish(model, log):
             objective = float(pyo.value(plan.objective.expr))
+    if not bound:
+        wall = time.perf_counter() - start
+        if objective is None:
+            return MilpOutcome("no_solution", None, None, wall, log, time_limited)
+        return MilpOutcome("feasible", objective, None, wall, log, time_limited)
     bound_limit = (
         None
         if time_limit_s is None
         else max(MIN_BOUND_S, time_limit_s - (time.perf_counter() - start))
     )
-    bound, infeasible, cut = _relaxation_bound(
+    certified, infeasible, cut = _relaxation_bound(
         model, bound_resolution, bound_limit, rel_gap, threads, log, progress
     )
     time_limited = time_limited or cut
@@ -101,10 +110,10 @@ def solve_cpsat(
     if infeasible:
         return MilpOutcome("infeasible", None, None, wall, log)
     if objective is None:
-        return MilpOutcome("no_solution", None, bound, wall, log, time_limited)
-    if bound is not None:
-        bound = min(bound, objective)
-    return MilpOutcome("feasible", objective, bound, wall, log, time_limited)
+        return MilpOutcome("no_solution", None, certified, wall, log, time_limited)
+    if certified is not None:
+        certified = min(certified, objective)
+    return MilpOutcome("feasible", objective, certified, wall, log, time_limited)
 
 
 def _relaxation_bound(

@@ -94,8 +94,10 @@ def run_backend(
     time_limit_s: float,
     rel_gap: float,
     progress: Progress,
+    bound: bool = True,
 ) -> MilpOutcome:
-    """Solve a Pyomo model with the preset's backend."""
+    """Solve a Pyomo model with the preset's backend (``bound`` False: CP-SAT
+    spends no time on a bound the caller does not use)."""
     if preset.backend == "cpsat":
         return solve_cpsat(
             model,
@@ -103,6 +105,7 @@ def run_backend(
             rel_gap=rel_gap,
             threads=preset.threads,
             progress=progress,
+            bound=bound,
         )
     return solve_milp(
         model,
@@ -372,9 +375,12 @@ def solve_configurations(
     start: np.ndarray | None = None
     cuts = list(root.time_cut)
 
-    def integer_solve(limit_s: float, *, whole: bool = False) -> MilpOutcome:
+    def integer_solve(
+        limit_s: float, *, whole: bool = False, bound_needed: bool = False
+    ) -> MilpOutcome:
         """The integer master over the generated columns; ``whole``: never over the
-        restricted set (its bound must hold for every generated column)."""
+        restricted set (its bound must hold for every generated column);
+        ``bound_needed``: its bound will be used (CP-SAT computes one only then)."""
         nonlocal best, start
         if preset.backend == "highs":
             im = pat.integer_model(prog, pyomo=False)
@@ -409,7 +415,12 @@ def solve_configurations(
         else:
             im = pat.integer_model(prog)
             out = run_backend(
-                im.model, preset, time_limit_s=max(0.5, limit_s), rel_gap=gap, progress=note
+                im.model,
+                preset,
+                time_limit_s=max(0.5, limit_s),
+                rel_gap=gap,
+                progress=note,
+                bound=bound_needed,
             )
             if out.time_limited:
                 cuts.append("integer solve")
@@ -491,7 +502,9 @@ def solve_configurations(
         # Whole: the bound of this solve is the problem's only if it saw every
         # column within the slack (a restricted master's bound holds for its own
         # columns alone).
-        out = integer_solve(share * (deadline - time.perf_counter()), whole=True)
+        out = integer_solve(
+            share * (deadline - time.perf_counter()), whole=True, bound_needed=complete
+        )
         if complete and out.status == INFEASIBLE and best is None:
             return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
         # (CP-SAT's bound is its relaxation's, valid for the exact master too.)
