@@ -96,6 +96,13 @@ def build_cp_model(tg: TaskGraph, horizon: int) -> CpTaskGraph:
     for i in range(n):
         if not tg.succs[i]:
             m.add(makespan >= end[i])
+    for g in range(gpus):
+        # Redundant (no-overlap implies it), but linear: the LP relaxation then
+        # knows that a GPU's tasks fit before the makespan, so a deadline forces
+        # faster (costlier) options into the bound.
+        busy = [(x, tg.opts(i, gg).dur[k]) for (i, gg, k), x in present.items() if gg == g]
+        if busy:
+            m.add(sum(d * x for x, d in busy) <= makespan)
     transition_terms: list[tuple[Any, int]] = []
     arcs: dict[int, list[tuple[int, int, Any]]] = {}
     if tg.transition > 0 or tg.transition_j > 0:
