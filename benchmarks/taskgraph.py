@@ -151,7 +151,8 @@ def section_scale() -> None:
             saved = 100 * (1 - tot.energy_j / base.energy_j)
             print(
                 f"{name:<16} {tg.n_tasks:>6} tasks {kind:<14} model {built:5.1f} s, "
-                f"schedule {wall:5.1f} s; energy saved {saved:.1f}%"
+                f"schedule {wall:5.1f} s; energy saved {saved:.1f}%, certified gap "
+                f"{'n/a' if r.gap is None else f'{100 * r.gap:.1f}%'}"
             )
 
 

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from energyopt.formulations.taskgraph.model import TaskGraph, objective_value
+
+Pricing = Callable[[np.ndarray], float]
+"""The Lagrangian bound (J) as a function of the multipliers (J per grid unit)."""
+GOLDEN_STEPS = 60
+"""Golden-section steps per multiplier (the interval shrinks by 0.618 per step)."""
+ASCENT_ROUNDS = 3
+"""Rounds of coordinate ascent over the GPU types' multipliers."""
 
 
 @dataclass(frozen=True)
@@ -14,11 +24,12 @@ class LowerBounds:
 
     makespan: int  # grid units
     dyn_j: float  # sum over tasks of the least above-idle energy of any option
+    priced_j: float = 0.0  # the Lagrangian energy bound (J), see ``priced_energy_j``
 
     def energy_j(self, tg: TaskGraph, makespan: int | None = None) -> float:
         """Least energy of a schedule of makespan >= ``makespan`` (default the bound), J."""
         m = self.makespan if makespan is None else max(makespan, self.makespan)
-        return tg.idle_total_w * tg.ms(m) / 1e3 + self.dyn_j
+        return max(tg.idle_total_w * tg.ms(m) / 1e3 + self.dyn_j, self.priced_j)
 
     def objective(self, tg: TaskGraph) -> float:
         """A lower bound on the file's objective (energy and makespan bounds both hold,
@@ -29,7 +40,8 @@ class LowerBounds:
 def lower_bounds(tg: TaskGraph) -> LowerBounds:
     """Makespan >= the longest chain of fastest durations (no transfers) and >= the
     fastest total work spread over all GPUs; energy >= idle power x that makespan
-    plus every task's least above-idle energy (transitions cost >= 0)."""
+    plus every task's least above-idle energy (transitions cost >= 0), and >= the
+    Lagrangian bound of ``priced_energy_j``."""
     fastest = []
     least_dyn = 0.0
     for i in range(tg.n_tasks):
@@ -45,4 +57,110 @@ def lower_bounds(tg: TaskGraph) -> LowerBounds:
         finish[i] = fastest[i] + max((finish[p] for p, _ in tg.preds[i]), default=0)
     chain = max(finish)
     work = math.ceil(sum(fastest) / tg.n_gpus)
-    return LowerBounds(max(chain, work), least_dyn)
+    makespan = max(chain, work)
+    return LowerBounds(makespan, least_dyn, priced_energy_j(tg, makespan))
+
+
+def priced_energy_j(tg: TaskGraph, makespan_lb: int) -> float:
+    """Lagrangian lower bound on the energy of any feasible schedule (J).
+
+    A schedule of makespan M (grid units) draws E = P M + sum_i dyn_i + transitions,
+    P = every GPU's idle power (J per unit), and the tasks on the n_t GPUs of type t
+    are busy for at most n_t M units in all (they do not overlap on a GPU). Pricing
+    that busy time at lambda_t >= 0 J per unit:
+
+        E >= sum_i min over (t, option) of (dyn + lambda_t dur) + (P - sum_t lambda_t n_t) M,
+
+    and M >= ``makespan_lb`` where the bracket is >= 0, M <= the deadline where it
+    is < 0 (energy_within), so every lambda gives a bound. At lambda_t = P / n_GPUs
+    each task carries its share of the idle power for as long as it runs, which is
+    what a slow clock costs; under a deadline a larger price forces the faster,
+    costlier options. The best lambda is searched by coordinate ascent (golden
+    section per type on a concave function); any point it stops at is valid.
+    """
+    unit_s = tg.unit_ms / 1e3
+    n_types = len(tg.types)
+    counts = np.array([sum(1 for g in tg.gpu_type if g == t) for t in range(n_types)], float)
+    idle_per_unit = tg.idle_total_w * unit_s  # J per grid unit, all GPUs
+    n = tg.n_tasks
+    width = max((len(o.dur) for per in tg.options for o in per), default=0)
+    if n == 0 or width == 0:
+        return 0.0
+    dyn = np.full((n_types, n, width), np.inf)
+    dur = np.zeros((n_types, n, width))
+    for t in range(n_types):
+        if counts[t] == 0:
+            continue
+        for i, o in enumerate(tg.options[t]):
+            k = len(o.dur)
+            dyn[t, i, :k] = o.dyn_j
+            dur[t, i, :k] = o.dur
+    deadline = tg.deadline
+
+    def value(lam: np.ndarray) -> float:
+        priced = (dyn + lam[:, None, None] * dur).min(axis=2).min(axis=0)
+        slope = idle_per_unit - float(lam @ counts)
+        if slope >= 0:
+            return float(priced.sum()) + slope * makespan_lb
+        if deadline is None:
+            return -math.inf
+        return float(priced.sum()) + slope * deadline
+
+    lam = np.zeros(n_types)
+    best = value(lam)
+    for _ in range(ASCENT_ROUNDS):
+        before = best
+        for t in range(n_types):
+            if counts[t] == 0:
+                continue
+            rest = float(lam @ counts) - lam[t] * counts[t]
+            hi = max(idle_per_unit - rest, 0.0) / counts[t]
+            if deadline is not None:
+                hi = _widened(value, lam, t, max(hi, idle_per_unit / counts[t]))
+            lam[t], got = _golden_max(value, lam, t, hi)
+            best = max(best, got)
+        if best <= before * (1 + 1e-12):
+            break
+    return best if math.isfinite(best) else 0.0
+
+
+def _at(lam: np.ndarray, t: int, x: float) -> np.ndarray:
+    out = lam.copy()
+    out[t] = x
+    return out
+
+
+def _widened(value: Pricing, lam: np.ndarray, t: int, hi: float) -> float:
+    """An upper end for lambda_t's search: doubled while the bound still rises there
+    (concave: past a point where it falls, the maximum lies below it)."""
+    f = value
+    for _ in range(60):
+        if f(_at(lam, t, 2 * hi)) <= f(_at(lam, t, hi)):
+            return 2 * hi
+        hi *= 2
+    return hi
+
+
+def _golden_max(value: Pricing, lam: np.ndarray, t: int, hi: float) -> tuple[float, float]:
+    """lambda_t in [0, hi] maximising the concave ``value`` (golden section), and its
+    value; the current lambda_t is kept when it is better than the search's point."""
+    f = value
+    ratio = (math.sqrt(5) - 1) / 2
+    a, b = 0.0, hi
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = f(_at(lam, t, c)), f(_at(lam, t, d))
+    for _ in range(GOLDEN_STEPS):
+        if fc >= fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = f(_at(lam, t, c))
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = f(_at(lam, t, d))
+    x, fx = (c, fc) if fc >= fd else (d, fd)
+    for y in (0.0, hi, float(lam[t])):
+        fy = f(_at(lam, t, y))
+        if fy > fx:
+            x, fx = y, fy
+    return x, float(fx)
