@@ -258,6 +258,25 @@ def test_every_solver_against_brute_force_on_two_nodes(seed: int) -> None:
     _check_every_solver(p, _two_node_optimum(p))
 
 
+def test_the_milp_at_its_time_limit_never_returns_more_than_the_fast_plan() -> None:
+    """The bundled 58-epoch instance in 2 s: HiGHS' incumbent then costs more than the
+    fast algorithm's plan (or there is none), so ``milp`` and ``auto`` report the
+    fast plan, still with the MILP's bound below it, and say so."""
+    fam = family("serverless")
+    p = fam.load(str(ROOT / "instances" / "serverless" / "azure-conv-2x8-h100.yaml"), [])
+    fast = fam.solve(p, "fast", time_limit_s=2, rel_gap=1e-4, progress=QUIET)
+    certify(fam, p, fast, 1e-4, QUIET)
+    assert fast.objective is not None
+    for name in ("milp", "auto"):
+        res = fam.solve(p, name, time_limit_s=2, rel_gap=1e-4, progress=QUIET)
+        certify(fam, p, res, 1e-4, QUIET)
+        assert res.plan is not None and res.objective is not None, name
+        assert res.objective <= fast.objective * (1 + 1e-9), name
+        assert res.bound is not None and res.bound <= res.objective, name
+        if res.objective == pytest.approx(fast.objective, rel=1e-12):
+            assert "plan from the fast algorithm" in res.algorithm, name
+
+
 # --- the verifier --------------------------------------------------------------
 
 
