@@ -88,20 +88,8 @@ def test_plan_is_feasible_and_bound_is_below_the_optimum(model: pyo.ConcreteMode
         assert out.bound <= opt + tol, (out.bound, opt, out.log)
 
 
-def test_relaxation_proves_infeasibility() -> None:
-    m = pyo.ConcreteModel()
-    m.x = pyo.Var(domain=pyo.NonNegativeReals, bounds=(0, 3.3))
-    m.z = pyo.Var(domain=pyo.Binary)
-    m.cap = pyo.Constraint(expr=m.x <= 1.7 * m.z)
-    m.need = pyo.Constraint(expr=m.x >= 1.75)
-    m.obj = pyo.Objective(expr=m.x + m.z)
-    out = solve_cpsat(m, time_limit_s=5, threads=1)
-    assert out.status == "infeasible" and out.objective is None
-
-
-def test_bound_closes_the_gap_on_a_fractional_optimum() -> None:
-    """An optimum off the restriction's grid: the plan is within a step of it and
-    the relaxation's bound proves it to far better than the step."""
+def _fractional() -> pyo.ConcreteModel:
+    """A MILP whose optimum (x summing to pi) lies off the restriction's grid."""
     m = pyo.ConcreteModel()
     m.x = pyo.Var(range(3), domain=pyo.NonNegativeReals, bounds=(0, 10))
     m.z = pyo.Var(range(3), domain=pyo.Binary)
@@ -110,6 +98,30 @@ def test_bound_closes_the_gap_on_a_fractional_optimum() -> None:
         m.rows.add(m.x[j] <= (2.0 + j / 3) * m.z[j])
     m.rows.add(sum(m.x[j] for j in range(3)) == math.pi)
     m.obj = pyo.Objective(expr=sum((1 + j) * m.x[j] + 0.5 * m.z[j] for j in range(3)))
+    return m
+
+
+def _infeasible_off_the_grid() -> pyo.ConcreteModel:
+    """Infeasible (x >= 1.75 but x <= 1.7 z), which only the relaxation proves."""
+    m = pyo.ConcreteModel()
+    m.x = pyo.Var(domain=pyo.NonNegativeReals, bounds=(0, 3.3))
+    m.z = pyo.Var(domain=pyo.Binary)
+    m.cap = pyo.Constraint(expr=m.x <= 1.7 * m.z)
+    m.need = pyo.Constraint(expr=m.x >= 1.75)
+    m.obj = pyo.Objective(expr=m.x + m.z)
+    return m
+
+
+def test_relaxation_proves_infeasibility() -> None:
+    m = _infeasible_off_the_grid()
+    out = solve_cpsat(m, time_limit_s=5, threads=1)
+    assert out.status == "infeasible" and out.objective is None
+
+
+def test_bound_closes_the_gap_on_a_fractional_optimum() -> None:
+    """An optimum off the restriction's grid: the plan is within a step of it and
+    the relaxation's bound proves it to far better than the step."""
+    m = _fractional()
     exact = solve_milp(m.clone(), rel_gap=1e-9)
     assert exact.objective is not None
     out = solve_cpsat(m, time_limit_s=5, rel_gap=1e-9, threads=1)
@@ -133,25 +145,12 @@ def test_without_a_bound_the_plan_is_the_same_and_nothing_is_claimed() -> None:
     """``bound=False`` (a caller that does not read the bound): the same plan, no
     relaxation solved, no bound, and a model infeasible on the grid is 'no
     solution', never 'infeasible' (only the relaxation can prove that)."""
-    m = pyo.ConcreteModel()
-    m.x = pyo.Var(range(3), domain=pyo.NonNegativeReals, bounds=(0, 10))
-    m.z = pyo.Var(range(3), domain=pyo.Binary)
-    m.rows = pyo.ConstraintList()
-    for j in range(3):
-        m.rows.add(m.x[j] <= (2.0 + j / 3) * m.z[j])
-    m.rows.add(sum(m.x[j] for j in range(3)) == math.pi)
-    m.obj = pyo.Objective(expr=sum((1 + j) * m.x[j] + 0.5 * m.z[j] for j in range(3)))
+    m = _fractional()
     with_bound = solve_cpsat(m.clone(), time_limit_s=5, rel_gap=1e-9, threads=1)
     out = solve_cpsat(m, time_limit_s=5, rel_gap=1e-9, threads=1, bound=False)
     assert out.status == "feasible" and out.bound is None
     assert out.objective == pytest.approx(with_bound.objective, rel=1e-9)
     assert not any("relaxation" in line for line in out.log)
 
-    bad = pyo.ConcreteModel()
-    bad.x = pyo.Var(domain=pyo.NonNegativeReals, bounds=(0, 3.3))
-    bad.z = pyo.Var(domain=pyo.Binary)
-    bad.cap = pyo.Constraint(expr=bad.x <= 1.7 * bad.z)
-    bad.need = pyo.Constraint(expr=bad.x >= 1.75)
-    bad.obj = pyo.Objective(expr=bad.x + bad.z)
-    none = solve_cpsat(bad, time_limit_s=5, threads=1, bound=False)
+    none = solve_cpsat(_infeasible_off_the_grid(), time_limit_s=5, threads=1, bound=False)
     assert none.status == "no_solution" and none.objective is None and none.bound is None
