@@ -7,7 +7,7 @@ anywhere, repeat a key), writes it as JSON, YAML or TOML, and runs the commands
 that read that kind of file. The outcome must be one of:
 
 * valid: every command exits 0 (a file ``validate`` accepts is one ``solve`` or
-  ``compile`` can run, so they run too; ``solve`` may also exit 3, no plan, with
+  ``compile`` can run, so they run too; ``solve`` may also exit 3 or 6, no plan, with
   the reason);
 * rejected: exit 2 (1 for a plan ``verify`` finds violations in), no traceback,
   no "internal error", and the first line of stderr starts with the file's path
@@ -141,7 +141,7 @@ def classify(
     assert "internal error" not in err, err
     if code == 0:
         return "valid"
-    if code == 3:  # solve: a valid file with no plan, explained
+    if code in (3, 6):  # solve: a valid file with no plan (infeasible / none found), explained
         assert any(err.startswith(f"{p}: no ") for p in (path, *others)), err
         return "valid"
     assert code in (1, 2), (code, err)

@@ -12,9 +12,11 @@ from energyopt import __version__
 from energyopt.cli import calibrate, evaluate, executor, problems, profile, tables
 from energyopt.cli.common import (
     EXIT_BAD_INPUT,
+    EXIT_CODES,
     EXIT_DEVICE,
     EXIT_INFEASIBLE,
     EXIT_INTERNAL,
+    EXIT_NO_PLAN,
     EXIT_OK,
     EXIT_SIGNAL,
     EXIT_VIOLATION,
@@ -27,6 +29,7 @@ __all__ = [
     "EXIT_DEVICE",
     "EXIT_INFEASIBLE",
     "EXIT_INTERNAL",
+    "EXIT_NO_PLAN",
     "EXIT_OK",
     "EXIT_SIGNAL",
     "EXIT_VIOLATION",
@@ -40,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="energyopt",
         description="Energy-optimal placement, SM partitioning and clocks for GPU fleets.",
+        epilog=EXIT_CODES,
     )
     parser.add_argument("--version", action="version", version=f"energyopt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

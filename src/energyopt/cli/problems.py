@@ -11,6 +11,7 @@ from typing import Any
 from energyopt.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_INFEASIBLE,
+    EXIT_NO_PLAN,
     EXIT_OK,
     EXIT_VIOLATION,
     err,
@@ -26,6 +27,7 @@ from energyopt.families import (
     family,
     solver_entry,
 )
+from energyopt.solvers.result import INFEASIBLE
 from energyopt.spec.errors import SpecError
 
 FAMILY_SIGNS: tuple[tuple[str, str], ...] = (
@@ -115,7 +117,13 @@ def cmd_solve(args: argparse.Namespace) -> int:
         err(f"{args.file}: no plan ({result.status}) after {result.wall_s:.1f} s")
         for line in result.diagnosis:
             err(f"  - {line}")
-        return EXIT_INFEASIBLE
+        if result.status == INFEASIBLE:
+            return EXIT_INFEASIBLE
+        err(
+            f"  - not proven infeasible: {entry.name} found no plan within its limits; "
+            "a longer --time-limit or another solver (energyopt solvers) may find one"
+        )
+        return EXIT_NO_PLAN
     if result.fallback:
         err(f"{args.file}: {result.fallback}")
     print("\n".join(fam.report(problem, result)))
