@@ -137,3 +137,36 @@ def test_bounds_and_plans_on_random_small_instances(data: dict[str, Any]) -> Non
         assert evaluate_colocation(problem, result.plan).violations == []
         ev = evaluate_colocation(problem, result.plan, default_predictor())
         assert ev.objective == pytest.approx(result.objective, rel=1e-9)
+
+
+def test_auto_runs_the_exact_milp_after_shadow_prices_in_the_time_left() -> None:
+    """The bundled 64-job instance (28,880 MILP columns, above the exact-alone limit):
+    ``auto`` returns a plan no worse than shadow prices' with a bound no weaker, and
+    here the MILP's proven optimum; with no time left after shadow prices it returns
+    their plan and says the MILP was not run."""
+    from pathlib import Path
+
+    from energyopt.families import certify, family
+    from energyopt.solvers.colocation_solve import (
+        EXACT_MAX_COLUMNS,
+        PORTFOLIO_MAX_COLUMNS,
+        exact_columns,
+    )
+
+    root = Path(__file__).resolve().parents[1]
+    fam = family("colocation")
+    problem = fam.load(str(root / "instances" / "colocation" / "colocation-64.yaml"), [])
+    assert EXACT_MAX_COLUMNS < exact_columns(build_model(problem)) <= PORTFOLIO_MAX_COLUMNS
+    quiet = lambda _line: None  # noqa: E731
+    shadow = fam.solve(problem, "shadow-price", time_limit_s=60, rel_gap=None, progress=quiet)
+    auto = fam.solve(problem, "auto", time_limit_s=60, rel_gap=None, progress=quiet)
+    for r in (shadow, auto):
+        certify(fam, problem, r, 1e-4, quiet)
+    assert shadow.objective is not None and shadow.bound is not None
+    assert auto.objective is not None and auto.bound is not None
+    assert auto.objective <= shadow.objective and auto.bound >= shadow.bound
+    assert auto.status == OPTIMAL and auto.algorithm == "exact MILP after shadow prices"
+    assert auto.objective < shadow.objective * 0.99  # shadow prices stop 4.7 % above
+    hurried = fam.solve(problem, "auto", time_limit_s=0.5, rel_gap=None, progress=quiet)
+    assert hurried.plan is not None and hurried.algorithm.startswith("shadow prices")
+    assert any("exact MILP not run" in line for line in hurried.log)

@@ -55,14 +55,16 @@ class ColocationFamily:
         return lines
 
     def solvers(self) -> list[SolverEntry]:
-        from energyopt.solvers.colocation_solve import EXACT_MAX_COLUMNS
+        from energyopt.solvers.colocation_solve import EXACT_MAX_COLUMNS, PORTFOLIO_MAX_COLUMNS
 
         return [
             SolverEntry(
                 "auto",
                 self.kind,
                 "certified bound",
-                f"exact up to {EXACT_MAX_COLUMNS:,} MILP columns, else shadow-price",
+                f"exact up to {EXACT_MAX_COLUMNS:,} MILP columns; up to "
+                f"{PORTFOLIO_MAX_COLUMNS:,}, shadow-price and then exact in the time left "
+                "(the better plan and bound); else shadow-price",
             ),
             SolverEntry(
                 "exact",
@@ -166,7 +168,8 @@ class ColocationFamily:
             lines.append(
                 f"interference predictor on this plan's pairs: {_pair_error(problem, pairs)}"
             )
-        lines.append(f"solver {result.solver}, {result.wall_s:.2f} s; {problem.source}")
+        how = f" ({result.algorithm})" if result.algorithm else ""
+        lines.append(f"solver {result.solver}{how}, {result.wall_s:.2f} s; {problem.source}")
         return lines
 
     def to_file(self, problem: ColocationProblem, result: ColocationResult) -> BaseModel:
