@@ -116,8 +116,9 @@ def _portfolio(
         if better.objective is not None:
             o = better.objective
             better.bound = min(better.bound, o) if better.sense == "min" else max(better.bound, o)
-    if better.objective is not None and better.status not in (OPTIMAL, FEASIBLE):
-        better.status = FEASIBLE
+    if better.objective is not None and better.bound is not None and better.gap is not None:
+        # the other solver's bound may close this plan's gap
+        better.status = OPTIMAL if better.gap <= target + 1e-12 else FEASIBLE
     better.solver = "auto"
     better.algorithm = (
         "exact MILP after shadow prices" if better is exact else "shadow prices (exact MILP after)"
