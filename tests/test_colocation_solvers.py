@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from energyopt.families import certify, family
 from energyopt.formulations.colocation.interference import default_predictor
 from energyopt.formulations.colocation.model import build_model
 from energyopt.formulations.colocation.relaxation import build_relaxation
@@ -15,6 +17,11 @@ from energyopt.solvers.colocation_exact import solve_exact
 from energyopt.solvers.colocation_isolated import solve_isolated
 from energyopt.solvers.colocation_result import ColocationResult
 from energyopt.solvers.colocation_shadow import solve_shadow
+from energyopt.solvers.colocation_solve import (
+    EXACT_MAX_COLUMNS,
+    PORTFOLIO_MAX_COLUMNS,
+    exact_columns,
+)
 from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, OPTIMAL
 from energyopt.verify.colocation import evaluate_colocation
 
@@ -144,15 +151,6 @@ def test_auto_runs_the_exact_milp_after_shadow_prices_in_the_time_left() -> None
     ``auto`` returns a plan no worse than shadow prices' with a bound no weaker, and
     here the MILP's proven optimum; with no time left after shadow prices it returns
     their plan and says the MILP was not run."""
-    from pathlib import Path
-
-    from energyopt.families import certify, family
-    from energyopt.solvers.colocation_solve import (
-        EXACT_MAX_COLUMNS,
-        PORTFOLIO_MAX_COLUMNS,
-        exact_columns,
-    )
-
     root = Path(__file__).resolve().parents[1]
     fam = family("colocation")
     problem = fam.load(str(root / "instances" / "colocation" / "colocation-64.yaml"), [])

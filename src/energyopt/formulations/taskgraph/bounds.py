@@ -133,9 +133,8 @@ def _at(lam: np.ndarray, t: int, x: float) -> np.ndarray:
 def _widened(value: Pricing, lam: np.ndarray, t: int, hi: float) -> float:
     """An upper end for lambda_t's search: doubled while the bound still rises there
     (concave: past a point where it falls, the maximum lies below it)."""
-    f = value
     for _ in range(60):
-        if f(_at(lam, t, 2 * hi)) <= f(_at(lam, t, hi)):
+        if value(_at(lam, t, 2 * hi)) <= value(_at(lam, t, hi)):
             return 2 * hi
         hi *= 2
     return hi
@@ -144,23 +143,22 @@ def _widened(value: Pricing, lam: np.ndarray, t: int, hi: float) -> float:
 def _golden_max(value: Pricing, lam: np.ndarray, t: int, hi: float) -> tuple[float, float]:
     """lambda_t in [0, hi] maximising the concave ``value`` (golden section), and its
     value; the current lambda_t is kept when it is better than the search's point."""
-    f = value
     ratio = (math.sqrt(5) - 1) / 2
     a, b = 0.0, hi
     c, d = b - ratio * (b - a), a + ratio * (b - a)
-    fc, fd = f(_at(lam, t, c)), f(_at(lam, t, d))
+    fc, fd = value(_at(lam, t, c)), value(_at(lam, t, d))
     for _ in range(GOLDEN_STEPS):
         if fc >= fd:
             b, d, fd = d, c, fc
             c = b - ratio * (b - a)
-            fc = f(_at(lam, t, c))
+            fc = value(_at(lam, t, c))
         else:
             a, c, fc = c, d, fd
             d = a + ratio * (b - a)
-            fd = f(_at(lam, t, d))
+            fd = value(_at(lam, t, d))
     x, fx = (c, fc) if fc >= fd else (d, fd)
     for y in (0.0, hi, float(lam[t])):
-        fy = f(_at(lam, t, y))
+        fy = value(_at(lam, t, y))
         if fy > fx:
             x, fx = y, fy
     return x, float(fx)
