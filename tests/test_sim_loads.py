@@ -130,3 +130,18 @@ def test_trend_forecast_meets_a_rising_load() -> None:
     trend = raw_rates_rps(arr, 100.0, 100.0, Forecast(method="trend", window_s=10.0), 200.0)[0]
     assert peak == pytest.approx(1 + 0.05 * 95, rel=0.05)
     assert trend == pytest.approx(1 + 0.05 * 200, rel=0.05)
+
+
+def test_arrivals_before_keeps_exactly_the_earlier_requests() -> None:
+    t = np.array([0.5, 1.0, 1.0, 2.5, 3.0])
+    arr = Arrivals(
+        time_s=t,
+        workload=np.zeros(5, dtype=np.int64),
+        prompt_tokens=np.arange(1, 6, dtype=np.int64),
+        output_tokens=np.arange(6, 11, dtype=np.int64),
+        names=("w",),
+    )
+    cut = arr.before(2.5)
+    assert list(cut.time_s) == [0.5, 1.0, 1.0]
+    assert list(cut.prompt_tokens) == [1, 2, 3] and list(cut.output_tokens) == [6, 7, 8]
+    assert len(arr.before(0.5)) == 0 and len(arr.before(10.0)) == 5

@@ -34,6 +34,17 @@ class Arrivals:
     def __len__(self) -> int:
         return int(self.time_s.shape[0])
 
+    def before(self, end_s: float) -> Arrivals:
+        """The requests arriving before ``end_s`` (s)."""
+        n = int(np.searchsorted(self.time_s, end_s, side="left"))
+        return Arrivals(
+            self.time_s[:n],
+            self.workload[:n],
+            self.prompt_tokens[:n],
+            self.output_tokens[:n],
+            self.names,
+        )
+
     def count_between(self, start_s: float, end_s: float) -> NDArray[np.int64]:
         """Requests per workload arriving in [start_s, end_s)."""
         lo, hi = np.searchsorted(self.time_s, [start_s, end_s], side="left")

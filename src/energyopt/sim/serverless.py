@@ -8,7 +8,9 @@ billed from then; one it removes is released once idle (prefill) or empty
 the instances kept instead, and between epochs (every ``merge_interval_s``) the
 merging policy also consolidates under-used decode instances of a model on a node
 while the observed arrival rate leaves headroom, starting instances again (cold,
-``load_s``) when the rate rises.
+``load_s``) when the rate rises. A policy with ``prefill_headroom`` also scales
+prefill inside the epoch to the observed rate, except where the epoch's forecast
+announces a surge (``MergePolicy``).
 
 * Prefill: one prompt at a time per instance, first come, first served, on the
   instance that would finish it first (least expected completion time, so long
@@ -101,7 +103,20 @@ class MergePolicy:
     (mean over the last ``rate_window_s``), the prices of a migrated GB and of a
     second a migrated request stalls (in the objective's unit: GPU-s for the
     GPU-seconds objective) and the largest candidate set, in (request, destination)
-    pairs, that the merge MILP decides (``max_pairs`` 0: the greedy always)."""
+    pairs, that the merge MILP decides (``max_pairs`` 0: the greedy always).
+
+    With ``prefill_headroom`` set, the policy also scales prefill inside an epoch:
+    the prefill instances kept must cover the rate observed over the last
+    ``prefill_window_s`` times (1 + ``prefill_headroom``); spare ones are released
+    when idle, and short capacity is met by taking back one that is still up or by
+    starting one of the plan's prefill pools (cold), also at once when a prompt
+    would wait more than ``prefill_wait_s``. An instance goes only where the others
+    cover the need with ``prefill_release_margin`` to spare (hysteresis: a start
+    costs a cold load, so instances do not flap). It releases prefill below the plan
+    only while the epoch's forecast is at most ``surge_ratio`` times the need
+    observed: a larger forecast announces a surge within the epoch that a cold
+    start could not follow, so the plan's instances stay. ``None``: prefill
+    follows the plan."""
 
     merge_interval_s: float = 5.0
     fill: float = 0.9
@@ -111,6 +126,19 @@ class MergePolicy:
     price_per_stall_s: float = 1.0
     max_pairs: int = MAX_PAIRS
     milp_time_limit_s: float = MILP_TIME_LIMIT_S
+    prefill_headroom: float | None = None
+    prefill_window_s: float = 20.0
+    prefill_wait_s: float = 0.25
+    prefill_release_margin: float = 0.0
+    surge_ratio: float = 1.5
+
+    def __post_init__(self) -> None:
+        if self.prefill_headroom is not None and self.prefill_headroom < 0:
+            raise ValueError(f"prefill_headroom {self.prefill_headroom} is negative")
+        if self.surge_ratio < 1:
+            raise ValueError(f"surge_ratio {self.surge_ratio} is below 1")
+        if self.prefill_window_s <= 0 or self.prefill_wait_s < 0:
+            raise ValueError("prefill_window_s must be positive, prefill_wait_s not negative")
 
     def problem(
         self,
@@ -428,6 +456,8 @@ class _Sim:
             active = [i for i in insts if not i.draining]
             if self.merging is not None and key[3] == "decode" and len(active) < target:
                 continue  # merging grows decode pools by need (``consolidate``)
+            if self.scales_prefill and key[3] == "prefill" and len(active) < target:
+                continue  # grown by need (``scale_prefill``)
             if len(active) < target:
                 for inst in [i for i in insts if i.draining][: target - len(active)]:
                     inst.draining = False
@@ -652,6 +682,77 @@ class _Sim:
         self.apply_merge(cands, MergeDecision(frozenset({0}), dest), now)
         return True
 
+    @property
+    def scales_prefill(self) -> bool:
+        return self.merging is not None and self.merging.prefill_headroom is not None
+
+    def prefill_capacity(self, inst: Instance) -> float:
+        """Planned SLO capacity of a prefill instance (rps, its link's)."""
+        m, _, o, _, link = inst.key
+        return float(self.p.cap_prefill[m, o, LINKS.index(link or "nvlink")])
+
+    def prefill_of(self, m: int) -> list[Instance]:
+        return [
+            self.instances[i]
+            for k in sorted(self.by_key, key=pool_order)
+            if k[0] == m and k[3] == "prefill"
+            for i in self.by_key[k]
+        ]
+
+    def grow_prefill(self, m: int, short: float, now: float, ahead: bool) -> None:
+        """Add ``short`` rps of prefill capacity to model m: instances still up that
+        were to go first (at once), then the plan's prefill pools up to their count
+        (cold: ready after the load, or loaded ahead at an epoch boundary)."""
+        for inst in sorted(
+            (i for i in self.prefill_of(m) if i.draining),
+            key=lambda i: (-self.prefill_capacity(i), i.iid),
+        ):
+            if short <= 0:
+                return
+            inst.draining = False
+            short -= self.prefill_capacity(inst)
+        want = self.targets[min(self.epoch, self.p.n_epochs - 1)]
+        for key in sorted(want, key=pool_order):
+            if key[0] != m or key[3] != "prefill":
+                continue
+            load = self.table(m, key[2]).load_s
+            while short > 0 and sum(not i.draining for i in self.live(key)) < want[key]:
+                inst = (
+                    self.start(key, now - load, now) if ahead else self.start(key, now, now + load)
+                )
+                short -= self.prefill_capacity(inst)
+
+    def scale_prefill(self, now: float, forecast: bool) -> None:
+        """In-epoch prefill scaling (``MergePolicy.prefill_headroom``), per model."""
+        pol = self.merging
+        assert pol is not None and pol.prefill_headroom is not None
+        t = min(self.epoch, self.p.n_epochs - 1)
+        lo = max(0.0, now - pol.prefill_window_s)
+        rates = self.arr.count_between(lo, now) / max(now - lo, 1e-9)
+        for m in range(self.p.n_models):
+            need = float(rates[m]) * (1.0 + pol.prefill_headroom)
+            planned = float(self.p.demand[m, t])
+            calm = planned <= pol.surge_ratio * need
+            if forecast and not calm:
+                need = max(need, planned)
+            up = [i for i in self.prefill_of(m) if not i.draining]
+            cap = sum(self.prefill_capacity(i) for i in up)
+            if cap < need:
+                self.grow_prefill(m, need - cap, now, ahead=forecast)
+                continue
+            if not calm:
+                continue
+            for inst in sorted(up, key=lambda i: (-self.prefill_capacity(i), i.free_at, i.iid)):
+                c = self.prefill_capacity(inst)
+                if inst.ready_at > now or cap - c < need * (1.0 + pol.prefill_release_margin):
+                    continue
+                cap -= c
+                inst.draining = True
+                if inst.free_at <= now:
+                    self.release(inst, now)
+                else:
+                    self.push(inst.free_at, _CONTROL, -1, inst.iid)
+
     def observe(self, now: float) -> None:
         if self.merging is None:
             return
@@ -704,6 +805,8 @@ class _Sim:
             if cap - need < min(figs[i.key[2]].capacity_rps for i in active):
                 continue  # no instance can go: nothing to decide
             self.decide(m, active, now, need, other)
+        if self.scales_prefill:
+            self.scale_prefill(now, forecast)
 
     def decide(self, m: int, active: list[Instance], now: float, need: float, other: float) -> None:
         """One merge decision on model m's ``active`` instances, recorded and applied."""
@@ -797,6 +900,13 @@ class _Sim:
         _, node, o, _, link = inst.key
         tab = self.table(m, o)
         begin = max(now, inst.free_at, inst.ready_at)
+        pol = self.merging
+        if (
+            pol is not None
+            and pol.prefill_headroom is not None
+            and begin > now + pol.prefill_wait_s
+        ):
+            self.grow_prefill(m, 1e-9, now, ahead=False)  # one more instance, for those behind
         service = float(np.interp(prompt, tab.prompt_grid, tab.prefill_s))
         self.res.energy_j += float(np.interp(prompt, tab.prompt_grid, tab.prefill_j))
         inst.free_at = begin + service
