@@ -49,8 +49,9 @@ instances/serverless/azure-conv-small.yaml and on the two loads.
 
 With ``--floor-limit S`` it also prints, per load, the proven lower bound of the
 whole-horizon MILP at 15-s windows each at its mean rate (whole instances, cold
-starts priced, no drain: what any provisioning that knows every 15-s rate ahead
-needs on the model), solved for S seconds, against autoscale.
+starts priced, no drain: what any plan that keeps its instances within their
+planned capacity and knows every 15-s rate ahead needs on the model), solved for S
+seconds, against autoscale.
 
 Run: python benchmarks/serverless.py [--minutes 58] [--bursty-minutes 30] [--copies 8]
 [--epoch-s 30] [--floor-limit 0] [DATA_DIR]; --write-instances FOLDER writes
@@ -178,6 +179,12 @@ def bursty(minutes: float) -> Arrivals:
     return synthetic_arrivals(load, (wl,), minutes * 60.0, 1)
 
 
+def whole_epochs(minutes: float, epoch_s: float) -> int:
+    """Epochs a run covers: whole ones only, so that every contender is billed over
+    the span the load covers (the load is cut at the last one's end)."""
+    return int(minutes * 60.0 / epoch_s + 1e-9)
+
+
 def contenders(
     name: str,
     arrivals: Arrivals,
@@ -186,8 +193,7 @@ def contenders(
     limit_s: float,
     epoch_s: float = EPOCH_S,
 ) -> tuple[dict[str, ServerlessSimResult], ServerlessProblem, dict[str, float]]:
-    # whole epochs only: every contender is billed over the same span as the load
-    n_epochs = int(minutes * 60.0 / epoch_s + 1e-9)
+    n_epochs = whole_epochs(minutes, epoch_s)
     arrivals = arrivals.before(n_epochs * epoch_s)
     demand = [float(d) for d in epoch_demand(arrivals, epoch_s, n_epochs, PEAK_WINDOW_S)[0]]
     doc = problem_doc(name, demand, max_batch, epoch_s)
@@ -377,13 +383,20 @@ def gap_to_milp(p: ServerlessProblem, limit_s: float) -> None:
     )
 
 
-def floor(name: str, arrivals: Arrivals, minutes: float, auto_gpu_s: float, limit_s: float) -> None:
+def floor(
+    name: str,
+    arrivals: Arrivals,
+    minutes: float,
+    max_batch: int,
+    auto_gpu_s: float,
+    limit_s: float,
+) -> None:
     """The whole-horizon MILP at 15-s windows each at its mean rate, no drain: its
     proven bound is the least GPU-seconds of any plan of whole instances whose planned
     capacity covers every window's mean rate, cold starts priced."""
     n = round(minutes * 60.0 / FLOOR_WINDOW_S)
     mean = [float(d) for d in epoch_demand(arrivals, FLOOR_WINDOW_S, n, FLOOR_WINDOW_S)[0]]
-    doc = problem_doc(name, mean, 64, FLOOR_WINDOW_S)
+    doc = problem_doc(name, mean, max_batch, FLOOR_WINDOW_S)
     doc["models"][0]["decode_drain_s"] = 0.0
     p = build_problem(ServerlessFile.model_validate(doc))
     lp = solve_relaxation(p, time_limit_s=limit_s)
@@ -468,8 +481,15 @@ def main() -> None:
             "no drain)"
         )
         for name, (arr, minutes) in loads.items():
-            span_s = int(minutes * 60.0 / args.epoch_s + 1e-9) * args.epoch_s  # the contenders'
-            floor(name, arr.before(span_s), span_s / 60.0, autoscale[name], args.floor_limit)
+            span_s = whole_epochs(minutes, args.epoch_s) * args.epoch_s  # the contenders'
+            floor(
+                name,
+                arr.before(span_s),
+                span_s / 60.0,
+                args.max_batch,
+                autoscale[name],
+                args.floor_limit,
+            )
     if args.merge_sets > 0:
         merge_sets(problems[0], args.merge_sets)
     print("\nfast algorithm vs the whole-horizon MILP (GPU-seconds):")

@@ -624,13 +624,21 @@ def test_the_surge_gate_keeps_the_plans_prefill_for_a_surge_it_announces() -> No
     gated = simulate(p, res.plan, arrivals, MergePolicy(prefill_headroom=0.1))
     blind = simulate(p, res.plan, arrivals, MergePolicy(prefill_headroom=0.1, surge_ratio=1e9))
     plain = simulate(p, res.plan, arrivals, MergePolicy())
-    for r in (gated, blind, plain):
+    late = simulate(
+        p,
+        res.plan,
+        arrivals,
+        MergePolicy(prefill_headroom=0.1, surge_ratio=1e9, prefill_wait_s=1e9),
+    )
+    for r in (gated, blind, plain, late):
         assert r.requests == r.finished == len(arrivals)
     # released prefill could not come back within a cold start: the surge's first
     # prompts wait; the gate (forecast 40 rps against 3 observed) keeps the plan's
     assert blind.ttft_attainment < plain.ttft_attainment - 0.02
     assert gated.ttft_attainment >= plain.ttft_attainment - 0.005
     assert blind.gpu_s < gated.gpu_s
+    # without the queue trigger, capacity waits for the next 5-s step to grow
+    assert late.ttft_attainment < blind.ttft_attainment - 0.1
 
 
 def test_a_negative_prefill_headroom_is_refused() -> None:
