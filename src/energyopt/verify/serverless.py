@@ -6,9 +6,9 @@ not the solvers' capacity tables), adds the KV transfer over the pool's link
 itself, packs every node's slices onto its GPUs, and recomputes the plan's cost.
 It shares no arrays or arithmetic with formulations/serverless or the solvers.
 
-A plan is feasible when, in every epoch: each pool uses an offered option and a
-link its node has; every instance, at 1 / ``load_fraction`` times its load, meets
-the TTFT SLO at its percentile including
+A plan is feasible when, in every epoch: each pool uses an offered option, at an
+SM clock the GPU supports, and a link its node has; every instance, at
+1 / ``load_fraction`` times its load, meets the TTFT SLO at its percentile including
 the KV transfer (prefill) or the TBT SLO within its memory and batch limit
 (decode); the routes carry each model's demand and match the pools' rates; each
 node's slices fit on its GPUs; its network traffic fits its NIC; its power fits
@@ -142,6 +142,7 @@ def evaluate_serverless(
         if opts.clocks_mhz is not None
         else spread_clocks_mhz(gpu, VERIFY_CLOCKS, CLOCK_RANGE_FLOOR * gpu.max_sm_clock_mhz)
     )
+    supported = set(gpu.sm_clocks_mhz())
     by_epoch: dict[int, list[Pool]] = {}
     routes_of: dict[int, list[tuple[str, str, str, float]]] = {}
     for ep in plan.epochs:
@@ -175,6 +176,17 @@ def evaluate_serverless(
                 continue
             if pool.tp == 1 and pool.share_pct not in opts.shares_pct:
                 bad.append(Violation("option", where, f"share {pool.share_pct} % is not offered"))
+                continue
+            if pool.clock_mhz not in supported:
+                near = ", ".join(str(c) for c in gpu.nearest_clocks_mhz(pool.clock_mhz))
+                bad.append(
+                    Violation(
+                        "option",
+                        where,
+                        f"clock {pool.clock_mhz} MHz is not a supported SM clock of {gpu.name} "
+                        f"(nearest: {near} MHz)",
+                    )
+                )
                 continue
             if pool.clock_mhz not in clocks:
                 bad.append(Violation("option", where, f"clock {pool.clock_mhz} MHz is not offered"))

@@ -235,7 +235,8 @@ def build_problem(
     spec: ServerlessFile, source: str = "<serverless>", catalogs: tuple[str, ...] | list[str] = ()
 ) -> ServerlessProblem:
     """Bind a parsed file to the catalog and evaluate every option; SpecError for
-    unknown catalog names, clocks off the GPU's range and models no option serves."""
+    unknown catalog names, clocks the GPU does not support and models no option
+    serves."""
     catalog, problems = bind_catalog(extra=list(catalogs))
     if problems:
         raise SpecError(problems)
@@ -252,11 +253,18 @@ def build_problem(
             llms.append(catalog.model(sm.model))
         except KeyError as exc:
             errors.append(f"{source}: models[{i}]({sm.name}).model: {exc.args[0]}")
+    supported = set(gpu.sm_clocks_mhz())
     for clock in spec.options.clocks_mhz or ():
         if not gpu.min_sm_clock_mhz <= clock <= gpu.max_sm_clock_mhz:
             errors.append(
                 f"{source}: options.clocks_mhz: {clock} MHz is outside {gpu.name}'s "
                 f"{gpu.min_sm_clock_mhz}..{gpu.max_sm_clock_mhz} MHz"
+            )
+        elif clock not in supported:
+            near = ", ".join(str(c) for c in gpu.nearest_clocks_mhz(clock))
+            errors.append(
+                f"{source}: options.clocks_mhz: {clock} MHz is not a supported SM clock of "
+                f"{gpu.name}; nearest supported: {near} MHz"
             )
     if errors:
         raise SpecError(errors)

