@@ -1,6 +1,6 @@
 """Fit the performance model's constants to the shared measured tables; print every target.
 
-Usage: python benchmarks/calibrate.py [--data ../shared/data] [--no-fit]
+Usage: python benchmarks/calibrate.py [--data data] [--no-fit]
 
 1. The error of the shipped constants (models/gpus/*.yaml, perf.forward.CLOCK_RESPONSE)
    on every table: Splitwise and Vidur latency, Splitwise power (max clock), the Perseus
@@ -129,7 +129,7 @@ def print_sweeps(tables: Tables, gpus: dict[str, GpuType], clock: ClockResponse)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    default = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    default = Path(__file__).resolve().parents[1] / "data"  # data/README.md
     parser.add_argument("--data", type=Path, default=default)
     parser.add_argument("--no-fit", action="store_true", help="only evaluate the shipped values")
     args = parser.parse_args()

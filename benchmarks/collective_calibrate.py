@@ -22,7 +22,7 @@ from energyopt.formulations.collective.calibration import (
 )
 from energyopt.formulations.collective.constants import defaults_for
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[1] / "data"  # data/README.md
 STEPS = (0.7, 0.85, 1.15, 1.4)
 
 

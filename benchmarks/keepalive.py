@@ -19,7 +19,7 @@ SLO per second), GPU memory-time, evictions and waits for memory, with ratios to
 fixed keep-alive, a clairvoyant yardstick, and the issue's targets met or not. The
 streams are replayed as they are and thinned to every 20th request (a derived
 load with the longer idle times of typical serverless functions). No public
-serverless (Azure Functions) invocation trace is in ../shared/data, so only the
+serverless (Azure Functions) invocation trace is in data/, so only the
 LLM trace is replayed.
 
 Run: python benchmarks/keepalive.py [DATA_DIR]
@@ -272,4 +272,4 @@ def main(data: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT.parent / "shared" / "data")
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "data")

@@ -1,6 +1,6 @@
 """Write instances/keepalive/azure-llm-2nodes.yaml from the shared reference data.
 
-Sources (read from ../shared/data, see README.md and README-new-families.md there):
+Sources (read from data/, see data/README.md):
 
 - arrivals: traces/azure-llm-2023-conv.csv (Azure LLM inference trace 2023,
   CC-BY-4.0), one hour, split into one request stream per model by request class
@@ -180,4 +180,4 @@ def main(data: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT.parent / "shared" / "data")
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "data")

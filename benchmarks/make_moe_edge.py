@@ -1,5 +1,5 @@
 """Write the bundled ``kind: moe-edge`` instances (instances/moe-edge/) from the public
-routing statistics in ../shared/data/moe, and the constants they rest on.
+routing statistics in data/moe, and the constants they rest on.
 
 Routing:
 - Mixtral-8x7B-Instruct-v0.1, all 32 layers: Fiddler's MMLU expert popularity
@@ -18,7 +18,7 @@ expert, src/fiddler/mixtral.py): a CPU expert-token takes a tenth of an expert f
 CPU power (idle 60 W, 200 W running experts), PCIe energy (10 pJ/bit) and the 256 GB
 of host memory are assumptions stated in docs/formulations/moe-edge.md (no data).
 
-Run: python benchmarks/make_moe_edge.py [--data ../shared/data]
+Run: python benchmarks/make_moe_edge.py [--data data]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "data"  # data/README.md: sources and licences
 OUT = ROOT / "instances" / "moe-edge"
 MIXTRAL_BYTES = 46.703e9 * 2  # models/llms/mixtral-8x7b.yaml: params_total_b x BF16
 FIDDLER_CPU_TO_FETCH = 7.0 / 70.0
@@ -157,7 +157,7 @@ def build(data: Path) -> dict[str, dict[str, Any]]:
                 "Mixtral-8x7B",
                 srv,
                 layers,
-                f"{fid}, {subject} (../shared/data/moe/fiddler-mixtral/expert_popularity_mmlu.csv)",
+                f"{fid}, {subject} (data/moe/fiddler-mixtral/expert_popularity_mmlu.csv)",
                 tbt,
                 4,
             )
@@ -171,7 +171,7 @@ def build(data: Path) -> dict[str, dict[str, Any]]:
         "Mixtral-8x7B",
         srv,
         layers,
-        f"{fid}, international_law (../shared/data/moe/fiddler-mixtral/expert_popularity_mmlu.csv)",
+        f"{fid}, international_law (data/moe/fiddler-mixtral/expert_popularity_mmlu.csv)",
         600.0,
         4,
     )
@@ -186,7 +186,7 @@ def build(data: Path) -> dict[str, dict[str, Any]]:
             srv,
             layers,
             f"AllenAI OLMoE routing counts, {domain}, topk_all, layers 0/7/15; other layers copy "
-            "the nearest measured one (../shared/data/moe/olmoe-routing/expert_counts.csv)",
+            "the nearest measured one (data/moe/olmoe-routing/expert_counts.csv)",
             60.0,
             16,
             measured,

@@ -3,7 +3,7 @@
 Loads (one model, Llama-3.1-8B on two nodes of 8 H100-SXM5-80GB):
 
 * ``azure``: the Azure LLM inference trace 2023 (conversation,
-  ../shared/data/traces/azure-llm-2023-conv.csv), each request repeated
+  data/traces/azure-llm-2023-conv.csv), each request repeated
   ``--copies`` times with a uniform arrival jitter in [0, 2 s)
   (``sim.serverless.replicated_trace``; the trace's per-minute rate profile is
   kept), its own prompt and output tokens, the first ``--minutes`` minutes
@@ -442,7 +442,7 @@ def write_instances(data: Path, folder: Path, max_batch: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("data", nargs="?", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("data", nargs="?", default=str(ROOT / "data"))
     ap.add_argument("--minutes", type=float, default=58.0, help="of the Azure trace (58: all)")
     ap.add_argument("--bursty-minutes", type=float, default=30.0)
     ap.add_argument("--copies", type=int, default=8)

@@ -8,12 +8,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTANCES = ROOT / "instances"
+REPO_DATA = ROOT / "data"
 SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def measurement_data() -> Path | None:
+    """The public measurement tables: the checkout's data/ (data/README.md), else the
+    reference collection beside the checkout, else None."""
+    for folder in (REPO_DATA, SHARED_DATA):
+        if (folder / "profiles").is_dir():
+            return folder
+    return None
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """The public measurement tables beside the checkout (skip where absent)."""
-    if not (SHARED_DATA / "profiles").is_dir():
-        pytest.skip(f"shared data not found at {SHARED_DATA}")
-    return SHARED_DATA
+    """The public measurement tables (skip where neither folder is present)."""
+    folder = measurement_data()
+    if folder is None:
+        pytest.skip(f"measurement data not found at {REPO_DATA} or {SHARED_DATA}")
+    return folder

@@ -40,7 +40,7 @@ from energyopt.spec.serverless import EpochPlan, Pool, Route, ServerlessFile, Se
 from energyopt.verify.serverless import DecodeInstanceState, check_merge
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
+DATA = ROOT / "data" if (ROOT / "data").is_dir() else ROOT.parent / "shared" / "data"
 SMALL = ROOT / "instances" / "serverless" / "azure-conv-small.yaml"
 QUIET = lambda _msg: None  # noqa: E731
 

@@ -1,6 +1,6 @@
 """NCCL's own choice of algorithm, protocol and channels, by its documented tuning
 model (NCCL 2.30.7 ``src/graph/tuning.cc``, constants and formulas transcribed in
-../shared/data/collectives/nccl-tuning-model/nccl_2.30.7_tuning_constants.json).
+data/collectives/nccl-tuning-model/nccl_2.30.7_tuning_constants.json).
 
 NCCL sees the topology it detected at start-up: nominal link bandwidths, no
 health factors, no stragglers. Only Ring and Tree are modelled (NVLS needs the
@@ -22,8 +22,8 @@ from energyopt.formulations.collective.constants import NCCL_CHUNK_BYTES
 from energyopt.formulations.collective.model import CollectiveProblem
 from energyopt.spec.collective import MAX_CHUNKS, Algorithm, Collective, Protocol
 
-SHARED = Path(__file__).resolve().parents[4].parent / "shared" / "data"
-CONSTANTS_FILE = SHARED / "collectives" / "nccl-tuning-model" / "nccl_2.30.7_tuning_constants.json"
+DATA = Path(__file__).resolve().parents[4] / "data"  # the checkout's data/ (data/README.md)
+CONSTANTS_FILE = DATA / "collectives" / "nccl-tuning-model" / "nccl_2.30.7_tuning_constants.json"
 
 _PROTO = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
 MAX_NCCL_CHANNELS = 32
@@ -232,6 +232,6 @@ def nccl_choice(p: CollectiveProblem, c: Collective) -> NcclChoice:
 
 @lru_cache(maxsize=1)
 def transcribed() -> dict[str, Any]:
-    """The shared JSON of NCCL's constants (for the test that checks the copy above)."""
+    """The JSON of NCCL's constants in data/ (for the test that checks the copy above)."""
     data: dict[str, Any] = json.loads(CONSTANTS_FILE.read_text())
     return data
