@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+import itertools
 import math
+import os
 import struct
+import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,6 +18,7 @@ from hypothesis import strategies as st
 
 from energyopt.cli import main
 from energyopt.tables import Axis, ColumnData, Table, TableError, write_table
+from energyopt.tables.format import LOOKUP_CACHE_ENTRIES
 from energyopt.tables.stdlib_reader import PREFIX, StdlibTable, TableFormatError
 
 
@@ -190,3 +196,137 @@ def test_lookup_results_are_independent_copies(table_file: Path) -> None:
     assert t.lookup(wl="a", clock=900, load=1.0)["x"] == t.array("x")[0, 0, 2]
     with pytest.raises(TableError, match="not keyed within"):
         t.row_getter("wl", columns=["x"])
+
+
+SEVEN = (  # the shape of a tiered operating-point table: 280,800 cells on all axes
+    Axis("tier", "category", ("gold", "standard", "batch")),
+    Axis("wl", "category", ("a", "b", "c")),
+    Axis("gpu", "category", ("h", "a")),
+    Axis("clock", "exact", tuple(range(600, 1800, 100))),
+    Axis("share", "exact", (25, 50, 75, 100)),
+    Axis("used", "ceil", (0.0, 25.0, 50.0, 75.0, 100.0)),
+    Axis("load", "ceil", tuple(0.5 * i for i in range(65))),
+)
+
+
+@pytest.fixture(scope="module")
+def seven_axes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("seven") / "t.eot"
+    size = {a.name: len(a.values) for a in SEVEN}
+    rng = np.random.default_rng(2)
+
+    def column(axes: tuple[str, ...], dtype: str, fallback: float) -> ColumnData:
+        shape = tuple(size[a] for a in axes)
+        return ColumnData(rng.normal(100, 50, size=shape), axes, dtype, fallback)
+
+    op = ("tier", "wl", "gpu", "clock", "share")
+    place = ("tier", "wl", "gpu", "clock", "used", "load")
+    columns = {
+        "power_w": column((*op, "load"), "<f8", math.nan),
+        "capacity_rps": column(op, "<f8", 0.0),
+        "best_clock": column(("tier", "wl", "gpu", "load"), "<i8", -1),
+        "place_share": column(place, "<i4", -1),
+        "place_power_w": column(place, "<f4", math.nan),
+    }
+    write_table(path, "test", SEVEN, columns)
+    return path
+
+
+def _in_grid_key(rng: np.random.Generator) -> dict[str, Any]:
+    key: dict[str, Any] = {}
+    for axis in SEVEN:
+        value = axis.values[int(rng.integers(len(axis.values)))]
+        key[axis.name] = value - 0.1 if axis.kind == "ceil" else value
+    return key
+
+
+def test_one_compiled_lookup_per_set_of_key_names_and_a_bounded_cache(seven_axes: Path) -> None:
+    t = Table.open(seven_axes)
+    rng = np.random.default_rng(3)
+    key = _in_grid_key(rng)
+    names = list(key)
+    expected = t.lookup_once(**key)
+    for _ in range(20):  # shuffled orders of one set of names: one entry, one answer
+        rng.shuffle(names)
+        assert t.lookup(**{n: key[n] for n in names}) == expected
+    assert len(t._lookups) == 1
+    # every one of the 127 non-empty sets of names: at most the stated bound is kept
+    for r in range(1, len(SEVEN) + 1):
+        for subset in itertools.combinations(names, r):
+            part = {n: key[n] for n in subset}
+            assert t.lookup(**part) == t.lookup_once(**part)
+    assert len(t._lookups) == LOOKUP_CACHE_ENTRIES < 127
+
+
+def test_a_table_that_served_lookups_is_freed_without_the_garbage_collector(
+    seven_axes: Path,
+) -> None:
+    key = _in_grid_key(np.random.default_rng(4))
+    gc.disable()
+    try:
+        t = Table.open(seven_axes)
+        t.lookup(**key)
+        t.lookup(**dict(reversed(key.items())))
+        t.lookup(tier="gold", wl="a", gpu="h", load=1e9)  # outside: the fallback path
+        _, row = t.row_getter("tier", "wl", "gpu", "load")
+        one = t.getter("capacity_rps")
+        assert row("gold", "a", "h", 1.0)[-1] and one("gold", "a", "h", 600, 25) > -1e9
+        ref = weakref.ref(t)
+        mapped = weakref.ref(t.array("capacity_rps").base)  # the memory-mapped file
+        del t
+        assert ref() is None  # freed at once: no cycle waits for a collection
+        assert mapped() is not None  # the getters read it
+        del row, one
+        assert mapped() is None  # unmapped as soon as nothing reads it
+    finally:
+        gc.enable()
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc/self/statm")
+def test_a_million_lookups_in_shuffled_orders_on_a_reopened_table_keep_memory_flat(
+    seven_axes: Path,
+) -> None:
+    # 100 opens of the table x 10,000 lookups, each with its names in a random
+    # order (the 7 axes in all, or the 4 of best_clock), 1 in 10 outside the grid.
+    # The process's resident memory stays within 16 MiB of what it is after the
+    # first lookup of each set of names (the cache of compiled rows grew by about
+    # 190 MB per order of the 7 names of a table of this shape, and by as much per
+    # table opened, until a garbage collection).
+    rng = np.random.default_rng(5)
+    keys = []
+    for n in range(10_000):
+        key = _in_grid_key(rng)
+        if n % 10 == 0:
+            key["load"] = 1e9
+        names = list(key) if n % 3 else ["tier", "wl", "gpu", "load"]
+        rng.shuffle(names)
+        keys.append({name: key[name] for name in names})
+    margin = 16 * 2**20
+
+    def check(after: str) -> None:
+        grown = _resident_bytes() - baseline
+        assert grown <= margin, f"{grown / 2**20:.1f} MiB more after {after}"
+
+    gc.disable()  # flat without any help from the collector
+    try:
+        t = Table.open(seven_axes)
+        t.lookup(**keys[0])  # the 4 names
+        t.lookup(**keys[1])  # the 7 names
+        baseline = _resident_bytes()
+        for block in range(100):
+            t = t if block == 0 else Table.open(seven_axes)
+            lookup = t.lookup
+            for n, key in enumerate(keys):
+                lookup(**key)
+                if block == 0:  # every lookup at first: a leak fails fast, not OOM
+                    check(f"{n + 1} lookups")
+            assert lookup(**keys[block]) == t.lookup_once(**keys[block])
+            del t, lookup
+            check(f"{block + 1} opens and {10_000 * (block + 1):,} lookups")
+    finally:
+        gc.enable()

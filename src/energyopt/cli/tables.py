@@ -46,7 +46,7 @@ def cmd_lookup(args: argparse.Namespace) -> int:
             key[name] = float(value)
         except ValueError:
             raise SpecError([f"lookup: {name}={value!r}: expected a number"]) from None
-    out = table.lookup(**key)
+    out = table.lookup_once(**key)  # one key: nothing to compile or cache
     for name, value in out.items():
         shown = "nan" if isinstance(value, float) and math.isnan(value) else value
         print(f"{name} = {shown}")

@@ -6,7 +6,7 @@ import hashlib
 import json
 import math
 import os
-from bisect import bisect_left
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +17,14 @@ from numpy.typing import ArrayLike, NDArray
 
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import write_bytes_atomic
-from energyopt.tables.rowlookup import ROW_LIMIT, by_name, compile_rows, finder
+from energyopt.tables.rowlookup import (
+    IN_GRID,
+    Source,
+    column_by_column,
+    compile_lookup,
+    finder,
+    indexer,
+)
 from energyopt.tables.stdlib_reader import (
     ALIGN,
     FORMAT_VERSION,
@@ -114,37 +121,27 @@ def write_table(
         raise TableError(str(path), reason) from None
 
 
-def _axis_indexer(axis: Axis) -> Callable[[Any], int]:
-    """Scalar key -> index, -1 outside the grid (fast path of Axis.index)."""
-    if axis.kind == "category":
-        table = {v: i for i, v in enumerate(axis.values)}
-        # str() as the standard-library reader does; never raises (unhashable keys too)
-        return lambda key: table.get(key if isinstance(key, str) else str(key), -1)
-    if axis.kind == "exact":
-        exact = {float(v): i for i, v in enumerate(axis.values)}
+LOOKUP_CACHE_ENTRIES = 64
+"""Most compiled ``Table.lookup`` functions one table keeps (one per set of key
+names; the least recently used is dropped first). Each holds a few kilobytes
+(docs/tables.md), so a full cache holds well under a megabyte."""
 
-        def find(key: Any) -> int:
-            try:
-                return exact.get(float(key), -1)
-            except (TypeError, ValueError):
-                return -1
 
-        return find
-    grid = [float(v) for v in axis.values]
-    top = len(grid)
-
-    def ceil(key: Any) -> int:
-        try:
-            i = bisect_left(grid, key)
-        except TypeError:
-            return -1
-        return i if i < top and key == key else -1  # key != key: NaN
-
-    return ceil
+def _items(arr: NDArray[Any]) -> memoryview:
+    """The flat column as a ``memoryview`` whose items are plain Python numbers:
+    a view of the mapped file on a little-endian machine, a native copy otherwise."""
+    flat = arr.reshape(-1)
+    if not flat.dtype.isnative:
+        flat = flat.astype(flat.dtype.newbyteorder("="))
+    return flat.data
 
 
 class Table:
-    """A table file, memory-mapped; numpy views of its columns."""
+    """A table file, memory-mapped; numpy views of its columns.
+
+    Scalar lookups read the mapped file through compiled functions
+    (``energyopt.tables.rowlookup``) that hold no reference to the table, so a
+    table is freed as soon as its last reference goes."""
 
     def __init__(self, path: str, layout: Layout, buffer: Any) -> None:
         self.path = path
@@ -162,14 +159,20 @@ class Table:
                 offset=layout.data_start + col.offset,
             )
             self._arrays[col.name] = arr.reshape(col.shape)
-        self._indexers = {name: _axis_indexer(a) for name, a in self.axes.items()}
         self._grids: dict[str, NDArray[Any]] = {
             name: np.asarray(a.values, dtype=object if a.kind == "category" else np.float64)
             for name, a in self.axes.items()
         }
         self._flat = {name: arr.reshape(-1) for name, arr in self._arrays.items()}
+        self._sources = {
+            col.name: Source(col.name, col.axes, _items(self._arrays[col.name]), col.fallback)
+            for col in self.columns.values()
+        }
         self._finders = {name: finder(a) for name, a in self.axes.items()}
-        self._fast: dict[tuple[str, ...], Callable[[Any], dict[str, Any]]] = {}
+        self._indexers = {name: indexer(a) for name, a in self.axes.items()}
+        self._lookups: OrderedDict[frozenset[str], Callable[[Any], dict[str, Any]]] = (
+            OrderedDict()
+        )
         self._strides = {
             col.name: tuple(math.prod(col.shape[k + 1 :]) for k in range(len(col.shape)))
             for col in self.columns.values()
@@ -210,37 +213,51 @@ class Table:
 
         Out-of-grid values never raise: the column's fallback is returned and
         ``in_grid`` is False. Unknown key names raise TableError. The first lookup
-        with a set of key names (in that order) precompiles its rows; later ones
-        cost a few dict subscripts (see ``row_getter`` for the fastest path).
+        with a set of key names (in any order) compiles a lookup function for that
+        set (tens of microseconds, a few kilobytes; the table keeps at most
+        ``LOOKUP_CACHE_ENTRIES`` of them, least recently used dropped first);
+        later ones cost a few subscripts (``row_getter`` is the fastest path).
+        Returns a new dict each call.
         """
-        fn = self._fast.get(tuple(key))
+        names = frozenset(key)
+        cache = self._lookups
+        fn = cache.get(names)
         if fn is None:
-            fn = self._compile_lookup(tuple(key))
-        return fn(key).copy()
-
-    def _compile_lookup(self, names: tuple[str, ...]) -> Callable[[Any], dict[str, Any]]:
-        self._check_keys(names)
-        if len(set(names)) != len(names):
-            raise TableError(self.path, f"repeated key in {names}")
-        cols = self._columns_within(names)
-        lists = self._rows_by_column(names, cols)
-
-        def slow(*keys: Any) -> dict[str, Any]:
-            return self._slow_lookup(dict(zip(names, keys, strict=True)))
-
-        if lists is None:
-            fn: Callable[..., dict[str, Any]] = slow
+            fn = self._compile_lookup(names)
         else:
-            count = math.prod(self._sizes(names))
-            rows: list[dict[str, Any]] = [{} for _ in range(count)]
-            for name, values in zip(cols, lists, strict=True):
-                for row, value in zip(rows, values, strict=True):
-                    row[name] = value
-            for row in rows:
-                row["in_grid"] = True
-            fn = compile_rows([self._finders[n] for n in names], self._sizes(names), rows, slow)
-        self._fast[names] = by_name(names, fn)
-        return self._fast[names]
+            try:  # noqa: SIM105 (a try costs nothing, suppress() is a call per lookup)
+                cache.move_to_end(names)
+            except KeyError:  # dropped by another thread in between
+                pass
+        return fn(key)
+
+    def _compile_lookup(self, names: frozenset[str]) -> Callable[[Any], dict[str, Any]]:
+        self._check_keys(names)
+        axes = [a for a in self.axes.values() if a.name in names]  # the canonical order
+        sources = [self._sources[c] for c in self._columns_within(names)]
+        fn: Callable[[Any], dict[str, Any]] = compile_lookup(
+            axes, sources, "dict", self._finders, self._indexers
+        )
+        cache = self._lookups
+        cache[names] = fn
+        while len(cache) > LOOKUP_CACHE_ENTRIES:
+            try:
+                cache.popitem(last=False)
+            except KeyError:  # emptied by another thread in between
+                break
+        return fn
+
+    def lookup_once(self, **key: Any) -> dict[str, Any]:
+        """``lookup`` without compiling or caching anything: the column-by-column
+        path, for a process that looks up one key (``energyopt lookup``)."""
+        self._check_keys(key)
+        axes = [self.axes[n] for n in key]
+        names = self._columns_within(key)
+        values = column_by_column(axes, [self._sources[c] for c in names], self._indexers)
+        out, in_grid = values(*key.values())
+        result = dict(zip(names, out, strict=True))
+        result[IN_GRID] = in_grid
+        return result
 
     def row_getter(
         self, *axes: str, columns: Sequence[str] | None = None
@@ -249,94 +266,40 @@ class Table:
         ``f(*keys)`` (keys in the order of ``axes``) returns a tuple of the values of
         ``names`` (default: every column keyed within ``axes``) followed by
         ``in_grid``. Outside the grid it returns the fallbacks (the columns whose keys
-        are in the grid keep their values) and False, never raising."""
+        are in the grid keep their values) and False, never raising. ``f`` holds a
+        few kilobytes and no reference to the table."""
         self._check_keys(axes)
+        if len(set(axes)) != len(axes):
+            raise TableError(self.path, f"repeated key in {axes}")
         names = tuple(columns) if columns is not None else self._columns_within(axes)
         for name in names:
             if name not in self.columns or not set(self.columns[name].axes) <= set(axes):
                 raise TableError(self.path, f"column {name} is not keyed within {axes}")
-
-        def slow(*keys: Any) -> tuple[Any, ...]:
-            out = self._slow_lookup(dict(zip(axes, keys, strict=True)))
-            return (*(out[n] for n in names), out["in_grid"])
-
-        lists = self._rows_by_column(axes, names)
-        if lists is None:
-            return names, slow
-        count = math.prod(self._sizes(axes))
-        rows = (
-            [(*values, True) for values in zip(*lists, strict=True)] if names else [(True,)] * count
+        sources = [self._sources[n] for n in names]
+        fn: Callable[..., tuple[Any, ...]] = compile_lookup(
+            [self.axes[a] for a in axes], sources, "tuple", self._finders, self._indexers
         )
-        return names, compile_rows([self._finders[a] for a in axes], self._sizes(axes), rows, slow)
+        return names, fn
 
-    def _columns_within(self, names: Sequence[str]) -> tuple[str, ...]:
+    def _columns_within(self, names: Any) -> tuple[str, ...]:
         keys = set(names)
         return tuple(c.name for c in self.columns.values() if set(c.axes) <= keys)
 
-    def _sizes(self, names: Sequence[str]) -> list[int]:
-        return [len(self.axes[n].values) for n in names]
-
-    def _rows_by_column(self, names: Sequence[str], cols: Sequence[str]) -> list[list[Any]] | None:
-        """Per column, its values at every position of the ``names`` axes in C order
-        (Python objects); None when the key space exceeds ROW_LIMIT rows."""
-        shape = self._sizes(names)
-        if math.prod(shape) > ROW_LIMIT:
-            return None
-        lists = []
-        for name in cols:
-            col = self.columns[name]
-            arr = self._arrays[name].transpose([col.axes.index(n) for n in names if n in col.axes])
-            arr = arr.reshape(
-                [s if n in col.axes else 1 for n, s in zip(names, shape, strict=True)]
-            )
-            lists.append(np.broadcast_to(arr, shape).reshape(-1).tolist())
-        return lists
-
     def _slow_lookup(self, key: Mapping[str, Any]) -> dict[str, Any]:
         """``lookup`` one column at a time (any key, in or outside the grid)."""
-        index = {name: self._indexers[name](v) for name, v in key.items()}
-        out: dict[str, Any] = {}
-        in_grid = True
-        for name in self._columns_within(list(key)):
-            col = self.columns[name]
-            flat = 0
-            for a, s in zip(col.axes, self._strides[name], strict=True):
-                i = index[a]
-                if i < 0:
-                    in_grid = False
-                    out[name] = col.fallback
-                    break
-                flat += i * s
-            else:
-                out[name] = self._flat[name][flat].item()
-        out["in_grid"] = in_grid
-        return out
+        return self.lookup_once(**key)
 
     def getter(self, column: str, *axes: str) -> Callable[..., Any]:
         """A fast scalar lookup of one column: ``f(*keys)`` with keys in the order
         of ``axes`` (default: the column's own axes); returns the fallback outside
-        the grid."""
+        the grid. ``f`` holds a few kilobytes and no reference to the table."""
         col = self.columns[column]
         order = axes or col.axes
         if sorted(order) != sorted(col.axes):
             raise TableError(self.path, f"column {column} is keyed by {', '.join(col.axes)}")
-        index = self._indexers
-        flat_arr = self._flat[column]
-        strides = dict(zip(col.axes, self._strides[column], strict=True))
-
-        def slow(*keys: Any) -> Any:
-            flat = 0
-            for name, k in zip(order, keys, strict=True):
-                i = index[name](k)
-                if i < 0:
-                    return col.fallback
-                flat += i * strides[name]
-            return flat_arr[flat].item()
-
-        lists = self._rows_by_column(order, (column,))
-        if lists is None:
-            return slow
-        return compile_rows([self._finders[a] for a in order], self._sizes(order), lists[0], slow)
+        on = [self.axes[a] for a in order]
+        source = [self._sources[column]]
+        return compile_lookup(on, source, "value", self._finders, self._indexers)
 
     def axis_index(self, name: str, keys: ArrayLike) -> NDArray[np.int64]:
         """Vectorized axis positions of ``keys`` (-1 outside the grid).
