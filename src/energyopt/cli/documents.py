@@ -5,7 +5,9 @@ instance; ``solve`` on one says which command runs it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from energyopt.spec.errors import SpecError
 
@@ -68,6 +70,56 @@ def validate_evaluation(path: str, catalogs: Sequence[str]) -> str:
     )
 
 
+def validate_preset(path: str, catalogs: Sequence[str]) -> str:
+    """One-line summary of a valid solver preset file (``solvers/*.toml``)."""
+    from energyopt.solvers.presets import SolverPreset, load_preset
+    from energyopt.spec.io import parse, read_data
+
+    if Path(path).suffix == ".toml":
+        preset = load_preset(path)
+    else:
+        data = read_data(path)
+        data.setdefault("name", Path(path).stem)
+        preset = parse(SolverPreset, data, path)
+    return f"solver preset {preset.name}: backend {preset.backend}, {preset.formulation}"
+
+
+def validate_catalog_entry(path: str, catalogs: Sequence[str]) -> str:
+    """One-line summary of a valid catalog file (top-level ``gpus:`` / ``models:``
+    lists) or one catalog entry (a GPU type or an LLM, as in ``models/``)."""
+    from energyopt.catalog.loader import load_catalog_file
+    from energyopt.spec.hardware import GpuType
+    from energyopt.spec.io import parse, read_data
+    from energyopt.spec.llm import LlmModel
+
+    data = read_data(path)
+    shape = catalog_shape(data)
+    if shape == "gpu":
+        gpu = parse(GpuType, data, path)
+        return f"GPU type {gpu.name}: {gpu.sm_count} SMs, {gpu.memory_gb:g} GB, {gpu.tdp_w:g} W TDP"
+    if shape == "llm":
+        model = parse(LlmModel, data, path)
+        return f"LLM {model.name}: {model.layers} layers, {model.params_total_b:g} B parameters"
+    gpus, models = load_catalog_file(path)
+    return f"catalog file: {len(gpus)} GPU types, {len(models)} LLMs"
+
+
+def catalog_shape(data: Mapping[str, Any]) -> str | None:
+    """For a file without ``kind:``: ``solver-preset``, ``catalog``, ``gpu`` or ``llm``
+    when its top-level keys are those of a solver preset (``backend``), a catalog file
+    (only ``gpus`` / ``models``) or a catalog entry (``sm_count``: a GPU type;
+    ``hidden_size``: an LLM); None otherwise (a serving instance)."""
+    if "backend" in data:
+        return "solver-preset"
+    if data and set(data) <= {"gpus", "models"}:
+        return "catalog"
+    if "sm_count" in data:
+        return "gpu"
+    if "hidden_size" in data:
+        return "llm"
+    return None
+
+
 Validator = Callable[[str, Sequence[str]], str]
 
 DOCUMENTS: dict[str, tuple[Validator, str]] = {
@@ -84,6 +136,24 @@ DOCUMENTS: dict[str, tuple[Validator, str]] = {
     "evaluate": (
         validate_evaluation,
         "this is an evaluation spec; run it with `energyopt evaluate {path}`",
+    ),
+    "solver-preset": (
+        validate_preset,
+        "this is a solver preset; use it with `energyopt solve PROBLEM --solver {path}`",
+    ),
+    "catalog": (
+        validate_catalog_entry,
+        "this is a catalog file; name it in an instance's `catalog:` or pass `--catalog {path}`",
+    ),
+    "gpu": (
+        validate_catalog_entry,
+        "this is a catalog entry (a GPU type); put it in a catalog file's `gpus:` list "
+        "and pass that with `--catalog`",
+    ),
+    "llm": (
+        validate_catalog_entry,
+        "this is a catalog entry (an LLM); put it in a catalog file's `models:` list "
+        "and pass that with `--catalog`",
     ),
 }
 """kind -> (validator, what to run instead of solve)."""

@@ -17,7 +17,7 @@ from energyopt.cli.common import (
     err,
     progress,
 )
-from energyopt.cli.documents import DOCUMENTS, not_a_problem
+from energyopt.cli.documents import DOCUMENTS, catalog_shape, not_a_problem
 from energyopt.families import (
     AnyFamily,
     NotExportable,
@@ -49,6 +49,9 @@ def kind_of(path: str) -> str:
     if kind != "serving":
         return kind
     if "kind" not in data:
+        shape = catalog_shape(data)
+        if shape is not None:
+            return shape
         for key, other in FAMILY_SIGNS:
             if key in data:
                 raise SpecError(
