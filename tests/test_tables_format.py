@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+import hashlib
 import itertools
+import json
 import math
 import os
 import struct
@@ -19,7 +21,15 @@ from hypothesis import strategies as st
 from energyopt.cli import main
 from energyopt.tables import Axis, ColumnData, Table, TableError, write_table
 from energyopt.tables.format import LOOKUP_CACHE_ENTRIES
-from energyopt.tables.stdlib_reader import PREFIX, StdlibTable, TableFormatError
+from energyopt.tables.stdlib_reader import (
+    ALIGN,
+    DIGEST_BYTES,
+    MAGIC,
+    MAX_HEADER_DEPTH,
+    PREFIX,
+    StdlibTable,
+    TableFormatError,
+)
 
 
 def _write(path: Path) -> None:
@@ -196,6 +206,51 @@ def test_lookup_results_are_independent_copies(table_file: Path) -> None:
     assert t.lookup(wl="a", clock=900, load=1.0)["x"] == t.array("x")[0, 0, 2]
     with pytest.raises(TableError, match="not keyed within"):
         t.row_getter("wl", columns=["x"])
+
+
+def _with_nested_meta(table: Path, out: Path, levels: int) -> None:
+    """A copy of ``table`` whose meta holds ``x``: lists nested ``levels`` deep (the
+    header object is level 1, meta level 2), with a correct checksum."""
+    raw = table.read_bytes()
+    _, _, _, length = PREFIX.unpack_from(raw, 0)
+    text = raw[PREFIX.size : PREFIX.size + length].decode()
+    data = raw[(PREFIX.size + length + ALIGN - 1) // ALIGN * ALIGN : len(raw) - DIGEST_BYTES]
+    head = text.replace('"meta":{', f'"meta":{{"x":{_nested(levels)},', 1).encode()
+    prefix = PREFIX.pack(MAGIC, 1, 0, len(head)) + head
+    body = prefix + b"\x00" * (-len(prefix) % ALIGN) + data
+    out.write_bytes(body + hashlib.sha256(body).digest())
+
+
+def _nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+# The header object is level 1 and meta level 2: meta.x nested k levels is 2 + k.
+@pytest.mark.parametrize("levels", [MAX_HEADER_DEPTH - 1, 10_000])
+def test_a_deeply_nested_header_is_a_clean_error_naming_the_file(
+    table_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], levels: int
+) -> None:
+    path = tmp_path / "deep.eot"
+    _with_nested_meta(table_file, path, levels)  # 10,000: deeper than json follows
+    for argv in (["inspect", str(path)], ["lookup", str(path), "wl=a"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"{path}: corrupted header: nested more than 64 levels"), err
+    with pytest.raises(TableFormatError, match="nested more than 64 levels"):
+        StdlibTable(path)
+
+
+def test_a_header_nested_64_levels_is_read_and_written(table_file: Path, tmp_path: Path) -> None:
+    path = tmp_path / "deep.eot"
+    _with_nested_meta(table_file, path, MAX_HEADER_DEPTH - 2)
+    nested = _nested(MAX_HEADER_DEPTH - 2)
+    assert Table.open(path).lookup(wl="a", clock=900, load=0.0)["in_grid"]
+    with StdlibTable(path) as s:
+        assert s.lookup(wl="a", clock=900, load=0.0)["in_grid"]
+    axes = [Axis("wl", "category", ("a",))]
+    write_table(tmp_path / "ok.eot", "test", axes, {}, {"x": json.loads(nested)})
+    with pytest.raises(ValueError, match="meta nests deeper"):
+        write_table(tmp_path / "no.eot", "test", axes, {}, {"x": [json.loads(nested)]})
 
 
 SEVEN = (  # the shape of a tiered operating-point table: 280,800 cells on all axes

@@ -29,11 +29,13 @@ from energyopt.tables.stdlib_reader import (
     ALIGN,
     FORMAT_VERSION,
     MAGIC,
+    MAX_HEADER_DEPTH,
     PREFIX,
     Axis,
     Column,
     Layout,
     TableFormatError,
+    json_depth,
     parse_layout,
 )
 
@@ -106,6 +108,8 @@ def write_table(
         "data_bytes": data_bytes,
         "meta": dict(meta or {}),
     }
+    if json_depth(header) > MAX_HEADER_DEPTH:
+        raise ValueError(f"meta nests deeper than a reader accepts ({MAX_HEADER_DEPTH} levels)")
     head = json.dumps(header, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
     prefix = PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(head)) + head
     body = bytearray(_align(len(prefix)) + data_bytes)

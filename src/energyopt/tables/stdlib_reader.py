@@ -38,6 +38,8 @@ PREFIX = struct.Struct("<8sIIQ")
 ALIGN = 64
 DIGEST_BYTES = 32
 MAX_HEADER_BYTES = 64 * 1024 * 1024
+MAX_HEADER_DEPTH = 64
+"""Most levels of arrays and objects the header nests (the header object is 1)."""
 
 DTYPES: dict[str, tuple[str, int]] = {
     "<f8": ("d", 8),
@@ -129,6 +131,20 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number the format allows")
+
+
+def json_depth(value: Any) -> int:
+    """Levels of arrays and objects in parsed JSON ``value`` (0 for a scalar),
+    counted without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _is_number(value: Any) -> bool:
@@ -251,6 +267,7 @@ def parse_layout(buf: Any, path: str, verify: bool = True) -> Layout:
         raise TableFormatError(path, f"unknown flags {flags:#x}")
     if header_len > MAX_HEADER_BYTES or PREFIX.size + header_len > size:
         raise TableFormatError(path, f"truncated: header of {header_len} bytes does not fit")
+    too_deep = f"corrupted header: nested more than {MAX_HEADER_DEPTH} levels deep"
     try:
         header = json.loads(
             bytes(buf[PREFIX.size : PREFIX.size + header_len]).decode("utf-8"),
@@ -259,6 +276,10 @@ def parse_layout(buf: Any, path: str, verify: bool = True) -> Layout:
         )
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
         raise TableFormatError(path, f"corrupted header: {exc}") from None
+    except RecursionError:  # nested beyond what the parser follows: far too deep
+        raise TableFormatError(path, too_deep) from None
+    if json_depth(header) > MAX_HEADER_DEPTH:
+        raise TableFormatError(path, too_deep)
     if not isinstance(header, dict):
         raise TableFormatError(path, "corrupted header: not a JSON object")
     data_start = _align(PREFIX.size + header_len)
