@@ -132,7 +132,7 @@ def test_a_slow_network_link_lowers_prefill_capacity_only_across_nodes() -> None
 def _one_node_optimum(p: ServerlessProblem, top: int = 4) -> float:
     """Optimum of a one-node instance by enumeration: counts of every (option,
     phase) per epoch, each phase's rate put on its cheapest instances first, cold
-    starts and decode stops (drains) between epochs."""
+    starts and decode stops (drains) between epochs and after the last one."""
     kinds = (PREFILL_NV, DECODE)
     pools = [(o, k) for o in range(p.n_options) for k in kinds if pool_capacity(p, 0, o, k) > 0]
     gpus = p.gpus_of()
@@ -174,6 +174,9 @@ def _one_node_optimum(p: ServerlessProblem, top: int = 4) -> float:
                 if k == DECODE:
                     cost += max(0, was - now) * float(p.stop_cost(0)[o])
             before = counts
+        for (o, k), was in zip(pools, before, strict=True):
+            if k == DECODE:  # the plan ends with no instances: the last ones drain
+                cost += was * float(p.stop_cost(0)[o])
         best = min(best, cost)
     return float(best)
 
@@ -187,8 +190,13 @@ def _two_node_optimum(p: ServerlessProblem, top: int = 3) -> float:
     cap = [pool_capacity(p, 0, 0, k) for k in kinds]
     g = float(p.gpus_of()[0])
     cost_one = float(p.instance_cost(0)[0] + p.start_cost(0)[0])
+    drain = float(p.stop_cost(0)[0])  # a decode instance drains after the epoch
+
+    def cost(counts: tuple[int, ...]) -> float:
+        return sum(counts) * cost_one + (counts[2] + counts[5]) * drain
+
     kv = float(p.kv_request_bytes[0]) / 1e9
-    grid = sorted(itertools.product(range(top + 1), repeat=6), key=sum)
+    grid = sorted(itertools.product(range(top + 1), repeat=6), key=cost)
     for counts in grid:
         x = np.array(counts).reshape(2, 3)  # node x kind
         if np.any(x.sum(axis=1) * g > p.node_gpus + 1e-9):
@@ -216,7 +224,7 @@ def _two_node_optimum(p: ServerlessProblem, top: int = 3) -> float:
         ]
         res = linprog(np.zeros(4), A_ub=a_ub, b_ub=b_ub, A_eq=[[1, 1, 1, 1]], b_eq=[demand])
         if res.status == 0:
-            return sum(counts) * cost_one
+            return cost(counts)
     raise AssertionError("no plan in the enumerated range")
 
 

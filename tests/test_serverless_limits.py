@@ -85,3 +85,46 @@ def test_the_verifier_refuses_a_pool_at_an_unsupported_clock() -> None:
     ev = evaluate_serverless(spec, builtin_catalog(), off)
     clocks = [v for v in ev.violations if "not a supported SM clock" in v.message]
     assert clocks and len(clocks) == sum(len(ep.pools) for ep in off.epochs)
+
+
+# --- the horizon's ends and lulls -------------------------------------------------
+
+
+def _chat(demand: list[float]) -> dict[str, Any]:
+    return dict(_doc()["models"][0], demand_rps=demand)
+
+
+def test_decode_instances_of_the_last_epoch_drain_in_every_solver_and_the_verifier() -> None:
+    """A plan ends with no instances: the verifier bills each decode instance of the
+    last epoch its drain (output mean x TBT SLO), and every solver's objective is
+    that cost."""
+    p = build_problem(ServerlessFile.model_validate(_doc(models=[_chat([12.0])])))
+    fam = family("serverless")
+    drain_s = 211 * 50 / 1e3
+    for name in ("milp", "lp", "fast", "rolling"):
+        res = fam.solve(p, name, time_limit_s=20, rel_gap=1e-9, progress=QUIET)
+        assert res.plan is not None and fam.verify(p, res.plan) == [], name
+        ev = evaluate_serverless(p.spec, builtin_catalog(), res.plan)
+        decode = [x for x in res.plan.epochs[0].pools if x.phase == "decode"]
+        held = sum(x.count * x.share_pct / 100 * x.tp for x in decode)
+        assert ev.stops == sum(x.count for x in decode) > 0, name
+        assert ev.drain_gpu_s == pytest.approx(held * drain_s, rel=1e-12), name
+        assert res.objective == pytest.approx(ev.cost, rel=1e-9), name
+
+
+def test_the_exact_plan_holds_an_instance_through_a_short_lull() -> None:
+    """5-s epochs, demand 10 / 0 / 10 rps: an idle decode instance held through the
+    empty epoch (5 s) costs less than its drain (10.55 s) and a cold start, so the
+    optimum keeps one, which the per-epoch heuristics cannot see."""
+    doc = _doc(epoch_s=5, models=[_chat([10.0, 0.0, 10.0])])
+    p = build_problem(ServerlessFile.model_validate(doc))
+    fam = family("serverless")
+    exact = fam.solve(p, "milp", time_limit_s=20, rel_gap=1e-9, progress=QUIET)
+    fast = fam.solve(p, "fast", time_limit_s=20, rel_gap=1e-9, progress=QUIET)
+    assert exact.plan is not None and fast.plan is not None
+    assert fam.verify(p, exact.plan) == []
+    lull = exact.plan.epochs[1].pools
+    assert lull and all(x.rate_rps == 0 for x in lull)
+    assert exact.objective is not None and fast.objective is not None
+    assert exact.objective < fast.objective - 1.0
+    assert exact.objective == pytest.approx(fam.cost(p, exact.plan), rel=1e-9)

@@ -170,6 +170,10 @@ def solve_fast(
         prev = counts
         pools.append(epoch_list)
         routes.append(epoch_routes)
+    # after the last epoch every decode instance stops and drains
+    for (m, _, o, kind), c in prev.items():
+        if kind == DECODE:
+            total += c * float(p.stop_cost(m)[o])
     progress(f"fast: {p.n_epochs} epochs provisioned")
     return serverless_result(
         FEASIBLE,

@@ -432,9 +432,12 @@ def _cost(
     drain = {m.name: m.drain_s for m in spec.models}
 
     before: dict[PoolKey, int] = {}
-    for t in range(len(spec.models[0].demand_rps)):
+    n_t = len(spec.models[0].demand_rps)
+    # the plan starts from no instances and ends with none: after the last epoch
+    # every decode instance still held stops and drains
+    for t in range(n_t + 1):
         now: dict[PoolKey, int] = defaultdict(int)
-        for pool in by_epoch.get(t, []):
+        for pool in by_epoch.get(t, []) if t < n_t else []:
             if pool.model not in weights:
                 continue
             key: PoolKey = (

@@ -9,11 +9,13 @@ Columns, per epoch t, model m, node n and option o (docs/formulations/serverless
 
 Rows: the routes carry each model's demand; a node's NVLink prefill pools serve
 its routes to itself, its network prefill pools its routes to other nodes, its
-decode pools every route into it; y <= capacity x; u >= x - x(t - 1); GPUs per
-node; the KV bytes a node sends and receives over the network within its NIC; the
-node's power within its cap; and the count cuts (valid for integer counts): a
-phase needs at least ceil(demand / largest instance capacity) instances. The
-objective is the plan's cost in the file's unit.
+decode pools every route into it; y <= capacity x; u >= x - x(t - 1); for decode
+v >= x(t - 1) - x, and a decode pool with no successor (the horizon's last epoch
+included) pays its stop on x; GPUs per node; the KV bytes a node sends and
+receives over the network within its NIC; the node's power within its cap; and
+the count cuts (valid for integer counts): a phase needs at least
+ceil(demand / largest instance capacity) instances. The objective is the plan's
+cost in the file's unit.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from energyopt.formulations.serverless.model import (
     IntArray,
     ServerlessProblem,
 )
-from energyopt.formulations.sparse_rows import SparseRows
 from energyopt.spec.serverless import Pool
 
 FORMULATION_NAME = "serverless joint prefill/decode MILP (pools x links x epochs, KV transfer)"
@@ -123,6 +124,24 @@ def undominated(
     return out
 
 
+def _holdable(p: ServerlessProblem, m: int, kind: int) -> FloatArray:
+    """(O,): True where holding one idle instance for an epoch costs less than
+    stopping it and starting it again (its drain, for decode, and its cold start):
+    only then can an instance kept through an epoch without demand be worth it."""
+    again = p.start_cost(m) + (p.stop_cost(m) if kind == DECODE else 0.0)
+    return np.asarray(p.instance_cost(m) < again - 1e-12)
+
+
+def _groups(ids: IntArray) -> tuple[IntArray, IntArray]:
+    """Distinct non-negative ``ids`` (ascending) and, per entry, its group's index
+    (-1 where the id is negative)."""
+    keep = ids >= 0
+    distinct, inverse = np.unique(ids[keep], return_inverse=True)
+    out = np.full(ids.shape, -1, dtype=np.int64)
+    out[keep] = inverse
+    return distinct, out
+
+
 def build_milp(
     p: ServerlessProblem,
     first: int = 0,
@@ -130,167 +149,223 @@ def build_milp(
     start: dict[tuple[int, int, int, int], int] | None = None,
 ) -> Milp:
     """The MILP of epochs ``first`` .. ``last - 1`` (default all); ``start`` gives the
-    instances (by model, node, option, kind) running before ``first`` (default none)."""
+    instances (by model, node, option, kind) running before ``first`` (default none).
+
+    Pools exist where the model has demand, and in an epoch without demand that lies
+    between two with demand in the range (or after instances given in ``start``) for
+    the options whose idle epoch costs less than a stop and a cold start: such an
+    instance may be held through the lull (it serves nothing there). Built with
+    array operations: linear in pools and routes."""
     stop = p.n_epochs if last is None else last
     init = start or {}
-    n_n = p.n_nodes
-    kept = {
-        (m, n, k): undominated(
-            p, m, n, k, {o for (mm, nn, o, kk) in init if (mm, nn, kk) == (m, n, k)}
-        )
-        for m in range(p.n_models)
-        for n in range(n_n)
-        for k in (PREFILL_NV, PREFILL_NET, DECODE)
-    }
-    pt, pm, pn, po, pk, cap = [], [], [], [], [], []
-    for t in range(first, stop):
-        for m in range(p.n_models):
-            if p.demand[m, t] <= 0:
-                continue
+    n_n, n_m, n_o = p.n_nodes, p.n_models, p.n_options
+    kinds = (PREFILL_NV, DECODE) if n_n == 1 else (PREFILL_NV, PREFILL_NET, DECODE)
+    window = np.arange(first, stop)
+    demand = p.demand[:, first:stop] if stop > first else np.zeros((n_m, 0))
+    busy = demand > 0
+    # epochs without demand between two with demand (or after running instances)
+    lull = np.zeros_like(busy)
+    for m in range(n_m):
+        seen = np.cumsum(busy[m]) > 0
+        if any(mm == m and c > 0 for (mm, _, _, _), c in init.items()):
+            seen[:] = True
+        later = np.cumsum(busy[m][::-1])[::-1] > 0
+        lull[m] = ~busy[m] & seen & later
+    parts: list[tuple[IntArray, int, int, int, int, bool]] = []
+    for m in range(n_m):
+        for k in kinds:
+            hold = _holdable(p, m, k)
             for n in range(n_n):
-                for o in range(p.n_options):
-                    for k in (PREFILL_NV, PREFILL_NET, DECODE):
-                        if k == PREFILL_NET and n_n == 1:
-                            continue
-                        c = pool_capacity(p, m, o, k)
-                        if o in kept[m, n, k]:
-                            pt.append(t)
-                            pm.append(m)
-                            pn.append(n)
-                            po.append(o)
-                            pk.append(k)
-                            cap.append(c)
-    n_p = len(pt)
-    rt, rm, ra, rb = [], [], [], []
-    for t in range(first, stop):
-        for m in range(p.n_models):
-            if p.demand[m, t] <= 0:
-                continue
-            for a in range(n_n):
-                for b in range(n_n):
-                    rt.append(t)
-                    rm.append(m)
-                    ra.append(a)
-                    rb.append(b)
-    n_r = len(rt)
-    a_pt, a_pm, a_pn, a_po, a_pk = (np.asarray(v, dtype=np.int64) for v in (pt, pm, pn, po, pk))
-    a_cap = np.asarray(cap, dtype=np.float64)
-    a_rt, a_rm, a_ra, a_rb = (np.asarray(v, dtype=np.int64) for v in (rt, rm, ra, rb))
-    n_col = 4 * n_p + n_r
-    cost = np.zeros(n_col)
-    for m in range(p.n_models):
-        sel = a_pm == m
-        cost[:n_p][sel] = p.instance_cost(m)[a_po[sel]]
-        serve = np.where(a_pk[sel] == DECODE, 1.0, 0.0)
-        e = (
-            serve * p.serve_cost(m, "decode")[a_po[sel]]
-            + (1 - serve) * p.serve_cost(m, "prefill")[a_po[sel]]
+                running = {o for (mm, nn, o, kk) in init if (mm, nn, kk) == (m, n, k)}
+                for o in sorted(undominated(p, m, n, k, running)):
+                    ts = window[busy[m]]
+                    if hold[o] and lull[m].any():
+                        ts = window[busy[m] | lull[m]]
+                    if len(ts):
+                        parts.append((ts, m, n, o, k, bool(hold[o])))
+    if parts:
+        a_pt = np.concatenate([ts for ts, *_ in parts])
+        a_pm, a_pn, a_po, a_pk = (
+            np.concatenate([np.full(len(ts), v[j], dtype=np.int64) for ts, *v in parts])
+            for j in range(4)
         )
-        cost[n_p : 2 * n_p][sel] = e
-        cost[2 * n_p : 3 * n_p][sel] = p.start_cost(m)[a_po[sel]]
-        cost[3 * n_p : 4 * n_p][sel] = np.where(a_pk[sel] == DECODE, p.stop_cost(m)[a_po[sel]], 0.0)
-    rows = SparseRows()
-    row = rows.add
+    else:
+        a_pt = a_pm = a_pn = a_po = a_pk = np.zeros(0, dtype=np.int64)
+    # pools in the order (epoch, model, node, option, kind): their keys ascend
+    stride = np.array([n_m * n_n * n_o * 3, n_n * n_o * 3, n_o * 3, 3, 1], dtype=np.int64)
+    keys = a_pt * stride[0] + a_pm * stride[1] + a_pn * stride[2] + a_po * stride[3] + a_pk
+    order = np.argsort(keys, kind="stable")
+    a_pt, a_pm, a_pn, a_po, a_pk, keys = (v[order] for v in (a_pt, a_pm, a_pn, a_po, a_pk, keys))
+    n_p = len(keys)
+    a_busy = demand[a_pm, a_pt - first] > 0 if n_p else np.zeros(0, dtype=bool)
+    cap_table = np.stack(
+        [p.cap_prefill[:, :, NVLINK], p.cap_prefill[:, :, NETWORK], p.cap_decode], axis=2
+    )
+    a_cap = np.where(a_busy, cap_table[a_pm, a_po, a_pk], 0.0) if n_p else np.zeros(0)
 
+    # routes: every (epoch, model) with demand, prefill node a -> decode node b
+    q_t, q_m = np.nonzero(busy.T)  # (epoch offset, model) pairs, epoch-major
+    n_q = len(q_t)
+    q_t = q_t + first
+    q_of = np.full((n_m, max(stop - first, 0)), -1, dtype=np.int64)
+    q_of[q_m, q_t - first] = np.arange(n_q)
+    a_rq = np.repeat(np.arange(n_q), n_n * n_n)
+    a_ra = np.tile(np.repeat(np.arange(n_n), n_n), n_q)
+    a_rb = np.tile(np.arange(n_n), n_q * n_n)
+    a_rt, a_rm = q_t[a_rq], q_m[a_rq]
+    n_r = len(a_rq)
+
+    n_col = 4 * n_p + n_r
     x0, y0, u0, v0, r0 = 0, n_p, 2 * n_p, 3 * n_p, 4 * n_p
-    pools_at: dict[tuple[int, int, int, int], list[int]] = {}
-    for i in range(n_p):
-        pools_at.setdefault((int(a_pt[i]), int(a_pm[i]), int(a_pn[i]), int(a_pk[i])), []).append(i)
-    routes_at: dict[tuple[int, int], list[int]] = {}
-    for j in range(n_r):
-        routes_at.setdefault((int(a_rt[j]), int(a_rm[j])), []).append(j)
-    for (t, m), js in routes_at.items():
-        demand = float(p.demand[m, t])
-        row([(r0 + j, 1.0) for j in js], demand, demand)
-        for n in range(n_n):
-            local = [j for j in js if a_ra[j] == n and a_rb[j] == n]
-            out = [j for j in js if a_ra[j] == n and a_rb[j] != n]
-            into = [j for j in js if a_rb[j] == n]
-            for kind, served in ((PREFILL_NV, local), (PREFILL_NET, out), (DECODE, into)):
-                ps = pools_at.get((t, m, n, kind), [])
-                row([(y0 + i, 1.0) for i in ps] + [(r0 + j, -1.0) for j in served], 0.0, 0.0)
-    for i in range(n_p):
-        row([(y0 + i, 1.0), (x0 + i, -float(a_cap[i]))], -np.inf, 0.0)
+    cost = np.zeros(n_col)
+    for m in range(n_m):
+        sel = a_pm == m
+        o_sel, k_sel = a_po[sel], a_pk[sel]
+        is_dec = k_sel == DECODE
+        cost[x0:y0][sel] = p.instance_cost(m)[o_sel]
+        cost[y0:u0][sel] = np.where(
+            is_dec, p.serve_cost(m, "decode")[o_sel], p.serve_cost(m, "prefill")[o_sel]
+        )
+        cost[u0:v0][sel] = p.start_cost(m)[o_sel]
+        cost[v0:r0][sel] = np.where(is_dec, p.stop_cost(m)[o_sel], 0.0)
+
+    rows: list[IntArray] = []
+    cols: list[IntArray] = []
+    vals: list[FloatArray] = []
+    lows: list[FloatArray] = []
+    highs: list[FloatArray] = []
+
+    def block(
+        row: IntArray, col: IntArray, val: FloatArray | float, lo: FloatArray, hi: FloatArray
+    ) -> None:
+        """Rows ``lo <= sum <= hi`` whose entries (row within the block, column, value)
+        are given; the block's rows follow those before it."""
+        base = sum(len(b) for b in lows)
+        rows.append(np.asarray(row, dtype=np.int64) + base)
+        cols.append(np.asarray(col, dtype=np.int64))
+        vals.append(np.broadcast_to(np.asarray(val, dtype=np.float64), (len(row),)).copy())
+        lows.append(np.asarray(lo, dtype=np.float64))
+        highs.append(np.asarray(hi, dtype=np.float64))
+
+    inf = np.inf
+    routes = np.arange(n_r)
+    pools = np.arange(n_p)
+    # demand: the routes of (t, m) carry its demand
+    lam = demand[q_m, q_t - first]
+    block(a_rq, r0 + routes, 1.0, lam, lam)
+    # routing: per (t, m, node, kind), the pools' rates equal the routes they serve
+    p_q = q_of[a_pm, a_pt - first] if n_p else np.zeros(0, dtype=np.int64)
+    served = p_q >= 0
+    rk = np.where(a_ra == a_rb, PREFILL_NV, PREFILL_NET)
+    block(
+        np.concatenate(
+            [
+                (p_q[served] * n_n + a_pn[served]) * 3 + a_pk[served],
+                (a_rq * n_n + a_ra) * 3 + rk,
+                (a_rq * n_n + a_rb) * 3 + DECODE,
+            ]
+        ),
+        np.concatenate([y0 + pools[served], r0 + routes, r0 + routes]),
+        np.concatenate([np.ones(int(served.sum())), -np.ones(2 * n_r)]),
+        np.zeros(3 * n_n * n_q),
+        np.zeros(3 * n_n * n_q),
+    )
+    # SLO capacity: y <= C x (C = 0 in a lull: the instance serves nothing)
+    block(
+        np.concatenate([pools, pools]),
+        np.concatenate([y0 + pools, x0 + pools]),
+        np.concatenate([np.ones(n_p), -a_cap]),
+        np.full(n_p, -inf),
+        np.zeros(n_p),
+    )
     # count cuts: a phase needs at least ceil(demand / best capacity) instances
-    for (t, m), _ in routes_at.items():
-        demand = float(p.demand[m, t])
-        for kinds in ((PREFILL_NV, PREFILL_NET), (DECODE,)):
-            ps = [i for i in range(n_p) if a_pt[i] == t and a_pm[i] == m and a_pk[i] in kinds]
-            if ps:
-                best = max(float(a_cap[i]) for i in ps)
-                need = float(np.ceil(demand / best - 1e-9))
-                row([(x0 + i, 1.0) for i in ps], need, np.inf)
-    index = {
-        (int(a_pt[i]), int(a_pm[i]), int(a_pn[i]), int(a_po[i]), int(a_pk[i])): i
-        for i in range(n_p)
-    }
-    for i in range(n_p):
-        t, m, n, o, k = (int(v[i]) for v in (a_pt, a_pm, a_pn, a_po, a_pk))
-        entries = [(u0 + i, 1.0), (x0 + i, -1.0)]
-        if t == first:
-            row(entries, -float(init.get((m, n, o, k), 0)), np.inf)
-        else:
-            prev = index.get((t - 1, m, n, o, k))
-            if prev is not None:
-                entries.append((x0 + prev, 1.0))
-            row(entries, 0.0, np.inf)
-    # stops of decode pools: v >= x(t - 1) - x; a pool with no successor in the
-    # range's next epoch stops whole (its stop cost on x)
-    for i in range(n_p):
-        t, m, n, o, k = (int(v[i]) for v in (a_pt, a_pm, a_pn, a_po, a_pk))
-        if k != DECODE:
-            continue
-        entries = [(v0 + i, 1.0), (x0 + i, 1.0)]
-        if t == first:
-            row(entries, float(init.get((m, n, o, k), 0)), np.inf)
-        else:
-            prev = index.get((t - 1, m, n, o, k))
-            if prev is not None:
-                entries.append((x0 + prev, -1.0))
-                row(entries, 0.0, np.inf)
-        if t + 1 < stop and (t + 1, m, n, o, k) not in index:
-            cost[x0 + i] += cost[v0 + i]
+    phase = np.where(a_pk == DECODE, 1, 0)
+    distinct, g = _groups(np.where(served, p_q * 2 + phase, -1))
+    if len(distinct):
+        best = np.zeros(len(distinct))
+        np.maximum.at(best, g[served], a_cap[served])
+        need = np.ceil(lam[distinct // 2] / best - 1e-9)
+        block(g[served], x0 + pools[served], 1.0, need, np.full(len(distinct), inf))
+    # cold starts u >= x - x(t - 1) and decode stops v >= x(t - 1) - x
+    back = keys - stride[0]
+    at = np.searchsorted(keys, back)
+    found = (at < n_p) & (keys[np.minimum(at, max(n_p - 1, 0))] == back) if n_p else at > 0
+    prev = np.where(found, at, -1)
+    init_of = np.zeros(n_p)
+    for (m, n, o, k), c in init.items():
+        want = first * stride[0] + m * stride[1] + n * stride[2] + o * stride[3] + k
+        i = int(np.searchsorted(keys, want))
+        if i < n_p and keys[i] == want:
+            init_of[i] = c
+    at_first = a_pt == first
+    has_prev = prev >= 0
+    block(
+        np.concatenate([pools, pools, pools[has_prev]]),
+        np.concatenate([u0 + pools, x0 + pools, x0 + prev[has_prev]]),
+        np.concatenate([np.ones(n_p), -np.ones(n_p), np.ones(int(has_prev.sum()))]),
+        np.where(at_first, -init_of, 0.0),
+        np.full(n_p, inf),
+    )
+    dec = a_pk == DECODE
+    with_row = dec & (at_first | has_prev)
+    stops = np.flatnonzero(with_row)
+    linked = stops[has_prev[stops]]
+    local = np.full(n_p, -1, dtype=np.int64)
+    local[stops] = np.arange(len(stops))
+    block(
+        np.concatenate([local[stops], local[stops], local[linked]]),
+        np.concatenate([v0 + stops, x0 + stops, x0 + prev[linked]]),
+        np.concatenate([np.ones(2 * len(stops)), -np.ones(len(linked))]),
+        np.where(at_first[stops], init_of[stops], 0.0),
+        np.full(len(stops), inf),
+    )
+    # a decode pool whose next epoch has no pool in the range, or in the horizon's
+    # last epoch, stops whole: its stop cost is on x
+    ahead = keys + stride[0]
+    at = np.searchsorted(keys, ahead)
+    has_next = (at < n_p) & (keys[np.minimum(at, max(n_p - 1, 0))] == ahead) if n_p else at > 0
+    ends = dec & (((a_pt + 1 < stop) & ~has_next) | (a_pt + 1 == p.n_epochs))
+    cost[x0 + np.flatnonzero(ends)] += cost[v0 + np.flatnonzero(ends)]
+    # per epoch and node: GPUs, KV over the NIC each way, power
     gpus = p.gpus_of()
-    for t in range(first, stop):
-        for n in range(n_n):
-            here = np.flatnonzero((a_pt == t) & (a_pn == n))
-            if len(here):
-                row(
-                    [(x0 + int(i), float(gpus[a_po[i]])) for i in here],
-                    -np.inf,
-                    float(p.node_gpus[n]),
-                )
-            if n_n > 1:
-                sends = np.flatnonzero((a_rt == t) & (a_ra == n) & (a_rb != n))
-                gets = np.flatnonzero((a_rt == t) & (a_rb == n) & (a_ra != n))
-                for group in (sends, gets):
-                    if len(group):
-                        row(
-                            [
-                                (r0 + int(j), float(p.kv_request_bytes[a_rm[j]]) / 1e9)
-                                for j in group
-                            ],
-                            -np.inf,
-                            float(p.nic_bps[n]) / 1e9,
-                        )
-            if np.isfinite(p.power_cap_w[n]) and len(here):
-                entries = [(x0 + int(q), float(p.on_w[a_po[q]])) for q in here]
-                for q in here:
-                    e = (
-                        p.energy_decode[a_pm[q], a_po[q]]
-                        if a_pk[q] == DECODE
-                        else p.energy_prefill[a_pm[q], a_po[q]]
-                    )
-                    entries.append((y0 + int(q), float(e)))
-                row(entries, -np.inf, float(p.power_cap_w[n]))
-    matrix = rows.matrix(n_col)
+    tn = (a_pt - first) * n_n + a_pn
+    distinct, g = _groups(tn)
+    block(g, x0 + pools, gpus[a_po], np.full(len(distinct), -inf), p.node_gpus[distinct % n_n])
+    if n_n > 1:
+        kv = p.kv_request_bytes[a_rm] / 1e9
+        for node in (a_ra, a_rb):
+            across = a_ra != a_rb
+            distinct, g = _groups(np.where(across, (a_rt - first) * n_n + node, -1))
+            block(
+                g[across],
+                r0 + routes[across],
+                kv[across],
+                np.full(len(distinct), -inf),
+                p.nic_bps[distinct % n_n] / 1e9,
+            )
+    capped = np.isfinite(p.power_cap_w[a_pn]) if n_p else np.zeros(0, dtype=bool)
+    if capped.any():
+        distinct, g = _groups(np.where(capped, tn, -1))
+        e = np.where(dec, p.energy_decode[a_pm, a_po], p.energy_prefill[a_pm, a_po])
+        block(
+            np.concatenate([g[capped], g[capped]]),
+            np.concatenate([x0 + pools[capped], y0 + pools[capped]]),
+            np.concatenate([p.on_w[a_po[capped]], e[capped]]),
+            np.full(len(distinct), -inf),
+            p.power_cap_w[distinct % n_n],
+        )
+    n_rows = sum(len(b) for b in lows)
+    matrix = sp.csc_matrix(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+        shape=(n_rows, n_col),
+    )
     integer = np.zeros(n_col, dtype=bool)
     integer[:n_p] = True
     return Milp(
         cost=cost,
         matrix=matrix,
-        row_lo=rows.lower(),
-        row_hi=rows.upper(),
+        row_lo=np.concatenate(lows),
+        row_hi=np.concatenate(highs),
         integer=integer,
         pt=a_pt,
         pm=a_pm,
@@ -382,25 +457,30 @@ def objective_of(
     range's first epoch has no pool for."""
     n_p = milp.n_pools
     init = start or {}
-    index = {
-        (int(milp.pt[i]), int(milp.pm[i]), int(milp.pn[i]), int(milp.po[i]), int(milp.pk[i])): i
-        for i in range(n_p)
-    }
-    starts = np.zeros(n_p)
-    stops = np.zeros(n_p)
-    for i in range(n_p):
-        t, m, n, o, k = (int(v[i]) for v in (milp.pt, milp.pm, milp.pn, milp.po, milp.pk))
-        if t == milp.first:
-            before = init.get((m, n, o, k), 0)
-        else:
-            prev = index.get((t - 1, m, n, o, k))
-            before = 0 if prev is None else int(counts[prev])
-        starts[i] = max(0, int(counts[i]) - before)
-        stops[i] = max(0, before - int(counts[i]))
+    counts = np.asarray(counts, dtype=np.int64)
+    before = np.zeros(n_p, dtype=np.int64)
+    if n_p:
+        dims = tuple(int(v.max()) + 2 for v in (milp.pt, milp.pm, milp.pn, milp.po, milp.pk))
+        keys = np.ravel_multi_index((milp.pt, milp.pm, milp.pn, milp.po, milp.pk), dims)
+        back = keys - int(np.prod(dims[1:]))  # the same pool one epoch earlier
+        order = np.argsort(keys)
+        at = np.minimum(np.searchsorted(keys[order], back), n_p - 1)
+        found = (keys[order][at] == back) & (milp.pt > milp.first)
+        before[found] = counts[order[at[found]]]
+        for i in np.flatnonzero(milp.pt == milp.first):
+            before[i] = init.get(
+                (int(milp.pm[i]), int(milp.pn[i]), int(milp.po[i]), int(milp.pk[i])), 0
+            )
+    starts = np.maximum(0, counts - before)
+    stops = np.maximum(0, before - counts)
     extra = 0.0
     if stop_cost is not None:
+        planned = {
+            (int(milp.pm[i]), int(milp.pn[i]), int(milp.po[i]), int(milp.pk[i]))
+            for i in np.flatnonzero(milp.pt == milp.first)
+        }
         for (m, n, o, k), count in init.items():
-            if k == DECODE and (milp.first, m, n, o, k) not in index:
+            if k == DECODE and (m, n, o, k) not in planned:
                 extra += count * float(stop_cost(m)[o])
     return float(
         milp.cost[:n_p] @ counts
