@@ -1,10 +1,13 @@
 """Lookup tables: scalar latency, vectorized throughput, and compile parallel efficiency.
 
-    python benchmarks/tables_bench.py [--keys 1000000] [--skip-compile]
+    python benchmarks/tables_bench.py [--keys 1000000] [--skip-compile] [--tiers-spec SPEC]
 
-Compares the numpy ``Table`` (``lookup``, the precompiled 4-column ``row_getter``
+Compares the numpy ``Table`` (``lookup``, the compiled 4-column ``row_getter``
 and the one-column ``getter``), the standard-library reader, a Python dict keyed by
-grid point, and one online ``solve`` of the base instance; then compiles a plan spec
+grid point, and one online ``solve`` of the base instance, each with the memory it
+keeps once built and used (tracemalloc), plus ``lookup`` of all 7 axes of the tiered
+operating-point table (in three orders of the key) and the CLI's open-and-look-up
+path on it; then compiles a plan spec
 with 1 and 2 workers back to back (each a fresh ``energyopt compile`` process),
 ``--compile-repeats`` times. Targets: median
 scalar lookup <= 1 us, >= 10 M vectorized lookups/s, parallel efficiency >= 80 % on
@@ -14,12 +17,16 @@ scalar lookup <= 1 us, >= 10 M vectorized lookups/s, parallel efficiency >= 80 %
 from __future__ import annotations
 
 import argparse
+import gc
+import os
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from bisect import bisect_left
 from collections.abc import Callable
 from pathlib import Path
@@ -49,10 +56,41 @@ def median_ns(fn: Callable[[], Any], calls: int = 200_000, repeats: int = 7) -> 
     return statistics.median(per_call)
 
 
+def held(make: Callable[[], Any]) -> tuple[Any, int]:
+    """``make()`` and the bytes its result and whatever it cached keep (tracemalloc)."""
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    made = make()
+    kept = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return made, kept
+
+
+def resident_mib() -> float:
+    """This process's resident memory now (MiB; /proc, Linux), 0 elsewhere."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return 0.0
+
+
+def peak_mib() -> float:
+    """This process's peak resident memory (MiB; ru_maxrss is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--skip-compile", action="store_true")
+    ap.add_argument(
+        "--tiers-spec",
+        type=Path,
+        default=ROOT / "instances" / "compile-tiers-oppoints.yaml",
+        help="oppoints spec of the 7-axis table whose full-key lookup is timed",
+    )
     ap.add_argument("--compile-repeats", type=int, default=2, help="1-vs-2-worker pairs")
     ap.add_argument(
         "--compile-spec",
@@ -65,23 +103,50 @@ def main() -> None:
     try:
         ops = tmp / "ops.eot"
         compile_table(OPS_SPEC, ops)
+        tiers = tmp / "tiers.eot"
+        compile_table(args.tiers_spec, tiers)
+        # Memory first, on fresh tables: what each lookup path keeps once built
+        # and used (tracemalloc; the caches of a Table, the getters, the dicts).
         table = Table.open(ops)
         std = StdlibTable(ops)
         wls = table.axes["workload"].values
         gpu = table.axes["gpu_type"].values[0]
         grid = [float(v) for v in table.axes["load"].values]
         best = table.array("best_clock_mhz")
-        as_dict = {
-            (w, gpu, g): int(best[i, 0, k]) for i, w in enumerate(wls) for k, g in enumerate(grid)
-        }
         wl, load = wls[0], 7.3
-        getter = table.getter("best_clock_mhz", "workload", "gpu_type", "load")
-        columns, row = table.row_getter("workload", "gpu_type", "load")
-        as_rows = {
-            (w, gpu, g): tuple(table.array(c)[i, 0, k].item() for c in columns)
-            for i, w in enumerate(wls)
-            for k, g in enumerate(grid)
+        as_dict, dict_b = held(
+            lambda: {
+                (w, gpu, g): int(best[i, 0, k])
+                for i, w in enumerate(wls)
+                for k, g in enumerate(grid)
+            }
+        )
+        getter, getter_b = held(
+            lambda: table.getter("best_clock_mhz", "workload", "gpu_type", "load")
+        )
+        (columns, row), row_b = held(lambda: table.row_getter("workload", "gpu_type", "load"))
+        as_rows, rows_b = held(
+            lambda: {
+                (w, gpu, g): tuple(table.array(c)[i, 0, k].item() for c in columns)
+                for i, w in enumerate(wls)
+                for k, g in enumerate(grid)
+            }
+        )
+        _, lookup_b = held(lambda: table.lookup(workload=wl, gpu_type=gpu, load=load))
+        _, std_b = held(lambda: std.lookup(workload=wl, gpu_type=gpu, load=load))
+        big = Table.open(tiers)
+        key7 = {
+            "slo_tier": "gold",
+            "workload": wls[0],
+            "gpu_type": gpu,
+            "clock_mhz": big.axes["clock_mhz"].values[-1],
+            "share": 50,
+            "share_used": 30,
+            "load": 4.0,
         }
+        _, big_b = held(lambda: big.lookup(**key7))
+        orders = [dict(reversed(key7.items())), dict(sorted(key7.items()))]
+        _, orders_b = held(lambda: [big.lookup(**k) for k in orders])
 
         def dict_rows() -> tuple[Any, ...]:
             k = bisect_left(grid, load)
@@ -97,28 +162,48 @@ def main() -> None:
             == table.lookup(workload=wl, gpu_type=gpu, load=load)["best_clock_mhz"]
         )
         assert row(wl, gpu, load)[:-1] == dict_rows()
+        assert big.lookup(**key7) == big.lookup_once(**key7) == big.lookup(**orders[0])
         rows = [
-            ("dict + bisect (baseline)", median_ns(dict_lookup)),
-            ("dict + bisect, 4 columns", median_ns(dict_rows)),
-            ("Table.getter (1 column)", median_ns(lambda: getter(wl, gpu, load))),
-            ("Table.row_getter (4 columns)", median_ns(lambda: row(wl, gpu, load))),
+            ("dict + bisect (baseline)", median_ns(dict_lookup), dict_b),
+            ("dict + bisect, 4 columns", median_ns(dict_rows), rows_b),
+            ("Table.getter (1 column)", median_ns(lambda: getter(wl, gpu, load)), getter_b),
+            ("Table.row_getter (4 columns)", median_ns(lambda: row(wl, gpu, load)), row_b),
             (
                 "Table.lookup (4 columns)",
                 median_ns(lambda: table.lookup(workload=wl, gpu_type=gpu, load=load), 100_000),
+                lookup_b,
+            ),
+            (
+                "Table.lookup, 7 axes, 13 col.",
+                median_ns(lambda: big.lookup(**key7), 100_000),
+                big_b,
+            ),
+            (
+                "  + 2 other orders of the key",
+                median_ns(lambda: big.lookup(**orders[0]), 100_000),
+                orders_b,
             ),
             (
                 "StdlibTable.lookup",
                 median_ns(lambda: std.lookup(workload=wl, gpu_type=gpu, load=load), 50_000),
+                std_b,
+            ),
+            (
+                "open + lookup_once (CLI path)",
+                median_ns(lambda: Table.open(tiers).lookup_once(**key7), 20, 5),
+                0,
             ),
         ]
         problem = load_problem(ROOT / "instances" / "quickstart.yaml")
         start = time.perf_counter()
         solve(problem, load_preset("highs-exact"))
-        rows.append(("online solve (quickstart)", (time.perf_counter() - start) * 1e9))
+        rows.append(("online solve (quickstart)", (time.perf_counter() - start) * 1e9, 0))
         base = rows[0][1]
-        print("scalar lookup latency (median; target <= 1000 ns)")
-        for name, ns in rows:
-            print(f"  {name:<28} {ns:>14,.0f} ns   x{ns / base:,.2f} of dict")
+        print("scalar lookup latency (median; target <= 1000 ns) and memory it keeps")
+        for name, ns, nbytes in rows:
+            kept = f"{nbytes / 1024:>10,.1f} KiB kept" if nbytes else ""
+            print(f"  {name:<30} {ns:>14,.0f} ns   x{ns / base:>9,.2f} of dict {kept}")
+        print(f"  process resident memory {resident_mib():,.0f} MiB (peak {peak_mib():,.0f} MiB)")
         rng = np.random.default_rng(0)
         n = args.keys
         keys = {
