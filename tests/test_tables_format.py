@@ -182,7 +182,7 @@ def test_precompiled_lookups_equal_the_column_by_column_path(
     names = data.draw(st.permutations(["wl", "clock", "load"]))
     names = names[: data.draw(st.integers(1, 3))]
     key = {n: data.draw(KEY_VALUES[n]) for n in names}
-    slow = t._slow_lookup(key)
+    slow = t.lookup_once(**key)
     fast = t.lookup(**key)
     assert fast.keys() == slow.keys()
     for col, value in slow.items():
@@ -206,6 +206,22 @@ def test_lookup_results_are_independent_copies(table_file: Path) -> None:
     assert t.lookup(wl="a", clock=900, load=1.0)["x"] == t.array("x")[0, 0, 2]
     with pytest.raises(TableError, match="not keyed within"):
         t.row_getter("wl", columns=["x"])
+
+
+def test_a_column_with_no_axes_holds_one_item(tmp_path: Path) -> None:
+    path = tmp_path / "scalar.eot"
+    columns = {
+        "s": ColumnData(np.asarray(3.5), (), "<f8", math.nan),
+        "v": ColumnData(np.asarray([1, 2]), ("a",), "<i4", -1),
+    }
+    write_table(path, "test", [Axis("a", "category", ("x", "y"))], columns)
+    t = Table.open(path)
+    assert t.array("s").shape == () and t.lookup() == {"s": 3.5, "in_grid": True}
+    assert t.lookup(a="y") == t.lookup_once(a="y") == {"s": 3.5, "v": 2, "in_grid": True}
+    assert t.lookup(a="z") == {"s": 3.5, "v": -1, "in_grid": False}
+    assert t.row_getter()[1]() == (3.5, True) and t.getter("s")() == 3.5
+    with StdlibTable(path) as s:
+        assert s.lookup(a="y") == {"s": 3.5, "v": 2, "in_grid": True}
 
 
 def _with_nested_meta(table: Path, out: Path, levels: int) -> None:

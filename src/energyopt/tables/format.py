@@ -80,7 +80,7 @@ def write_table(
     offset = 0
     for name, col in columns.items():
         shape = tuple(len(by_name[a].values) for a in col.axes)
-        arr = np.ascontiguousarray(np.asarray(col.values).astype(np.dtype(col.dtype)))
+        arr = np.asarray(col.values).astype(np.dtype(col.dtype), order="C")  # 0-d stays 0-d
         if arr.shape != shape:
             raise ValueError(f"column {name}: shape {arr.shape}, axes give {shape}")
         data = arr.tobytes(order="C")
@@ -288,10 +288,6 @@ class Table:
     def _columns_within(self, names: Any) -> tuple[str, ...]:
         keys = set(names)
         return tuple(c.name for c in self.columns.values() if set(c.axes) <= keys)
-
-    def _slow_lookup(self, key: Mapping[str, Any]) -> dict[str, Any]:
-        """``lookup`` one column at a time (any key, in or outside the grid)."""
-        return self.lookup_once(**key)
 
     def getter(self, column: str, *axes: str) -> Callable[..., Any]:
         """A fast scalar lookup of one column: ``f(*keys)`` with keys in the order
