@@ -12,6 +12,7 @@ import numpy as np
 from energyopt.catalog.problem import Problem, load_problem
 from energyopt.online import ErrorHeadroom, OnlineConfig, OnlinePolicy, OpLookups
 from energyopt.online.local_scheduler import LocalConfig
+from energyopt.perf.power import gpu_on_power_w
 from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.engine import SimResult, Simulator
 from energyopt.sim.forecast import peak_rates_rps, planned_rates_rps, raw_rates_rps
@@ -43,6 +44,7 @@ class Tally:
     unplanned_epochs: int = 0  # no plan: the previous one kept
     rejected_plans: int = 0  # plans the verifier rejected at their planned load
     predicted_j: float = 0.0  # the planners' own power figures times epoch lengths
+    predicted_static_j: float = 0.0  # of which the on-GPUs' power at their clocks, idle
     headroom: list[list[float]] = field(default_factory=list)  # per epoch, per workload
 
 
@@ -214,6 +216,7 @@ def run_planner(
         plan = stabilize(at, planned.plan, current[0])
         if current[0] is not None:
             run.predicted_j += _power_w(current[0]) * (now - since[0])
+            run.predicted_static_j += _static_w(problem, current[0]) * (now - since[0])
         current[0] = plan
         since[0] = now
         return plan
@@ -245,11 +248,22 @@ def run_planner(
     result = sim.run(first, None if planner.static else ev.epoch_s, replan)
     if current[0] is not None:
         run.predicted_j += _power_w(current[0]) * (window - since[0])
+        run.predicted_static_j += _static_w(problem, current[0]) * (window - since[0])
     return PlannerRun(planner.name, planner.spec.kind, result, run)
 
 
 def _power_w(plan: Plan) -> float:
     return sum(gp.predicted_power_w for gp in plan.gpus)
+
+
+def _static_w(problem: Problem, plan: Plan) -> float:
+    """The part of ``_power_w`` that does not depend on the load: each on GPU's
+    power at its locked clock with nothing running (W)."""
+    return sum(
+        gpu_on_power_w(problem.gpu_type(gp.type), gp.clock_mhz)
+        for gp in plan.gpus
+        if gp.on and gp.clock_mhz is not None
+    )
 
 
 def evaluate(

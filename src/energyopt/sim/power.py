@@ -21,6 +21,7 @@ class GpuEnergy:
     static_j: float = 0.0
     dynamic_j: float = 0.0
     window_j: float = 0.0  # static + dynamic inside [0, window_s)
+    window_static_j: float = 0.0  # static alone inside [0, window_s)
     level_w: float = 0.0
     since_s: float = 0.0
 
@@ -80,6 +81,7 @@ class PowerMeter:
         if now_s > e.since_s:
             joules = e.level_w * (now_s - e.since_s)
             e.static_j += joules
+            e.window_static_j += e.level_w * max(min(now_s, self.window_s) - e.since_s, 0.0)
             self._spread(gpu, e.since_s, now_s, joules)
         e.level_w = watts
         e.since_s = max(now_s, e.since_s)
@@ -103,6 +105,12 @@ class PowerMeter:
     def window_j(self) -> float:
         """Energy inside the evaluation window [0, window_s) (J)."""
         return sum(e.window_j for e in self.gpus.values())
+
+    @property
+    def window_static_j(self) -> float:
+        """Static energy inside the evaluation window (J): on-power, idle while
+        powering on, standby while off; the rest of ``window_j`` is iterations."""
+        return sum(e.window_static_j for e in self.gpus.values())
 
     def power_series_w(self) -> list[float]:
         """Mean fleet power per bin (W); bin k covers [k bin_s, (k + 1) bin_s)."""
