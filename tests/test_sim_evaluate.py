@@ -85,7 +85,7 @@ def test_evaluate_writes_plots_when_matplotlib_is_there(tmp_path: Path) -> None:
         tmp_path, planners=[{"name": "pf", "kind": "performance-first"}], reference="pf"
     )
     assert main(["evaluate", str(spec), "-q", "--duration", "20"]) == 0
-    for name in ("power.png", "slo.png"):
+    for name in ("evaluation.png", "power.png", "slo.png"):
         data = (tmp_path / "out" / name).read_bytes()
         assert data.startswith(b"\x89PNG")
 
