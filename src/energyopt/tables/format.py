@@ -127,8 +127,8 @@ def write_table(
 
 LOOKUP_CACHE_ENTRIES = 64
 """Most compiled ``Table.lookup`` functions one table keeps (one per set of key
-names; the least recently used is dropped first). Each holds a few kilobytes
-(docs/tables.md), so a full cache holds well under a megabyte."""
+names; the least recently used is dropped first). Each keeps 10-25 KiB
+(docs/tables.md), so a full cache holds under about 1.5 MiB."""
 
 
 def _items(arr: NDArray[Any]) -> memoryview:
@@ -218,7 +218,7 @@ class Table:
         Out-of-grid values never raise: the column's fallback is returned and
         ``in_grid`` is False. Unknown key names raise TableError. The first lookup
         with a set of key names (in any order) compiles a lookup function for that
-        set (tens of microseconds, a few kilobytes; the table keeps at most
+        set (tens of microseconds, 10-25 KiB; the table keeps at most
         ``LOOKUP_CACHE_ENTRIES`` of them, least recently used dropped first);
         later ones cost a few subscripts (``row_getter`` is the fastest path).
         Returns a new dict each call.
@@ -270,8 +270,8 @@ class Table:
         ``f(*keys)`` (keys in the order of ``axes``) returns a tuple of the values of
         ``names`` (default: every column keyed within ``axes``) followed by
         ``in_grid``. Outside the grid it returns the fallbacks (the columns whose keys
-        are in the grid keep their values) and False, never raising. ``f`` holds a
-        few kilobytes and no reference to the table."""
+        are in the grid keep their values) and False, never raising. ``f`` keeps
+        about 10 KiB and no reference to the table."""
         self._check_keys(axes)
         if len(set(axes)) != len(axes):
             raise TableError(self.path, f"repeated key in {axes}")
@@ -292,7 +292,7 @@ class Table:
     def getter(self, column: str, *axes: str) -> Callable[..., Any]:
         """A fast scalar lookup of one column: ``f(*keys)`` with keys in the order
         of ``axes`` (default: the column's own axes); returns the fallback outside
-        the grid. ``f`` holds a few kilobytes and no reference to the table."""
+        the grid. ``f`` keeps about 10 KiB and no reference to the table."""
         col = self.columns[column]
         order = axes or col.axes
         if sorted(order) != sorted(col.axes):

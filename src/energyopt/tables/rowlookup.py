@@ -7,8 +7,10 @@ axes; a position equal to the axis length means outside the grid), computes the
 C-order flat position of each group of columns that share their axes, and reads
 each column's item from a ``memoryview`` of the memory-mapped file, which yields a
 plain Python number. Nothing is materialized per grid cell: a compiled lookup
-holds its code, one finder per axis and one view per column, a few kilobytes
-whatever the size of the grid, and compiling one takes tens of microseconds.
+holds its namespace (one finder per axis, one view per column) and its code,
+10-25 KiB whatever the size of the grid; compiling one takes tens of
+microseconds, plus about a millisecond to compile the generated code the first
+time a shape is seen (code objects are shared by source text).
 
 Anything unusual (a key outside the grid, NaN, a key of a type its axis cannot
 compare) goes to the column-by-column path (``column_by_column``), which never
