@@ -28,3 +28,12 @@ def shared_data() -> Path:
     if folder is None:
         pytest.skip(f"measurement data not found at {REPO_DATA} or {SHARED_DATA}")
     return folder
+
+
+@pytest.fixture(autouse=True)
+def _sim_state_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulated NVML keeps its state under $XDG_STATE_HOME unless
+    ENERGYOPT_NVML_SIM_STATE says otherwise: point both away from the real home, one
+    new place per test (a test that wants a state file sets the variable itself)."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
+    monkeypatch.delenv("ENERGYOPT_NVML_SIM_STATE", raising=False)

@@ -158,7 +158,7 @@ def test_measure_seconds_and_command(simhost: Path, capsys: pytest.CaptureFixtur
 
 def test_restore_missing_checkpoint(simhost: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["restore", "nope.json"]) == 5
-    assert "cannot read checkpoint nope.json" in capsys.readouterr().err
+    assert "nope.json: cannot read: No such file" in capsys.readouterr().err
 
 
 def test_restore_names_a_missing_checkpoint_before_nvml_starts(
@@ -173,7 +173,7 @@ def test_restore_names_a_missing_checkpoint_before_nvml_starts(
     monkeypatch.setitem(sys.modules, "pynvml", None)
     assert main(["restore", "nope.json"]) == 5
     err = capsys.readouterr().err
-    assert "cannot read checkpoint nope.json" in err and "NVML" not in err
+    assert "nope.json: cannot read: No such file" in err and "NVML" not in err
 
 
 def test_real_backend_missing_is_a_clear_message(

@@ -101,7 +101,7 @@ def test_slower_measurements_lower_capacity_and_other_tp_sizes_stay_analytic(
         (["prefill,256,0,1,-3"], "row 2: latency_ms: -3 must be positive"),
         (["prefil,256,0,1,3"], "row 2: phase: 'prefil' must be prefill or decode"),
         (["prefill,many,0,1,3"], "row 2: tokens: 'many' is not a number"),
-        (["prefill,256,0,1.5,3"], "row 2: tp: 1.5 must be a whole number of at least 1"),
+        (["prefill,256,0,1.5,3"], "row 2: tp: 1.5 must be a whole number from 1 to 64"),
         (["decode,8,-1,1,3"], "row 2: context: -1 must not be negative"),
         ([], "profile has no measurements"),
     ],

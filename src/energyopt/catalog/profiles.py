@@ -25,6 +25,7 @@ when the file is read.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ from numpy.typing import NDArray
 from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
 
 from energyopt.spec.errors import SpecError
+from energyopt.spec.io import read_text
+from energyopt.spec.workload import MAX_TP
 
 COLUMNS = ("phase", "tokens", "context", "tp", "latency_ms")
 OPTIONAL_COLUMNS = ("clock_mhz", "power_w")
@@ -170,8 +173,9 @@ def read_profile(path: Path, gpu: str, model: str, clock_mhz: float) -> Measured
     # (phase, tp) -> clock -> rows of (log coords..., log ms[, log W])
     rows_by: dict[tuple[str, int], dict[float, list[list[float]]]] = {}
     power_cols: set[bool] = set()
+    text = read_text(path)  # a FIFO or device is refused, a byte-order mark dropped
     try:
-        with path.open(newline="", encoding="utf-8") as fh:
+        with io.StringIO(text, newline="") as fh:
             reader = csv.DictReader(fh)
             header = [h.strip() for h in (reader.fieldnames or [])]
             reader.fieldnames = header
@@ -188,6 +192,8 @@ def read_profile(path: Path, gpu: str, model: str, clock_mhz: float) -> Measured
             for n, row in enumerate(reader, start=2):
                 where = f"{path}: row {n}"
                 before = len(problems)
+                if None in row:
+                    problems.append(f"{where}: more fields than the header has columns")
                 phase = (row.get("phase") or "").strip()
                 if phase not in ("prefill", "decode"):
                     problems.append(f"{where}: phase: {phase!r} must be prefill or decode")
@@ -203,8 +209,8 @@ def read_profile(path: Path, gpu: str, model: str, clock_mhz: float) -> Measured
                     (
                         "tp",
                         tp_value,
-                        tp_value >= 1 and tp_value == int(tp_value),
-                        "must be a whole number of at least 1",
+                        1 <= tp_value <= MAX_TP and tp_value == int(tp_value),
+                        f"must be a whole number from 1 to {MAX_TP}",
                     ),
                     ("latency_ms", ms, ms > 0, "must be positive"),
                     ("clock_mhz", clock, clock > 0, "must be positive"),
@@ -225,8 +231,8 @@ def read_profile(path: Path, gpu: str, model: str, clock_mhz: float) -> Measured
                 rows_by.setdefault((phase, tp), {}).setdefault(float(clock), []).append(
                     coords + values
                 )
-    except OSError as exc:
-        raise SpecError([f"{path}: cannot read profile: {exc.strerror or exc}"]) from None
+    except csv.Error as exc:
+        raise SpecError([f"{path}: row {reader.line_num}: not a CSV row: {exc}"]) from None
     if problems:
         raise SpecError(problems)
     if not rows_by:

@@ -7,9 +7,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import ValidationError
+
 from energyopt.catalog.loader import Catalog
 from energyopt.cli.common import EXIT_DEVICE, EXIT_OK, EXIT_SIGNAL, err
 from energyopt.spec.errors import SpecError
+from energyopt.spec.plan import Plan
 
 
 def _nvml_errors(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -36,6 +39,41 @@ def _nvml_catalog(files: list[str]) -> Catalog:
     return catalog
 
 
+def _say_where(where: str) -> None:
+    """Name the simulated host's state file (stderr; real NVML says nothing)."""
+    if where.startswith("simulated"):
+        err(where)
+
+
+def _serving_plan(path: str) -> Plan:
+    """The serving plan in ``path``; a plan of another family, or a file with no ``gpus``,
+    is refused naming the plans ``apply`` takes instead of listing every field."""
+    from energyopt.families import families
+    from energyopt.spec.io import parse, read_data
+
+    data = read_data(path)
+    try:
+        return parse(Plan, data, path)
+    except SpecError:
+        takes = (
+            "`energyopt apply` takes serving plans (per-GPU clocks, power limits and "
+            "MPS/MIG placements, from `energyopt solve` on a serving instance)"
+        )
+        for fam in families():
+            if fam.kind == "serving":
+                continue
+            try:
+                fam.plan_model.model_validate(data)
+            except ValidationError:
+                continue
+            raise SpecError(
+                [f"{path}: this is a {fam.kind} plan; {takes}: it has no GPU settings to apply"]
+            ) from None
+        if "gpus" not in data:
+            raise SpecError([f"{path}: gpus: missing; {takes}"]) from None
+        raise
+
+
 @_nvml_errors
 def cmd_apply(args: argparse.Namespace) -> int:
     from energyopt.nvml.errors import ExecutorError
@@ -47,23 +85,27 @@ def cmd_apply(args: argparse.Namespace) -> int:
     )
     from energyopt.nvml.session import open_session
     from energyopt.nvml.transaction import Transaction
-    from energyopt.spec import Plan
     from energyopt.spec.checks import plan_problems
-    from energyopt.spec.io import load, write_text_atomic
+    from energyopt.spec.io import write_text_atomic
 
-    plan = load(Plan, args.plan)
+    plan = _serving_plan(args.plan)
     catalog = _nvml_catalog(args.catalog)
     problems = plan_problems(plan, catalog.gpus, args.plan)
     if problems:
         raise SpecError(problems)
-    mapping = read_map_file(args.map_file) if args.map_file else {}
-    mapping.update(parse_map_options(args.map))
+    plan_gpus = [g.gpu for g in plan.gpus]
+    mapping = read_map_file(args.map_file, plan_gpus) if args.map_file else {}
+    origins = {gpu: f"{args.map_file}: {gpu}" for gpu in mapping}
+    options = parse_map_options(args.map)
+    mapping.update(options)
+    origins.update({gpu: f"--map {gpu}={dev}" for gpu, dev in options.items()})
     with open_session() as session:
         ctx = session.ctx
-        host = plan_actions(plan, ctx.nvml, catalog, mapping or None, args.mps_dir)
+        host = plan_actions(plan, ctx.nvml, catalog, mapping or None, args.mps_dir, origins)
         originals = [a.read(ctx) for a in host.actions]
         verb = "applying" if args.apply else "dry run (nothing is changed; add --apply)"
         print(f"{verb}: {args.plan} on the {ctx.nvml.kind} backend")
+        _say_where(session.where)
         for gpu, dev in host.devices.items():
             print(f"{gpu} -> GPU {dev.index}  {dev.name}  {dev.uuid}")
             for a, o in zip(host.actions, originals, strict=True):
@@ -102,11 +144,21 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 @_nvml_errors
 def cmd_restore(args: argparse.Namespace) -> int:
+    from energyopt.nvml.errors import CheckpointError
     from energyopt.nvml.session import open_session
     from energyopt.nvml.transaction import read_checkpoint, restore
 
     read_checkpoint(args.checkpoint)  # a missing or foreign file is named before NVML starts
     with open_session() as session:
+        _say_where(session.where)
+        if session.fresh:
+            # every setting of a new simulated host is at its default: "restored" would
+            # be a claim about an apply this host never saw
+            raise CheckpointError(
+                f"{args.checkpoint}: the simulated host has no saved state at "
+                f"{session.sim_state}, so it never saw the apply this checkpoint undoes; "
+                "set ENERGYOPT_NVML_SIM_STATE to the state file that apply used"
+            )
         count, errors = restore(session.ctx, args.checkpoint)
     if errors:
         err(f"{args.checkpoint}: {len(errors)} setting(s) could not be restored:")
@@ -123,6 +175,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from energyopt.nvml.session import open_session
 
     with open_session() as session:
+        _say_where(session.where)
         nvml = session.ctx.nvml
         rows = [gpu_status(nvml, i) for i in range(nvml.device_count())]
     print("\n".join(format_status(rows)))
@@ -138,6 +191,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     with open_session() as session:
+        _say_where(session.where)
         clock = session.command_clock if command else session.clock
         windows, rc = measure(session.ctx.nvml, clock, args.seconds, command, args.interval)
     print("\n".join(format_windows(windows)))

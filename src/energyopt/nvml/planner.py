@@ -7,6 +7,8 @@ change), so a bad plan fails before anything changes.
 
 from __future__ import annotations
 
+import datetime
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from energyopt.nvml.errors import (
 )
 from energyopt.nvml.mps import DEFAULT_BASE_DIR, client_env, mps_dirs
 from energyopt.nvml.names import name_matches
+from energyopt.spec.errors import SpecError
 from energyopt.spec.io import read_data
 from energyopt.spec.plan import GpuPlan, Plan
 
@@ -68,10 +71,68 @@ def parse_map_options(options: list[str]) -> dict[str, str]:
     return out
 
 
-def read_map_file(path: str | Path) -> dict[str, str]:
-    """A mapping file: a YAML/JSON/TOML table ``{plan_gpu: index or uuid}``."""
+def read_map_file(path: str | Path, plan_gpus: Collection[str] | None = None) -> dict[str, str]:
+    """A mapping file: a YAML/JSON/TOML table ``{plan_gpu: index or uuid}``.
+
+    SpecError naming the file and the key for a key that is not a string (YAML reads
+    ``0:`` as a number), one that is not among ``plan_gpus`` (when given), and a value
+    that is neither a device index nor a UUID (a date, binary data, a list...)."""
     data = read_data(path)
-    return {str(k): str(v) for k, v in data.items()}
+    problems: list[str] = []
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        if not isinstance(key, str) or not key.strip():
+            problems.append(
+                f"{path}: {key!r}: a key is a plan GPU id, a string such as 'node0/0' "
+                "(quote it in YAML)"
+            )
+            continue
+        where = f"{path}: {key}"
+        if plan_gpus is not None and key not in plan_gpus:
+            problems.append(f"{where}: not a GPU of the plan (plan GPUs: {_listed(plan_gpus)})")
+            continue
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value < 0:
+                problems.append(f"{where}: device index {value} is negative")
+                continue
+            out[key] = str(value)
+        elif isinstance(value, str) and value.strip():
+            out[key] = value.strip()
+        else:
+            problems.append(
+                f"{where}: expected a device index (a whole number) or a UUID (a string), "
+                f"got {_described(value)}"
+            )
+    if problems:
+        raise SpecError(problems)
+    return out
+
+
+def _listed(names: Collection[str], most: int = 6) -> str:
+    shown = list(names)[:most]
+    more = len(names) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
+def _described(value: Any) -> str:
+    """What a parsed value is, in words, for a mapping file's messages."""
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, str):
+        return "an empty string"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, bytes):
+        return "binary data (!!binary)"
+    if isinstance(value, datetime.date):
+        return f"a date or timestamp ({value}; quote a UUID that looks like one)"
+    if isinstance(value, float):
+        return f"a fractional number ({value:g})"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__
 
 
 def _device(backend: Backend, ref: str) -> Device:
@@ -85,11 +146,17 @@ def _device(backend: Backend, ref: str) -> Device:
     return Device(index, backend.uuid(index), backend.name(index))
 
 
-def map_devices(plan: Plan, backend: Backend, mapping: dict[str, str] | None) -> dict[str, Device]:
+def map_devices(
+    plan: Plan,
+    backend: Backend,
+    mapping: dict[str, str] | None,
+    origins: Mapping[str, str] | None = None,
+) -> dict[str, Device]:
     """Plan GPU id -> device. Without a mapping, plan order is device index order.
 
     With a mapping, only the mapped plan GPUs are on this host. The device's name
-    must match the plan GPU's type either way.
+    must match the plan GPU's type either way. ``origins`` says where each plan GPU's
+    mapping was given (``map.yaml: node0/0``, ``--map node0/0``), for the messages.
     """
     known = {g.gpu for g in plan.gpus}
     if mapping:
@@ -99,7 +166,17 @@ def map_devices(plan: Plan, backend: Backend, mapping: dict[str, str] | None) ->
                 f"mapping names GPUs not in the plan: {', '.join(unknown)} "
                 f"(plan GPUs: {', '.join(g.gpu for g in plan.gpus)})"
             )
-        pairs = [(g, _device(backend, mapping[g.gpu])) for g in plan.gpus if g.gpu in mapping]
+        pairs = []
+        for g in plan.gpus:
+            if g.gpu not in mapping:
+                continue
+            try:
+                pairs.append((g, _device(backend, mapping[g.gpu])))
+            except DeviceMapError as exc:
+                origin = (origins or {}).get(g.gpu)
+                if origin is None:
+                    raise
+                raise DeviceMapError(f"{origin}: {exc}") from None
     else:
         n = backend.device_count()
         if len(plan.gpus) > n:
@@ -217,9 +294,11 @@ def plan_actions(
     catalog: Catalog,
     mapping: dict[str, str] | None = None,
     mps_base: str = DEFAULT_BASE_DIR,
+    origins: Mapping[str, str] | None = None,
 ) -> HostPlan:
-    """Every action that puts ``plan`` on this host, in order; raises before any write."""
-    out = HostPlan(devices=map_devices(plan, backend, mapping))
+    """Every action that puts ``plan`` on this host, in order; raises before any write
+    (``origins``: where each mapping was given, as ``map_devices`` takes it)."""
+    out = HostPlan(devices=map_devices(plan, backend, mapping, origins))
     for g in plan.gpus:
         dev = out.devices.get(g.gpu)
         if dev is None:

@@ -10,11 +10,13 @@ read-back). The energy counter advances with simulated time.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import Field
 
 from energyopt.catalog import mig
 from energyopt.nvml.backend import LockedClocks
@@ -29,7 +31,10 @@ from energyopt.nvml.errors import (
 )
 from energyopt.nvml.names import nvml_name
 from energyopt.perf.power import clock_power_factor, dynamic_range_w, gpu_on_power_w
+from energyopt.spec.base import Spec
+from energyopt.spec.errors import SpecError
 from energyopt.spec.hardware import GpuType
+from energyopt.spec.io import parse, read_data, write_text_atomic
 
 
 @dataclass
@@ -47,6 +52,44 @@ class SimDevice:
     energy_mj: float = 0.0
     load: float = 0.0
     memory_w: float = 0.0
+
+
+_Profile = Annotated[str, Field(min_length=1)]
+_Slice = Annotated[int, Field(ge=0)]
+
+
+class SimDeviceState(Spec):
+    """One GPU in a saved simulated host (``SimDevice``)."""
+
+    type_name: str = Field(min_length=1)
+    uuid: str = Field(min_length=1)
+    persistence: bool = False
+    locked: tuple[Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)]] | None = None
+    power_limit_mw: int = Field(ge=0)
+    mig_mode: bool = False
+    mig_pending: bool | None = None
+    instances: tuple[tuple[_Profile, _Slice], ...] = ()
+    energy_mj: float = Field(default=0.0, ge=0)
+    load: float = Field(default=0.0, ge=0, le=1)
+    memory_w: float = Field(default=0.0, ge=0)
+
+
+class SimMpsState(Spec):
+    """One MPS daemon in a saved simulated host (``SimMpsDaemon``)."""
+
+    device_uuid: str = Field(min_length=1)
+    log_dir: str = Field(min_length=1)
+    default_pct: int = Field(default=100, ge=0, le=100)
+
+
+class SimState(Spec):
+    """A saved simulated host: what ``SimulatedNvml.to_json`` writes."""
+
+    types: tuple[Annotated[str, Field(min_length=1)], ...] = Field(min_length=1)
+    devices: tuple[SimDeviceState, ...]
+    time_s: float = Field(default=0.0, ge=0)
+    privileged: bool = True
+    mps: dict[str, SimMpsState] = Field(default_factory=dict)
 
 
 @dataclass
@@ -133,22 +176,67 @@ class SimulatedNvml:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], catalog: dict[str, GpuType]) -> SimulatedNvml:
-        """Rebuild a simulated host saved by ``to_json``."""
-        sim = cls([catalog[name] for name in data["types"]], bool(data.get("privileged", True)))
-        for dev, row in zip(sim.devices, data["devices"], strict=True):
-            locked = row.get("locked")
-            instances = [(str(n), int(st)) for n, st in row.get("instances", [])]
-            row = {**row, "locked": tuple(locked) if locked else None, "instances": instances}
-            for key, value in row.items():
-                setattr(dev, key, value)
-        sim.time_s = float(data.get("time_s", 0.0))
-        sim.mps_daemons = {k: SimMpsDaemon(**v) for k, v in data.get("mps", {}).items()}
+    def from_json(
+        cls, data: dict[str, Any], catalog: Mapping[str, GpuType], source: str = "state"
+    ) -> SimulatedNvml:
+        """Rebuild a simulated host saved by ``to_json``; SpecError naming ``source``
+        and the field when ``data`` is not such a state."""
+        state = parse(SimState, data, source)
+        problems: list[str] = []
+        for i, name in enumerate(state.types):
+            if name not in catalog:
+                problems.append(f"{source}: types[{i}]: unknown GPU type {name!r}")
+        if len(state.devices) != len(state.types):
+            problems.append(
+                f"{source}: devices: {len(state.devices)} device(s) for "
+                f"{len(state.types)} GPU type(s) in types"
+            )
+        for i, (dev, name) in enumerate(zip(state.devices, state.types, strict=False)):
+            where = f"{source}: devices[{i}]"
+            if dev.type_name != name:
+                problems.append(f"{where}.type_name: {dev.type_name!r}, but types[{i}] is {name!r}")
+            gtype = catalog.get(name)
+            if gtype is None:
+                continue
+            low, high = _limit_range_mw(gtype)
+            if not low <= dev.power_limit_mw <= high:
+                problems.append(
+                    f"{where}.power_limit_mw: {dev.power_limit_mw} is outside {gtype.name}'s "
+                    f"range {low}..{high} mW"
+                )
+            if dev.locked is not None and not (
+                gtype.min_sm_clock_mhz <= dev.locked[0] <= dev.locked[1] <= gtype.max_sm_clock_mhz
+            ):
+                problems.append(
+                    f"{where}.locked: {list(dev.locked)} is not a clock range within "
+                    f"{gtype.min_sm_clock_mhz}..{gtype.max_sm_clock_mhz} MHz"
+                )
+        if problems:
+            raise SpecError(problems)
+        sim = cls([catalog[name] for name in state.types], state.privileged)
+        for device, row in zip(sim.devices, state.devices, strict=True):
+            for key, value in row.model_dump().items():
+                setattr(device, key, value)
+            device.locked = row.locked
+            device.instances = list(row.instances)
+        sim.time_s = state.time_s
+        sim.mps_daemons = {k: SimMpsDaemon(**v.model_dump()) for k, v in state.mps.items()}
         return sim
 
+    @classmethod
+    def load(cls, path: str | Path, catalog: Mapping[str, GpuType]) -> SimulatedNvml:
+        """A simulated host saved with ``save``; SpecError naming the file and the field
+        (the file readers' checks: a FIFO, garbage or a too deeply nested file is refused)."""
+        return cls.from_json(read_data(path, "json"), catalog, str(path))
+
     def save(self, path: str | Path) -> None:
-        """Write the state as JSON."""
-        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+        """Write the state as JSON, atomically (its folder is made if missing)."""
+        p = Path(path)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpecError([f"{p}: cannot write: {exc.strerror or exc}"]) from None
+        write_text_atomic(p, json.dumps(self.to_json(), indent=1) + "\n")
 
     # simulated time and power ----------------------------------------------
     def set_load(self, index: int, load: float, memory_w: float = 0.0) -> None:
@@ -218,8 +306,7 @@ class SimulatedNvml:
         return self._dev(index).power_limit_mw
 
     def get_power_limit_constraints(self, index: int) -> tuple[int, int]:
-        g = self.gpu_type(index)
-        return round(g.power_limit_min_w * 1000), round(g.power_limit_max_w * 1000)
+        return _limit_range_mw(self.gpu_type(index))
 
     def set_power_limit(self, index: int, limit_mw: int) -> None:
         dev = self._dev(index)
@@ -382,3 +469,8 @@ class SimClock:
 
 def _default_limit_w(g: GpuType) -> float:
     return min(max(g.tdp_w, g.power_limit_min_w), g.power_limit_max_w)
+
+
+def _limit_range_mw(g: GpuType) -> tuple[int, int]:
+    """Lowest and highest power limit of ``g`` (mW)."""
+    return round(g.power_limit_min_w * 1000), round(g.power_limit_max_w * 1000)

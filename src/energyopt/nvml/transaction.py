@@ -37,8 +37,12 @@ from energyopt.nvml.errors import (
     ExecutorError,
     Interrupted,
 )
+from energyopt.spec.errors import SpecError
+from energyopt.spec.io import read_data
 
 CHECKPOINT_VERSION = 1
+BACKENDS = ("nvml", "sim")
+"""``backend`` of a checkpoint: the kind of the backend that wrote it."""
 
 
 @dataclass
@@ -86,11 +90,31 @@ def write_checkpoint(
 def _parse_checkpoint(path: str | Path) -> tuple[dict[str, Any], list[tuple[Action, Any]]]:
     """The checkpoint's header and (action, original) pairs; CheckpointError names the field."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from None
-    if not isinstance(data, dict) or data.get("version") != CHECKPOINT_VERSION:
+        # JSON whatever the suffix, with the file readers' checks and limits (a FIFO or
+        # device, a file over 64 MiB, nesting deeper than spec.io.MAX_NESTING)
+        data = read_data(path, "json")
+    except SpecError as exc:
+        raise CheckpointError("; ".join(exc.problems)) from None
+    if data.get("version") != CHECKPOINT_VERSION:
         raise CheckpointError(f"{path}: not an energyopt checkpoint (version {CHECKPOINT_VERSION})")
+    backend = data.get("backend")
+    if backend not in BACKENDS:
+        raise CheckpointError(
+            f"{path}: backend: expected one of {', '.join(BACKENDS)}, got "
+            f"{describe_json(backend) if not isinstance(backend, str) else repr(backend)}"
+        )
+    chained = data.get("chained_from", [])
+    if not isinstance(chained, list):
+        raise CheckpointError(
+            f"{path}: chained_from: expected a list of checkpoint files, got "
+            f"{describe_json(chained)}"
+        )
+    for i, item in enumerate(chained):
+        if not isinstance(item, str) or not item:
+            raise CheckpointError(
+                f"{path}: chained_from[{i}]: expected a checkpoint file name, got "
+                f"{describe_json(item) if item != '' else 'an empty string'}"
+            )
     if "entries" not in data:
         raise CheckpointError(f"{path}: entries: missing")
     entries = data["entries"]
@@ -299,8 +323,14 @@ def restore(ctx: Ctx, path: str | Path) -> tuple[int, list[str]]:
     Returns (number of settings checked, errors). Settings already at their
     original value are not written.
     """
+    data, checked = _parse_checkpoint(path)
+    if data["backend"] != ctx.nvml.kind:
+        raise CheckpointError(
+            f"{path}: backend: written by the {data['backend']} backend; this is the "
+            f"{ctx.nvml.kind} backend, whose GPUs it says nothing about"
+        )
     pairs = []
-    for action, original in read_checkpoint(path):
+    for action, original in checked:
         try:
             index = ctx.nvml.index_of_uuid(action.uuid)
         except ExecutorError as exc:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -11,7 +10,7 @@ from pydantic import Field, ValidationError
 
 from energyopt.spec.base import Spec
 from energyopt.spec.errors import SpecError
-from energyopt.spec.io import validation_problems
+from energyopt.spec.io import read_data, validation_problems
 
 Backend = Literal["highs", "cpsat"]
 Formulation = Literal[
@@ -82,10 +81,9 @@ def load_preset(name_or_path: str) -> SolverPreset:
             raise SpecError(
                 [f"--solver: unknown solver {name_or_path!r}; available: {', '.join(presets)}"]
             )
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SpecError([f"{path}: cannot read preset: {exc}"]) from None
+    # the file readers' checks and limits: a FIFO or device, binary bytes, malformed or
+    # too deeply nested TOML are refused naming the file
+    data = read_data(path, "toml")
     data.setdefault("name", path.stem)
     try:
         return SolverPreset.model_validate(data)

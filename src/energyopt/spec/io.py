@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 import tomllib
 from pathlib import Path
@@ -19,6 +20,12 @@ M = TypeVar("M", bound=BaseModel)
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_YAML_ALIASES = 256
+MAX_ALIAS_EXPANSION = 100_000
+"""Values YAML aliases may add to a file beyond those written out in it: a few
+hundred aliases that each double the one before stay under MAX_YAML_ALIASES but
+expand to 2**100 values, which every later walk (validation, printing) would hang on."""
+MAX_NESTING = 64
+"""Levels of nested mappings and lists a file may have (the deepest bundled file has 9)."""
 SUFFIXES = {".yaml": "yaml", ".yml": "yaml", ".json": "json", ".toml": "toml"}
 
 
@@ -88,20 +95,66 @@ def file_format(path: Path) -> str:
     return fmt
 
 
-def read_data(path: str | Path) -> dict[str, Any]:
-    """Parse a file into a mapping; SpecError naming the file for any problem."""
+def read_bytes(path: str | Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; SpecError naming the file.
+
+    A FIFO, a device (``/dev/zero``, also behind a symlink), a socket or a folder is
+    refused before anything is read from it: reading one would block forever or never
+    end. The file is opened without blocking and checked again on the open descriptor,
+    so a FIFO put in its place between the two checks is refused as well."""
     p = Path(path)
-    fmt = file_format(p)
     try:
-        size = p.stat().st_size
+        _require_regular(p, os.stat(p).st_mode)
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise SpecError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
-    if size > MAX_FILE_BYTES:
-        raise SpecError([f"{p}: file is {size} bytes, more than {MAX_FILE_BYTES}"])
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            info = os.fstat(fd)
+            _require_regular(p, info.st_mode)
+            if info.st_size > limit:
+                raise SpecError([f"{p}: file is {info.st_size} bytes, more than {limit}"])
+            payload = fh.read(limit + 1)
+        except OSError as exc:
+            raise SpecError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
+    if len(payload) > limit:
+        raise SpecError([f"{p}: file is more than {limit} bytes"])
+    return payload
+
+
+def _require_regular(path: Path, mode: int) -> None:
+    if stat.S_ISREG(mode):
+        return
+    what = (
+        "a folder"
+        if stat.S_ISDIR(mode)
+        else "a FIFO (named pipe)"
+        if stat.S_ISFIFO(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "not a regular file"
+    )
+    raise SpecError([f"{path}: cannot read: {what}, not a regular file"])
+
+
+def read_text(path: str | Path, limit: int = MAX_FILE_BYTES) -> str:
+    """``read_bytes`` decoded as UTF-8 (a leading byte-order mark is dropped)."""
+    p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        return read_bytes(p, limit).decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
         raise SpecError([f"{p}: cannot read as UTF-8 text: {exc}"]) from None
+
+
+def read_data(path: str | Path, fmt: str | None = None) -> dict[str, Any]:
+    """Parse a file into a mapping; SpecError naming the file for any problem.
+
+    ``fmt`` ('yaml', 'json' or 'toml') overrides the format the suffix names."""
+    p = Path(path)
+    fmt = fmt or file_format(p)
+    text = read_text(p)
     if not text.strip():
         raise SpecError([f"{p}: file is empty"])
     try:
@@ -127,7 +180,65 @@ def read_data(path: str | Path) -> dict[str, Any]:
         raise SpecError([f"{p}: top level must be a mapping, got {type(data).__name__}"])
     if not data:
         raise SpecError([f"{p}: file has no settings (an empty mapping)"])
+    shape = _shape_problem(data)
+    if shape:
+        raise SpecError([f"{p}: malformed {fmt.upper()}: {shape}"])
     return data
+
+
+def _shape_problem(data: Any) -> str | None:
+    """Why ``data`` is too deep or, through YAML aliases, too large or recursive; None if
+    it is neither. A container reached twice (one YAML anchor, many aliases) is walked
+    once, so this takes time in the size of the file, not of its expansion."""
+    sizes: dict[int, int] = {}  # id of a finished container -> values in it, expanded
+    open_ids = {id(data)}  # containers being walked (one met again is a recursive value)
+    leaves, inner = _split(data)
+    written = 1 + leaves  # values as the file writes them (an alias counts once)
+    # stack of [container, its containers, next one, depth, values so far (expanded)]
+    stack: list[list[Any]] = [[data, inner, 0, 1, 1 + leaves]]
+    while stack:
+        top = stack[-1]
+        node, inner, i, depth, total = top
+        if i == len(inner):
+            stack.pop()
+            open_ids.discard(id(node))
+            sizes[id(node)] = total
+            if stack:
+                stack[-1][4] += total
+            continue
+        top[2] = i + 1
+        child = inner[i]
+        if id(child) in open_ids:
+            return "an alias refers to a mapping or list that holds it (a recursive value)"
+        if id(child) in sizes:
+            top[4] += sizes[id(child)]
+            written += 1
+            continue
+        if depth >= MAX_NESTING:
+            return f"nested too deeply (more than {MAX_NESTING} levels)"
+        open_ids.add(id(child))
+        leaves, grandchildren = _split(child)
+        written += 1 + leaves
+        stack.append([child, grandchildren, 0, depth + 1, 1 + leaves])
+    total = sizes[id(data)]
+    if total > written + MAX_ALIAS_EXPANSION:
+        return (
+            f"aliases expand it to {_count(total)} values from {written:,} written out, more than "
+            f"{MAX_ALIAS_EXPANSION:,} added: refusing a possible YAML bomb"
+        )
+    return None
+
+
+def _count(n: int) -> str:
+    return f"{n:,}" if n < 10**12 else f"{n:.3g}"
+
+
+def _split(node: Any) -> tuple[int, list[Any]]:
+    """The plain values (keys included) and the mappings and lists directly in ``node``."""
+    values = list(node.values()) if isinstance(node, dict) else node
+    inner = [v for v in values if isinstance(v, dict | list)]
+    keys = len(node) if isinstance(node, dict) else 0
+    return keys + len(values) - len(inner), inner
 
 
 def file_kind(path: str | Path) -> str:
