@@ -382,7 +382,7 @@ def test_bad_field_in_json_and_toml(tmp_path: Path, suffix: str) -> None:
     good = tmp_path / f"good{suffix}"
     dump(load(Instance, QUICKSTART), good)
     text = good.read_text(encoding="utf-8")
-    needle = '"rate_rps": 12.0' if suffix == ".json" else '"rate_rps" = 12.0'
+    needle = '"rate_rps": 12.0' if suffix == ".json" else "rate_rps = 12.0"
     assert needle in text
     bad = tmp_path / f"bad{suffix}"
     bad.write_text(text.replace(needle, needle.replace("12.0", '"fast"'), 1), encoding="utf-8")

@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
+import tomli_w
 import yaml
 from pydantic import BaseModel, ValidationError
 
@@ -310,15 +311,20 @@ def load(model: type[M], path: str | Path) -> M:
 
 def dump(obj: BaseModel, path: str | Path) -> None:
     """Write ``obj`` to ``path`` in the format its suffix names (defaults left out)."""
+    dump_data(obj.model_dump(mode="json", exclude_none=True), path)
+
+
+def dump_data(data: dict[str, Any], path: str | Path) -> None:
+    """Write ``data`` (JSON types, no None) to ``path`` atomically, as YAML, JSON or TOML
+    by its suffix; SpecError naming ``path`` for another suffix or a failed write."""
     p = Path(path)
     fmt = file_format(p)
-    data = obj.model_dump(mode="json", exclude_none=True)
     if fmt == "json":
         text = json.dumps(data, indent=2) + "\n"
     elif fmt == "yaml":
         text = yaml.safe_dump(data, sort_keys=False)
     else:
-        text = _to_toml(data)
+        text = tomli_w.dumps(data)  # tables and arrays of tables, one field a line
     write_text_atomic(p, text)
 
 
@@ -366,31 +372,3 @@ def _remove_quietly(path: str) -> None:
 def dumps_json(obj: BaseModel) -> str:
     """``obj`` as indented JSON."""
     return json.dumps(obj.model_dump(mode="json", exclude_none=True), indent=2) + "\n"
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        # not ensure_ascii: JSON's surrogate-pair escapes are not valid in TOML,
-        # but TOML needs DEL escaped where JSON leaves it raw
-        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        items = ", ".join(f"{_toml_value(k)} = {_toml_value(v)}" for k, v in value.items())
-        return "{ " + items + " }"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
-
-
-def _to_toml(data: dict[str, Any]) -> str:
-    """Minimal TOML writer for spec data (inline tables for nested values)."""
-    scalars = {k: v for k, v in data.items() if not isinstance(v, dict | list)}
-    lines = [f"{_toml_value(k)} = {_toml_value(v)}" for k, v in scalars.items()]
-    for key, value in data.items():
-        if key in scalars:
-            continue
-        lines.append(f"{_toml_value(key)} = {_toml_value(value)}")
-    return "\n".join(lines) + "\n"
