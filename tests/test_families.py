@@ -267,6 +267,9 @@ class ClockChoiceFamily:
     def sense(self, p: ClockChoice) -> Literal["min", "max"]:
         return "min"
 
+    def objective_unit(self, p: ClockChoice) -> str:
+        return "J"
+
     def report(self, p: ClockChoice, result: Result[ClockPlan]) -> list[str]:
         assert result.plan is not None
         return [f"clock {result.plan.clock_mhz} MHz, energy {result.objective:.1f} J"]

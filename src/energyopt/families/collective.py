@@ -142,6 +142,10 @@ class CollectiveFamily:
     def sense(self, p: CollectiveProblem) -> Literal["min", "max"]:
         return "min"
 
+    def objective_unit(self, p: CollectiveProblem) -> str:
+        """The unit of the objective ``cost`` and ``solve`` report."""
+        return "J" if p.spec.objective.kind == "energy" else "us"
+
     def report(self, p: CollectiveProblem, result: Result[CollectivePlan]) -> list[str]:
         from energyopt.verify.collective import evaluate_collective
 

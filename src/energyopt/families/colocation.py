@@ -47,7 +47,8 @@ class ColocationFamily:
         inst = problem.instance
         lines = [self.summary(problem)]
         for pool in inst.cluster.pools:
-            lines.append(f"pool {pool.name}: {pool.count}x {pool.type}")
+            # an unnamed pool's GPUs are named after its type (pool.prefix)
+            lines.append(f"pool {pool.prefix}: {pool.count}x {pool.type}")
         lines.append(f"{'job':<24} {'kind':<10} {'model':<16} GPUs")
         for job in inst.jobs:
             kind = "training" if isinstance(job, TrainingJob) else "inference"
@@ -122,6 +123,12 @@ class ColocationFamily:
 
     def sense(self, problem: ColocationProblem) -> Literal["min", "max"]:
         return "min" if problem.instance.options.objective == "jct" else "max"
+
+    def objective_unit(self, problem: ColocationProblem) -> str:
+        """The unit of the objective ``cost`` and ``solve`` report."""
+        if problem.instance.options.objective == "jct":
+            return "s mean JCT"
+        return "jobs/h within the horizon"
 
     def report(self, problem: ColocationProblem, result: ColocationResult) -> list[str]:
         from energyopt.verify.colocation import evaluate_colocation

@@ -99,6 +99,10 @@ class Family(Protocol[ProblemT, PlanT]):
         """Whether the problem's objective is minimised or maximised."""
         ...
 
+    def objective_unit(self, problem: ProblemT) -> str:
+        """The unit of ``cost`` and of a result's objective and bound (e.g. ``W``, ``J``)."""
+        ...
+
     def report(self, problem: ProblemT, result: Result[PlanT]) -> list[str]:
         """The plan and its figures as ``solve`` prints them."""
         ...

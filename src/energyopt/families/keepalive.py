@@ -159,6 +159,10 @@ class KeepAliveFamily:
     def sense(self, p: KeepAliveProblem) -> Literal["min", "max"]:
         return "max" if p.maximises_throughput else "min"
 
+    def objective_unit(self, p: KeepAliveProblem) -> str:
+        """The unit of the objective ``cost`` and ``solve`` report."""
+        return "requests/s" if p.maximises_throughput else "J"
+
     def report(self, p: KeepAliveProblem, result: Result[KeepAlivePlan]) -> list[str]:
         from energyopt.verify.keepalive import evaluate_keepalive
 

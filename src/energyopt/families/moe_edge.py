@@ -136,6 +136,10 @@ class MoeEdgeFamily:
     def sense(self, p: MoeEdgeProblem) -> Literal["min", "max"]:
         return "min"
 
+    def objective_unit(self, p: MoeEdgeProblem) -> str:
+        """The unit of the objective ``cost`` and ``solve`` report."""
+        return objective_unit(p.spec)
+
     def report(self, p: MoeEdgeProblem, result: Result[MoeEdgePlan]) -> list[str]:
         plan = result.plan
         assert plan is not None

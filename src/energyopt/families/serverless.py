@@ -225,6 +225,10 @@ class ServerlessFamily:
     def sense(self, p: ServerlessProblem) -> Literal["min", "max"]:
         return "min"
 
+    def objective_unit(self, p: ServerlessProblem) -> str:
+        """The unit of the objective ``cost`` and ``solve`` report."""
+        return p.unit
+
     def report(self, p: ServerlessProblem, result: Result[ServerlessPlan]) -> list[str]:
         plan = result.plan
         assert plan is not None

@@ -21,6 +21,13 @@ from energyopt.verify.violation import Violation
 
 DEFAULT_SOLVER = "highs-exact"
 EXACT_FORMULATIONS = ("auto", "pattern", "per_gpu", "plain")
+SERVING_UNITS = {
+    "power": "W",
+    "power_migration": "W (power + migration penalty)",
+    "gpus_on": "GPUs on + power / fleet TDP",
+    "edp": "W (delay-weighted)",
+}
+"""The unit of each serving objective (formulations/serving/costs.py)."""
 
 
 def load_instance(
@@ -118,6 +125,10 @@ class ServingFamily:
 
     def sense(self, problem: Problem) -> Literal["min", "max"]:
         return "min"
+
+    def objective_unit(self, problem: Problem) -> str:
+        """The unit of the objective ``cost`` and ``solve`` report."""
+        return SERVING_UNITS[problem.instance.options.objective]
 
     def report(self, problem: Problem, result: Result[Plan]) -> list[str]:
         from energyopt.report import format_plan, format_totals

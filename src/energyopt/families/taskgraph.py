@@ -140,6 +140,10 @@ class TaskGraphFamily:
     def sense(self, tg: TaskGraph) -> Literal["min", "max"]:
         return "min"
 
+    def objective_unit(self, tg: TaskGraph) -> str:
+        """The unit of the objective ``cost`` and ``solve`` report."""
+        return OBJECTIVE_UNITS[tg.objective]
+
     def report(self, tg: TaskGraph, result: Result[Schedule]) -> list[str]:
         assert result.plan is not None
         tot = totals(tg, result.plan)
