@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import argparse
 
-import yaml
-
 from energyopt.catalog.loader import bind_catalog
-from energyopt.cli.common import EXIT_OK, err
-from energyopt.perf.clockfit import catalog_entry, fit_clock_constants, ratio_errors, read_sweep
+from energyopt.cli.common import EXIT_OK, err, output_path
+from energyopt.perf.clockfit import (
+    catalog_entry,
+    fit_at_bounds,
+    fit_clock_constants,
+    ratio_errors,
+    read_sweep,
+)
 from energyopt.spec.errors import SpecError
-from energyopt.spec.io import write_text_atomic
+from energyopt.spec.io import dump_data, file_format
 
 
 def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,7 +30,13 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("measurements", metavar="MEASUREMENTS.csv")
     p.add_argument("--gpu", required=True, metavar="TYPE", help="catalog GPU type measured")
-    p.add_argument("-o", "--output", required=True, metavar="catalog.yaml")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="catalog.yaml",
+        help="catalog file to write, YAML, JSON or TOML by its suffix",
+    )
     p.add_argument(
         "--catalog",
         action="append",
@@ -39,6 +49,8 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read the sweep, fit, print the errors before and after, write the catalog."""
+    output = output_path(args.output)
+    file_format(output)  # the catalog is written in the format its suffix names
     catalog, problems = bind_catalog(extra=args.catalog)
     if problems:
         raise SpecError(problems)
@@ -47,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             [f"--gpu: unknown GPU type {args.gpu!r} (known: {', '.join(sorted(catalog.gpus))})"]
         )
     gpu = catalog.gpus[args.gpu]
-    sweeps = read_sweep(args.measurements)
+    sweeps = read_sweep(args.measurements, gpu)
     fitted = fit_clock_constants(gpu, sweeps)
     before = ratio_errors(gpu, sweeps)
     after = ratio_errors(fitted, sweeps)
@@ -67,7 +79,15 @@ def run(args: argparse.Namespace) -> int:
     print("median error of the ratios to the highest clock (time / power / energy):")
     for label, e in (("catalog", before), ("fitted", after)):
         print(f"  {label:8s} {e['time']:5.1f} / {e['power']:5.1f} / {e['energy']:5.1f} %")
-    text = yaml.safe_dump(catalog_entry(fitted, str(args.measurements), runs), sort_keys=False)
-    write_text_atomic(args.output, text)
+    stuck = fit_at_bounds(fitted)
+    if stuck:
+        raise SpecError(
+            [
+                f"{args.measurements}: the fit ended on the bound of its search for "
+                f"{'; '.join(stuck)}: the sweep does not determine it; check the "
+                f"measurements (nothing written to {args.output})"
+            ]
+        )
+    dump_data(catalog_entry(fitted, str(args.measurements), runs), output)
     err(f"wrote {args.output}; use it with --catalog {args.output}")
     return EXIT_OK

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+from energyopt.spec.errors import SpecError
 
 EXIT_OK = 0
 EXIT_VIOLATION = 1
@@ -44,3 +49,39 @@ def progress(quiet: bool) -> Callable[[str], None]:
             stream.write(f"[{time.perf_counter() - start:6.1f}s] {line}\n")
 
     return say
+
+
+def positive_seconds(text: str) -> float:
+    """``--time-limit``: a finite number of seconds above 0 (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} s: give a finite number of seconds above 0")
+    return value
+
+
+def relative_gap(text: str) -> float:
+    """``--gap``: a finite fraction in [0, 1) (argparse type), e.g. 0.005 for 0.5 %."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < 1:  # also refuses nan
+        raise argparse.ArgumentTypeError(
+            f"{text}: give a relative gap from 0 up to (not including) 1, e.g. 0.005 for 0.5 %"
+        )
+    return value
+
+
+def output_path(path: str, option: str = "-o") -> Path:
+    """An output file named on the command line; SpecError naming ``option`` when it is
+    empty or names a folder (the operating system's own message for those misleads, e.g.
+    "Device or resource busy" for ``-o ''``)."""
+    if not path.strip():
+        raise SpecError([f"{option}: empty file name; give the file to write"])
+    target = Path(path)
+    if path.endswith(("/", os.sep)) or target.is_dir():
+        raise SpecError([f"{path}: {option}: is a folder; give the file to write"])
+    return target

@@ -22,6 +22,7 @@ the log power and energy ratios, from several starting knees.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +35,25 @@ from energyopt.perf.forward import ClockResponse, kernel_pass
 from energyopt.perf.params import FloatArray
 from energyopt.spec.errors import SpecError
 from energyopt.spec.hardware import GpuType
+from energyopt.spec.io import read_text
 
 COLUMNS = ("kernel", "clock_mhz", "flops", "bytes", "seconds", "energy_j")
 KNEE_STARTS = (0.45, 0.55, 0.65, 0.75, 0.85)
 MAX_ROWS = 100_000
+MAX_SWEEP_BYTES = 16 * 1024 * 1024
+"""A sweep file's size limit (100,000 rows of six numbers fit in a few MB)."""
+POWER_RANGE = (0.2, 2.0)
+"""A run's mean board power (energy_j / seconds) must lie between these multiples of
+the GPU type's idle power and TDP: outside, the row is a unit or counter error (a
+counter that wrapped, mJ written as J), which the fit would follow to its bounds."""
+RATE_MARGIN = 4.0
+"""A run may not do its flops or bytes more than this many times faster than the GPU
+type's peak bf16 FLOP/s and memory bandwidth (seconds too small for the work)."""
+COMPUTE_FIXED_BOUNDS = (0.0, 0.95)
+FLOOR_BOUNDS = (0.3, 1.0)
+KNEE_BOUNDS = (0.2, 0.98)
+"""The ranges the least-squares fits search (compute_clock_fixed, voltage_floor,
+knee_fraction)."""
 
 
 @dataclass(frozen=True)
@@ -57,18 +73,25 @@ class KernelSweep:
         return np.asarray(self.energy_j / self.seconds)
 
 
-def read_sweep(path: str | Path) -> list[KernelSweep]:
+def read_sweep(path: str | Path, gpu: GpuType | None = None) -> list[KernelSweep]:
     """The kernels of a sweep CSV; SpecError naming the file, row and column of every
-    bad entry. Repeated (kernel, clock) rows are averaged."""
+    bad entry. Repeated (kernel, clock) rows are averaged.
+
+    With ``gpu`` (the type measured), each row is also held to it: its clock within the
+    type's range, its mean power within ``POWER_RANGE`` of idle power and TDP, and its
+    work no faster than ``RATE_MARGIN`` times the type's peaks."""
     problems: list[str] = []
     rows: dict[str, dict[float, list[tuple[float, float, float, float]]]] = {}
-    try:
-        handle = open(path, newline="")  # noqa: SIM115 (closed below)
-    except OSError as exc:
-        raise SpecError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
-    with handle:
+    text = read_text(path, MAX_SWEEP_BYTES)  # a FIFO or a device is refused, not read
+    if "\x00" in text:
+        raise SpecError([f"{path}: cannot read: a NUL byte; not a CSV text file"])
+    with io.StringIO(text, newline="") as handle:
         reader = csv.DictReader(handle)
-        header = [h.strip() for h in (reader.fieldnames or [])]
+        try:
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            records = list(reader)
+        except csv.Error as exc:
+            raise SpecError([f"{path}: row {reader.line_num}: malformed CSV: {exc}"]) from None
         missing = [c for c in COLUMNS if c not in header]
         unknown = [c for c in header if c not in COLUMNS]
         if missing:
@@ -79,7 +102,7 @@ def read_sweep(path: str | Path) -> list[KernelSweep]:
             problems.append(f"{path}: unknown column(s) {', '.join(unknown)}")
         if problems:
             raise SpecError(problems)
-        for i, raw in enumerate(reader, start=2):
+        for i, raw in enumerate(records, start=2):
             if i - 1 > MAX_ROWS:
                 raise SpecError([f"{path}: more than {MAX_ROWS} rows"])
             row = {k.strip(): (v or "").strip() for k, v in raw.items() if k is not None}
@@ -105,6 +128,11 @@ def read_sweep(path: str | Path) -> list[KernelSweep]:
             if values["flops"] == 0 and values["bytes"] == 0:
                 problems.append(f"{path}: row {i}: flops and bytes are both 0")
                 continue
+            if gpu is not None:
+                implausible = implausible_row(gpu, values)
+                if implausible:
+                    problems.append(f"{path}: row {i}: {implausible}")
+                    continue
             rows.setdefault(kernel, {}).setdefault(values["clock_mhz"], []).append(
                 (values["flops"], values["bytes"], values["seconds"], values["energy_j"])
             )
@@ -123,6 +151,54 @@ def read_sweep(path: str | Path) -> list[KernelSweep]:
         out.append(
             KernelSweep(kernel, np.asarray(clocks), mean[:, 0], mean[:, 1], mean[:, 2], mean[:, 3])
         )
+    return out
+
+
+def implausible_row(gpu: GpuType, values: dict[str, float]) -> str | None:
+    """What makes one run's measurements impossible on ``gpu`` (``values``: the row's
+    clock_mhz, flops, bytes, seconds, energy_j), naming the column; None if nothing."""
+    clock = values["clock_mhz"]
+    if not gpu.min_sm_clock_mhz <= clock <= gpu.max_sm_clock_mhz:
+        return (
+            f"clock_mhz: {clock:g} MHz is outside {gpu.name}'s "
+            f"{gpu.min_sm_clock_mhz}-{gpu.max_sm_clock_mhz} MHz"
+        )
+    seconds = values["seconds"]
+    peaks = (
+        ("flops", gpu.peak_bf16_tflops * 1e12, "FLOP/s"),
+        ("bytes", gpu.memory_bandwidth_gbps * 1e9, "B/s"),
+    )
+    for col, peak, unit in peaks:
+        if values[col] / seconds > RATE_MARGIN * peak:
+            return (
+                f"seconds: {values[col]:g} {col} in {seconds:g} s is {values[col] / seconds:.4g} "
+                f"{unit}, over {RATE_MARGIN:g} x {gpu.name}'s peak of {peak:.4g} {unit}"
+            )
+    power = values["energy_j"] / seconds
+    low, high = POWER_RANGE[0] * gpu.idle_w, POWER_RANGE[1] * gpu.tdp_w
+    if not low <= power <= high:
+        return (
+            f"energy_j: {values['energy_j']:g} J over {seconds:g} s is a mean power of "
+            f"{power:.4g} W, outside {low:g}-{high:g} W ({POWER_RANGE[0]:g} x idle to "
+            f"{POWER_RANGE[1]:g} x TDP of {gpu.name})"
+        )
+    return None
+
+
+def fit_at_bounds(fitted: GpuType) -> list[str]:
+    """The fitted constants that ended on a bound of their search (not a physical
+    limit: a compute_clock_fixed of 0 or a voltage_floor of 1 is a valid answer), each
+    as 'field = value (the bound)': the sweep did not determine them."""
+    out = []
+    compute_fixed = fitted.efficiency.compute_clock_fixed
+    for label, value, bound in (
+        ("efficiency.compute_clock_fixed", compute_fixed, COMPUTE_FIXED_BOUNDS[1]),
+        ("power.voltage_floor", fitted.power.voltage_floor, FLOOR_BOUNDS[0]),
+        ("power.knee_fraction", fitted.power.knee_fraction, KNEE_BOUNDS[0]),
+        ("power.knee_fraction", fitted.power.knee_fraction, KNEE_BOUNDS[1]),
+    ):
+        if abs(value - bound) < 1e-3:
+            out.append(f"{label} = {value:g} (the bound of its search)")
     return out
 
 
@@ -187,7 +263,8 @@ def fit_clock_constants(gpu: GpuType, sweeps: list[KernelSweep]) -> GpuType:
         return np.concatenate(parts)
 
     start = np.asarray([gpu.efficiency.compute_clock_fixed], dtype=np.float64)
-    compute_fixed = float(least_squares(time_residuals, start, bounds=([0.0], [0.95])).x[0])
+    lo, hi = COMPUTE_FIXED_BOUNDS
+    compute_fixed = float(least_squares(time_residuals, start, bounds=([lo], [hi])).x[0])
 
     def power_residuals(x: FloatArray) -> FloatArray:
         trial = with_constants(gpu, compute_fixed, float(x[0]), float(x[1]))
@@ -202,7 +279,11 @@ def fit_clock_constants(gpu: GpuType, sweeps: list[KernelSweep]) -> GpuType:
     best: tuple[float, FloatArray] | None = None
     for knee in KNEE_STARTS:
         x0 = np.asarray([gpu.power.voltage_floor, knee], dtype=np.float64)
-        res = least_squares(power_residuals, x0, bounds=([0.3, 0.2], [1.0, 0.98]))
+        res = least_squares(
+            power_residuals,
+            x0,
+            bounds=([FLOOR_BOUNDS[0], KNEE_BOUNDS[0]], [FLOOR_BOUNDS[1], KNEE_BOUNDS[1]]),
+        )
         if best is None or float(res.cost) < best[0]:
             best = (float(res.cost), np.asarray(res.x))
     assert best is not None
