@@ -4,6 +4,7 @@ through the registry in ``energyopt.families``."""
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -36,6 +37,13 @@ __all__ = [
     "build_parser",
     "main",
 ]
+
+
+OUTPUT_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS}
+)
+"""Errors of writing output (a full disk or quota, a read-only or failing device):
+reported as what they are, not as an internal error."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno in OUTPUT_ERRNOS:
+            # e.g. stdout redirected to a full disk: the output is lost, not a bug
+            where = exc.filename or "standard output"
+            err(f"energyopt: {where}: cannot write: {exc.strerror or exc}")
+            return EXIT_BAD_INPUT
         err(f"energyopt: internal error: {type(exc).__name__}: {exc}")
         err("please report it with the input file")
         return EXIT_INTERNAL

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+import math
 from typing import Any
 
 from energyopt.cli.common import (
@@ -15,7 +15,10 @@ from energyopt.cli.common import (
     EXIT_OK,
     EXIT_VIOLATION,
     err,
+    output_path,
+    positive_seconds,
     progress,
+    relative_gap,
 )
 from energyopt.cli.documents import DOCUMENTS, catalog_shape, not_a_problem
 from energyopt.families import (
@@ -60,13 +63,58 @@ def kind_of(path: str) -> str:
                         f"(add kind: {other})"
                     ]
                 )
+        likely = likely_kind(data)
+        if likely is not None:
+            other, keys = likely
+            known = ", ".join(f.kind for f in families())
+            shown = ", ".join(f"{k}:" for k in keys)
+            raise SpecError(
+                [
+                    f"{path}: kind: missing; a file with {shown} is not a serving instance "
+                    f"(kinds: {known}; add kind: {other})"
+                ]
+            )
     return kind
+
+
+def likely_kind(data: dict[str, Any]) -> tuple[str, list[str]] | None:
+    """The family whose file fields best cover the top-level keys of ``data`` that a
+    serving instance does not have, and those keys; None when no family has any (a
+    newer kind's file without ``kind:`` was refused with ~15 serving errors)."""
+
+    def fields(model: Any) -> set[str]:
+        return {f.alias or name for name, f in model.model_fields.items()}
+
+    serving = fields(family("serving").problem_model)
+    extra = [str(k) for k in data if str(k) not in serving]
+    best: tuple[int, str, list[str]] | None = None
+    for fam in families():
+        if fam.kind == "serving":
+            continue
+        hits = [k for k in extra if k in fields(fam.problem_model)]
+        if hits and (best is None or len(hits) > best[0]):
+            best = (len(hits), fam.kind, hits)
+    return None if best is None else (best[1], best[2])
+
+
+def check_catalogs(catalogs: list[str]) -> None:
+    """Read every ``--catalog`` file, whether or not the file's kind takes entries from
+    a catalog (a keep-alive file names none, and a garbage catalog went unread);
+    SpecError naming each catalog file and field."""
+    if not catalogs:
+        return
+    from energyopt.catalog.loader import bind_catalog
+
+    _, problems = bind_catalog(extra=catalogs)
+    if problems:
+        raise SpecError(problems)
 
 
 def problem_family(path: str, catalogs: list[str], kind: str | None = None) -> AnyFamily:
     """The family of a problem file (``kind``: its ``kind_of``, read from the file when
     None); SpecError for documents and unknown kinds."""
     kind = kind_of(path) if kind is None else kind
+    check_catalogs(list(catalogs))
     if kind in DOCUMENTS:
         raise not_a_problem(path, kind, catalogs)
     try:
@@ -106,10 +154,10 @@ def cmd_solve(args: argparse.Namespace) -> int:
 
     fam = problem_family(args.file, args.catalog)
     entry = solver_entry(fam, args.solver)
-    if args.output:
+    if args.output is not None:
         from energyopt.spec.io import file_format
 
-        file_format(Path(args.output))  # refuse an unknown suffix before the solve
+        file_format(output_path(args.output))  # refuse an unknown suffix before the solve
     problem = fam.load(args.file, args.catalog)
     say = progress(args.quiet)
     result = fam.solve(
@@ -153,15 +201,34 @@ def cmd_verify(args: argparse.Namespace) -> int:
             err(f"  - {v}")
         return EXIT_VIOLATION
     print(f"{args.plan}: feasible for {args.instance}")
-    print(f"objective {cost:,.6g} (recomputed from the plan)")
+    print(f"objective {figure(cost)} {fam.objective_unit(problem)} (recomputed from the plan)")
     return EXIT_OK
+
+
+def figure(value: float) -> str:
+    """``value`` with six significant digits in fixed notation and thousands separators
+    (3,076,260 rather than 3.07626e+06); scientific notation only far from 1."""
+    size = abs(value)
+    if size == 0 or not 1e-3 <= size < 1e15:
+        return f"{value:.6g}"
+    digits = max(0, 5 - math.floor(math.log10(size)))
+    return f"{value:,.{digits}f}"
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from energyopt.solvers.export import write_program
 
+    suffix = output_path(args.output).suffix.lstrip(".").lower()
+    if args.format and suffix in EXPORT_SUFFIXES and suffix != args.format:
+        # other solvers read a model file by its suffix: LP text in x.mps is unreadable
+        raise SpecError(
+            [
+                f"{args.output}: --format {args.format} does not match the suffix .{suffix}; "
+                f"name the file .{args.format} or leave --format out"
+            ]
+        )
     fam = problem_family(args.file, args.catalog)
-    fmt = args.format or Path(args.output).suffix.lstrip(".").lower()
+    fmt = args.format or suffix
     problem = fam.load(args.file, args.catalog)
     others = fam.exports(problem)
     if fmt in others:
@@ -234,7 +301,24 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+EXPORT_SUFFIXES = ("mps", "lp", "csv")
+"""The formats ``export`` writes, each also the suffix of its file."""
+
 CATALOG_HELP = "extra catalog file (gpus:/models: lists); overrides entries by name"
+
+DEFAULT_LIMITS = (
+    "60 s for every solver of every kind but serving; a serving solver's preset sets its "
+    "own (solvers/*.toml: 120 s for highs-exact, highs-per-gpu, highs-pattern, highs-plain, "
+    "bnp, cpsat and pop; 30 s for shadow-price and colgen)"
+)
+"""The time limits ``solve`` uses without ``--time-limit`` (tests/test_cli_inputs.py
+checks them against the families and the presets)."""
+
+DEFAULT_GAPS = (
+    "0.0001; colocation shadow-price 0.001; serving: the preset's, 0.01 for shadow-price, "
+    "colgen and pop, 0.001 for bnp; collective solvers take none"
+)
+"""The relative gaps ``solve`` stops at without ``--gap``."""
 
 
 def configure(sub: Any) -> None:
@@ -256,8 +340,19 @@ def configure(sub: Any) -> None:
     p.add_argument(
         "--solver", default=None, help="solver name (energyopt solvers) or preset TOML file"
     )
-    p.add_argument("--time-limit", type=float, default=None, help="seconds")
-    p.add_argument("--gap", type=float, default=None, help="relative gap to stop at, e.g. 0.005")
+    p.add_argument(
+        "--time-limit",
+        type=positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help=f"wall-clock limit of the solve, above 0 (default: {DEFAULT_LIMITS})",
+    )
+    p.add_argument(
+        "--gap",
+        type=relative_gap,
+        default=None,
+        help=f"relative gap to stop at, from 0 below 1, e.g. 0.005 (default: {DEFAULT_GAPS})",
+    )
     p.add_argument("-o", "--output", help="write the plan (JSON, YAML or TOML by suffix)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_solve)
@@ -275,7 +370,10 @@ def configure(sub: Any) -> None:
     p.add_argument("file")
     p.add_argument("-o", "--output", required=True, help="file to write (.mps, .lp or .csv)")
     p.add_argument(
-        "--format", choices=["mps", "lp", "csv"], default=None, help="default: by suffix"
+        "--format",
+        choices=EXPORT_SUFFIXES,
+        default=None,
+        help="default: by suffix (a different known suffix is refused)",
     )
     p.set_defaults(func=cmd_export)
 

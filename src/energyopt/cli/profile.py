@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from energyopt.cli.common import EXIT_DEVICE, EXIT_OK, EXIT_SIGNAL, err, progress
+from energyopt.cli.common import EXIT_DEVICE, EXIT_OK, EXIT_SIGNAL, err, output_path, progress
 
 
 def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from energyopt.nvml.session import open_session
     from energyopt.nvml.sim import SimulatedNvml
 
+    output_path(args.output)  # before the sweep: `-o ''` or a folder is refused now
     if args.clocks < 3 or args.repeats < 1 or not 0 < args.seconds <= 60:
         err("energyopt profile: need --clocks >= 3, --repeats >= 1 and 0 < --seconds <= 60")
         return 2

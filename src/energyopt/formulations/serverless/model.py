@@ -253,6 +253,16 @@ def build_problem(
             llms.append(catalog.model(sm.model))
         except KeyError as exc:
             errors.append(f"{source}: models[{i}]({sm.name}).model: {exc.args[0]}")
+            continue
+        # a prompt past the model's context is the file's error, not the SLO's
+        prompt, output = sm.prompt_tokens, sm.output_tokens
+        longest = (prompt.max or prompt.mean) + (output.max or output.mean)
+        if longest > llms[-1].max_context:
+            errors.append(
+                f"{source}: models[{i}]({sm.name}).prompt_tokens: prompt + output of up to "
+                f"{longest:g} tokens exceed {sm.model}'s context of "
+                f"{llms[-1].max_context} tokens"
+            )
     supported = set(gpu.sm_clocks_mhz())
     for clock in spec.options.clocks_mhz or ():
         if not gpu.min_sm_clock_mhz <= clock <= gpu.max_sm_clock_mhz:
