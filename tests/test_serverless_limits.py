@@ -14,8 +14,11 @@ import yaml
 from energyopt.catalog.loader import builtin_catalog
 from energyopt.cli import EXIT_BAD_INPUT, main
 from energyopt.families import family
-from energyopt.formulations.serverless.model import build_problem
-from energyopt.spec.serverless import ServerlessFile, ServerlessPlan
+from energyopt.families.serverless import MAX_PROGRAM_COLUMNS
+from energyopt.formulations.serverless.milp import build_milp, program_size
+from energyopt.formulations.serverless.model import ServerlessProblem, build_problem
+from energyopt.solvers.result import NO_SOLUTION, Termination
+from energyopt.spec.serverless import MAX_EPOCHS, ServerlessFile, ServerlessPlan
 from energyopt.verify.serverless import evaluate_serverless
 
 QUIET = lambda _msg: None  # noqa: E731
@@ -128,3 +131,62 @@ def test_the_exact_plan_holds_an_instance_through_a_short_lull() -> None:
     assert exact.objective is not None and fast.objective is not None
     assert exact.objective < fast.objective - 1.0
     assert exact.objective == pytest.approx(fam.cost(p, exact.plan), rel=1e-9)
+
+
+# --- the documented size limits within the time limit ------------------------------
+
+
+def _at_the_limits(epochs: int, nodes: int, gpus: int) -> ServerlessProblem:
+    """A file at the spec's limits: ``epochs`` epochs (10,080 at most), ``nodes``
+    nodes (256 at most) of ``gpus`` GPUs (64 at most), demand cycling 8..14 rps."""
+    demand = [8.0 + t % 7 for t in range(epochs)]
+    doc = _doc(
+        nodes=[{"name": f"n{i}", "gpus": gpus} for i in range(nodes)],
+        options={"shares_pct": [25, 50, 100], "max_batch": 64},
+        models=[_chat(demand)],
+    )
+    return build_problem(ServerlessFile.model_validate(doc))
+
+
+@pytest.fixture(scope="module")
+def longest() -> ServerlessProblem:
+    return _at_the_limits(MAX_EPOCHS, 2, 2)
+
+
+def test_the_program_of_the_longest_horizon_is_built_as_estimated(
+    longest: ServerlessProblem,
+) -> None:
+    """10,080 epochs: the MILP (built with array operations; it took minutes when
+    its rows were gathered pool by pool) has the size ``auto`` and the time budget
+    read from ``program_size`` without building it."""
+    milp = build_milp(longest)
+    pools, columns = program_size(longest)
+    assert (milp.n_pools, len(milp)) == (pools, columns)
+    assert milp.n_pools >= 3 * MAX_EPOCHS  # every epoch has prefill and decode pools
+
+
+def test_every_solver_stops_at_its_time_limit_with_a_reason(longest: ServerlessProblem) -> None:
+    """A limit far too short for 10,080 epochs: every solver returns no plan, says
+    that the time limit ended it, and claims no bound it did not prove."""
+    fam = family("serverless")
+    for entry in fam.solvers():
+        res = fam.solve(longest, entry.name, time_limit_s=1e-3, rel_gap=1e-4, progress=QUIET)
+        assert res.plan is None and res.status == NO_SOLUTION, entry.name
+        assert res.termination is Termination.TIME_LIMIT, (entry.name, res.log)
+        assert any("time limit" in line for line in res.log), (entry.name, res.log)
+        assert res.bound is None, entry.name
+
+
+def test_a_program_too_large_to_build_gives_the_fast_plan_without_a_bound() -> None:
+    """256 nodes of 64 GPUs for 100 epochs: 6.5 million route columns, over
+    MAX_PROGRAM_COLUMNS, so ``milp`` builds nothing and returns the fast plan,
+    verified, with no bound and the reason in its log."""
+    p = _at_the_limits(100, 256, 64)
+    assert program_size(p)[1] > MAX_PROGRAM_COLUMNS
+    fam = family("serverless")
+    for name in ("milp", "lp", "auto"):
+        res = fam.solve(p, name, time_limit_s=60, rel_gap=1e-4, progress=QUIET)
+        assert res.plan is not None and fam.verify(p, res.plan) == [], name
+        assert res.bound is None and "plan from the fast algorithm" in res.algorithm, name
+        assert any("not built" in line for line in res.log), (name, res.log)
+        assert res.objective == pytest.approx(fam.cost(p, res.plan), rel=1e-9)

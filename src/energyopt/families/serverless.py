@@ -4,6 +4,7 @@ between them, at least GPU-seconds, energy or a weighted sum."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -12,7 +13,7 @@ from pydantic import BaseModel
 from energyopt.families.contract import SolverEntry, Stated, stamped
 from energyopt.formulations.serverless.model import ServerlessProblem, load_serverless
 from energyopt.progress import Progress
-from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, Result
+from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, Result, Termination
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import parse
 from energyopt.spec.serverless import ServerlessFile, ServerlessPlan
@@ -21,6 +22,15 @@ from energyopt.verify.violation import Violation
 
 AUTO_MILP_POOLS = 20_000
 """``auto`` solves the whole-horizon MILP up to this many pools, else the LP bound."""
+MAX_PROGRAM_COLUMNS = 5_000_000
+"""``milp`` and ``lp`` build no program with more columns (memory: about 1 KB each
+with HiGHS); the fast plan is returned then, with no bound."""
+BUILD_COLUMNS_PER_S = 400_000.0
+"""Columns built and handed to HiGHS per second (about 1.5 million measured on one
+core); a program is built only when that takes at most half the time left."""
+RESERVE_FRACTION = 0.05
+"""Share of the time limit kept for reading back and checking the program's plan
+(at least twice the time the fast plan's check took)."""
 DEFAULT_TIME_LIMIT_S = 60.0
 DEFAULT_GAP = 1e-4
 EVALUATIONS_KEPT = 8
@@ -127,29 +137,53 @@ class ServerlessFamily:
         rel_gap: float | None,
         progress: Progress,
     ) -> Result[ServerlessPlan]:
-        from energyopt.formulations.serverless.milp import build_milp
+        from energyopt.formulations.serverless.milp import program_size
         from energyopt.solvers.serverless_fast import solve_fast
         from energyopt.solvers.serverless_milp import solve_milp, solve_relaxation, solve_rolling
+        from energyopt.solvers.serverless_result import serverless_result
 
+        t0 = time.perf_counter()
         limit = time_limit_s or DEFAULT_TIME_LIMIT_S
         gap = rel_gap if rel_gap is not None else DEFAULT_GAP
+
+        def left() -> float:
+            """Seconds of the time limit still to spend."""
+            return limit - (time.perf_counter() - t0)
+
         chosen = solver
+        pools, columns = program_size(p)
         if solver == "auto":
-            chosen = "milp" if build_milp(p).n_pools <= AUTO_MILP_POOLS else "lp"
+            chosen = "milp" if pools <= AUTO_MILP_POOLS else "lp"
         progress(f"solving {p.source} (serverless, {p.n_models} models) with {chosen}")
         if chosen in ("milp", "lp"):
             # The fast plan (milliseconds) is kept where it costs less than the
             # program's: HiGHS' incumbent at a time limit, or the LP's counts rounded up.
-            fast = self._checked(
-                p, solve_fast(p, time_limit_s=limit, rel_gap=gap, progress=progress)
-            )
-            if chosen == "milp":
+            fast = solve_fast(p, time_limit_s=left(), rel_gap=gap, progress=progress)
+            checking = time.perf_counter()
+            fast = self._checked(p, fast)
+            # what reading back and checking the program's plan will take
+            reserve = max(RESERVE_FRACTION * limit, 2.0 * (time.perf_counter() - checking))
+            budget = left() - reserve
+            if columns > MAX_PROGRAM_COLUMNS or columns / BUILD_COLUMNS_PER_S > budget / 2:
+                result = serverless_result(
+                    NO_SOLUTION,
+                    chosen,
+                    time.perf_counter() - t0,
+                    log=[
+                        f"the {chosen} program would have {columns:,} columns: not built "
+                        f"({budget:.1f} s of the time limit left, at most "
+                        f"{MAX_PROGRAM_COLUMNS:,} columns); no bound"
+                    ],
+                    termination=Termination.TIME_LIMIT,
+                    algorithm="none: the program is too large for the time limit",
+                )
+            elif chosen == "milp":
                 # an exact plan that the verifier rejects is the solver's failure: the
                 # family contract reports it (no silent substitution)
-                result = solve_milp(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+                result = solve_milp(p, time_limit_s=budget, rel_gap=gap, progress=progress)
             else:
                 result = self._checked(
-                    p, solve_relaxation(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+                    p, solve_relaxation(p, time_limit_s=budget, rel_gap=gap, progress=progress)
                 )
             if (
                 fast.plan is not None
@@ -163,6 +197,8 @@ class ServerlessFamily:
                 )
             ):
                 what = "HiGHS branch and cut" if chosen == "milp" else "LP relaxation"
+                if result.algorithm.startswith("none"):
+                    what = "no"
                 had = "no plan" if result.plan is None else f"{self.cost(p, result.plan):,.3f}"
                 result.log.append(
                     f"the fast algorithm's plan ({self.cost(p, fast.plan):,.3f}) costs less "
@@ -171,6 +207,9 @@ class ServerlessFamily:
                 progress(result.log[-1])
                 result.plan, result.objective, result.status = fast.plan, fast.objective, FEASIBLE
                 result.algorithm = f"{what} bound; plan from the fast algorithm"
+            elif result.plan is None and fast.plan is None:
+                result.log.extend(fast.log)
+            result.wall_s = time.perf_counter() - t0
         elif chosen == "fast":
             result = self._checked(
                 p, solve_fast(p, time_limit_s=limit, rel_gap=gap, progress=progress)

@@ -44,18 +44,43 @@ SHRINK = 0.97
 """Step by which a node's share of a demand shrinks until its instances fit."""
 
 
+class _Tables:
+    """The problem's per-option figures the algorithm reads in every epoch, taken
+    once: GPUs per instance, and per (model, pool kind) the capacity (rps) and the
+    cost of an instance serving at it for an epoch; per model the costs of holding,
+    starting and stopping an instance and of serving 1 rps per phase."""
+
+    def __init__(self, p: ServerlessProblem) -> None:
+        self.gpus = p.gpus_of()
+        self.instance = [p.instance_cost(m) for m in range(p.n_models)]
+        self.start = [p.start_cost(m) for m in range(p.n_models)]
+        self.stop = [p.stop_cost(m) for m in range(p.n_models)]
+        self.serve = {
+            (m, phase): p.serve_cost(m, phase)
+            for m in range(p.n_models)
+            for phase in ("prefill", "decode")
+        }
+        self.caps: dict[tuple[int, int], FloatArray] = {}
+        self.per_instance: dict[tuple[int, int], FloatArray] = {}
+        for m in range(p.n_models):
+            for kind in (PREFILL_NV, PREFILL_NET, DECODE):
+                caps = np.array([pool_capacity(p, m, o, kind) for o in range(p.n_options)])
+                phase = "decode" if kind == DECODE else "prefill"
+                self.caps[m, kind] = caps
+                self.per_instance[m, kind] = self.instance[m] + caps * self.serve[m, phase]
+
+
 def _cover(
-    p: ServerlessProblem, m: int, kind: int, rate: float, allowed: np.ndarray
+    tb: _Tables, m: int, kind: int, rate: float, allowed: np.ndarray
 ) -> list[tuple[int, int, float]]:
     """(option, count, rate) instances of one phase covering ``rate`` requests/s."""
     if rate <= 1e-12:
         return []
-    phase = "decode" if kind == DECODE else "prefill"
-    caps = np.array([pool_capacity(p, m, o, kind) for o in range(p.n_options)])
+    caps = tb.caps[m, kind]
     ok = allowed & (caps > 0)
     if not ok.any():
         return []
-    per_instance = p.instance_cost(m) + caps * p.serve_cost(m, phase)
+    per_instance = tb.per_instance[m, kind]
     unit = np.where(ok, per_instance / np.where(caps > 0, caps, 1.0), np.inf)
     best = int(np.argmin(unit))
     full = math.floor(rate / caps[best] + 1e-9)
@@ -78,9 +103,8 @@ def _cover(
     return out
 
 
-def _gpus(p: ServerlessProblem, cover: list[tuple[int, int, float]]) -> float:
-    g = p.gpus_of()
-    return float(sum(g[o] * c for o, c, _ in cover))
+def _gpus(tb: _Tables, cover: list[tuple[int, int, float]]) -> float:
+    return float(sum(tb.gpus[o] * c for o, c, _ in cover))
 
 
 def solve_fast(
@@ -98,14 +122,18 @@ def solve_fast(
     routes: list[list[tuple[int, int, int, float]]] = []
     total = 0.0
     prev: dict[tuple[int, int, int, int], int] = {}
+    deadline = t0 + time_limit_s
+    tb = _Tables(p)
     for t in range(p.n_epochs):
+        if time.perf_counter() > deadline:
+            return _out_of_time(t, p.n_epochs, time.perf_counter() - t0)
         free = p.node_gpus.copy()
         nic_out = p.nic_bps.copy()
         nic_in = p.nic_bps.copy()
         epoch_pools: dict[tuple[int, int, int, int], list[float]] = {}
         epoch_routes: list[tuple[int, int, int, float]] = []
 
-        add = _adder(p, epoch_pools, free)
+        add = _adder(tb.gpus, epoch_pools, free)
 
         for m in np.argsort(-p.demand[:, t], kind="stable"):
             m = int(m)
@@ -116,9 +144,9 @@ def solve_fast(
                     break
                 rate = left
                 for _ in range(400):
-                    dec = _cover(p, m, DECODE, rate, p.fits[n])
-                    pre = _cover(p, m, PREFILL_NV, rate, p.fits[n])
-                    if dec and pre and _gpus(p, dec) + _gpus(p, pre) <= free[n] + 1e-9:
+                    dec = _cover(tb, m, DECODE, rate, p.fits[n])
+                    pre = _cover(tb, m, PREFILL_NV, rate, p.fits[n])
+                    if dec and pre and _gpus(tb, dec) + _gpus(tb, pre) <= free[n] + 1e-9:
                         break
                     rate *= SHRINK
                 else:
@@ -130,7 +158,9 @@ def solve_fast(
                 epoch_routes.append((m, n, n, rate))
                 left -= rate
             if left > 1e-9 and p.n_nodes > 1:
-                left = _split(p, m, left, free, nic_out, nic_in, add, epoch_routes)
+                left = _split(p, tb, m, left, free, nic_out, nic_in, add, epoch_routes, deadline)
+                if time.perf_counter() > deadline:
+                    return _out_of_time(t, p.n_epochs, time.perf_counter() - t0)
             if left > 1e-6 * max(1.0, float(p.demand[m, t])):
                 return serverless_result(
                     NO_SOLUTION,
@@ -162,18 +192,18 @@ def solve_fast(
                     rate_rps=r,
                 )
             )
-            total += float(c) * float(p.instance_cost(m)[o]) + r * float(p.serve_cost(m, phase)[o])
-            total += max(0, int(c) - prev.get((m, n, o, kind), 0)) * float(p.start_cost(m)[o])
+            total += float(c) * float(tb.instance[m][o]) + r * float(tb.serve[m, phase][o])
+            total += max(0, int(c) - prev.get((m, n, o, kind), 0)) * float(tb.start[m][o])
         for (m, n, o, kind), c in prev.items():
             if kind == DECODE:
-                total += max(0, c - counts.get((m, n, o, kind), 0)) * float(p.stop_cost(m)[o])
+                total += max(0, c - counts.get((m, n, o, kind), 0)) * float(tb.stop[m][o])
         prev = counts
         pools.append(epoch_list)
         routes.append(epoch_routes)
     # after the last epoch every decode instance stops and drains
     for (m, _, o, kind), c in prev.items():
         if kind == DECODE:
-            total += c * float(p.stop_cost(m)[o])
+            total += c * float(tb.stop[m][o])
     progress(f"fast: {p.n_epochs} epochs provisioned")
     return serverless_result(
         FEASIBLE,
@@ -187,26 +217,41 @@ def solve_fast(
     )
 
 
+def _out_of_time(t: int, epochs: int, wall_s: float) -> Result[ServerlessPlan]:
+    """No plan: the time limit came in epoch ``t`` of ``epochs``."""
+    return serverless_result(
+        NO_SOLUTION,
+        "fast",
+        wall_s,
+        log=[f"the time limit came while provisioning epoch {t} of {epochs}: no plan"],
+        termination=Termination.TIME_LIMIT,
+        algorithm=ALGORITHM,
+        formulation="",
+    )
+
+
 def _adder(
-    p: ServerlessProblem,
+    gpus: FloatArray,
     epoch_pools: dict[tuple[int, int, int, int], list[float]],
     free: FloatArray,
 ) -> Callable[[int, int, int, list[tuple[int, int, float]]], None]:
     """A function that adds instances (option, count, rate) of model m's pool kind
-    on node n to ``epoch_pools`` and takes their GPUs from ``free``."""
+    on node n to ``epoch_pools`` and takes their GPUs (``gpus`` per option) from
+    ``free``."""
 
     def add(m: int, n: int, kind: int, cover: list[tuple[int, int, float]]) -> None:
         for o, c, r in cover:
             slot = epoch_pools.setdefault((m, n, o, kind), [0.0, 0.0])
             slot[0] += c
             slot[1] += r
-            free[n] -= p.gpus_of()[o] * c
+            free[n] -= gpus[o] * c
 
     return add
 
 
 def _split(
     p: ServerlessProblem,
+    tb: _Tables,
     m: int,
     left: float,
     free: FloatArray,
@@ -214,11 +259,15 @@ def _split(
     nic_in: FloatArray,
     add: Callable[[int, int, int, list[tuple[int, int, float]]], None],
     epoch_routes: list[tuple[int, int, int, float]],
+    deadline: float = float("inf"),
 ) -> float:
     """Serve ``left`` rps of model m with decode on one node and prefill (network
-    link) on another, pair by pair; returns what is still unserved."""
+    link) on another, pair by pair, until ``deadline`` (``time.perf_counter``);
+    returns what is still unserved."""
     kv = float(p.kv_request_bytes[m])
     for b in np.argsort(-free, kind="stable"):
+        if left <= 1e-12 or time.perf_counter() > deadline:
+            break
         for a in np.argsort(-free, kind="stable"):
             a, b = int(a), int(b)
             if a == b or left <= 1e-12:
@@ -227,13 +276,13 @@ def _split(
             for _ in range(400):
                 if rate <= 1e-9:
                     break
-                dec = _cover(p, m, DECODE, rate, p.fits[b])
-                pre = _cover(p, m, PREFILL_NET, rate, p.fits[a])
+                dec = _cover(tb, m, DECODE, rate, p.fits[b])
+                pre = _cover(tb, m, PREFILL_NET, rate, p.fits[a])
                 if (
                     dec
                     and pre
-                    and _gpus(p, dec) <= free[b] + 1e-9
-                    and _gpus(p, pre) <= free[a] + 1e-9
+                    and _gpus(tb, dec) <= free[b] + 1e-9
+                    and _gpus(tb, pre) <= free[a] + 1e-9
                 ):
                     break
                 rate *= SHRINK

@@ -38,7 +38,7 @@ ROLLING = "rolling horizon, one epoch per MILP"
 
 def _run(milp: Milp, time_limit_s: float, rel_gap: float, relax: bool) -> MipRun:
     lp = highs_lp(milp, relax=relax)
-    return solve_mip(lp, time_limit_s=max(0.1, time_limit_s), rel_gap=rel_gap)
+    return solve_mip(lp, time_limit_s=max(0.01, time_limit_s), rel_gap=rel_gap)
 
 
 def _split(milp: Milp, values: FloatArray) -> tuple[IntArray, FloatArray, FloatArray]:
@@ -191,6 +191,15 @@ def solve_rolling(
     total = 0.0
     for t in range(p.n_epochs):
         left = time_limit_s - (time.perf_counter() - t0)
+        if left <= 0:
+            return serverless_result(
+                NO_SOLUTION,
+                "rolling",
+                time.perf_counter() - t0,
+                log=[f"the time limit came before epoch {t} of {p.n_epochs}: no plan"],
+                termination=Termination.TIME_LIMIT,
+                algorithm=ROLLING,
+            )
         milp = build_milp(p, t, t + 1, start)
         if len(milp) == 0:  # no demand in the epoch: nothing runs, decode instances stop
             total += sum(
@@ -200,7 +209,7 @@ def solve_rolling(
             routes.append([])
             start = {}
             continue
-        run = _run(milp, max(0.1, left), rel_gap, relax=False)
+        run = _run(milp, left, rel_gap, relax=False)
         if run.col_value is None:
             return serverless_result(
                 INFEASIBLE if run.status is MipStatus.INFEASIBLE else NO_SOLUTION,

@@ -158,6 +158,11 @@ def evaluate_serverless(
         ]
     # one performance-model evaluation per distinct (model, pool shape, per-instance rate)
     checks: list[tuple[int, Pool, OpSpec, float]] = []
+    shapes: dict[tuple[str, str, int, int, int], OpSpec] = {}
+    """One op per pool shape (model, phase, share, tp, clock)."""
+    distinct: dict[tuple[tuple[str, str, int, int, int], float], int] = {}
+    point: list[int] = []
+    """Per check, its (shape, rate per instance) among ``distinct``."""
     perf_options = Options(
         max_batch=opts.max_batch, memory_reserve_fraction=opts.memory_reserve_fraction
     )
@@ -203,39 +208,48 @@ def evaluate_serverless(
             if pool.rate_rps > 0 and pool.count == 0:
                 bad.append(Violation("capacity", where, f"{pool.rate_rps:g} rps on no instance"))
                 continue
-            llm = catalog.model(sm.model)
-            wl = Workload(
-                name=sm.name,
-                model=sm.model,
-                rate_rps=1.0,
-                prompt_tokens=sm.prompt_tokens,
-                output_tokens=sm.output_tokens,
-                slo=sm.slo,
-            )
-            memory_gb = (
-                gpu.memory_gb * pool.share_pct / 100.0 * (1.0 - opts.memory_reserve_fraction)
-            )
-            op = OpSpec(
-                gpu=gpu,
-                model=llm,
-                workload=wl,
-                phase=pool.phase,
-                clock_mhz=pool.clock_mhz,
-                sm_fraction=pool.share_pct / 100.0,
-                bw_fraction=pool.share_pct / 100.0,
-                memory_gb=memory_gb,
-                tp=pool.tp,
-                options=perf_options,
-            )
+            shape = (pool.model, pool.phase, pool.share_pct, pool.tp, pool.clock_mhz)
+            op = shapes.get(shape)
+            if op is None:
+                wl = Workload(
+                    name=sm.name,
+                    model=sm.model,
+                    rate_rps=1.0,
+                    prompt_tokens=sm.prompt_tokens,
+                    output_tokens=sm.output_tokens,
+                    slo=sm.slo,
+                )
+                memory_gb = (
+                    gpu.memory_gb * pool.share_pct / 100.0 * (1.0 - opts.memory_reserve_fraction)
+                )
+                op = shapes[shape] = OpSpec(
+                    gpu=gpu,
+                    model=catalog.model(sm.model),
+                    workload=wl,
+                    phase=pool.phase,
+                    clock_mhz=pool.clock_mhz,
+                    sm_fraction=pool.share_pct / 100.0,
+                    bw_fraction=pool.share_pct / 100.0,
+                    memory_gb=memory_gb,
+                    tp=pool.tp,
+                    options=perf_options,
+                )
             per_instance = pool.rate_rps / pool.count / opts.load_fraction if pool.count else 0.0
             checks.append((t, pool, op, per_instance))
+            point.append(distinct.setdefault((shape, per_instance), len(distinct)))
     energy: list[float] = []
     if checks:
-        params = build_params([c[2] for c in checks])
-        rates = np.array([c[3] for c in checks])
+        # the performance model once per distinct (pool shape, rate per instance)
+        ops = [shapes[shape] for shape, _ in distinct]
+        params = build_params(ops)
+        rates = np.array([rate for _, rate in distinct])
         met = metrics_at(params, rates)
-        energy = _energy_per_request([c[2] for c in checks])
-        for i, (t, pool, op, rate) in enumerate(checks):
+        by_shape = dict(zip(shapes, _energy_per_request(list(shapes.values())), strict=True))
+        energy = [
+            by_shape[(pool.model, pool.phase, pool.share_pct, pool.tp, pool.clock_mhz)]
+            for _, pool, _, _ in checks
+        ]
+        for (t, pool, op, rate), i in zip(checks, point, strict=True):
             where = f"epoch {t} {pool.model}:{pool.phase} on {pool.node}"
             sm = models[pool.model]
             if rate <= 0:
@@ -296,53 +310,47 @@ def _routing(
     bad: list[Violation],
 ) -> None:
     names = {n.name for n in spec.nodes}
+    kinds = ("prefill over nvlink", "prefill over the network", "decode")
     for t in range(len(spec.models[0].demand_rps)):
+        # per (model, node, kind): what the pools serve and what the routes need
+        got: dict[tuple[str, str, int], float] = defaultdict(float)
+        need: dict[tuple[str, str, int], float] = defaultdict(float)
+        carried: dict[str, float] = defaultdict(float)
+        for pool in by_epoch.get(t, []):
+            kind = 2 if pool.phase == "decode" else 0 if pool.link == "nvlink" else 1
+            if pool.phase == "prefill" and pool.link is None:
+                continue
+            got[pool.model, pool.node, kind] += pool.rate_rps
+        for model, a, b, rate in routes_of.get(t, []):
+            if a not in names or b not in names:
+                bad.append(Violation("route", f"epoch {t} {model}", f"unknown node in {a} -> {b}"))
+            carried[model] += rate
+            need[model, a, 0 if a == b else 1] += rate
+            need[model, b, 2] += rate
+        tols = {sm.name: REL_TOL * max(1.0, sm.demand_rps[t]) for sm in spec.models}
         for sm in spec.models:
             demand = sm.demand_rps[t]
-            routes = [r for r in routes_of.get(t, []) if r[0] == sm.name]
-            for _, a, b, _ in routes:
-                if a not in names or b not in names:
-                    bad.append(
-                        Violation("route", f"epoch {t} {sm.name}", f"unknown node in {a} -> {b}")
-                    )
-            tol = REL_TOL * max(1.0, demand)
-            carried = sum(r[3] for r in routes)
-            if abs(carried - demand) > tol:
+            if abs(carried[sm.name] - demand) > tols[sm.name]:
                 bad.append(
                     Violation(
                         "demand",
                         f"epoch {t} {sm.name}",
-                        f"routes carry {carried:g} rps of the {demand:g} rps demand",
+                        f"routes carry {carried[sm.name]:g} rps of the {demand:g} rps demand",
                     )
                 )
-            pools = [p for p in by_epoch.get(t, []) if p.model == sm.name]
-            for n in names:
-                for what, served, need in (
-                    (
-                        "prefill over nvlink",
-                        [p for p in pools if p.node == n and p.link == "nvlink"],
-                        sum(r[3] for r in routes if r[1] == n and r[2] == n),
-                    ),
-                    (
-                        "prefill over the network",
-                        [p for p in pools if p.node == n and p.link == "network"],
-                        sum(r[3] for r in routes if r[1] == n and r[2] != n),
-                    ),
-                    (
-                        "decode",
-                        [p for p in pools if p.node == n and p.phase == "decode"],
-                        sum(r[3] for r in routes if r[2] == n),
-                    ),
-                ):
-                    got = sum(p.rate_rps for p in served)
-                    if abs(got - need) > tol:
-                        bad.append(
-                            Violation(
-                                "route",
-                                f"epoch {t} {sm.name} on {n}",
-                                f"{what} pools serve {got:g} rps; the routes need {need:g}",
-                            )
-                        )
+        for key in sorted(set(got) | set(need)):
+            model, n, kind = key
+            if model not in tols or n not in names:
+                continue
+            if abs(got[key] - need[key]) > tols[model]:
+                bad.append(
+                    Violation(
+                        "route",
+                        f"epoch {t} {model} on {n}",
+                        f"{kinds[kind]} pools serve {got[key]:g} rps; the routes need "
+                        f"{need[key]:g}",
+                    )
+                )
 
 
 def _nodes(
@@ -362,17 +370,24 @@ def _nodes(
         for m in spec.models
     }
     power: dict[tuple[int, str], float] = defaultdict(float)
+    on_w: dict[int, float] = {}
     for i, (t, pool, _, _) in enumerate(checks):
-        on = gpu_on_power_w(g, pool.clock_mhz) * pool.share_pct / 100.0 * pool.tp
+        if pool.clock_mhz not in on_w:
+            on_w[pool.clock_mhz] = gpu_on_power_w(g, pool.clock_mhz)
+        on = on_w[pool.clock_mhz] * pool.share_pct / 100.0 * pool.tp
         power[t, pool.node] += pool.count * on + pool.rate_rps * energy[i]
     for t in range(len(spec.models[0].demand_rps)):
+        held: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for p in by_epoch.get(t, []):
+            held[p.node].extend([(p.share_pct, p.tp)] * p.count)
+        sends: dict[str, float] = defaultdict(float)
+        gets: dict[str, float] = defaultdict(float)
+        for model, a, b, rate in routes_of.get(t, []):
+            if a != b:
+                sends[a] += rate * kv_of.get(model, 0.0)
+                gets[b] += rate * kv_of.get(model, 0.0)
         for node in spec.nodes:
-            slices = [
-                (p.share_pct, p.tp)
-                for p in by_epoch.get(t, [])
-                if p.node == node.name
-                for _ in range(p.count)
-            ]
+            slices = held[node.name]
             if not _pack(node.gpus, slices):
                 used = sum(s * tp / 100 for s, tp in slices)
                 ev.violations.append(
@@ -382,16 +397,7 @@ def _nodes(
                         f"{len(slices)} slices ({used:g} GPUs) do not fit on its {node.gpus} GPUs",
                     )
                 )
-            out = sum(
-                r[3] * kv_of.get(r[0], 0.0)
-                for r in routes_of.get(t, [])
-                if r[1] == node.name and r[2] != node.name
-            )
-            into = sum(
-                r[3] * kv_of.get(r[0], 0.0)
-                for r in routes_of.get(t, [])
-                if r[2] == node.name and r[1] != node.name
-            )
+            out, into = sends[node.name], gets[node.name]
             ev.network_bytes += out * spec.epoch_s
             cap = node.nic_gbps * 1e9
             for what, value in (("sends", out), ("receives", into)):
@@ -430,6 +436,13 @@ def _cost(
     served = {id(pool): energy[i] for i, (_, pool, _, _) in enumerate(checks)}
     weights = {m.name: catalog.model(m.model).weight_bytes for m in spec.models}
     drain = {m.name: m.drain_s for m in spec.models}
+    on_w: dict[int, float] = {}
+
+    def on_power_w(clock: int) -> float:
+        """On power of one GPU at ``clock``, W."""
+        if clock not in on_w:
+            on_w[clock] = gpu_on_power_w(g, clock)
+        return on_w[clock]
 
     before: dict[PoolKey, int] = {}
     n_t = len(spec.models[0].demand_rps)
@@ -451,7 +464,7 @@ def _cost(
             )
             now[key] += pool.count
             gpus = pool.share_pct / 100.0 * pool.tp
-            on = gpu_on_power_w(g, pool.clock_mhz) * gpus
+            on = on_power_w(pool.clock_mhz) * gpus
             ev.gpu_s += pool.count * gpus * dt
             ev.energy_j += pool.count * on * dt + pool.rate_rps * dt * served.get(id(pool), 0.0)
         for key, count in now.items():
@@ -465,7 +478,7 @@ def _cost(
                 ev.starts += starts
                 ev.load_gpu_s += starts * gpus * load
                 ev.gpu_s += starts * gpus * load
-                ev.energy_j += starts * gpu_on_power_w(g, clock) * gpus * load
+                ev.energy_j += starts * on_power_w(clock) * gpus * load
         for key, count in before.items():
             stops = max(0, count - now.get(key, 0))
             if stops and key[1] == "decode":
@@ -474,7 +487,7 @@ def _cost(
                 ev.stops += stops
                 ev.drain_gpu_s += stops * gpus * drain[model]
                 ev.gpu_s += stops * gpus * drain[model]
-                ev.energy_j += stops * gpu_on_power_w(g, clock) * gpus * drain[model]
+                ev.energy_j += stops * on_power_w(clock) * gpus * drain[model]
         before = dict(now)
     obj = spec.objective
     if obj.kind == "gpu_seconds":

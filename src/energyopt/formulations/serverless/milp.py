@@ -124,6 +124,24 @@ def undominated(
     return out
 
 
+def program_size(p: ServerlessProblem) -> tuple[int, int]:
+    """(pools, columns) of the whole-horizon MILP, without building it: pools of
+    the options left after dominance in every epoch with demand (lulls add a few
+    more), four columns each, and a route column per (epoch, model with demand,
+    prefill node, decode node)."""
+    busy = (p.demand > 0).sum(axis=1)
+    kinds = (PREFILL_NV, DECODE) if p.n_nodes == 1 else (PREFILL_NV, PREFILL_NET, DECODE)
+    pools = 0
+    for m in range(p.n_models):
+        if busy[m]:
+            per_epoch = sum(
+                len(undominated(p, m, n, k)) for n in range(p.n_nodes) for k in kinds
+            )
+            pools += int(busy[m]) * per_epoch
+    routes = int(busy.sum()) * p.n_nodes * p.n_nodes
+    return pools, 4 * pools + routes
+
+
 def _holdable(p: ServerlessProblem, m: int, kind: int) -> FloatArray:
     """(O,): True where holding one idle instance for an epoch costs less than
     stopping it and starting it again (its drain, for decode, and its cold start):
@@ -399,10 +417,8 @@ def highs_lp(milp: Milp, relax: bool = False) -> highspy.HighsLp:
     lp.a_matrix_.index_ = milp.matrix.indices.astype(np.int32)
     lp.a_matrix_.value_ = milp.matrix.data.astype(np.float64)
     if not relax:
-        lp.integrality_ = [
-            highspy.HighsVarType.kInteger if flag else highspy.HighsVarType.kContinuous
-            for flag in milp.integer
-        ]
+        kinds = (highspy.HighsVarType.kContinuous, highspy.HighsVarType.kInteger)
+        lp.integrality_ = [kinds[flag] for flag in milp.integer.tolist()]
     return lp
 
 
