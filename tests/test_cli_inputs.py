@@ -191,6 +191,7 @@ def test_a_serverless_prompt_past_the_context_is_blamed_on_the_prompt(
         ("export", str(SERVERLESS)),
         ("calibrate", "sweep.csv", "--gpu", A100),
         ("profile", "-q"),
+        ("compile", str(INSTANCES / "compile-quickstart-oppoints.yaml"), "-q"),
     ],
     ids=lambda a: a[0],
 )
@@ -202,6 +203,19 @@ def test_an_empty_output_name_is_refused_as_such(
     code, _, err = run(capsys, *argv, "-o", "")
     assert code == 2
     assert err.strip() == "-o: empty file name; give the file to write"
+
+
+def test_an_atomic_write_to_no_file_name_or_a_folder_is_refused(tmp_path: Path) -> None:
+    from energyopt.spec.errors import SpecError
+    from energyopt.spec.io import write_text_atomic
+
+    with pytest.raises(SpecError) as exc:
+        write_text_atomic("", "x")
+    assert exc.value.problems == ["(empty file name): cannot write: give the file to write"]
+    with pytest.raises(SpecError) as exc:
+        write_text_atomic(tmp_path, "x")
+    assert exc.value.problems == [f"{tmp_path}: cannot write: a folder; give the file to write"]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_output_lost_to_a_full_disk_is_not_an_internal_error(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from energyopt.cli.common import EXIT_BAD_INPUT, EXIT_OK, err, progress
+from energyopt.cli.common import EXIT_BAD_INPUT, EXIT_OK, err, output_path, progress
 from energyopt.spec.errors import SpecError
 
 
@@ -13,6 +13,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from energyopt.cli.documents import expect_document
     from energyopt.tables import compile_table
 
+    output_path(args.output)  # `-o ''` is named before the compile, not after
     expect_document(args.spec, ("plans", "oppoints"), "compile")
     say = progress(args.quiet)
     say(f"compiling {args.spec} into {args.output} with {args.workers} worker(s)")

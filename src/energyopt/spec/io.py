@@ -332,7 +332,11 @@ def write_bytes_atomic(path: str | Path, payload: bytes) -> None:
     """Write ``payload`` to a temporary file next to ``path`` and rename it over
     ``path``: a reader sees the old file or the whole new one, never a part.
     SpecError naming the path if it cannot be written."""
+    if not str(path).strip():  # Path("") is ".", and the rename said "Device or resource busy"
+        raise SpecError(["(empty file name): cannot write: give the file to write"])
     p = Path(path)
+    if p.is_dir():
+        raise SpecError([f"{p}: cannot write: a folder; give the file to write"])
     folder = p.parent if str(p.parent) else Path(".")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
