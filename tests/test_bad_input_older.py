@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -423,3 +424,162 @@ def test_deep_checkpoint_is_refused(simhost: Path, capsys: pytest.CaptureFixture
     code, _, err = run(capsys, "restore", "deep.json")
     assert code == 5
     assert err.strip() == "energyopt restore: deep.json: malformed JSON: nested too deeply"
+
+
+# ------------------------------------------- solve: internal errors become input checks
+
+
+def _edited(tmp_path: Path, source: Path, edit: Any, name: str = "edited.yaml") -> Path:
+    data: dict[str, Any] = yaml.safe_load(source.read_text(encoding="utf-8"))
+    edit(data)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def _inline_type(
+    catalog_file: str, name: str, edit: Callable[[dict[str, Any]], None]
+) -> Callable[[dict[str, Any]], None]:
+    """An edit that puts every GPU of a serving instance on an inline copy of a catalog
+    type, itself edited by ``edit``."""
+
+    def mutate(data: dict[str, Any]) -> None:
+        gpu: dict[str, Any] = yaml.safe_load(
+            (ROOT / "models" / "gpus" / catalog_file).read_text(encoding="utf-8")
+        )
+        gpu["name"] = name
+        edit(gpu)
+        data["gpu_types"] = [gpu]
+        for node in data["cluster"]["nodes"]:
+            for entry in node["gpus"]:
+                entry["type"] = name
+
+    return mutate
+
+
+def _tiny_rate(data: dict[str, Any]) -> None:
+    data["workloads"][0]["rate_rps"] = 1e-300
+
+
+def _unmeasured_latency_error(data: dict[str, Any]) -> None:
+    _inline_type("h100-sxm5-80gb.yaml", "Site-H100", lambda g: g["efficiency"].update(
+        latency_error=0
+    ))(data)
+    data["options"]["latency_margin"] = "calibrated"
+
+
+MIG_A100 = ROOT / "instances" / "mig-a100.yaml"
+SERVING_BAD = [
+    ("rate-tiny", QUICKSTART, _tiny_rate, "workloads[0](chat-llama).rate_rps: Input should be"),
+    (
+        "mig-start-negative",
+        MIG_A100,
+        _inline_type(
+            "a100-sxm4-80gb.yaml",
+            "Site-A100",
+            lambda g: g["mig_profiles"][0].update(placements=[-1, 0]),
+        ),
+        "gpu_types[0](Site-A100): Value error, mig_profiles: 1g.10gb: placement -1 is not",
+    ),
+    (
+        "mig-start-past-the-end",
+        MIG_A100,
+        _inline_type(  # 7g.80gb occupies all 8 memory slices: it can only start at 0
+            "a100-sxm4-80gb.yaml",
+            "Site-A100",
+            lambda g: g["mig_profiles"][-1].update(placements=[1]),
+        ),
+        "gpu_types[0](Site-A100): Value error, mig_profiles: 7g.80gb: placement 1 is not a "
+        "start memory slice from 0 to 0",
+    ),
+    (
+        "latency-error-zero",
+        QUICKSTART,
+        _unmeasured_latency_error,
+        "options.latency_margin: calibrated, but GPU type Site-H100 has no measured latency",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("source", "edit", "expected"), [pytest.param(s, e, x, id=i) for i, s, e, x in SERVING_BAD]
+)
+def test_bad_serving_input_is_refused_before_solving(
+    tmp_path: Path, source: Path, edit: Any, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _edited(tmp_path, source, edit)
+    for verb in ("validate", "solve"):
+        quiet = ["-q"] if verb == "solve" else []
+        code, _, err = run(capsys, verb, str(path), *quiet)
+        assert code == 2
+        assert f"{path}: {expected}" in err
+
+
+def test_the_lowest_rate_gives_a_valid_covering_bound() -> None:
+    """The rate floor is a rate the covering bound's grid handles: at 1e-6 req/s the
+    bound is finite and at most the cheapest single use (at 1e-300 the grid step
+    underflowed, an internal error on fleet-10240)."""
+    import numpy as np
+
+    from energyopt.formulations.serving.unit_bound import UnitCover
+    from energyopt.solvers.unit_bound import grid_cover_bound
+    from energyopt.spec.workload import MIN_RATE_RPS
+
+    rng = np.random.default_rng(0)
+    cap = rng.uniform(0.01, 5_000, 200)
+    fixed = rng.uniform(50, 700, 200)
+    per_rps = rng.uniform(0, 5, 200)
+    bound = grid_cover_bound(UnitCover(MIN_RATE_RPS, fixed, per_rps, cap))
+    assert np.isfinite(bound)
+    assert bound <= float(np.min(fixed + per_rps * MIN_RATE_RPS)) + 1e-9
+    assert bound >= float(np.min(fixed)) - 1e-9  # one use is needed, whichever it is
+
+
+TASKGRAPH_BAD = [
+    (
+        "efficiency-tiny",
+        ROOT / "instances" / "taskgraph" / "hetero-measured.yaml",
+        lambda d: d["tasks"][1].update(compute_efficiency=1e-300),
+        "tasks[1](gemm_a): the model gives 4.04e+300 ms on L40S, more than a day",
+    ),
+    (
+        "idle-above-tdp",
+        ROOT / "instances" / "taskgraph" / "lu-3x3-l4.yaml",
+        lambda d: d.update(idle_w={"L4": 500.0}),
+        "idle_w.L4: 500 W is above the 34.2 W the model gives task getrf_0 at 810 MHz",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("source", "edit", "expected"), [pytest.param(s, e, x, id=i) for i, s, e, x in TASKGRAPH_BAD]
+)
+def test_bad_taskgraph_is_refused_before_solving(
+    tmp_path: Path, source: Path, edit: Any, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _edited(tmp_path, source, edit)
+    code, _, err = run(capsys, "validate", str(path))
+    assert code == 2 and f"{path}: {expected}" in err
+    code, _, err = run(capsys, "solve", str(path), "-q", "--time-limit", "5")
+    assert code == 2 and f"{path}: {expected}" in err
+
+
+def test_colocation_slot_below_a_second_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = ROOT / "tests" / "data" / "colocation-small.yaml"
+    path = _edited(tmp_path, source, lambda d: d["options"].update(slot_s=1e-300))
+    code, _, err = run(capsys, "solve", str(path), "-q", "--time-limit", "5")
+    assert code == 2
+    assert f"{path}: options.slot_s: Input should be greater than or equal to 1" in err
+
+
+def test_slot_counts_never_wrap_around() -> None:
+    """A job far longer than its slots is held for a huge, positive number of slots
+    (the count overflowed int64 to a negative number before)."""
+    import numpy as np
+
+    from energyopt.formulations.colocation.configs import MAX_SLOTS_HELD, slots_needed
+
+    held = slots_needed(np.asarray([1e-3, 3_600.0, 1e12, 1e300]), 1.0)
+    assert held.tolist() == [1, 3_600, 10**12, MAX_SLOTS_HELD]

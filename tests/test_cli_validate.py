@@ -100,7 +100,7 @@ BAD_DATA = [
     (
         "negative-rate",
         set_at("workloads", 0, "rate_rps", value=-12),
-        "workloads[0](chat).rate_rps: Input should be greater than 0",
+        "workloads[0](chat).rate_rps: Input should be greater than or equal to 0.000001",
     ),
     ("missing-rate", _delete_rate, "workloads[1](code).rate_rps: Field required"),
     (

@@ -86,7 +86,25 @@ def instance_problems(
                     f"{source}: options.sharing.mig_profiles[{i}]: no GPU type of the cluster "
                     f"has MIG profile {name!r}{_close(name, known)} (known: {', '.join(known)})"
                 )
+    if instance.options.latency_margin == "calibrated":
+        used = sorted({e.type for node in instance.cluster.nodes for e in node.gpus})
+        problems.extend(calibrated_margin_problems(used, gpus, f"{source}: options"))
     return problems
+
+
+def calibrated_margin_problems(
+    types: list[str], gpus: Mapping[str, GpuType], where: str
+) -> list[str]:
+    """``latency_margin: calibrated`` plans each GPU type with its measured
+    ``efficiency.latency_error``; a type whose error is 0 (the default: never measured)
+    would be planned with no margin at all, so it is a problem naming ``where``."""
+    return [
+        f"{where}.latency_margin: calibrated, but GPU type {name} has no measured latency "
+        f"error (its efficiency.latency_error is 0); give it one, or a number for "
+        "latency_margin"
+        for name in types
+        if name in gpus and gpus[name].efficiency.latency_error <= 0
+    ]
 
 
 def plan_problems(

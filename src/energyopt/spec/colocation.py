@@ -158,7 +158,11 @@ class ColocationOptions(Spec):
     clock_count: int = Field(
         default=3, gt=0, le=64, description="candidate clocks per type otherwise"
     )
-    slot_s: float = Field(gt=0, le=1e7, description="length of one time slot, s")
+    slot_s: float = Field(
+        ge=1,
+        le=1e7,
+        description="length of one time slot, s (at least 1; jobs hold GPUs for whole slots)",
+    )
     slots: int = Field(default=12, gt=0, le=200, description="slots in the horizon")
     memory_reserve_fraction: float = Field(
         default=0.1, ge=0, lt=1, description="part of GPU memory kept free"

@@ -117,7 +117,9 @@ class GpuType(Spec):
     )
     mig_profiles: tuple[MigProfile, ...] = ()
     mig_total_slices: int = Field(default=7, gt=0, le=64)
-    mig_memory_slices: int = Field(default=8, gt=0, description="MIG memory slices of the GPU")
+    mig_memory_slices: int = Field(
+        default=8, gt=0, le=64, description="MIG memory slices of the GPU"
+    )
     power: PowerParams = PowerParams()
     efficiency: Efficiency = Efficiency()
     sources: dict[str, str] = Field(default_factory=dict, description="field -> citation")
@@ -161,7 +163,33 @@ class GpuType(Spec):
                 raise ValueError(
                     f"mig_profiles: {profile.name} has more memory or SMs than the GPU"
                 )
+            problem = self._placement_problem(profile)
+            if problem:
+                raise ValueError(f"mig_profiles: {profile.name}: {problem}")
         return self
+
+    def _placement_problem(self, profile: MigProfile) -> str | None:
+        """Why ``profile``'s memory slices or placements cannot be on this GPU; None if
+        they can. A start is a memory slice index, 0 .. mig_memory_slices - size (NVML's
+        placements); one outside was dropped quietly, and a negative one counted from the
+        end of the GPU's slices."""
+        size = profile.memory_slices
+        if size is not None and size > self.mig_memory_slices:
+            return (
+                f"memory_slices {size} is more than the GPU's mig_memory_slices "
+                f"({self.mig_memory_slices})"
+            )
+        if len(set(profile.placements)) != len(profile.placements):
+            return f"placements {list(profile.placements)} give a start twice"
+        last = self.mig_memory_slices - (size or 1)
+        for start in profile.placements:
+            if not 0 <= start <= last:
+                return (
+                    f"placement {start} is not a start memory slice from 0 to {last} "
+                    f"(the GPU has {self.mig_memory_slices} memory slices"
+                    + (f"; the profile occupies {size})" if size else ")")
+                )
+        return None
 
     def sm_clocks_mhz(self) -> tuple[int, ...]:
         """Every SM clock the device accepts, ascending (MHz)."""

@@ -11,6 +11,10 @@ from energyopt.spec.llm import MAX_TOKENS
 
 MAX_TP = 64
 """Largest tensor-parallel group size (GPUs of one node)."""
+MIN_RATE_RPS = 1e-6
+"""Lowest request rate of a workload, req/s: one request in 11.6 days. A rate of
+1e-300 req/s made the covering bound's grid step underflow (an internal error on
+fleet-10240) and serves no one."""
 
 
 class TokenDist(Spec):
@@ -50,7 +54,9 @@ class Workload(Spec):
     name: str = Field(min_length=1)
     model: str = Field(min_length=1, description="name of a catalog LLM")
     rate_rps: float = Field(
-        gt=0, le=1_000_000, description="mean arrival rate, requests per second"
+        ge=MIN_RATE_RPS,
+        le=1_000_000,
+        description="mean arrival rate, requests per second (at least one request in 11.6 days)",
     )
     prompt_tokens: TokenDist
     output_tokens: TokenDist

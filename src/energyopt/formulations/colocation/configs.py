@@ -248,6 +248,13 @@ def _units_from_rows(
     )
 
 
+MAX_SLOTS_HELD = 2**53
+"""Slot counts are capped here before they become integers: a count this large is
+past any horizon (at most 200 slots) and still exact as a float."""
+
+
 def slots_needed(span_s: FloatArray, slot_s: float) -> IntArray:
-    """Whole slots a unit holds its GPUs for (at least one)."""
-    return np.maximum(np.ceil(span_s / slot_s - 1e-9), 1).astype(np.int64)
+    """Whole slots a unit holds its GPUs for (at least one; at most MAX_SLOTS_HELD, so
+    that a long job on short slots never wraps around to a negative count)."""
+    held = np.clip(np.ceil(span_s / slot_s - 1e-9), 1, MAX_SLOTS_HELD)
+    return held.astype(np.int64)

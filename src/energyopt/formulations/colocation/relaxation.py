@@ -30,6 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.sparse import csr_matrix
 
+from energyopt.formulations.colocation.configs import slots_needed
 from energyopt.formulations.colocation.model import SECONDS_PER_HOUR, ColocationModel
 from energyopt.formulations.colocation.rates import on_extra_w
 from energyopt.perf.params import BoolArray, FloatArray
@@ -132,7 +133,7 @@ def build_relaxation(model: ColocationModel) -> Relaxation:
     problem = model.problem
     opts = problem.instance.options
     slots, n_types = model.slots, len(model.table.type_names)
-    occ = np.maximum(np.ceil(jc.hold_s / opts.slot_s - 1e-9), 1).astype(np.int64)
+    occ = slots_needed(jc.hold_s, opts.slot_s)
     g = np.repeat(np.arange(len(jc.job), dtype=np.int64), slots)
     k = np.tile(np.arange(slots, dtype=np.int64), len(jc.job))
     ok = k + occ[g] <= slots if opts.objective == "jct" else k < slots

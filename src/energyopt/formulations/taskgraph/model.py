@@ -22,7 +22,7 @@ from energyopt.perf.params import PCIE_GBPS
 from energyopt.spec.errors import SpecError
 from energyopt.spec.hardware import GpuType
 from energyopt.spec.io import parse, read_data
-from energyopt.spec.taskgraph import ObjectiveKind, TaskGraphFile, TopologyLink
+from energyopt.spec.taskgraph import MAX_TIME_MS, ObjectiveKind, TaskGraphFile, TopologyLink
 
 HOST_NODE = "host"
 """Topology node every GPU hangs off when a file gives no links (PCIe root)."""
@@ -173,6 +173,8 @@ def build_taskgraph(
         _type_options(spec, source, gpu, idle_w, unit, problems)
         for gpu, idle_w in zip(types, idle, strict=True)
     )
+    if problems:  # a task the model cannot time, or an idle power above a task's
+        raise SpecError(problems)
     for i, t in enumerate(spec.tasks):
         if not any(options[k][i].dur for k in range(len(types))):
             measured_on = sorted({m.gpu_type for m in t.measured})
@@ -313,8 +315,30 @@ def _type_options(
         launch = np.repeat([spec.tasks[i].launch_ms for i in modeled], k)
         clk = np.tile(np.asarray(clocks, dtype=np.float64), m)
         ms, watts = kernel_costs(gpu, clk, flops, nbytes, eff, launch)
-        dur = np.maximum(np.ceil(ms / unit_ms - 1e-9), 1).astype(np.int64).reshape(m, k)
-        active = watts.reshape(m, k)
+        ms, watts = ms.reshape(m, k), watts.reshape(m, k)
+        slow = [r for r in range(m) if not np.all(ms[r] <= MAX_TIME_MS)]
+        for r in slow:
+            t = spec.tasks[modeled[r]]
+            longest = float(ms[r].max())
+            problems.append(
+                f"{source}: tasks[{modeled[r]}]({t.name}): the model gives {longest:.3g} ms on "
+                f"{gpu.name}, more than a day ({MAX_TIME_MS:.0f} ms): check flops, bytes and "
+                f"compute_efficiency ({t.compute_efficiency:g})"
+            )
+        cool = np.argwhere(watts < idle_w)
+        if len(cool):
+            r, c = (int(x) for x in cool[0])
+            least = float(watts[r, c])
+            problems.append(
+                f"{source}: idle_w.{gpu.name}: {idle_w:g} W is above the {least:.1f} W "
+                f"the model gives task {spec.tasks[modeled[r]].name} at {clocks[c]} MHz "
+                f"({len(cool)} task-clock pair(s) in all); a waiting GPU draws less than a "
+                "working one"
+            )
+        if slow or len(cool):
+            return tuple(TaskOptions((), (), (), ()) for _ in spec.tasks)
+        dur = np.maximum(np.ceil(ms / unit_ms - 1e-9), 1).astype(np.int64)
+        active = watts
         dyn = (active - idle_w) * dur * unit_ms / 1e3
         for row, i in enumerate(modeled):
             rows[i] = TaskOptions(
