@@ -45,12 +45,14 @@ HANG_CHILD = textwrap.dedent(
     """
     import json, sys
     from energyopt.nvml.planner import read_map_file
+    from energyopt.sim.trace import read_trace
     from energyopt.spec import SpecError
     from energyopt.spec.io import read_data
     out = {}
     for name in sys.argv[1:]:
+        reader = {"map": read_map_file, "trace": read_trace}.get(name.split("-")[0], read_data)
         try:
-            (read_map_file if name.startswith("map") else read_data)(name)
+            reader(name)
             out[name] = None
         except SpecError as exc:
             out[name] = str(exc)
@@ -70,14 +72,16 @@ def _doubling_aliases(levels: int) -> str:
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_fifos_devices_and_alias_doubling_are_refused_without_hanging(tmp_path: Path) -> None:
-    """A FIFO with no writer, a symlink to /dev/zero and a --map file whose aliases
-    double 110 times were read forever (or until memory ran out); each is refused
-    naming the file, in a child process so that a regression fails instead of hanging."""
+    """A FIFO with no writer (as a spec file or a trace), a symlink to /dev/zero and a
+    --map file whose aliases double 110 times were read forever (or until memory ran
+    out); each is refused naming the file, in a child process so that a regression
+    fails instead of hanging."""
     os.mkfifo(tmp_path / "fifo.yaml")
+    os.mkfifo(tmp_path / "trace-fifo.csv")
     (tmp_path / "zero.yaml").symlink_to("/dev/zero")
     (tmp_path / "map-bomb.yaml").write_text(_doubling_aliases(110), encoding="utf-8")
     (tmp_path / "map-ok.yaml").write_text("node0/0: 1\n", encoding="utf-8")
-    names = ["fifo.yaml", "zero.yaml", "map-bomb.yaml", "map-ok.yaml"]
+    names = ["fifo.yaml", "trace-fifo.csv", "zero.yaml", "map-bomb.yaml", "map-ok.yaml"]
     child = subprocess.run(
         [sys.executable, "-c", HANG_CHILD, *names],
         cwd=tmp_path,
@@ -90,6 +94,9 @@ def test_fifos_devices_and_alias_doubling_are_refused_without_hanging(tmp_path: 
     out = json.loads(child.stdout)
     assert out["fifo.yaml"] == "fifo.yaml: cannot read: a FIFO (named pipe), not a regular file"
     assert out["zero.yaml"] == "zero.yaml: cannot read: a device, not a regular file"
+    assert out["trace-fifo.csv"] == (
+        "trace-fifo.csv: cannot read: a FIFO (named pipe), not a regular file"
+    )
     assert out["map-bomb.yaml"].startswith("map-bomb.yaml: malformed YAML: aliases expand it")
     assert out["map-ok.yaml"] is None
 
@@ -491,6 +498,17 @@ SERVING_BAD = [
         ),
         "gpu_types[0](Site-A100): Value error, mig_profiles: 7g.80gb: placement 1 is not a "
         "start memory slice from 0 to 0",
+    ),
+    (
+        "mig-start-twice",
+        MIG_A100,
+        _inline_type(
+            "a100-sxm4-80gb.yaml",
+            "Site-A100",
+            lambda g: g["mig_profiles"][0].update(placements=[0, 0, 0]),
+        ),
+        "gpu_types[0](Site-A100): Value error, mig_profiles: 1g.10gb: placements [0, 0, 0] "
+        "give a start twice",
     ),
     (
         "latency-error-zero",

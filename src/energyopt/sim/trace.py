@@ -29,6 +29,7 @@ import numpy as np
 
 from energyopt.sim.arrivals import Arrivals, FloatArray, IntArray, merge
 from energyopt.spec.errors import SpecError
+from energyopt.spec.io import regular_file_size
 from energyopt.spec.workload import Workload
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -73,8 +74,8 @@ def read_trace(path: str | Path) -> tuple[FloatArray, IntArray, IntArray]:
     times: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []
+    size = regular_file_size(p)  # a FIFO or device is refused before it is opened
     try:
-        size = p.stat().st_size
         if size > MAX_TRACE_BYTES:
             raise SpecError([f"{p}: file is {size:,} bytes, more than {MAX_TRACE_BYTES:,}"])
         with p.open(newline="", encoding="utf-8") as fh:

@@ -104,8 +104,8 @@ def read_bytes(path: str | Path, limit: int = MAX_FILE_BYTES) -> bytes:
     end. The file is opened without blocking and checked again on the open descriptor,
     so a FIFO put in its place between the two checks is refused as well."""
     p = Path(path)
+    regular_file_size(p)
     try:
-        _require_regular(p, os.stat(p).st_mode)
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise SpecError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
@@ -121,6 +121,19 @@ def read_bytes(path: str | Path, limit: int = MAX_FILE_BYTES) -> bytes:
     if len(payload) > limit:
         raise SpecError([f"{p}: file is more than {limit} bytes"])
     return payload
+
+
+def regular_file_size(path: str | Path) -> int:
+    """The size in bytes of ``path``, a regular file (a symlink to one is fine);
+    SpecError naming it when it is missing, or a FIFO, device, socket or folder, which
+    a reader would wait on forever or read without end."""
+    p = Path(path)
+    try:
+        info = os.stat(p)
+    except OSError as exc:
+        raise SpecError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
+    _require_regular(p, info.st_mode)
+    return info.st_size
 
 
 def _require_regular(path: Path, mode: int) -> None:
