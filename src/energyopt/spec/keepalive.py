@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from energyopt.spec.base import Spec
+from energyopt.spec.limits import over_limit
 
 MAX_WINDOWS = 10_080
 """Most windows in one file (a week of minutes)."""
@@ -229,6 +230,23 @@ class KeepAliveFile(Spec):
                 f"cover the same windows (lengths {sorted(lengths)})"
             )
         return self
+
+    @field_validator("functions")
+    @classmethod
+    def _size_limit(
+        cls, functions: tuple[Function, ...], info: ValidationInfo
+    ) -> tuple[Function, ...]:
+        nodes = len(info.data.get("nodes", ()))
+        windows = max(f.n_windows for f in functions)
+        message = over_limit(
+            f"functions x states x windows ({len(functions):,} x 3 per node x {nodes:,} "
+            f"nodes x {windows:,})",
+            len(functions) * 3 * nodes * windows,
+            "keepalive_cells",
+        )
+        if message:
+            raise ValueError(message)
+        return functions
 
 
 class FunctionSchedule(Spec):

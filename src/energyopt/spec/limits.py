@@ -37,6 +37,9 @@ class Limits:
     """Load scale of an evaluation spec (multiple of the base instance's rates)."""
     tasks: int = 1_000_000
     """Tasks of one task graph."""
+    keepalive_cells: int = 10_000_000
+    """Functions x states (3 per node) x windows of one keep-alive file (the size of
+    its per-window state arrays)."""
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
