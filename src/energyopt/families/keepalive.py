@@ -116,21 +116,38 @@ class KeepAliveFamily:
         rel_gap: float | None,
         progress: Progress,
     ) -> Result[KeepAlivePlan]:
-        from energyopt.formulations.keepalive.milp import build_milp
+        from energyopt.formulations.keepalive.milp import MAX_COLUMNS, milp_columns
         from energyopt.solvers.keepalive_lagrangian import solve_lagrangian
-        from energyopt.solvers.keepalive_milp import solve_milp, solve_rolling
+        from energyopt.solvers.keepalive_milp import LOOKAHEAD, solve_milp, solve_rolling
 
         limit = time_limit_s or DEFAULT_TIME_LIMIT_S
         gap = rel_gap if rel_gap is not None else DEFAULT_GAP
         chosen = solver
+        columns = milp_columns(p)
         if solver == "auto":
-            small = p.maximises_throughput or len(build_milp(p)) <= AUTO_MILP_COLUMNS
+            small = p.maximises_throughput or columns <= AUTO_MILP_COLUMNS
             chosen = "milp" if small else "lagrangian"
         if p.maximises_throughput and chosen in ("lagrangian", "rolling"):
             raise SpecError(
                 [
                     f"--solver: {chosen} minimises energy only; the throughput objective "
                     f"of {p.source} is solved by milp (or auto)"
+                ]
+            )
+        if chosen == "rolling":
+            columns = milp_columns(p, 0, min(p.n_windows, LOOKAHEAD))
+        if chosen in ("milp", "rolling") and columns > MAX_COLUMNS:
+            raise SpecError(
+                [
+                    f"--solver: {chosen} would build a MILP of {columns:,} columns for "
+                    f"{p.source}, more than the {MAX_COLUMNS:,} it builds (HiGHS could not "
+                    "keep the time limit); "
+                    + (
+                        "the throughput objective is solved by milp only: plan fewer "
+                        "windows, nodes or functions at a time"
+                        if p.maximises_throughput
+                        else "use lagrangian or auto"
+                    )
                 ]
             )
         progress(f"solving {p.source} (keep-alive, {p.n_functions} functions) with {chosen}")

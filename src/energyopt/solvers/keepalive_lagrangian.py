@@ -45,6 +45,13 @@ MAX_LATE_STATES = 20_000
 function; beyond it, or where the forecast is not whole requests (expected counts
 from an inter-arrival histogram), the repair keeps the SLO by a penalty on late
 requests."""
+DENSE_CELLS = 4_000_000
+"""Largest array of every (state, state) arc the shortest paths hold at once (over
+the functions, or one function's windows); past it the moves between nodes are
+priced through ``best_moves`` instead."""
+MAX_LATE_CELLS = 5_000_000
+"""Largest programme over (late requests so far, state, window) the repair tracks
+for one function (its predecessors are held for every cell); past it, the penalty."""
 
 
 @dataclass(frozen=True)
@@ -101,17 +108,79 @@ def _priced(p: KeepAliveProblem, y: Prices) -> tuple[FloatArray, FloatArray]:
     return np.where(p.allowed[:, None, :], cost, np.inf), factor
 
 
+class OutOfTime(Exception):
+    """The deadline passed inside a repair's dynamic programme."""
+
+
+def best_moves(
+    p: KeepAliveProblem, value: FloatArray, same: FloatArray, enter: FloatArray
+) -> tuple[FloatArray, IntArray]:
+    """The cheapest way into every state from the (B, S) costs ``value`` of the
+    window before: (B, S) costs and the state each comes from.
+
+    ``same`` (B or 1, 3, 3, N): cost of the move from kind a to kind b on node n;
+    ``enter`` (B or 1, 3, N): cost of entering kind b on node n from any other node
+    (inf: impossible). A move between nodes costs the same whatever it leaves, so it
+    comes from the cheapest state on any other node: O(B S) instead of O(B S^2).
+    """
+    n = p.n_nodes
+    b_dim = value.shape[0]
+    kinds = value.reshape(b_dim, 3, n)
+    total = kinds[:, :, None, :] + same  # (B, from kind, to kind, N)
+    from_kind = np.argmin(total, axis=1)  # (B, to kind, N)
+    best = np.take_along_axis(total, from_kind[:, None], axis=1)[:, 0]
+    arg = from_kind * n + np.arange(n)[None, None, :]
+    if n > 1:
+        rows = np.arange(b_dim)
+        node_best = kinds.min(axis=1)  # (B, N)
+        node_kind = kinds.argmin(axis=1)
+        first = np.argmin(node_best, axis=1)
+        second_pool = node_best.copy()
+        second_pool[rows, first] = np.inf
+        second = np.argmin(second_pool, axis=1)
+        mine = np.arange(n)[None, :] == first[:, None]
+        other = np.where(mine, second[:, None], first[:, None])  # (B, N) best other node
+        other_value = node_best[rows[:, None], other]
+        cross = other_value[:, None, :] + enter  # (B, 3, N)
+        cross_arg = (node_kind[rows[:, None], other] * n + other)[:, None, :]
+        pick = cross < best
+        best = np.where(pick, cross, best)
+        arg = np.where(pick, cross_arg, arg)
+    return best.reshape(b_dim, 3 * n), arg.reshape(b_dim, 3 * n).astype(np.int64)
+
+
+def _by_kind(p: KeepAliveProblem, row: FloatArray) -> FloatArray:
+    """A (..., S) array as (..., 3, N)."""
+    return row.reshape(*row.shape[:-1], 3, p.n_nodes)
+
+
+def _all_moves(p: KeepAliveProblem, f: IntArray | int) -> FloatArray:
+    """(..., S, S) move energies of function(s) ``f`` between every pair of states, J."""
+    states = np.arange(p.n_states)
+    return p.move_j(np.asarray(f)[..., None, None], states[:, None], states[None, :])
+
+
 def shortest_paths(p: KeepAliveProblem, y: Prices) -> tuple[FloatArray, IntArray]:
-    """Each function's cheapest path at prices ``y``: (F,) priced costs, (F, T) states."""
+    """Each function's cheapest path at prices ``y``: (F,) priced costs, (F, T) states.
+    With few states every pair of states is an arc (a few array operations per
+    window); with many, moves between nodes go through ``best_moves``."""
     cost, factor = _priced(p, y)
     n_f, n_t, n_s = p.n_functions, p.n_windows, p.n_states
-    moves = p.trans_j[:, :n_s, :]
     back = np.zeros((n_t, n_f, n_s), dtype=np.int64)
-    value = p.trans_j[:, p.source_state, :] * factor[0] + cost[:, 0, :]
+    f = np.arange(n_f)
+    value = p.move_j(f[:, None], p.source_state, np.arange(n_s)[None, :]) * factor[0] + cost[:, 0]
+    moves = _all_moves(p, f) if n_f * n_s * n_s <= DENSE_CELLS else None
     for t in range(1, n_t):
-        total = value[:, :, None] + moves * factor[t][None, None, :]
-        back[t] = np.argmin(total, axis=1)
-        value = np.take_along_axis(total, back[t][:, None, :], axis=1)[:, 0, :] + cost[:, t, :]
+        if moves is not None:
+            total = value[:, :, None] + moves * factor[t][None, None, :]
+            back[t] = np.argmin(total, axis=1)
+            value = total.min(axis=1) + cost[:, t, :]
+            continue
+        scale = _by_kind(p, factor[t])  # (3, N)
+        same = p.same_j[:, :, :, None] * scale[None, None, :, :]
+        enter = p.enter_j[:, :, None] * scale[None, :, :]
+        best, back[t] = best_moves(p, value, same, enter)
+        value = best + cost[:, t, :]
     states = np.zeros((n_f, n_t), dtype=np.int64)
     states[:, -1] = np.argmin(value, axis=1)
     for t in range(n_t - 1, 0, -1):
@@ -130,7 +199,7 @@ def usage(
     f = np.repeat(fns, n_t).reshape(n_f, n_t)
     t = np.tile(np.arange(n_t), n_f).reshape(n_f, n_t)
     prev = np.concatenate([np.full((n_f, 1), p.source_state), states[:, :-1]], axis=1)
-    energy = p.state_j[f, t, states] + p.trans_j[f, prev, states]
+    energy = p.state_j[f, t, states] + p.move_j(f, prev, states)
     out = []
     for value in (p.gpu_gb[f, states], p.host_gb[f, states], energy / p.window_s):
         grid = np.zeros((p.n_nodes, n_t))
@@ -141,11 +210,7 @@ def usage(
 
 def plan_energy(p: KeepAliveProblem, states: IntArray) -> float:
     """Energy of a plan's states over the horizon, J (the solver's own figure)."""
-    n_f, n_t = states.shape
-    f = np.arange(n_f)[:, None]
-    t = np.arange(n_t)[None, :]
-    prev = np.concatenate([np.full((n_f, 1), p.source_state), states[:, :-1]], axis=1)
-    return float((p.state_j[f, t, states] + p.trans_j[f, prev, states]).sum())
+    return p.energy_of(states)
 
 
 def dual_point(p: KeepAliveProblem, y: Prices) -> tuple[float, IntArray, FloatArray]:
@@ -183,9 +248,11 @@ def _one_function(
     free_host: FloatArray,
     free_power: FloatArray,
     late_penalty: float,
+    deadline: float | None = None,
 ) -> IntArray | None:
     """Function f's cheapest path (by ``cost`` (T, S) and move ``factor``) that fits
-    in the free budgets (N, T) and keeps its SLO; None if there is none."""
+    in the free budgets (N, T) and keeps its SLO; None if there is none. OutOfTime
+    when ``deadline`` (perf_counter s) passes first."""
     n_t, n_s = p.n_windows, p.n_states
     node = p.node_of()
     dt = p.window_s
@@ -200,7 +267,8 @@ def _one_function(
     budget = p.slo_budget[f]
     tracked = np.isfinite(budget) and float(lam.sum()) * slow.any() > budget
     whole = bool(np.all(lam == np.floor(lam)))  # expected counts from a histogram need not be
-    if tracked and (budget > MAX_LATE_STATES or not whole):
+    too_wide = tracked and (np.floor(budget) + 1) * n_t * n_s > MAX_LATE_CELLS
+    if tracked and (budget > MAX_LATE_STATES or not whole or too_wide):
         cost = cost + late_penalty * lam[:, None] * slow[None, :]
         tracked = False
     width = int(np.floor(budget + 1e-9)) + 1 if tracked else 1
@@ -209,43 +277,75 @@ def _one_function(
         if tracked
         else np.zeros((n_t, n_s), np.int64)
     )
+    same_j = p.same_j[f]  # (3, 3)
+    enter_j = p.enter_j[f]  # (3,)
+    dense: FloatArray | None = None
+    if n_t * n_s * n_s <= DENSE_CELLS:
+        # every window's arcs at once: (T, from, to), inf where the target does not
+        # fit or the move breaks the target node's power budget
+        moves = _all_moves(p, f)
+        ok = fits[:, None, :] & (
+            (p.state_j[f][:, None, :] + moves[None]) / dt <= power_room[:, None, :]
+        )
+        dense = np.where(ok, moves[None] * factor[:, None, :], np.inf)
 
-    def arc_ok(t: int, a_moves: FloatArray) -> FloatArray:
-        """Move energies into each state (rows: from) with inf where the arc breaks
-        the power budget or the target does not fit."""
-        power = (p.state_j[f, t][None, :] + a_moves) / dt
-        ok = fits[t][None, :] & (power <= power_room[t][None, :])
-        return np.where(ok, a_moves * factor[t][None, :], np.inf)
+    def arcs(t: int) -> tuple[FloatArray, FloatArray]:
+        """Priced move costs into window t, on one node (1, 3, 3, N) and from another
+        node (1, 3, N), inf where the target does not fit or the move breaks the
+        target node's power budget."""
+        held = _by_kind(p, p.state_j[f, t])  # (3, N)
+        room = _by_kind(p, power_room[t])
+        ok = _by_kind(p, fits[t].astype(np.float64)) > 0
+        scale = _by_kind(p, factor[t])
+        same_ok = ok[None] & ((held[None] + same_j[:, :, None]) / dt <= room[None])
+        enter_ok = ok & ((held + enter_j[:, None]) / dt <= room)
+        same = np.where(same_ok, same_j[:, :, None] * scale[None], np.inf)
+        enter = np.where(enter_ok, enter_j[:, None] * scale, np.inf)
+        return same[None], enter[None]
 
-    value = np.full((n_s, width), np.inf)
-    start = arc_ok(0, p.trans_j[f, p.source_state][None, :])[0] + cost[0]
-    for b in range(n_s):
-        if step[0, b] < width:
-            value[b, step[0, b]] = start[b]
-    backs: list[IntArray] = []
-    for t in range(1, n_t):
-        moves = arc_ok(t, p.trans_j[f, :n_s, :])  # (S, S)
-        total = value[:, None, :] + moves[:, :, None]  # (a, b, v)
-        arg = np.argmin(total, axis=0)  # (b, v)
-        best = np.take_along_axis(total, arg[None, :, :], axis=0)[0]
-        new = np.full((n_s, width), np.inf)
-        shifted_arg = np.zeros((n_s, width), dtype=np.int64)
-        for b in range(n_s):
-            k = int(step[t, b])
+    def shifted(best: FloatArray, arg: IntArray, t: int) -> tuple[FloatArray, IntArray]:
+        """Costs (width, S) after window t's late requests move each state's column
+        of late counts down by its step, and the predecessors with them."""
+        if not tracked:
+            return best + cost[t][None, :], arg
+        new = np.full((width, n_s), np.inf)
+        new_arg = np.zeros((width, n_s), dtype=np.int64)
+        for k in np.unique(step[t]):
+            k = int(k)
             if k >= width:
                 continue
-            new[b, k:] = best[b, : width - k] + cost[t, b]
-            shifted_arg[b, k:] = arg[b, : width - k]
-        backs.append(shifted_arg)
-        value = new
+            cols = step[t] == k
+            new[k:, cols] = best[: width - k, cols] + cost[t, cols]
+            new_arg[k:, cols] = arg[: width - k, cols]
+        return new, new_arg
+
+    _, enter0 = arcs(0)
+    start = np.full((1, n_s), np.inf)
+    start[0] = enter0[0].reshape(n_s) + cost[0]
+    value = np.full((width, n_s), np.inf)
+    for b in range(n_s):
+        if step[0, b] < width:
+            value[step[0, b], b] = start[0, b]
+    backs: list[IntArray] = []
+    for t in range(1, n_t):
+        if deadline is not None and t % 64 == 0 and time.perf_counter() > deadline:
+            raise OutOfTime
+        if dense is not None:
+            total = value[:, :, None] + dense[t][None]  # (late so far, from, to)
+            best, arg = total.min(axis=1), np.argmin(total, axis=1)
+        else:
+            same, enter = arcs(t)
+            best, arg = best_moves(p, value, same, enter)
+        value, back = shifted(best, arg, t)
+        backs.append(back)
     flat = int(np.argmin(value))
     if not np.isfinite(value.flat[flat]):
         return None
-    b, v = divmod(flat, width)
+    v, b = divmod(flat, n_s)
     path = np.zeros(n_t, dtype=np.int64)
     path[-1] = b
     for t in range(n_t - 1, 0, -1):
-        a = int(backs[t - 1][b, v])
+        a = int(backs[t - 1][v, b])
         v -= int(step[t, b])
         b = a
         path[t - 1] = b
@@ -273,14 +373,18 @@ def repair_orders(p: KeepAliveProblem) -> list[IntArray]:
 
 
 def repair(
-    p: KeepAliveProblem, guide: Prices, cold_penalty: float, order: IntArray
+    p: KeepAliveProblem,
+    guide: Prices,
+    cold_penalty: float,
+    order: IntArray,
+    deadline: float | None = None,
 ) -> IntArray | None:
     """A plan within the node budgets and SLOs built function by function, starting
     in ``order``: a function that finds no path that fits moves to the front and
     the placement restarts (at most F times); None if that does not help."""
     current = [int(f) for f in order]
     for _ in range(p.n_functions + 1):
-        states, failed = _place(p, guide, cold_penalty, current)
+        states, failed = _place(p, guide, cold_penalty, current, deadline)
         if states is not None:
             return states
         assert failed is not None
@@ -292,7 +396,11 @@ def repair(
 
 
 def _place(
-    p: KeepAliveProblem, guide: Prices, cold_penalty: float, order: list[int]
+    p: KeepAliveProblem,
+    guide: Prices,
+    cold_penalty: float,
+    order: list[int],
+    deadline: float | None = None,
 ) -> tuple[IntArray | None, int | None]:
     """(plan, None) placing the functions in ``order`` at the costs ``guide`` gives,
     or (None, the first function that finds no path that fits)."""
@@ -305,7 +413,9 @@ def _place(
     late_penalty = float(np.max(p.state_j)) + 1.0
     for f in order:
         cost = cost_all[f] + cold_penalty * p.arrivals[f][:, None] * cold[None, :]
-        path = _one_function(p, int(f), cost, factor, free_gpu, free_host, free_power, late_penalty)
+        path = _one_function(
+            p, int(f), cost, factor, free_gpu, free_host, free_power, late_penalty, deadline
+        )
         if path is None:
             return None, int(f)
         states[f] = path
@@ -327,19 +437,42 @@ def feasible_states(p: KeepAliveProblem, states: IntArray) -> bool:
     return colds <= p.cold_cap * (1 + TOL) + TOL
 
 
-def best_repair(p: KeepAliveProblem, y: Prices) -> IntArray | None:
+def _mean_move_j(p: KeepAliveProblem) -> float:
+    """Mean energy of every possible move of every function (from every offered state
+    or the start into every offered state), J; 1 where there is none. Counted by
+    kind: a state on another node (or the start) moves in at the entering energy."""
+    n_f = p.n_functions
+    offered = p.allowed.reshape(n_f, 3, p.n_nodes)
+    kinds = np.asarray(offered.any(axis=2), dtype=np.bool_)  # (F, 3) kinds offered
+    nodes = offered[:, 0].sum(axis=1)  # permitted nodes (warm is offered on each)
+    n_kinds = kinds.sum(axis=1)
+    enter_ok = kinds & np.isfinite(p.enter_j)
+    entering_from = (1 + (nodes - 1) * n_kinds)[:, None]  # the start, other nodes
+    same_ok = kinds[:, :, None] & kinds[:, None, :] & np.isfinite(p.same_j)
+    count = nodes[:, None] * (enter_ok * entering_from + same_ok.sum(axis=1))
+    total = nodes[:, None] * (
+        np.where(enter_ok, p.enter_j, 0.0) * entering_from
+        + np.where(same_ok, p.same_j, 0.0).sum(axis=1)
+    )
+    return float(total.sum() / count.sum()) if count.sum() > 0 else 1.0
+
+
+def best_repair(p: KeepAliveProblem, y: Prices, deadline: float | None = None) -> IntArray | None:
     """The cheapest feasible plan of the repairs at true and at priced costs, in
-    every order of ``repair_orders``."""
+    every order of ``repair_orders`` (those done when ``deadline`` passes)."""
     best: IntArray | None = None
     best_cost = np.inf
-    finite = np.isfinite(p.trans_j)
-    base = float(np.mean(p.trans_j[finite])) if finite.any() else 1.0
+    base = _mean_move_j(p)
     step = base / max(1.0, float(p.arrivals.mean()))
-    for guide in (Prices.zero(p), y):
+    guides = [Prices.zero(p)] + ([y] if np.any(y.vector() != 0) else [])  # y = 0 repeats it
+    for guide in guides:
         for order in repair_orders(p):
             penalty = y.cold
             for _ in range(16):
-                states = repair(p, guide, penalty, order)
+                try:
+                    states = repair(p, guide, penalty, order, deadline)
+                except OutOfTime:
+                    return best
                 if states is None:
                     break
                 if feasible_states(p, states):
@@ -353,11 +486,14 @@ def best_repair(p: KeepAliveProblem, y: Prices) -> IntArray | None:
 
 def _rolling_plan(p: KeepAliveProblem, deadline: float) -> tuple[IntArray | None, str]:
     """The rolling-horizon MILP's plan as states (None without one) and a log line."""
-    from energyopt.solvers.keepalive_milp import solve_rolling
+    from energyopt.formulations.keepalive.milp import MAX_COLUMNS, milp_columns
+    from energyopt.solvers.keepalive_milp import LOOKAHEAD, solve_rolling
 
     left = deadline - time.perf_counter()
     if left < 0.5:
         return None, "rolling-horizon MILP: no time left"
+    if milp_columns(p, 0, min(p.n_windows, LOOKAHEAD)) > MAX_COLUMNS:
+        return None, "rolling-horizon MILP: too large to build"
     rolled = solve_rolling(p, time_limit_s=left)
     if rolled.plan is None:
         return None, "rolling-horizon MILP: none"
@@ -392,7 +528,7 @@ def solve_lagrangian(
         if control.observe(value):
             best_bound = max(best_bound, value)
         if iterations == 1 or iterations % REPAIR_EVERY == 0:
-            states = best_repair(p, y)
+            states = best_repair(p, y, t0 + time_limit_s)
             if states is not None:
                 pool.offer(states)
                 cost = plan_energy(p, states)
@@ -417,16 +553,18 @@ def solve_lagrangian(
             break
         y = Prices.of(p, prices)
     log = [f"{iterations} subgradient iterations, best dual {best_bound:,.3f} J"]
-    if best_plan is None:
+    deadline = t0 + time_limit_s
+    if best_plan is None and time.perf_counter() >= deadline:
+        log.append("the time limit came before any repair found a plan")
+    elif best_plan is None:
         # No order of the greedy repair fits: choose the functions' paths jointly.
-        deadline = t0 + time_limit_s
         priced = price_paths(p, pool, deadline)
-        chosen = solve_path_master(p, pool, time_limit_s=max(1.0, deadline - time.perf_counter()))
+        chosen = solve_path_master(p, pool, time_limit_s=deadline - time.perf_counter())
         how = "path master"
         if chosen is None and priced is not None:
             chosen, how = dive(priced, deadline), "path dive"
             # The dive's columns may hold a (cheaper) choice even where it failed.
-            left = max(1.0, deadline - time.perf_counter())
+            left = deadline - time.perf_counter()
             better = solve_path_master(p, pool, time_limit_s=left)
             if better is not None and (
                 chosen is None or plan_energy(p, better) < plan_energy(p, chosen)
@@ -455,7 +593,10 @@ def solve_lagrangian(
             "lagrangian",
             log=log,
             diagnosis=[
-                "neither the repair, the path master nor the rolling-horizon MILP "
+                f"the time limit ({time_limit_s:g} s) came before a plan was found; "
+                "raise --time-limit"
+                if time.perf_counter() >= deadline
+                else "neither the repair, the path master nor the rolling-horizon MILP "
                 "found a plan within the node budgets, SLOs and cap"
             ],
             termination=termination,

@@ -29,6 +29,10 @@ from energyopt.solvers.result import (
 from energyopt.spec.keepalive import KeepAlivePlan
 
 FORMULATION = FORMULATION_NAME
+LOOKAHEAD = 15
+"""Windows each of ``rolling``'s MILPs sees."""
+STEP = 5
+"""Windows ``rolling`` keeps of each MILP before it rolls on."""
 
 
 def _run(milp: Milp, time_limit_s: float, rel_gap: float) -> MipRun:
@@ -50,7 +54,7 @@ def solve_milp(
     t0 = time.perf_counter()
     milp = build_milp(p)
     progress(f"milp: {len(milp):,} columns, {milp.matrix.shape[0]:,} rows")
-    run = _run(milp, time_limit_s, rel_gap)
+    run = _run(milp, time_limit_s - (time.perf_counter() - t0), rel_gap)
     wall = time.perf_counter() - t0
     log = [f"HiGHS: {run.highs_status}, {len(milp):,} columns"]
     status, termination, bound = mip_outcome(run)
@@ -70,7 +74,7 @@ def solve_milp(
             algorithm="HiGHS branch and cut",
         )
     states = states_of(milp, values, p.n_functions, 0, p.n_windows)
-    objective = float(milp.cost @ np.round(values))
+    objective = p.energy_of(states)
     return Result(
         status,
         objective,
@@ -99,7 +103,7 @@ def solve_throughput(
     t0 = time.perf_counter()
     first = build_milp(p, minimise="late")
     progress(f"milp: throughput, {len(first):,} columns, {first.matrix.shape[0]:,} rows")
-    run = _run(first, time_limit_s, rel_gap)
+    run = _run(first, time_limit_s - (time.perf_counter() - t0), rel_gap)
     log = [f"HiGHS, fewest late requests: {run.highs_status}"]
 
     def result(
@@ -152,15 +156,17 @@ def solve_throughput(
 def solve_rolling(
     p: KeepAliveProblem,
     *,
-    lookahead: int = 15,
-    step: int = 5,
+    lookahead: int = LOOKAHEAD,
+    step: int = STEP,
     time_limit_s: float = 60.0,
     rel_gap: float = 1e-4,
     progress: Progress = quiet,
 ) -> Result[KeepAlivePlan]:
     """Rolling horizon: solve ``lookahead`` windows, keep the first ``step``, roll
     on from the kept states with what is left of the SLO and cold-start allowances.
-    Each step sees only part of the forecast, so the plan carries no bound."""
+    Each step sees only part of the forecast, so the plan carries no bound. When the
+    time limit comes before the last window there is no plan (``no_solution``,
+    naming the windows planned)."""
     t0 = time.perf_counter()
     n_t = p.n_windows
     states = np.full((p.n_functions, n_t), -1, dtype=np.int64)
@@ -170,37 +176,50 @@ def solve_rolling(
     cold = p.is_cold()
     first = 0
     steps = 0
-    total = 0.0
     log: list[str] = []
+
+    def no_plan(why: str, termination: Termination) -> Result[KeepAlivePlan]:
+        return Result(
+            NO_SOLUTION,
+            None,
+            None,
+            time.perf_counter() - t0,
+            None,
+            "rolling",
+            log=log,
+            diagnosis=[why],
+            termination=termination,
+            formulation=FORMULATION,
+            algorithm=f"rolling horizon, lookahead {lookahead}, step {step}",
+        )
+
+    def out_of_time() -> Result[KeepAlivePlan]:
+        log.append(f"time limit after {steps} MILPs")
+        return no_plan(
+            f"the time limit ({time_limit_s:g} s) came with {first} of {n_t} windows "
+            "planned; raise --time-limit, or use lagrangian, which keeps its best plan",
+            Termination.TIME_LIMIT,
+        )
+
     while first < n_t:
         last = min(n_t, first + lookahead)
         keep = n_t if last == n_t else min(last, first + step)
-        left = time_limit_s - (time.perf_counter() - t0)
+        if time.perf_counter() - t0 >= time_limit_s:
+            return out_of_time()
         milp = build_milp(p, first, last, start, slo_left, cold_left)
-        run = _run(milp, max(0.1, left), rel_gap)
+        run = _run(milp, time_limit_s - (time.perf_counter() - t0), rel_gap)
         steps += 1
         if run.col_value is None:
             log.append(f"windows {first}-{last - 1}: no plan ({run.highs_status})")
-            return Result(
-                NO_SOLUTION,
-                None,
-                None,
-                time.perf_counter() - t0,
-                None,
-                "rolling",
-                log=log,
-                diagnosis=[
-                    f"the rolling horizon found no plan for windows {first}-{last - 1} from "
-                    "the states it had kept; the whole-horizon solver (milp) may"
-                ],
-                termination=Termination.HEURISTIC,
-                formulation=FORMULATION,
-                algorithm=f"rolling horizon, lookahead {lookahead}, step {step}",
+            if time.perf_counter() - t0 >= time_limit_s:
+                return out_of_time()
+            return no_plan(
+                f"the rolling horizon found no plan for windows {first}-{last - 1} from "
+                "the states it had kept; the whole-horizon solver (milp) may",
+                Termination.HEURISTIC,
             )
         values = np.round(run.col_value)
         part = states_of(milp, values, p.n_functions, first, last)
-        kept = (milp.win < keep) & (values > 0.5)
-        total += float(milp.cost[kept].sum())
         states[:, first:keep] = part[:, : keep - first]
         window = np.arange(first, keep)
         lam = p.arrivals[:, window]
@@ -209,12 +228,12 @@ def solve_rolling(
         slo_left = slo_left - (lam * p.slow[fidx, chosen]).sum(axis=1)
         cold_left = cold_left - float((lam * cold[chosen]).sum())
         start = states[:, keep - 1].copy()
-        progress(f"rolling: windows {first}-{keep - 1} fixed, energy so far {total:,.0f} J")
+        progress(f"rolling: windows {first}-{keep - 1} fixed")
         first = keep
     log.append(f"{steps} MILPs of at most {lookahead} windows")
     return Result(
         FEASIBLE,
-        total,
+        p.energy_of(states),
         None,
         time.perf_counter() - t0,
         p.plan_of(states),

@@ -134,7 +134,7 @@ def _column(p: KeepAliveProblem, f: int, path: IntArray) -> PathColumn | None:
         return None
     t = np.arange(p.n_windows)
     prev = np.concatenate([[p.source_state], path[:-1]])
-    energy_t = p.state_j[f, t, path] + p.trans_j[f, prev, path]
+    energy_t = p.state_j[f, t, path] + p.move_j(f, prev, path)
     cold = float((p.arrivals[f] * p.is_cold()[path]).sum())
     cell = p.node_of()[path] * p.n_windows + t
     k = p.n_nodes * p.n_windows
@@ -216,7 +216,7 @@ class PathLp:
     def price_out(self, deadline: float, rounds: int) -> tuple[LpValues | None, int]:
         """Column generation for the functions not fixed, up to ``rounds`` rounds:
         the last LP solution (None if HiGHS gave none) and the rounds run."""
-        from energyopt.solvers.keepalive_lagrangian import Prices
+        from energyopt.solvers.keepalive_lagrangian import OutOfTime, Prices
 
         p = self.p
         first, k = p.n_functions, p.n_nodes * p.n_windows
@@ -239,7 +239,11 @@ class PathLp:
                 float(budget[3 * k]),
             )
             added = 0
-            for f, path in cheapest_paths(p, prices, self.forced, self.banned):
+            try:
+                cheapest = cheapest_paths(p, prices, self.forced, self.banned, deadline)
+            except OutOfTime:
+                break
+            for f, path in cheapest:
                 cand = _column(p, f, path)
                 if cand is None:
                     continue
@@ -266,11 +270,12 @@ def cheapest_paths(
     y: Prices,
     forced: dict[tuple[int, int], int] | None = None,
     banned: set[tuple[int, int, int]] | None = None,
+    deadline: float | None = None,
 ) -> list[tuple[int, IntArray]]:
     """Each function's cheapest path at prices ``y`` that keeps its SLO (the repair's
     programme over late requests, no budget enforced), goes through the states
     ``forced`` on it and avoids those ``banned``; functions with no such path are
-    left out."""
+    left out. OutOfTime when ``deadline`` (perf_counter s) passes first."""
     from energyopt.solvers.keepalive_lagrangian import _one_function, _priced
 
     open_gb = np.full((p.n_nodes, p.n_windows), np.inf)
@@ -284,7 +289,9 @@ def cheapest_paths(
         cost[f, t, state] = np.inf
     out = []
     for f in range(p.n_functions):
-        path = _one_function(p, f, cost[f], factor, open_gb, open_gb, open_gb, late_penalty)
+        path = _one_function(
+            p, f, cost[f], factor, open_gb, open_gb, open_gb, late_penalty, deadline
+        )
         if path is not None:
             out.append((f, path))
     return out
@@ -294,9 +301,13 @@ def price_paths(p: KeepAliveProblem, pool: PathPool, deadline: float) -> PathLp 
     """Column generation on the master's LP (None when a function has no path that
     keeps its SLO). Every function first gets its cheapest SLO-keeping path at zero
     prices, so that it has a column."""
-    from energyopt.solvers.keepalive_lagrangian import Prices
+    from energyopt.solvers.keepalive_lagrangian import OutOfTime, Prices
 
-    for f, path in cheapest_paths(p, Prices.zero(p)):
+    try:
+        cheapest = cheapest_paths(p, Prices.zero(p), deadline=deadline)
+    except OutOfTime:
+        return None
+    for f, path in cheapest:
         pool.add(f, path)
     if not pool.covers_every_function():
         return None

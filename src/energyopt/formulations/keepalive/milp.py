@@ -3,10 +3,17 @@ through its states x windows network, coupled by the node budgets, the SLOs and
 the cold-start cap.
 
 Column x[f, t, a, b] = 1 when function f moves from state a (in window t - 1, or
-its given state before the range) to state b for window t. Rows:
+its given state before the range) to state b for window t. A move onto another
+node costs the same whatever the state it leaves (the function enters its new
+state from nothing kept), so where the moves on one node are never dearer than
+entering anew (``KeepAliveProblem.cross_node_exact``) those moves pass through one
+hub per function and window: a free column from each state into the hub and one
+from the hub into each state, 6N columns instead of 9N(N - 1) (the same programme:
+a path through the hub back onto its own node costs no less than the direct move).
+Rows:
 
 - flow: one move out of the state before the range; in every later window the
-  moves into a state equal the moves out of it;
+  moves into a state (the hub included) equal the moves out of it;
 - per node n and window t: GPU memory, host memory and average power (the held
   states' power, their requests' service and start energy, and the energy of the
   moves into them, over the window) within the node's budget;
@@ -31,15 +38,26 @@ import numpy as np
 import scipy.sparse as sp
 
 from energyopt.backends.highs import binary_lp
-from energyopt.formulations.keepalive.model import FloatArray, IntArray, KeepAliveProblem
+from energyopt.formulations.keepalive.model import (
+    WARM,
+    FloatArray,
+    IntArray,
+    KeepAliveProblem,
+)
 
 FORMULATION_NAME = "keep-alive arc-flow MILP (states x windows, node budgets, SLO, cold cap)"
+
+
+MAX_COLUMNS = 1_000_000
+"""Largest MILP (columns) that is built; past it ``milp`` and ``rolling`` refuse by
+name (the Lagrangian works on every instance within the size limits). HiGHS' setup
+of a model near this size takes seconds that its time limit does not interrupt."""
 
 
 @dataclass(frozen=True)
 class Milp:
     """The program's arrays; column j moves function ``fn[j]`` from ``src[j]`` to
-    ``dst[j]`` for window ``win[j]``."""
+    ``dst[j]`` for window ``win[j]`` (``hub`` in either: the window's hub)."""
 
     cost: FloatArray
     matrix: sp.csc_matrix
@@ -49,9 +67,51 @@ class Milp:
     win: IntArray
     src: IntArray
     dst: IntArray
+    hub: int
 
     def __len__(self) -> int:
         return len(self.cost)
+
+
+def _arcs(p: KeepAliveProblem, f: int, hub: bool) -> tuple[IntArray, IntArray]:
+    """Function f's possible moves between consecutive windows as (from, to) state
+    pairs: on one node, and between nodes unless they pass through the hub."""
+    n = p.n_nodes
+    if hub:
+        offered = p.allowed[f].reshape(3, n)
+        kinds, nodes = np.flatnonzero(offered.any(axis=1)), np.flatnonzero(offered[WARM])
+        grid_ka, grid_kb, grid_n = np.meshgrid(kinds, kinds, nodes, indexing="ij")
+        a, b = (grid_ka * n + grid_n).ravel(), (grid_kb * n + grid_n).ravel()
+    else:
+        states = np.flatnonzero(p.allowed[f])
+        grid_a, grid_b = np.meshgrid(states, states, indexing="ij")
+        a, b = grid_a.ravel(), grid_b.ravel()
+    keep = np.isfinite(p.move_j(f, a, b))
+    return a[keep], b[keep]
+
+
+def _arc_counts(p: KeepAliveProblem) -> tuple[IntArray, IntArray]:
+    """(F,) columns per function in the first window (from the start) and in every
+    later one, counted without listing them."""
+    n = p.n_nodes
+    kinds = np.asarray(p.allowed.reshape(p.n_functions, 3, n).any(axis=2), dtype=np.bool_)
+    nodes = p.allowed.reshape(p.n_functions, 3, n)[:, WARM].sum(axis=1)  # permitted nodes
+    states = kinds.sum(axis=1) * nodes
+    enterable = (kinds & np.isfinite(p.enter_j)).sum(axis=1)
+    pairs = kinds[:, :, None] & kinds[:, None, :] & np.isfinite(p.same_j)
+    same = pairs.sum(axis=(1, 2)) * nodes
+    cross = enterable * nodes * (states - kinds.sum(axis=1))
+    via_hub = same + states + enterable * nodes
+    later = np.where(p.cross_node_exact() & (n > 1), via_hub, same + cross)
+    return enterable * nodes, later
+
+
+def milp_columns(p: KeepAliveProblem, first: int = 0, last: int | None = None) -> int:
+    """Columns of the MILP of windows ``first`` .. ``last - 1`` from the start
+    (nothing kept), counted without building it."""
+    width = (p.n_windows if last is None else last) - first
+    opening, later = _arc_counts(p)
+    return int(opening.sum() + (width - 1) * later.sum())
 
 
 def build_milp(
@@ -76,33 +136,42 @@ def build_milp(
     slo = p.slo_budget if slo_left is None else slo_left
     cold_allow = p.cold_cap if cold_left is None else cold_left
     n_s, n_n, dt = p.n_states, p.n_nodes, p.window_s
+    hub = n_s + 1
     node = p.node_of()
     cold = p.is_cold()
+    through_hub = p.cross_node_exact() & (n_n > 1)
     fn_l, win_l, src_l, dst_l = [], [], [], []
     for f in range(p.n_functions):
         states = np.flatnonzero(p.allowed[f])
-        grid_a, grid_b = np.meshgrid(states, states, indexing="ij")
-        a_all, b_all = grid_a.ravel(), grid_b.ravel()
-        keep = np.isfinite(p.trans_j[f, a_all, b_all])
-        pair_a, pair_b = a_all[keep], b_all[keep]
-        for t in range(first, stop):
-            if t == first:
-                b0 = states[np.isfinite(p.trans_j[f, init[f], states])]
-                a, b = np.full(len(b0), init[f]), b0
-            else:
-                a, b = pair_a, pair_b
-            fn_l.append(np.full(len(a), f))
-            win_l.append(np.full(len(a), t))
-            src_l.append(a)
-            dst_l.append(b)
+        pair_a, pair_b = _arcs(p, f, bool(through_hub[f]))
+        if through_hub[f]:
+            entered = states[np.isfinite(p.enter_j[f, states // n_n])]
+            pair_a = np.concatenate([pair_a, states, np.full(len(entered), hub)])
+            pair_b = np.concatenate([pair_b, np.full(len(states), hub), entered])
+        b0 = states[np.isfinite(p.move_j(f, init[f], states))]
+        later = stop - first - 1
+        fn_l.append(np.full(len(b0) + later * len(pair_a), f))
+        win_l.append(np.full(len(b0), first))
+        win_l.append(np.repeat(np.arange(first + 1, stop), len(pair_a)))
+        src_l.append(np.full(len(b0), init[f]))
+        src_l.append(np.tile(pair_a, later))
+        dst_l.append(b0)
+        dst_l.append(np.tile(pair_b, later))
     fn = np.concatenate(fn_l).astype(np.int64)
     win = np.concatenate(win_l).astype(np.int64)
     src = np.concatenate(src_l).astype(np.int64)
     dst = np.concatenate(dst_l).astype(np.int64)
+    real = dst < n_s  # into a state (else into the hub)
+    into = np.where(real, dst, 0)
+    from_hub = src == hub
+    move_j = np.where(
+        from_hub,
+        p.enter_j[fn, into // n_n],
+        np.where(real, p.move_j(fn, np.where(from_hub, 0, src), into), 0.0),
+    )
+    hold_j = np.where(real, p.state_j[fn, win, into], 0.0)
+    late = np.where(real, p.arrivals[fn, win] * p.slow[fn, into], 0.0)
     cols = np.arange(len(fn))
-    move_j = p.trans_j[fn, src, dst]
-    hold_j = p.state_j[fn, win, dst]
-    late = p.arrivals[fn, win] * p.slow[fn, dst]
     cost = move_j + hold_j if minimise == "energy" else late
     width = stop - first
     n_f = p.n_functions
@@ -113,18 +182,24 @@ def build_milp(
     hi: list[FloatArray] = []
     offset = 0
 
-    def flow(f: IntArray, t: IntArray | int, s: IntArray) -> IntArray:
-        """Flow row (f, t, s): moves into s for window t minus moves out of it in t + 1."""
-        return np.asarray((f * width + (t - first)) * n_s + s, dtype=np.int64)
+    slots = n_s + 1  # the states, then the window's hub
 
-    rows.append(flow(fn, win, dst))
+    def flow(f: IntArray, t: IntArray | int, s: IntArray) -> IntArray:
+        """Flow row (f, t, s): moves into s for window t minus moves out of it (in
+        t + 1 for a state, in t for the hub, slot n_s)."""
+        return np.asarray((f * width + (t - first)) * slots + s, dtype=np.int64)
+
+    rows.append(flow(fn, win, np.where(real, dst, n_s)))
     colsl.append(cols)
     vals.append(np.ones(len(fn)))
-    later = win > first
+    later = (win > first) & ~from_hub
     rows.append(flow(fn[later], win[later] - 1, src[later]))
     colsl.append(cols[later])
     vals.append(-np.ones(int(later.sum())))
-    n_flow = n_f * width * n_s
+    rows.append(flow(fn[from_hub], win[from_hub], np.full(int(from_hub.sum()), n_s)))
+    colsl.append(cols[from_hub])
+    vals.append(-np.ones(int(from_hub.sum())))
+    n_flow = n_f * width * slots
     lo_flow = np.zeros(n_flow)
     hi_flow = np.zeros(n_flow)
     last_rows = flow(
@@ -144,11 +219,11 @@ def build_milp(
     hi.append(np.ones(n_f))
     offset += n_f
     # node budgets: (kind, n, t)
-    nt = (win - first) * n_n + node[dst]
+    nt = (win - first) * n_n + node[into]
     n_nt = width * n_n
     for kind, value in (
-        (0, p.gpu_gb[fn, dst]),
-        (1, p.host_gb[fn, dst]),
+        (0, np.where(real, p.gpu_gb[fn, into], 0.0)),
+        (1, np.where(real, p.host_gb[fn, into], 0.0)),
         (2, (hold_j + move_j) / dt),
     ):
         used = value != 0
@@ -170,7 +245,7 @@ def build_milp(
     hi.append(np.maximum(slo[with_slo], 0.0))
     offset += len(with_slo)
     if np.isfinite(cold_allow):
-        colds = p.arrivals[fn, win] * cold[dst]
+        colds = p.arrivals[fn, win] * (cold[into] & real)
         pick = colds > 0
         rows.append(np.full(int(pick.sum()), offset))
         colsl.append(cols[pick])
@@ -199,6 +274,7 @@ def build_milp(
         win=win,
         src=src,
         dst=dst,
+        hub=hub,
     )
 
 
@@ -210,6 +286,6 @@ def highs_lp(milp: Milp) -> highspy.HighsLp:
 def states_of(milp: Milp, values: FloatArray, n_functions: int, first: int, last: int) -> IntArray:
     """(F, last - first) states the 0/1 solution ``values`` moves into."""
     out = np.full((n_functions, last - first), -1, dtype=np.int64)
-    chosen = np.flatnonzero(values > 0.5)
+    chosen = np.flatnonzero((values > 0.5) & (milp.dst != milp.hub))
     out[milp.fn[chosen], milp.win[chosen] - first] = milp.dst[chosen]
     return out

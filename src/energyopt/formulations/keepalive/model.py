@@ -47,9 +47,12 @@ class KeepAliveProblem:
     """(F, S): GPU memory the state holds on its node, GB."""
     host_gb: FloatArray
     """(F, S): host memory the state holds on its node, GB."""
-    trans_j: FloatArray
-    """(F, S + 1, S): energy of the move from state a (row S: the start) to state b,
-    J; inf where the move takes longer than a window."""
+    same_j: FloatArray
+    """(F, 3, 3): energy of the move from kind a to kind b on one node, J; inf where
+    it takes longer than a window (``move_j`` gives any pair of states)."""
+    enter_j: FloatArray
+    """(F, 3): energy of entering kind b from nothing kept on the node (from the
+    start, or from another node), J; inf where it takes longer than a window."""
     slow: BoolArray
     """(F, S): a request arriving in the state starts later than the function's SLO."""
     slo_budget: FloatArray
@@ -101,6 +104,46 @@ class KeepAliveProblem:
     def throughput_of(self, late: float) -> float:
         """Requests per second within the start limit when ``late`` requests are late."""
         return (float(self.arrivals.sum()) - late) / self.horizon_s
+
+    def move_j(self, f: IntArray | int, a: IntArray | int, b: IntArray | int) -> FloatArray:
+        """Energy of function f's move from state a (``source_state``: the start) to
+        state b, J, elementwise over broadcast arrays; inf where the move takes longer
+        than a window or either state is not offered to the function."""
+        fa, aa, ba = np.broadcast_arrays(
+            np.asarray(f, dtype=np.int64),
+            np.asarray(a, dtype=np.int64),
+            np.asarray(b, dtype=np.int64),
+        )
+        n = self.n_nodes
+        real = aa < self.n_states
+        kind_a = np.where(real, aa // n, COLD)
+        kind_b = ba // n
+        same = real & (aa % n == ba % n)
+        energy = np.where(same, self.same_j[fa, kind_a, kind_b], self.enter_j[fa, kind_b])
+        ok = self.allowed[fa, ba] & (~real | self.allowed[fa, np.where(real, aa, 0)])
+        return np.asarray(np.where(ok, energy, np.inf), dtype=np.float64)
+
+    def energy_of(self, states: IntArray) -> float:
+        """Energy of the (F, T) states over the horizon, J: every window's held states,
+        requests and the moves into them (inf where a move is impossible)."""
+        n_f, n_t = states.shape
+        f = np.arange(n_f)[:, None]
+        prev = np.concatenate([np.full((n_f, 1), self.source_state), states[:, :-1]], axis=1)
+        held = self.state_j[f, np.arange(n_t)[None, :], states]
+        return float((held + self.move_j(f, prev, states)).sum())
+
+    def cross_node_exact(self) -> BoolArray:
+        """(F,): whether every move of the function on one node is possible and no
+        dearer than entering its target from nothing kept wherever entering it is
+        possible (then evicting and entering anew never beats the direct move, and
+        moves between nodes can pass through one hub state per window)."""
+        direct = self.same_j
+        entering = self.enter_j[:, None, :]
+        ok = ~np.isfinite(entering) | (direct <= entering)
+        offered = np.ones((self.n_functions, 3), dtype=np.bool_)
+        offered[:, TEPID] = self.allowed[:, TEPID * self.n_nodes : COLD * self.n_nodes].any(axis=1)
+        pairs = offered[:, :, None] & offered[:, None, :]
+        return np.asarray(np.all(ok | ~pairs, axis=(1, 2)), dtype=np.bool_)
 
     def node_of(self) -> IntArray:
         """(S,): the node of each state."""
@@ -173,49 +216,59 @@ def build_problem(spec: KeepAliveFile, source: str = "<keepalive>") -> KeepAlive
     if problems:
         raise SpecError(problems)
     n_f, n_n = len(spec.functions), len(spec.nodes)
-    n_s = 3 * n_n
     dt = spec.window_s
-    allowed = np.zeros((n_f, n_s), dtype=bool)
-    arrivals = np.array([fn.window_arrivals(dt) for fn in spec.functions], dtype=np.float64)
-    keep_w = np.zeros((n_f, n_s))
-    start_j = np.zeros((n_f, n_s))
-    start_s = np.zeros((n_f, n_s))
-    gpu_gb = np.zeros((n_f, n_s))
-    host_gb = np.zeros((n_f, n_s))
-    trans_j = np.full((n_f, n_s + 1, n_s), np.inf)
-    slow = np.zeros((n_f, n_s), dtype=bool)
+    fns = spec.functions
+    has_tepid = np.array([fn.tepid is not None for fn in fns], dtype=bool)
+
+    def per_function(values: list[float]) -> FloatArray:
+        return np.array(values, dtype=np.float64)
+
+    def tepid_field(name: str) -> FloatArray:
+        return per_function([0.0 if fn.tepid is None else getattr(fn.tepid, name) for fn in fns])
+
+    def by_kind(warm: FloatArray, tepid: FloatArray, cold: FloatArray) -> FloatArray:
+        """(F, S) from one value per function and kind, the same on every node."""
+        kinds = np.stack([warm, tepid, cold], axis=1)  # (F, 3)
+        return np.asarray(np.repeat(kinds, n_n, axis=1), dtype=np.float64)
+
+    zero = np.zeros(n_f)
+    permitted = np.zeros((n_f, n_n), dtype=bool)
+    index = {name: i for i, name in enumerate(node_names)}
+    for f, fn in enumerate(fns):
+        permitted[f, [index[n] for n in (fn.nodes or node_names)]] = True
+    allowed = np.concatenate([permitted, permitted & has_tepid[:, None], permitted], axis=1)
+    arrivals = np.array([fn.window_arrivals(dt) for fn in fns], dtype=np.float64)
+    load_j = per_function([fn.cold_start.energy_j for fn in fns])
+    load_s = per_function([fn.cold_start.time_s for fn in fns])
+    resume_j, resume_s = tepid_field("resume_j"), tepid_field("resume_s")
+    pause_j, pause_s = tepid_field("enter_j"), tepid_field("enter_s")
+    keep_w = by_kind(per_function([fn.warm.power_w for fn in fns]), tepid_field("power_w"), zero)
+    gpu_gb = by_kind(
+        per_function([fn.warm.gpu_memory_gb for fn in fns]), tepid_field("gpu_memory_gb"), zero
+    )
+    host_gb = by_kind(
+        per_function([fn.warm.host_memory_gb for fn in fns]), tepid_field("host_memory_gb"), zero
+    )
+    start_j = by_kind(zero, resume_j + pause_j, load_j)
+    start_s = by_kind(zero, resume_s, load_s)
+    slow = np.zeros((n_f, 3 * n_n), dtype=bool)
     slo_budget = np.full(n_f, np.inf)
-    serve_j = np.array([fn.service.time_s * fn.service.power_w for fn in spec.functions])
-    for f, fn in enumerate(spec.functions):
-        permitted = [node_names.index(n) for n in (fn.nodes or node_names)]
-        tep = fn.tepid
-        for n in permitted:
-            allowed[f, WARM * n_n + n] = True
-            allowed[f, COLD * n_n + n] = True
-            if tep is not None:
-                allowed[f, TEPID * n_n + n] = True
-        for n in range(n_n):
-            w, t, c = WARM * n_n + n, TEPID * n_n + n, COLD * n_n + n
-            keep_w[f, w] = fn.warm.power_w
-            gpu_gb[f, w] = fn.warm.gpu_memory_gb
-            host_gb[f, w] = fn.warm.host_memory_gb
-            start_j[f, c] = fn.cold_start.energy_j
-            start_s[f, c] = fn.cold_start.time_s
-            if tep is not None:
-                keep_w[f, t] = tep.power_w
-                gpu_gb[f, t] = tep.gpu_memory_gb
-                host_gb[f, t] = tep.host_memory_gb
-                start_j[f, t] = tep.resume_j + tep.enter_j
-                start_s[f, t] = tep.resume_s
+    serve_j = per_function([fn.service.time_s * fn.service.power_w for fn in fns])
+    for f, fn in enumerate(fns):
         slo = fn.slo or spec.slo
         if slo is not None:
             slow[f] = start_s[f] > slo.start_latency_s
             if spec.objective.kind == "energy":
                 slo_budget[f] = (1.0 - slo.percentile / 100.0) * float(arrivals[f].sum())
-        _transitions(spec, f, n_n, trans_j[f])
-    for f in range(n_f):
-        trans_j[f][:, ~allowed[f]] = np.inf
-        trans_j[f][:n_s][~allowed[f], :] = np.inf
+    same_j, enter_j = _transitions(
+        dt,
+        load_j,
+        load_s,
+        np.where(has_tepid, pause_j, np.inf),
+        pause_s,
+        np.where(has_tepid, resume_j, np.inf),
+        resume_s,
+    )
     state_j = keep_w[:, None, :] * dt + arrivals[:, :, None] * (
         serve_j[:, None, None] + start_j[:, None, :]
     )
@@ -230,7 +283,8 @@ def build_problem(spec: KeepAliveFile, source: str = "<keepalive>") -> KeepAlive
         state_j=state_j,
         gpu_gb=gpu_gb,
         host_gb=host_gb,
-        trans_j=trans_j,
+        same_j=same_j,
+        enter_j=enter_j,
         slow=slow,
         slo_budget=slo_budget,
         cold_cap=cold_cap,
@@ -240,40 +294,33 @@ def build_problem(spec: KeepAliveFile, source: str = "<keepalive>") -> KeepAlive
     )
 
 
-def _transitions(spec: KeepAliveFile, f: int, n_n: int, out: FloatArray) -> None:
-    """Fill ``out`` (S + 1, S) with function f's move energies, J (inf: impossible).
+def _transitions(
+    dt: float,
+    load_j: FloatArray,
+    load_s: FloatArray,
+    pause_j: FloatArray,
+    pause_s: FloatArray,
+    resume_j: FloatArray,
+    resume_s: FloatArray,
+) -> tuple[FloatArray, FloatArray]:
+    """Every function's move energies, J (inf: impossible): (F, 3, 3) from kind to
+    kind on one node and (F, 3) into a kind from nothing kept. Arguments per
+    function: cold start, pause (warm -> tepid) and resume (tepid -> warm) energy J
+    and time s (pause and resume energy inf where the function has no tepid state).
 
-    On one node: warm -> tepid pauses (``tepid.enter``), tepid -> warm resumes,
-    cold -> warm loads (``cold_start``), cold -> tepid loads then pauses, and any
-    state -> cold evicts at no cost. Onto another node (or from the start) the
-    function is evicted and enters its new state from cold there. A move that
-    takes longer than one window is impossible.
+    On one node: warm -> tepid pauses, tepid -> warm resumes, cold -> warm loads,
+    cold -> tepid loads then pauses, and staying or evicting to cold is free. Onto
+    another node (or from the start) the function enters its new state from cold
+    there. A move that takes longer than one window is impossible.
     """
-    fn = spec.functions[f]
-    tep = fn.tepid
-    dt = spec.window_s
-    load = (fn.cold_start.energy_j, fn.cold_start.time_s)
-    enter = (tep.enter_j, tep.enter_s) if tep is not None else (np.inf, np.inf)
-    resume = (tep.resume_j, tep.resume_s) if tep is not None else (np.inf, np.inf)
-    from_cold = {
-        WARM: load,
-        TEPID: (load[0] + enter[0], load[1] + enter[1]),
-        COLD: (0.0, 0.0),
-    }
-    n_s = 3 * n_n
-    for a in range(n_s + 1):
-        for b in range(n_s):
-            kb, nb = divmod(b, n_n)
-            if a < n_s and a % n_n == nb:
-                ka = a // n_n
-                if ka == kb or kb == COLD:
-                    move = (0.0, 0.0)
-                elif ka == WARM:
-                    move = enter
-                elif ka == TEPID:
-                    move = resume
-                else:
-                    move = from_cold[kb]
-            else:
-                move = from_cold[kb]
-            out[a, b] = move[0] if move[1] <= dt else np.inf
+    n_f = len(load_j)
+    zero = np.zeros(n_f)
+    enter = np.stack([load_j, load_j + pause_j, zero], axis=1)
+    enter_s = np.stack([load_s, load_s + pause_s, zero], axis=1)
+    same = np.zeros((n_f, 3, 3))
+    same_s = np.zeros((n_f, 3, 3))
+    same[:, WARM, TEPID], same_s[:, WARM, TEPID] = pause_j, pause_s
+    same[:, TEPID, WARM], same_s[:, TEPID, WARM] = resume_j, resume_s
+    same[:, COLD, :], same_s[:, COLD, :] = enter, enter_s
+    same = np.where(same_s <= dt, same, np.inf)
+    return same, np.where(enter_s <= dt, enter, np.inf)
