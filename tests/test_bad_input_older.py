@@ -238,7 +238,10 @@ def _plan(clock: int = 1200, limit_w: float = 400) -> Plan:
                 on=True,
                 clock_mhz=clock,
                 power_limit_w=limit_w,
-                placements=(Placement(workload="a", rate_rps=1),),
+                placements=(
+                    Placement(workload="a", share_pct=60, rate_rps=1),
+                    Placement(workload="b", share_pct=40, rate_rps=1),
+                ),
             )
             for i in range(2)
         ),
@@ -601,3 +604,28 @@ def test_slot_counts_never_wrap_around() -> None:
 
     held = slots_needed(np.asarray([1e-3, 3_600.0, 1e12, 1e300]), 1.0)
     assert held.tolist() == [1, 3_600, 10**12, MAX_SLOTS_HELD]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("index", -1, "action.index: -1 is outside 0..2147483647"),
+        ("default_pct", 0, "action.default_pct: 0 is outside 1..100"),
+        ("clients", [["a", 10**30]], "action.clients[0]: 1000000000000000000000000000000 %"),
+    ],
+    ids=["index-negative", "pct-zero", "client-pct-huge"],
+)
+def test_checkpoint_numbers_out_of_range_are_refused(
+    field: str,
+    value: Any,
+    expected: str,
+    checkpoint: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    entries = checkpoint["entries"]
+    k = next(i for i, e in enumerate(entries) if e["action"]["kind"] == "mps")
+    entries[k]["action"][field] = value
+    Path("bad.json").write_text(json.dumps(checkpoint), encoding="utf-8")
+    code, out, err = run(capsys, "restore", "bad.json")
+    assert code == 5 and "original values" not in out
+    assert f"bad.json: entries[{k}].{expected}" in err

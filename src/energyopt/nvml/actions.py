@@ -423,6 +423,16 @@ def _original_problem(kind: str, value: Json) -> str | None:
     return None
 
 
+_RANGES = (
+    ("index", 0, 2**31 - 1),
+    ("clock_mhz", 1, 10_000),
+    ("limit_mw", 1, 10_000_000),
+    ("default_pct", 1, 100),
+)
+"""Integer fields of a checkpoint's actions and their ranges (a device index, MHz, mW,
+percent of SMs); a start memory slice is checked against the GPU when it is used."""
+
+
 def action_from_json(data: Json, where: str = "action") -> Action:
     """Rebuild an action from a checkpoint entry; CheckpointError names the bad field."""
     if not isinstance(data, dict):
@@ -448,6 +458,13 @@ def action_from_json(data: Json, where: str = "action") -> Action:
     for name in ("pipe_dir", "log_dir"):
         if name in fields and not data.get(name):
             raise CheckpointError(f"{where}.{name}: empty (expected the daemon's directory)")
+    for name, low, high in _RANGES:
+        value = data.get(name)
+        if _is_int(value) and not low <= value <= high:
+            raise CheckpointError(f"{where}.{name}: {value} is outside {low}..{high}")
+    for k, client in enumerate(data.get("clients") or ()):
+        if not 1 <= client[1] <= 100:
+            raise CheckpointError(f"{where}.clients[{k}]: {client[1]} % is outside 1..100")
     for name in ("instances", "placements"):
         if name in data:
             data[name] = tuple(data[name])
