@@ -216,6 +216,16 @@ def test_an_atomic_write_to_no_file_name_or_a_folder_is_refused(tmp_path: Path) 
         write_text_atomic(tmp_path, "x")
     assert exc.value.problems == [f"{tmp_path}: cannot write: a folder; give the file to write"]
     assert list(tmp_path.iterdir()) == []
+    if hasattr(os, "mkfifo"):  # a device (say /dev/null, as root) was replaced by the rename
+        fifo = tmp_path / "out.csv"
+        os.mkfifo(fifo)
+        with pytest.raises(SpecError) as exc:
+            write_text_atomic(fifo, "x")
+        assert exc.value.problems == [
+            f"{fifo}: cannot write: not a regular file (a device, FIFO or socket); "
+            "give the file to write"
+        ]
+        assert fifo.is_fifo()
 
 
 def test_output_lost_to_a_full_disk_is_not_an_internal_error(

@@ -348,8 +348,14 @@ def write_bytes_atomic(path: str | Path, payload: bytes) -> None:
     if not str(path).strip():  # Path("") is ".", and the rename said "Device or resource busy"
         raise SpecError(["(empty file name): cannot write: give the file to write"])
     p = Path(path)
-    if p.is_dir():
-        raise SpecError([f"{p}: cannot write: a folder; give the file to write"])
+    try:
+        mode: int | None = os.stat(p).st_mode
+    except OSError:
+        mode = None  # no such file yet (or unreadable: mkstemp below says why)
+    if mode is not None and not stat.S_ISREG(mode):
+        # the rename would replace a folder's entry, or a device such as /dev/null as root
+        what = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a device, FIFO or socket)"
+        raise SpecError([f"{p}: cannot write: {what}; give the file to write"])
     folder = p.parent if str(p.parent) else Path(".")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
