@@ -117,7 +117,7 @@ class CollectiveFamily:
         if solver == "auto":
             result = solve_synthesis(p, time_limit_s=limit, keep_better=True, progress=progress)
         elif solver == "select":
-            result = solve_select(p, progress=progress)
+            result = solve_select(p, time_limit_s=limit, progress=progress)
         elif solver == "milp":
             result = solve_synthesis(p, time_limit_s=limit, progress=progress)
         elif solver == "nccl":

@@ -3,29 +3,40 @@ NCCL's own choice, a fixed ring, and the bound every result carries.
 
 Selection evaluates every candidate (algorithm x channels x chunks x rank order,
 then protocol x clock on the same flows) of every collective and keeps the best
-by the objective. The bound is the sum of each collective's lower bound
+by the objective. Collectives of one op (and root, for a broadcast) share their
+candidates' flows, so every size of such a group is scored in one pass. Under a
+time limit every collective first gets a cheap schedule (direct, one channel),
+then the groups with the most to gain (count x (time - bound)) are searched in
+full until the limit; the log says which were not.
+The bound is the sum of each collective's lower bound
 (``costmodel.time_bound_us`` / ``energy_bound_j``), valid for every schedule.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from energyopt.formulations.collective.costmodel import (
     Flows,
+    energies_j,
     energy_bound_j,
     energy_j,
     flows_of,
     time_bound_us,
     time_us,
+    times_us,
 )
-from energyopt.formulations.collective.model import CollectiveProblem
+from energyopt.formulations.collective.model import CollectiveProblem, FloatArray
 from energyopt.formulations.collective.nccl import nccl_channels, nccl_choice
 from energyopt.formulations.collective.schedules import NotApplicable, applicable, program_of
 from energyopt.progress import Progress, quiet
 from energyopt.solvers.result import FEASIBLE, Result, Termination, status_at
+from energyopt.spec.base import MAX_MAGNITUDE
 from energyopt.spec.collective import (
     CANDIDATE_ALGORITHMS,
     PROTOCOLS,
@@ -33,8 +44,10 @@ from energyopt.spec.collective import (
     Choice,
     Collective,
     CollectivePlan,
+    Op,
     Protocol,
 )
+from energyopt.spec.errors import SpecError
 
 CHANNELS = (1, 2, 4, 8, 16, 32)
 CHUNKS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -107,6 +120,83 @@ def rail_weights(p: CollectiveProblem) -> tuple[float, ...] | None:
     return tuple(x / total for x in strength)
 
 
+def root_key(op: Op, root: int) -> int:
+    """The root as far as a schedule depends on it (only a broadcast's does)."""
+    return root if op == "broadcast" else 0
+
+
+@dataclass
+class Winners:
+    """The best schedule found so far for each message size of a group: its
+    structure, protocol and clock, time (us) and energy (J) of one run."""
+
+    time_us: FloatArray
+    energy_j: FloatArray
+    which: list[tuple[Structure, Protocol, int, Choice | None] | None]
+
+    @staticmethod
+    def empty(k: int) -> Winners:
+        return Winners(np.full(k, np.inf), np.full(k, np.inf), [None] * k)
+
+    def offer(
+        self,
+        energy_first: bool,
+        s: Structure,
+        protocol: Protocol,
+        clock: int,
+        t: FloatArray,
+        e: FloatArray,
+        choice: Choice | None = None,
+    ) -> None:
+        """Keep, size by size, whichever is strictly better by the objective's key
+        ((time, energy), or (energy, time) for the energy objective)."""
+        a, b = (e, t) if energy_first else (t, e)
+        a0, b0 = (self.energy_j, self.time_us) if energy_first else (self.time_us, self.energy_j)
+        better = (a < a0) | ((a == a0) & (b < b0))
+        for i in np.flatnonzero(better):
+            self.which[int(i)] = (s, protocol, clock, choice)
+        self.time_us = np.where(better, t, self.time_us)
+        self.energy_j = np.where(better, e, self.energy_j)
+
+    def merge(self, energy_first: bool, other: Winners) -> None:
+        """Take ``other``'s schedules where they are strictly better."""
+        for i, w in enumerate(other.which):
+            if w is None:
+                continue
+            one = Winners(self.time_us[i : i + 1], self.energy_j[i : i + 1], [self.which[i]])
+            one.offer(
+                energy_first, *w[:3], other.time_us[i : i + 1], other.energy_j[i : i + 1], w[3]
+            )
+            self.time_us[i], self.energy_j[i], self.which[i] = (
+                one.time_us[0],
+                one.energy_j[0],
+                one.which[0],
+            )
+
+    def scored(self, i: int, name: str) -> Scored:
+        """Size ``i``'s schedule as a choice for the collective ``name``."""
+        w = self.which[i]
+        assert w is not None
+        s, protocol, clock, choice = w
+        t, e = float(self.time_us[i]), float(self.energy_j[i])
+        base = choice or Choice(collective=name, algorithm=s.algorithm, clock_mhz=clock)
+        ch = base.model_copy(
+            update={
+                "collective": name,
+                "protocol": protocol,
+                "chunks": s.chunks,
+                "channels": s.channels,
+                "clock_mhz": clock,
+                "order": s.order,
+                "leaves": s.leaves,
+                "rail_weights": s.weights,
+                "time_us": t,
+                "energy_j": e,
+            }
+        )
+        return Scored(ch, t, e)
+
+
 class Evaluator:
     """Flows of candidate structures, cached per (op, root, structure)."""
 
@@ -115,16 +205,19 @@ class Evaluator:
         self._cache: dict[tuple[str, int, Structure], Flows] = {}
 
     def flows(self, c: Collective, s: Structure, choice: Choice | None = None) -> Flows:
-        key = (c.op, c.root, s)
+        return self.flows_of(c.op, c.root, s, choice)
+
+    def flows_of(self, op: Op, root: int, s: Structure, choice: Choice | None = None) -> Flows:
+        key = (op, root_key(op, root), s)
         if choice is not None or key not in self._cache:
             p = self.p
             prog = program_of(
-                c.op,
+                op,
                 s.algorithm,
                 p.n,
                 p.node_of,
                 p.local_of,
-                c.root,
+                root,
                 s.channels,
                 s.order,
                 s.leaves,
@@ -149,51 +242,44 @@ class Evaluator:
         fl = self.flows(c, s, choice)
         t = time_us(self.p, fl, c.bytes, protocol, clock)
         e = energy_j(self.p, fl, c.bytes, s.channels, clock, t)
-        base = choice or Choice(collective=name, algorithm=s.algorithm, clock_mhz=clock)
-        ch = base.model_copy(
-            update={
-                "collective": name,
-                "protocol": protocol,
-                "chunks": s.chunks,
-                "channels": s.channels,
-                "clock_mhz": clock,
-                "order": s.order,
-                "leaves": s.leaves,
-                "rail_weights": s.weights,
-                "time_us": t,
-                "energy_j": e,
-            }
-        )
-        return Scored(ch, t, e)
+        w = Winners(np.asarray([t]), np.asarray([e]), [(s, protocol, clock, choice)])
+        return w.scored(0, name)
 
     def best(self, c: Collective, s: Structure, name: str, choice: Choice | None = None) -> Scored:
         """The best protocol and clock of one structure for the file's objective."""
+        w = Winners.empty(1)
+        self.offer_best(w, c.op, c.root, s, np.asarray([float(c.bytes)]), choice)
+        return w.scored(0, name)
+
+    def offer_best(
+        self,
+        w: Winners,
+        op: Op,
+        root: int,
+        s: Structure,
+        sizes: FloatArray,
+        choice: Choice | None = None,
+    ) -> None:
+        """Offer ``w`` the best protocol and clock of one structure for every message
+        size of ``sizes`` (bytes): at the max clock for the time objective; for the
+        energy objective every clock of the file whose time is within the file's
+        ratio of the same protocol's time at the max clock (the max clock always)."""
         p = self.p
+        fl = self.flows_of(op, root, s, choice)
         fmax = p.gpu.max_sm_clock_mhz
-        best: Scored | None = None
+        energy = p.spec.objective.kind == "energy"
         for pr in PROTOCOLS:
-            fast = self.score(
-                c,
-                s,
-                pr,
-                fmax if p.spec.objective.kind == "time" else max(p.clocks_mhz),
-                name,
-                choice,
-            )
-            if p.spec.objective.kind == "time":
-                cand = [fast]
-            else:
-                top = self.score(c, s, pr, fmax, name, choice)
-                cand = [
-                    x
-                    for x in (self.score(c, s, pr, f, name, choice) for f in p.clocks_mhz)
-                    if x.time_us <= p.spec.objective.max_time_ratio * top.time_us * (1 - 1e-9)
-                ] or [fast]
-            for x in cand:
-                if best is None or _key(p, x) < _key(p, best):
-                    best = x
-        assert best is not None
-        return best
+            top = times_us(p, fl, sizes, pr, fmax)
+            if not energy:
+                e = energies_j(p, fl, sizes, s.channels, fmax, top)
+                w.offer(False, s, pr, fmax, top, e, choice)
+                continue
+            limit = p.spec.objective.max_time_ratio * top * (1 - 1e-9)
+            for f in p.clocks_mhz:
+                t = top if f == fmax else times_us(p, fl, sizes, pr, f)
+                e = energies_j(p, fl, sizes, s.channels, f, t)
+                ok = (t <= limit) | (f == fmax)
+                w.offer(True, s, pr, f, np.where(ok, t, np.inf), np.where(ok, e, np.inf), choice)
 
 
 def _key(p: CollectiveProblem, s: Scored) -> tuple[float, float]:
@@ -202,9 +288,12 @@ def _key(p: CollectiveProblem, s: Scored) -> tuple[float, float]:
 
 def bound_of(p: CollectiveProblem) -> float:
     """Lower bound on the trace objective."""
-    if p.spec.objective.kind == "energy":
-        return sum(c.count * energy_bound_j(p, c) for c in p.collectives)
-    return sum(c.count * time_bound_us(p, c) for c in p.collectives)
+    return sum(c.count * collective_bound(p, c) for c in p.collectives)
+
+
+def collective_bound(p: CollectiveProblem, c: Collective) -> float:
+    """Lower bound on one run of ``c`` in the objective's unit (us or J)."""
+    return energy_bound_j(p, c) if p.spec.objective.kind == "energy" else time_bound_us(p, c)
 
 
 def objective_of(p: CollectiveProblem, choices: list[Scored]) -> float:
@@ -214,6 +303,21 @@ def objective_of(p: CollectiveProblem, choices: list[Scored]) -> float:
     return sum(c.count * s.time_us for c, s in zip(cs, choices, strict=True))
 
 
+def check_figures(p: CollectiveProblem, scored: list[Scored]) -> None:
+    """SpecError naming the file and the collective when a run's time or energy is
+    beyond what a plan file may state (the verifier would refuse the plan)."""
+    for i, s in enumerate(scored):
+        for figure, unit in ((s.time_us, "us"), (s.energy_j, "J")):
+            if not (math.isfinite(figure) and abs(figure) <= MAX_MAGNITUDE):
+                raise SpecError(
+                    [
+                        f"{p.source}: collectives[{i}]: one run takes {figure:.3g} {unit} on "
+                        f"this topology, beyond what a plan may state ({MAX_MAGNITUDE:g}); "
+                        "raise the link bandwidths or health factors"
+                    ]
+                )
+
+
 def plan_result(
     p: CollectiveProblem,
     scored: list[Scored],
@@ -221,8 +325,10 @@ def plan_result(
     t0: float,
     algorithm: str,
     log: list[str],
+    termination: Termination = Termination.HEURISTIC,
 ) -> Result[CollectivePlan]:
     """A Result of one choice per collective, with the problem's bound."""
+    check_figures(p, scored)
     plan = CollectivePlan(
         name=p.spec.name,
         choices=tuple(s.choice for s in scored),
@@ -238,39 +344,170 @@ def plan_result(
         plan,
         solver,
         log=log,
-        termination=Termination.HEURISTIC,
+        termination=termination,
         formulation=FORMULATION,
         algorithm=algorithm,
     )
 
 
-def select_one(ev: Evaluator, c: Collective, name: str) -> Scored:
-    """The best candidate schedule of one collective."""
-    best: Scored | None = None
+@dataclass
+class Group:
+    """Collectives of one op and root (for a broadcast): their distinct sizes (bytes),
+    the index of each collective's size, and the best schedules found so far."""
+
+    op: Op
+    root: int
+    sizes: FloatArray
+    members: list[tuple[int, int]]
+    """(collective index, size index) of every member."""
+    winners: Winners
+    searched: bool = False
+
+
+def groups_of(p: CollectiveProblem) -> list[Group]:
+    """The trace's collectives grouped by op and root (root only for a broadcast)."""
+    by: dict[tuple[Op, int], list[int]] = {}
+    for i, c in enumerate(p.collectives):
+        by.setdefault((c.op, root_key(c.op, c.root)), []).append(i)
+    out = []
+    for (op, root), idx in by.items():
+        sizes = sorted({p.collectives[i].bytes for i in idx})
+        at = {b: j for j, b in enumerate(sizes)}
+        out.append(
+            Group(
+                op,
+                root,
+                np.asarray(sizes, dtype=np.float64),
+                [(i, at[p.collectives[i].bytes]) for i in idx],
+                Winners.empty(len(sizes)),
+            )
+        )
+    return out
+
+
+QUICK = Structure("direct", 1, 1, None, 0)
+"""The schedule every collective gets before the full search under a time limit:
+direct (all-pairs) on one channel, every op's schedule of fewest steps (one or two),
+so the cheapest to score."""
+
+
+def search_group(ev: Evaluator, g: Group, deadline: float | None) -> bool:
+    """Offer ``g`` every candidate structure until ``deadline`` (perf_counter
+    seconds); True when every one was scored."""
+    c = Collective(op=g.op, bytes=1, root=g.root)
     for s in structures(ev.p, c):
+        if deadline is not None and time.perf_counter() >= deadline:
+            return False
         try:
-            x = ev.best(c, s, name)
+            ev.offer_best(g.winners, g.op, g.root, s, g.sizes)
         except NotApplicable:
             continue
-        if best is None or _key(ev.p, x) < _key(ev.p, best):
-            best = x
-    assert best is not None
-    return best
+    g.searched = True
+    return True
 
 
-def solve_select(p: CollectiveProblem, *, progress: Progress = quiet) -> Result[CollectivePlan]:
-    """Selection among the candidate schedules of every collective."""
+def select_one(ev: Evaluator, c: Collective, name: str) -> Scored:
+    """The best candidate schedule of one collective."""
+    g = Group(c.op, c.root, np.asarray([float(c.bytes)]), [(0, 0)], Winners.empty(1))
+    search_group(ev, g, None)
+    return g.winners.scored(0, name)
+
+
+def select_sizes(ev: Evaluator, op: Op, sizes: Sequence[int], root: int = 0) -> list[Scored]:
+    """The best candidate schedule of ``op`` for every message size of ``sizes``
+    (bytes), scored together; each named ``op:size``."""
+    g = Group(
+        op, root, np.asarray(sizes, dtype=np.float64), [], Winners.empty(len(sizes))
+    )
+    search_group(ev, g, None)
+    return [g.winners.scored(j, f"{op}:{b}") for j, b in enumerate(sizes)]
+
+
+@dataclass
+class Selection:
+    """Selection's schedules of a trace and how far the search got."""
+
+    scored: list[Scored]
+    groups: list[Group]
+    log: list[str]
+
+    @property
+    def complete(self) -> bool:
+        return all(g.searched for g in self.groups)
+
+
+def select_all(
+    p: CollectiveProblem,
+    ev: Evaluator,
+    deadline: float | None,
+    progress: Progress = quiet,
+) -> Selection:
+    """Every collective's best candidate, searched until ``deadline`` (perf_counter
+    seconds; None: no limit): first the quick structure for all, then the full
+    search, the groups with the most to gain (count x (quick - bound)) first."""
+    groups = groups_of(p)
+    energy = p.spec.objective.kind == "energy"
+    log: list[str] = []
+    if deadline is not None:
+        for g in groups:
+            ev.offer_best(g.winners, g.op, g.root, QUICK, g.sizes)
+
+        def gain(g: Group) -> float:
+            got = g.winners.energy_j if energy else g.winners.time_us
+            return sum(
+                p.collectives[i].count * (float(got[j]) - collective_bound(p, p.collectives[i]))
+                for i, j in g.members
+            )
+
+        groups_order = sorted(groups, key=gain, reverse=True)
+    else:
+        groups_order = groups
+    t0 = time.perf_counter()
+    for k, g in enumerate(groups_order):
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
+        done = search_group(ev, g, deadline)
+        root = f" root {g.root}" if g.op == "broadcast" else ""
+        progress(
+            f"select: {g.op}{root}, {len(g.sizes)} size(s): "
+            f"{'searched' if done else 'stopped by the time limit'} "
+            f"({k + 1} of {len(groups)} groups, {time.perf_counter() - t0:.1f} s)"
+        )
+    cut = [g for g in groups if not g.searched]
+    if cut:
+        members = sum(len(g.members) for g in cut)
+        log.append(
+            f"time limit: {members} of {len(p.collectives)} collectives ({len(cut)} of "
+            f"{len(groups)} op/root groups) not searched in full; they keep the best "
+            "schedule found (at least the one-channel direct schedule)"
+        )
+    scored: list[Scored | None] = [None] * len(p.collectives)
+    for g in groups:
+        for i, j in g.members:
+            scored[i] = g.winners.scored(j, p.name_of(i))
+    out = [s for s in scored if s is not None]
+    assert len(out) == len(p.collectives)
+    return Selection(out, groups, log)
+
+
+def solve_select(
+    p: CollectiveProblem, *, time_limit_s: float | None = None, progress: Progress = quiet
+) -> Result[CollectivePlan]:
+    """Selection among the candidate schedules of every collective (within
+    ``time_limit_s`` seconds when given)."""
     t0 = time.perf_counter()
     ev = Evaluator(p)
-    scored = []
-    for i, c in enumerate(p.collectives):
-        best = select_one(ev, c, p.name_of(i))
-        progress(
-            f"select: {p.name_of(i)}: {best.choice.algorithm} {best.choice.protocol} "
-            f"x{best.choice.channels}, {best.time_us:,.1f} us"
-        )
-        scored.append(best)
-    return plan_result(p, scored, "select", t0, "selection among candidate schedules", [])
+    deadline = None if time_limit_s is None else t0 + time_limit_s
+    sel = select_all(p, ev, deadline, progress)
+    return plan_result(
+        p,
+        sel.scored,
+        "select",
+        t0,
+        "selection among candidate schedules",
+        sel.log,
+        Termination.HEURISTIC if sel.complete else Termination.TIME_LIMIT,
+    )
 
 
 def solve_nccl(p: CollectiveProblem, *, progress: Progress = quiet) -> Result[CollectivePlan]:

@@ -23,14 +23,19 @@ from energyopt.solvers.collective_select import (
     Scored,
     Structure,
     _key,
+    collective_bound,
     plan_result,
-    select_one,
+    root_key,
+    select_all,
 )
-from energyopt.solvers.result import Result
+from energyopt.solvers.result import Result, Termination
 from energyopt.spec.collective import Collective, CollectivePlan
 
 ROUNDS = 3
 """Rounds of the time-expanded graph (at most n - 1)."""
+MIN_MILP_S = 0.1
+"""Least time share worth a MILP: a collective whose share of what is left of the
+limit is smaller keeps selection's schedule."""
 
 
 def synthesized_best(ev: Evaluator, c: Collective, name: str, syn: Synthesis) -> Scored:
@@ -53,7 +58,7 @@ def synthesize(
     milp = build_milp(p, c, rounds)
     h = quiet_highs()
     h.passModel(milp.lp)
-    h.setOptionValue("time_limit", max(0.1, time_limit_s))
+    h.setOptionValue("time_limit", max(1e-3, time_limit_s - (time.perf_counter() - t0)))
     h.setOptionValue("mip_rel_gap", 1e-6)
     h.run()
     info = h.getInfo()
@@ -81,6 +86,26 @@ def run_synthesis(
     return synthesize(p, c, name, min(ROUNDS, p.n - 1), time_limit_s)
 
 
+def synthesis_line(p: CollectiveProblem, c: Collective, syn: Synthesis, s: Scored) -> str:
+    """What the MILP proved for one collective, and what its schedule costs on the cost
+    model against the collective's own bound (the trace's status and gap are the
+    count-weighted totals of these, in the report's last lines)."""
+    proven = (
+        f"proven least among {syn.rounds}-round copy schedules of these pieces"
+        if syn.optimal
+        else f"not proven least (MILP bound {syn.milp_bound_us:,.2f} us)"
+    )
+    unit = "J" if p.spec.objective.kind == "energy" else "us"
+    got = s.energy_j if unit == "J" else s.time_us
+    bound = collective_bound(p, c)
+    gap = 100.0 * max(0.0, got - bound) / max(abs(got), 1e-300)
+    return (
+        f"{s.choice.collective}: MILP synthesis, relaxed time {syn.milp_us:,.2f} us, {proven} "
+        f"({syn.wall_s:.2f} s); on the cost model {got:,.4g} {unit}, {gap:.1f} % above "
+        f"this collective's bound {bound:,.4g} {unit}"
+    )
+
+
 def solve_synthesis(
     p: CollectiveProblem,
     *,
@@ -89,33 +114,67 @@ def solve_synthesis(
     progress: Progress = quiet,
 ) -> Result[CollectivePlan]:
     """Every collective's MILP schedule (``keep_better``: or the selected candidate
-    where that is better). A collective the MILP cannot take (more than MAX_RANKS
-    ranks, or no schedule within its share of the time) gets the selected
-    candidate, and the log says so."""
+    where that is better), all within ``time_limit_s`` seconds. Selection runs
+    first (in half the limit when the MILP can take the ranks, else in all of it);
+    then each distinct collective's MILP gets an equal share of what is left. A
+    collective the MILP cannot take (more than MAX_RANKS ranks, no schedule within
+    its share, or a share under MIN_MILP_S) keeps the selected candidate, and the
+    log says so."""
     t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
     ev = Evaluator(p)
-    scored: list[Scored] = []
-    log: list[str] = []
-    share = time_limit_s / max(1, len(p.collectives))
-    for i, c in enumerate(p.collectives):
-        name = p.name_of(i)
-        syn = run_synthesis(p, c, name, share)
-        chosen = select_one(ev, c, name) if (syn is None or keep_better) else None
-        if syn is not None:
-            s = synthesized_best(ev, c, name, syn)
-            log.append(
-                f"{name}: MILP {syn.rounds} rounds, {syn.milp_us:,.2f} us (bound "
-                f"{syn.milp_bound_us:,.2f} us, {'optimal' if syn.optimal else 'time limit'}, "
-                f"{syn.wall_s:.2f} s); on the cost model {s.time_us:,.2f} us"
-            )
-            if chosen is None or _key(p, s) < _key(p, chosen):
-                chosen = s
-        else:
-            log.append(
-                f"{name}: no MILP schedule ({p.n} ranks, limit {MAX_RANKS}); selected instead"
-            )
-        assert chosen is not None
+    small = p.n <= MAX_RANKS
+    sel = select_all(p, ev, t0 + time_limit_s / 2 if small else deadline, progress)
+    scored = list(sel.scored)
+    log = list(sel.log)
+    cut = not sel.complete
+    if not small:
+        log.insert(
+            0,
+            f"no MILP synthesis: {p.n} ranks, the MILP takes at most {MAX_RANKS}; "
+            "selection for every collective",
+        )
+    distinct: dict[tuple[str, int, int], list[int]] = {}
+    for i, c in enumerate(p.collectives if small else ()):
+        distinct.setdefault((c.op, c.bytes, root_key(c.op, c.root)), []).append(i)
+    skipped = 0
+    for k, idx in enumerate(distinct.values()):
+        c, name = p.collectives[idx[0]], p.name_of(idx[0])
+        share = (deadline - time.perf_counter()) / (len(distinct) - k)
+        if share < MIN_MILP_S:
+            skipped += len(idx)
+            continue
+        syn = synthesize(p, c, name, min(ROUNDS, p.n - 1), share)
+        if syn is None:
+            log.append(f"{name}: no MILP schedule within its {share:.2f}-s share; selected instead")
+            cut = True
+            progress(log[-1])
+            continue
+        s = synthesized_best(ev, c, name, syn)
+        kept = not keep_better or _key(p, s) < _key(p, scored[idx[0]])
+        log.append(
+            synthesis_line(p, c, syn, s)
+            + ("" if kept else f"; selection's schedule kept ({scored[idx[0]].time_us:,.2f} us)")
+        )
+        cut = cut or not syn.optimal
         progress(log[-1])
-        scored.append(chosen)
+        if kept:
+            for i in idx:
+                ch = s.choice.model_copy(update={"collective": p.name_of(i)})
+                scored[i] = Scored(ch, s.time_us, s.energy_j)
+    if skipped:
+        cut = True
+        log.append(
+            f"time limit: {skipped} collectives got no MILP (their share of the limit was "
+            f"under {MIN_MILP_S:g} s); selected instead"
+        )
     algorithm = "selection and MILP synthesis" if keep_better else "time-expanded MILP synthesis"
-    return plan_result(p, scored, "auto" if keep_better else "milp", t0, algorithm, log)
+    return plan_result(
+        p,
+        scored,
+        "auto" if keep_better else "milp",
+        t0,
+        algorithm,
+        log,
+        Termination.TIME_LIMIT if cut else Termination.HEURISTIC,
+    )

@@ -46,6 +46,13 @@ MAX_BYTES = 1 << 36
 MAX_CHUNKS = 64
 MAX_CHANNELS = 64
 MAX_BANDWIDTH_GBS = 10_000.0
+MIN_BANDWIDTH_GBS = 1e-3
+"""Least bandwidth of a link or channel, GB/s (1 MB/s): with the least health factor
+and the greatest straggler slowdown, the largest message still takes under 1e16 us
+per run, so every time and energy a plan states stays within the numbers a file may
+hold (a link at 1e-300 GB/s gave 5e302 us, which the plan file refuses)."""
+MIN_HEALTH_FACTOR = 1e-3
+"""Least delivered share of a link's bandwidth (a link below it is as good as down)."""
 MAX_LATENCY_US = 10_000.0
 
 
@@ -54,7 +61,9 @@ class Link(Spec):
 
     latency_us: float = Field(ge=0, le=MAX_LATENCY_US, description="one-way latency, us")
     bandwidth_gbs: float = Field(
-        gt=0, le=MAX_BANDWIDTH_GBS, description="bandwidth per direction, GB/s (1e9 B/s)"
+        ge=MIN_BANDWIDTH_GBS,
+        le=MAX_BANDWIDTH_GBS,
+        description="bandwidth per direction, GB/s (1e9 B/s)",
     )
 
 
@@ -78,13 +87,13 @@ class Topology(Spec):
     network: Link | None = Field(default=None, description="GPU's NIC <-> network switch")
     channel_gbs: float | None = Field(
         default=None,
-        gt=0,
+        ge=MIN_BANDWIDTH_GBS,
         le=MAX_BANDWIDTH_GBS,
         description="what one channel (one SM) moves at the max SM clock, GB/s",
     )
     reduce_gbs: float | None = Field(
         default=None,
-        gt=0,
+        ge=MIN_BANDWIDTH_GBS,
         le=MAX_BANDWIDTH_GBS,
         description="what one channel reduces at the max SM clock, GB/s",
     )
@@ -110,7 +119,9 @@ class LinkHealth(Spec):
 
     gpu: str = Field(min_length=1, description="GPU name, node/index")
     link: Literal["nvlink", "nic"]
-    factor: float = Field(gt=0, le=1, description="delivered share of the nominal bandwidth")
+    factor: float = Field(
+        ge=MIN_HEALTH_FACTOR, le=1, description="delivered share of the nominal bandwidth"
+    )
 
 
 class Straggler(Spec):

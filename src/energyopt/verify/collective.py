@@ -12,16 +12,33 @@ with the solvers' cost model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
+
+import numpy as np
+from numpy.typing import NDArray
 
 from energyopt.formulations.collective.constants import PROTOCOL_EFFICIENCY, PROTOCOL_STEP_US
 from energyopt.formulations.collective.model import CollectiveProblem
-from energyopt.formulations.collective.program import Program
+from energyopt.formulations.collective.program import Program, scatter_max
 from energyopt.formulations.collective.schedules import NotApplicable, program_of
 from energyopt.perf.power import HBM_PJ_PER_BIT, clock_power_factor, gpu_on_power_w
-from energyopt.spec.collective import Choice, Collective, CollectivePlan
+from energyopt.spec.collective import Choice, Collective, CollectivePlan, Protocol
 from energyopt.verify.violation import Violation
 
 SHARE_TOL = 1e-9
+_SHAPE = (
+    "algorithm",
+    "chunks",
+    "channels",
+    "order",
+    "leaves",
+    "rail_weights",
+    "pieces",
+    "piece_owner",
+    "piece_dest",
+    "transfers",
+)
+"""The fields of a choice that fix its program (not its protocol, clock or figures)."""
 
 
 @dataclass
@@ -176,33 +193,40 @@ def _link(p: CollectiveProblem, u: str, v: str) -> tuple[float, float]:
     return r.network_gbs, 0.0
 
 
-def run_time_us(
-    p: CollectiveProblem, prog: Program, ch: Choice, c: Collective, clock: int
-) -> tuple[float, float]:
-    """(time us, bytes touched in HBM) of one run of ``prog`` as ``ch`` runs it at ``clock``."""
-    slow = {s.gpu: s.slowdown for s in p.spec.health.stragglers}
-    sd = [slow.get(g, 1.0) for g in p.ranks]
-    ratio = clock / p.gpu.max_sm_clock_mhz
+@dataclass(frozen=True)
+class _Step:
+    """The flows of one global step: ends and channel, bytes and reduced bytes as
+    shares of the message, whether each reduces, its route's fair share of capacity
+    (GB/s) and latency (us), and how many flows the receiver reduces in the step."""
+
+    a: NDArray[np.int64]
+    b: NDArray[np.int64]
+    k: NDArray[np.int64]
+    share: NDArray[np.float64]
+    reduced: NDArray[np.float64]
+    red: NDArray[np.bool_]
+    link_gbs: NDArray[np.float64]
+    lat_us: NDArray[np.float64]
+    reducing_at_b: NDArray[np.float64]
+
+
+def _flows(p: CollectiveProblem, prog: Program, chunks: int) -> list[_Step]:
+    """Per global step of the pipelined program, its flows (what does not depend on
+    the message size, the protocol or the clock)."""
     chan = [int(x) for x in prog.channel_of()]
     frac = [float(x) for x in prog.frac]
     n_steps = len(prog.steps)
-    total = p.rates.launch_us
-    touched = 0.0
     rows_of = [s.tolist() for s in prog.steps]
-    # per (rank, channel): when it finished its last step's flows, and when
-    # everything sent to it so far has landed
-    free: dict[tuple[int, int], float] = {}
-    got: dict[tuple[int, int], float] = {}
-    last = 0.0
-    for g in range(n_steps + ch.chunks - 1):
-        # per flow: bytes, whether any of them is reduced, and the reduced bytes
+    out: list[_Step] = []
+    for g in range(n_steps + chunks - 1):
+        # per flow: share, whether any of it is reduced, and the reduced share
         # (a flow may carry a reducing step of one chunk and a copying one of another)
         flows: dict[tuple[int, int, int], list[float]] = {}
-        for s in range(max(0, g - ch.chunks + 1), min(n_steps, g + 1)):
+        for s in range(max(0, g - chunks + 1), min(n_steps, g + 1)):
             for a, b, q, red in rows_of[s]:
                 key = (int(a), int(b), chan[q])
                 cur = flows.setdefault(key, [0.0, 0.0, 0.0])
-                part = frac[q] * c.bytes / ch.chunks
+                part = frac[q] / chunks
                 cur[0] += part
                 cur[1] = max(cur[1], float(red))
                 cur[2] += part if red else 0.0
@@ -218,35 +242,81 @@ def run_time_us(
         for (_a, b, _k), (_, red, _) in flows.items():
             if red:
                 reducing[b] = reducing.get(b, 0) + 1
-        ends: list[tuple[tuple[int, int], tuple[int, int], float, float]] = []
-        for key, (nbytes, red, reduced) in flows.items():
-            a, b, k = key
-            share = min(_link(p, u, v)[0] / load[(u, v)] for u, v in routes[key])
-            lat = sum(_link(p, u, v)[1] for u, v in routes[key])
-            s_ab = max(sd[a], sd[b])
-            rate = min(share, p.rates.channel_gbs * ratio / s_ab) * PROTOCOL_EFFICIENCY[ch.protocol]
-            busy = PROTOCOL_STEP_US[ch.protocol] * s_ab + nbytes / rate / 1e3
-            if red:
-                mem = p.gpu.memory_bandwidth_gbps / 3.0 / reducing[b]
-                busy += reduced * sd[b] / min(p.rates.reduce_gbs * ratio, mem) / 1e3
-            touched += 2.0 * nbytes + reduced
-            ra, rb = (a, k), (b, k)
-            begin = max(free.get(ra, 0.0), free.get(rb, 0.0), got.get(ra, 0.0))
-            ends.append((ra, rb, begin + busy, begin + busy + lat))
+        keys = list(flows)
+        vals = [flows[key] for key in keys]
+        out.append(
+            _Step(
+                a=np.array([key[0] for key in keys], dtype=np.int64),
+                b=np.array([key[1] for key in keys], dtype=np.int64),
+                k=np.array([key[2] for key in keys], dtype=np.int64),
+                share=np.array([v[0] for v in vals]),
+                reduced=np.array([v[2] for v in vals]),
+                red=np.array([v[1] > 0 for v in vals], dtype=bool),
+                link_gbs=np.array(
+                    [min(_link(p, u, v)[0] / load[(u, v)] for u, v in routes[key]) for key in keys]
+                ),
+                lat_us=np.array([sum(_link(p, u, v)[1] for u, v in routes[key]) for key in keys]),
+                reducing_at_b=np.array([float(reducing.get(key[1], 0)) for key in keys]),
+            )
+        )
+    return out
+
+
+def run_time_us(
+    p: CollectiveProblem, prog: Program, ch: Choice, c: Collective, clock: int
+) -> tuple[float, float]:
+    """(time us, bytes touched in HBM) of one run of ``prog`` as ``ch`` runs it at ``clock``."""
+    t, touched = _run(p, _flows(p, prog, ch.chunks), ch.protocol, clock, np.array([c.bytes]))
+    return float(t[0]), float(touched[0])
+
+
+def _run(
+    p: CollectiveProblem,
+    steps: list[_Step],
+    protocol: Protocol,
+    clock: int,
+    sizes: NDArray[np.float64],
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """(time us, bytes touched in HBM) of one run for each message size of ``sizes``
+    (bytes), on flows from ``_flows``."""
+    slow = {s.gpu: s.slowdown for s in p.spec.health.stragglers}
+    sd = np.array([slow.get(g, 1.0) for g in p.ranks])
+    ratio = clock / p.gpu.max_sm_clock_mhz
+    m = np.asarray(sizes, dtype=np.float64)[None, :]
+    n = p.n
+    width = 1 + max((int(st.k.max()) for st in steps), default=0)
+    touched = np.zeros(m.shape[1])
+    # per (rank, channel): when it finished its last step's flows, and when
+    # everything sent to it so far has landed
+    free = np.zeros((n * width, m.shape[1]))
+    got = np.zeros((n * width, m.shape[1]))
+    last = np.zeros(m.shape[1])
+    eff = PROTOCOL_EFFICIENCY[protocol]
+    for st in steps:
+        nbytes, reduced = st.share[:, None] * m, st.reduced[:, None] * m
+        s_ab = np.maximum(sd[st.a], sd[st.b])
+        rate = np.minimum(st.link_gbs, p.rates.channel_gbs * ratio / s_ab) * eff
+        busy = (PROTOCOL_STEP_US[protocol] * s_ab)[:, None] + nbytes / rate[:, None] / 1e3
+        mem = p.gpu.memory_bandwidth_gbps / 3.0 / np.maximum(st.reducing_at_b, 1.0)
+        red_rate = np.minimum(p.rates.reduce_gbs * ratio, mem)
+        busy = busy + np.where(
+            st.red[:, None], reduced * sd[st.b][:, None] / red_rate[:, None] / 1e3, 0.0
+        )
+        touched += (2.0 * nbytes + reduced).sum(axis=0)
+        ra, rb = st.a + n * st.k, st.b + n * st.k
+        begin = np.maximum(np.maximum(free[ra], free[rb]), got[ra])
+        end = begin + busy
+        land = end + st.lat_us[:, None]
         # a rank starts its next step once this one's flows are done at both ends
-        for ra, rb, end, land in ends:
-            free[ra] = max(free.get(ra, 0.0), end)
-            free[rb] = max(free.get(rb, 0.0), end)
-            got[rb] = max(got.get(rb, 0.0), land)
-            last = max(last, land)
-    return total + last, touched
+        scatter_max(free, np.concatenate((ra, rb)), np.concatenate((end, end)))
+        scatter_max(got, rb, land)
+        last = np.maximum(last, land.max(axis=0))
+    return p.rates.launch_us + last, touched
 
 
 def _power_w(p: CollectiveProblem, channels: int, clock: int) -> float:
     g = p.gpu
     ratio = clock / g.max_sm_clock_mhz
-    import numpy as np
-
     fac = float(
         clock_power_factor(
             np.asarray([ratio]),
@@ -266,6 +336,10 @@ def evaluate_collective(p: CollectiveProblem, plan: CollectivePlan) -> Collectiv
     by_name = {p.name_of(i): c for i, c in enumerate(p.collectives)}
     seen: set[str] = set()
     g = p.gpu
+    # per program (op, root of a broadcast, the choice's shape): why it is refused,
+    # or its flows; the semantics and the flows do not depend on size or clock
+    programs: dict[tuple[object, ...], tuple[str, str] | list[_Step]] = {}
+    valid: list[tuple[str, Choice, Collective, tuple[object, ...]]] = []
     for j, ch in enumerate(plan.choices):
         where = f"choices[{j}]({ch.collective})"
         c = by_name.get(ch.collective)
@@ -290,30 +364,53 @@ def evaluate_collective(p: CollectiveProblem, plan: CollectivePlan) -> Collectiv
         if ch.order is not None and sorted(ch.order) != list(range(p.n)):
             v.append(Violation("order", where, f"order is not a permutation of ranks 0..{p.n - 1}"))
             continue
-        try:
-            prog = program_of(
-                c.op,
-                ch.algorithm,
-                p.n,
-                p.node_of,
-                p.local_of,
-                c.root,
-                ch.channels,
-                ch.order,
-                ch.leaves,
-                ch,
-                ch.rail_weights,
-            )
-        except NotApplicable as exc:
-            v.append(Violation("algorithm", where, str(exc)))
+        key = (c.op, c.root if c.op == "broadcast" else 0, *(getattr(ch, f) for f in _SHAPE))
+        if key not in programs:
+            try:
+                prog = program_of(
+                    c.op,
+                    ch.algorithm,
+                    p.n,
+                    p.node_of,
+                    p.local_of,
+                    c.root,
+                    ch.channels,
+                    ch.order,
+                    ch.leaves,
+                    ch,
+                    ch.rail_weights,
+                )
+            except NotApplicable as exc:
+                programs[key] = ("algorithm", str(exc))
+            else:
+                wrong = execute(prog, c)
+                programs[key] = (
+                    ("semantics", "; ".join(wrong)) if wrong else _flows(p, prog, ch.chunks)
+                )
+        known = programs[key]
+        if isinstance(known, tuple):
+            v.append(Violation(known[0], where, known[1]))
             continue
-        wrong = execute(prog, c)
-        if wrong:
-            v.append(Violation("semantics", where, "; ".join(wrong)))
-            continue
-        t, touched = run_time_us(p, prog, ch, c, ch.clock_mhz)
+        valid.append((where, ch, c, key))
+    # figures: every size of one program, protocol and clock in one pass
+    runs: dict[tuple[object, ...], list[float]] = {}
+    for _, ch, c, key in valid:
+        runs.setdefault((*key, ch.protocol, ch.clock_mhz), []).append(float(c.bytes))
         if p.spec.objective.kind == "energy":
-            fastest, _ = run_time_us(p, prog, ch, c, g.max_sm_clock_mhz)
+            runs.setdefault((*key, ch.protocol, g.max_sm_clock_mhz), []).append(float(c.bytes))
+    figures: dict[tuple[object, ...], tuple[float, float]] = {}
+    for rk, sizes in runs.items():
+        steps = programs[rk[:-2]]
+        assert not isinstance(steps, tuple)
+        distinct = sorted(set(sizes))
+        protocol = cast(Protocol, rk[-2])
+        times, moved = _run(p, steps, protocol, cast(int, rk[-1]), np.asarray(distinct))
+        for i, b in enumerate(distinct):
+            figures[(*rk, b)] = (float(times[i]), float(moved[i]))
+    for where, ch, c, key in valid:
+        t, touched = figures[(*key, ch.protocol, ch.clock_mhz, float(c.bytes))]
+        if p.spec.objective.kind == "energy":
+            fastest, _ = figures[(*key, ch.protocol, g.max_sm_clock_mhz, float(c.bytes))]
             if t > p.spec.objective.max_time_ratio * fastest * (1 + 1e-9):
                 v.append(
                     Violation(

@@ -24,12 +24,11 @@ import numpy as np
 
 from energyopt.formulations.collective.constants import PROTOCOL_EFFICIENCY, PROTOCOL_STEP_US
 from energyopt.formulations.collective.model import (
-    SWITCH,
     CollectiveProblem,
     FloatArray,
     IntArray,
 )
-from energyopt.formulations.collective.program import Program, pipelined
+from energyopt.formulations.collective.program import Program, pipelined, scatter_max
 from energyopt.perf.power import (
     HBM_PJ_PER_BIT,
     clock_power_factor,
@@ -67,16 +66,7 @@ class Flows:
 
 def route_table(p: CollectiveProblem) -> tuple[IntArray, IntArray]:
     """Padded (n, n, L) edge indices of every route (-1 padding) and their lengths."""
-    n = p.n
-    width = max((len(r) for row in p.routes for r in row), default=1)
-    table = np.full((n, n, max(width, 1)), -1, dtype=np.int64)
-    lengths = np.zeros((n, n), dtype=np.int64)
-    for a in range(n):
-        for b in range(n):
-            r = p.routes[a][b]
-            table[a, b, : len(r)] = r
-            lengths[a, b] = len(r)
-    return table, lengths
+    return p.route_table
 
 
 def flows_of(p: CollectiveProblem, prog: Program, chunks: int) -> Flows:
@@ -123,35 +113,64 @@ def time_us(
     p: CollectiveProblem, fl: Flows, message_bytes: int, protocol: Protocol, clock_mhz: int
 ) -> float:
     """Time of one run of the collective, us."""
+    return float(times_us(p, fl, np.asarray([float(message_bytes)]), protocol, clock_mhz)[0])
+
+
+MAX_BATCH_CELLS = 1 << 22
+"""Most (flow, message size) pairs ``times_us`` holds at once (32 MiB per array)."""
+
+
+def times_us(
+    p: CollectiveProblem, fl: Flows, message_bytes: FloatArray, protocol: Protocol, clock_mhz: int
+) -> FloatArray:
+    """Time of one run of the collective for each message size of ``message_bytes``
+    (bytes, shape (K,)), us: the flows are the same for every size, so the sizes run
+    through one dataflow side by side (in batches of ``MAX_BATCH_CELLS``), each with
+    the arithmetic of a single size."""
+    m = np.asarray(message_bytes, dtype=np.float64)
     ratio = clock_mhz / p.gpu.max_sm_clock_mhz
     slow = np.maximum(p.slowdown[fl.src], p.slowdown[fl.dst])
     rate = np.minimum(fl.link_share, p.rates.channel_gbs * ratio / slow)
     rate = rate * PROTOCOL_EFFICIENCY[protocol]
-    nbytes = fl.share * message_bytes
-    occ = PROTOCOL_STEP_US[protocol] * slow + nbytes / rate / 1e3
+    base = PROTOCOL_STEP_US[protocol] * slow
     red = fl.reduce > 0
     reducing = np.zeros(fl.n_steps * p.n)
     np.add.at(reducing, (fl.step * p.n + fl.dst)[red], 1.0)
     k_dst = np.maximum(reducing[fl.step * p.n + fl.dst], 1.0)
     hbm = p.gpu.memory_bandwidth_gbps / HBM_TOUCHES_PER_REDUCED_BYTE / k_dst
-    reduced = fl.reduce_share * message_bytes
-    gamma = reduced * p.slowdown[fl.dst] / np.minimum(p.rates.reduce_gbs * ratio, hbm) / 1e3
-    occ = occ + np.where(red, gamma, 0.0)
-    return float(p.rates.launch_us + dataflow_makespan(p.n, fl, occ))
+    red_rate = np.minimum(p.rates.reduce_gbs * ratio, hbm)
+    out = np.empty(len(m))
+    step = max(1, MAX_BATCH_CELLS // max(1, len(fl.step)))
+    for lo in range(0, len(m), step):
+        mm = m[lo : lo + step]
+        nbytes = fl.share[:, None] * mm[None, :]
+        occ = base[:, None] + nbytes / rate[:, None] / 1e3
+        reduced = fl.reduce_share[:, None] * mm[None, :]
+        gamma = reduced * p.slowdown[fl.dst][:, None] / red_rate[:, None] / 1e3
+        occ = occ + np.where(red[:, None], gamma, 0.0)
+        out[lo : lo + step] = p.rates.launch_us + dataflow_makespans(p.n, fl, occ)
+    return out
 
 
 def dataflow_makespan(n: int, fl: Flows, occ: FloatArray) -> float:
-    """When the last byte lands, us. Every channel is its own dataflow: a flow of
+    """When the last byte lands, us (``dataflow_makespans`` of one message size)."""
+    return float(dataflow_makespans(n, fl, occ[:, None])[0])
+
+
+def dataflow_makespans(n: int, fl: Flows, occ: FloatArray) -> FloatArray:
+    """When the last byte lands, us, for each column of ``occ`` (flows x sizes). Every
+    channel is its own dataflow: a flow of
     step s starts once both its ranks have finished their step s - 1 flows of the
     channel (``free``) and its sender has received what earlier steps of the channel
     sent it (``arrived``); it occupies both ends for ``occ`` and lands its route
     latency later (latency overlaps the next step's work). Channels share links
     only through the contention of flows of the same step."""
+    k = occ.shape[1]
     width = int(fl.chan.max()) + 1 if len(fl.chan) else 1
-    free = np.zeros(n * width)
-    arrived = np.zeros(n * width)
+    free = np.zeros((n * width, k))
+    arrived = np.zeros((n * width, k))
     bounds = np.searchsorted(fl.step, np.arange(fl.n_steps + 1))
-    last = 0.0
+    last = np.zeros(k)
     for g in range(fl.n_steps):
         lo, hi = int(bounds[g]), int(bounds[g + 1])
         if lo == hi:
@@ -160,11 +179,10 @@ def dataflow_makespan(n: int, fl: Flows, occ: FloatArray) -> float:
         a, b = fl.src[lo:hi] + ch, fl.dst[lo:hi] + ch
         start = np.maximum(np.maximum(free[a], free[b]), arrived[a])
         end = start + occ[lo:hi]
-        land = end + fl.route_us[lo:hi]
-        np.maximum.at(free, a, end)
-        np.maximum.at(free, b, end)
-        np.maximum.at(arrived, b, land)
-        last = max(last, float(land.max()))
+        land = end + fl.route_us[lo:hi, None]
+        scatter_max(free, np.concatenate((a, b)), np.concatenate((end, end)))
+        scatter_max(arrived, b, land)
+        last = np.maximum(last, land.max(axis=0))
     return last
 
 
@@ -191,8 +209,13 @@ def rank_power_w(p: CollectiveProblem, channels: int, clock_mhz: int) -> float:
 def memory_energy_j(fl: Flows, message_bytes: int) -> float:
     """Energy of HBM traffic: each byte read at the sender and written at the
     receiver, a reduced byte also read there, J."""
-    touches = (2.0 * fl.share + fl.reduce_share) * message_bytes
-    return float(touches.sum() * 8.0 * HBM_PJ_PER_BIT * 1e-12)
+    return float(memory_energies_j(fl, np.asarray([float(message_bytes)]))[0])
+
+
+def memory_energies_j(fl: Flows, message_bytes: FloatArray) -> FloatArray:
+    """``memory_energy_j`` for each message size of ``message_bytes`` (bytes), J."""
+    touched = float((2.0 * fl.share + fl.reduce_share).sum())
+    return touched * np.asarray(message_bytes, dtype=np.float64) * 8.0 * HBM_PJ_PER_BIT * 1e-12
 
 
 def energy_j(
@@ -202,6 +225,20 @@ def energy_j(
     return p.n * rank_power_w(p, channels, clock_mhz) * t_us * 1e-6 + memory_energy_j(
         fl, message_bytes
     )
+
+
+def energies_j(
+    p: CollectiveProblem,
+    fl: Flows,
+    message_bytes: FloatArray,
+    channels: int,
+    clock_mhz: int,
+    t_us: FloatArray,
+) -> FloatArray:
+    """``energy_j`` for each message size of ``message_bytes`` and its time ``t_us``, J."""
+    return p.n * rank_power_w(p, channels, clock_mhz) * np.asarray(
+        t_us
+    ) * 1e-6 + memory_energies_j(fl, message_bytes)
 
 
 def _needs(c: Collective, n: int) -> tuple[FloatArray, FloatArray]:
@@ -254,21 +291,9 @@ def _cut_needs(c: Collective, n: int, k: int, root_inside: bool) -> tuple[float,
 
 
 def _port_capacities(p: CollectiveProblem) -> tuple[FloatArray, ...]:
-    """(into, out of, into over the network, out over the network) each rank, GB/s:
-    its links' capacities, a NIC's as the lesser of its two hops (every byte to
-    or from the network crosses both)."""
-    n = p.n
-    caps = [np.zeros(n) for _ in range(4)]
-    for r, name in enumerate(p.ranks):
-        for u, _, d in p.graph.in_edges(name, data=True):
-            hop = min(d["gbs"], p.graph[SWITCH][u]["gbs"]) if u.endswith(":nic") else d["gbs"]
-            caps[0][r] += hop
-            caps[2][r] += hop if u.endswith(":nic") else 0.0
-        for _, v, d in p.graph.out_edges(name, data=True):
-            hop = min(d["gbs"], p.graph[v][SWITCH]["gbs"]) if v.endswith(":nic") else d["gbs"]
-            caps[1][r] += hop
-            caps[3][r] += hop if v.endswith(":nic") else 0.0
-    return tuple(caps)
+    """(into, out of, into over the network, out over the network) each rank, GB/s
+    (``CollectiveProblem.port_capacities``, computed once per problem)."""
+    return p.port_capacities
 
 
 def time_bound_us(p: CollectiveProblem, c: Collective) -> float:
@@ -282,9 +307,7 @@ def time_bound_us(p: CollectiveProblem, c: Collective) -> float:
     n = p.n
     into, out = _needs(c, n)
     cap_in, cap_out, nic_in, nic_out = _port_capacities(p)
-    least_route = min(
-        float(p.edge_us[list(p.routes[a][b])].sum()) for a in range(n) for b in range(n) if a != b
-    )
+    least_route = p.least_route_us()
     alpha = min(PROTOCOL_STEP_US.values())
     per_rank = np.maximum(into / cap_in, out / cap_out) / 1e3
     slow = np.maximum(1.0, p.slowdown)
@@ -298,12 +321,7 @@ def time_bound_us(p: CollectiveProblem, c: Collective) -> float:
         inside = node_of == node
         need_in, need_out = _cut_needs(c, n, int(inside.sum()), bool(inside[c.root]))
         cut = max(need_in / float(nic_in[inside].sum()), need_out / float(nic_out[inside].sum()))
-        least_cross = min(
-            float(p.edge_us[list(p.routes[a][b])].sum())
-            for a in range(n)
-            for b in range(n)
-            if inside[a] != inside[b]
-        )
+        least_cross = p.least_route_us(inside)
         busiest = max(busiest, alpha + cut / 1e3 + least_cross)
     return p.rates.launch_us + busiest
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from itertools import pairwise
 from pathlib import Path
 
@@ -100,6 +101,53 @@ class CollectiveProblem:
         for k in self.node_of:
             counts[k] = counts.get(k, 0) + 1
         return len(set(counts.values())) == 1
+
+    @cached_property
+    def route_table(self) -> tuple[IntArray, IntArray]:
+        """Padded (n, n, L) edge indices of every route (-1 padding) and their lengths,
+        computed once per problem."""
+        n = self.n
+        width = max((len(r) for row in self.routes for r in row), default=1)
+        table = np.full((n, n, max(width, 1)), -1, dtype=np.int64)
+        lengths = np.zeros((n, n), dtype=np.int64)
+        for a in range(n):
+            for b in range(n):
+                r = self.routes[a][b]
+                table[a, b, : len(r)] = r
+                lengths[a, b] = len(r)
+        return table, lengths
+
+    @cached_property
+    def route_us(self) -> FloatArray:
+        """(n, n): latency of the route from rank a to rank b, us (0 from a rank to itself)."""
+        table, _ = self.route_table
+        out: FloatArray = np.where(table >= 0, self.edge_us[np.maximum(table, 0)], 0.0).sum(axis=2)
+        return out
+
+    @cached_property
+    def port_capacities(self) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        """(into, out of, into over the network, out over the network) each rank, GB/s:
+        its links' capacities, a NIC's as the lesser of its two hops (every byte to
+        or from the network crosses both)."""
+        n = self.n
+        g = self.graph
+        caps = [np.zeros(n) for _ in range(4)]
+        for r, name in enumerate(self.ranks):
+            for u, _, d in g.in_edges(name, data=True):
+                hop = min(d["gbs"], g[SWITCH][u]["gbs"]) if u.endswith(":nic") else d["gbs"]
+                caps[0][r] += hop
+                caps[2][r] += hop if u.endswith(":nic") else 0.0
+            for _, v, d in g.out_edges(name, data=True):
+                hop = min(d["gbs"], g[v][SWITCH]["gbs"]) if v.endswith(":nic") else d["gbs"]
+                caps[1][r] += hop
+                caps[3][r] += hop if v.endswith(":nic") else 0.0
+        return caps[0], caps[1], caps[2], caps[3]
+
+    def least_route_us(self, inside: NDArray[np.bool_] | None = None) -> float:
+        """Least latency of a route between two ranks, us; with ``inside`` (a mask of
+        ranks), of a route from a rank inside to one outside or back."""
+        pair = ~np.eye(self.n, dtype=bool) if inside is None else inside[:, None] != inside
+        return float(self.route_us[pair].min())
 
     def with_health(self, health: Health) -> CollectiveProblem:
         """The same problem under another health state."""

@@ -54,6 +54,19 @@ class Program:
         return sum(int(s.shape[0]) for s in self.steps)
 
 
+def scatter_max(target: FloatArray, idx: IntArray, values: FloatArray) -> None:
+    """``target[i] = max(target[i], values[j])`` for every j with ``idx[j] == i``, rows
+    of 2-D arrays at once (``np.maximum.at``, by sorting: far faster on rows)."""
+    if len(idx) == 0:
+        return
+    order = np.argsort(idx, kind="stable")
+    si = idx[order]
+    starts = np.flatnonzero(np.concatenate(([True], si[1:] != si[:-1])))
+    top = np.maximum.reduceat(values[order], starts, axis=0)
+    at = si[starts]
+    target[at] = np.maximum(target[at], top)
+
+
 def sends(rows: list[tuple[int, int, int, int]]) -> IntArray:
     """One step's sends as an array (src, dst, piece, reduce)."""
     if not rows:

@@ -268,8 +268,7 @@ def decode_schedule(
     )
     factor = 2.0 if c.op == "all_reduce" else 1.0
     obj, dual = objective, dual_bound
-    least_route = min(float(p.edge_us[list(p.routes[a][b])].sum()) for a, b in pairs)
-    fixed = p.rates.launch_us + least_route
+    fixed = p.rates.launch_us + p.least_route_us()
     return Synthesis(
         choice=choice,
         milp_us=fixed + factor * obj,

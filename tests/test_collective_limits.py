@@ -1,0 +1,152 @@
+"""Collective files at the edges of their ranges and solves under limits: a link
+too slow for any plan to state is refused naming file and field, the slowest
+accepted topology still gives a plan its verifier accepts, and selection and
+synthesis keep their time limit on traces too large to search in full."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, main
+from energyopt.families import certify, family
+from energyopt.formulations.collective.model import build_problem, load_collective
+from energyopt.progress import quiet
+from energyopt.solvers.result import Termination
+from energyopt.spec.collective import (
+    MAX_BYTES,
+    MIN_BANDWIDTH_GBS,
+    MIN_HEALTH_FACTOR,
+    OPS,
+    CollectiveFile,
+)
+from energyopt.spec.errors import SpecError
+
+FAMILY = family("collective")
+
+
+def _spec(nodes: list[int], collectives: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {
+        "kind": "collective",
+        "name": "t",
+        "topology": {"nodes": [{"name": f"n{i}", "gpus": g} for i, g in enumerate(nodes)]},
+        "collectives": collectives,
+        **extra,
+    }
+
+
+def _trace(count: int, n: int) -> list[dict[str, Any]]:
+    """``count`` collectives of every op, sizes 1 KiB .. 1 GiB, broadcasts from two roots."""
+    return [
+        {
+            "name": f"c{i}",
+            "op": OPS[i % len(OPS)],
+            "bytes": 1 << (10 + (7 * i) % 21),
+            "count": 1 + i % 5,
+            "root": (i // len(OPS)) % 2 * (n - 1),
+        }
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (
+            {"network": {"latency_us": 5, "bandwidth_gbs": 1e-300}},
+            "topology.network.bandwidth_gbs",
+        ),
+        ({"nvlink": {"latency_us": 1, "bandwidth_gbs": 1e-9}}, "topology.nvlink.bandwidth_gbs"),
+        ({"channel_gbs": 1e-300}, "topology.channel_gbs"),
+        ({"reduce_gbs": 1e-300}, "topology.reduce_gbs"),
+        ({"health": {"links": [{"gpu": "n0/0", "link": "nic", "factor": 1e-300}]}}, "factor"),
+    ],
+)
+def test_a_vanishing_bandwidth_is_refused_naming_file_and_field(
+    tmp_path: Path, change: dict[str, Any], field: str
+) -> None:
+    """A link at 1e-300 GB/s made solve write a plan of 5e302 us (exit 0) that verify
+    refused; such a file is now refused when it is read."""
+    data = _spec([2, 2], [{"op": "all_reduce", "bytes": 1 << 20}])
+    if "health" in change:
+        data.update(change)
+        field = "health.links[0].factor"
+    else:
+        data["topology"].update(change)
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError) as info:
+        load_collective(path)
+    assert f"{path}: {field}" in str(info.value)
+
+
+def test_the_slowest_accepted_topology_solves_to_a_plan_verify_accepts(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Every bandwidth at its least, the link health at its least, a 1000x straggler
+    and the largest message: solve writes a plan and verify accepts it."""
+    slow = {"latency_us": 10_000, "bandwidth_gbs": MIN_BANDWIDTH_GBS}
+    data = _spec(
+        [2, 2],
+        [{"name": op, "op": op, "bytes": MAX_BYTES, "count": 10_000_000} for op in OPS],
+        health={
+            "links": [{"gpu": "n0/0", "link": "nic", "factor": MIN_HEALTH_FACTOR}],
+            "stragglers": [{"gpu": "n1/1", "slowdown": 1000}],
+        },
+    )
+    data["topology"].update(
+        nvlink=slow,
+        network=slow,
+        channel_gbs=MIN_BANDWIDTH_GBS,
+        reduce_gbs=MIN_BANDWIDTH_GBS,
+    )
+    path = tmp_path / "slowest.yaml"
+    path.write_text(yaml.safe_dump(data))
+    plan = tmp_path / "plan.json"
+    assert main(["solve", str(path), "--solver", "select", "-q", "-o", str(plan)]) == EXIT_OK
+    assert main(["verify", str(path), str(plan)]) == EXIT_OK
+    capfd.readouterr()
+
+
+def test_a_bandwidth_below_the_least_is_bad_input_on_the_command_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    data = _spec([2, 2], [{"op": "all_reduce", "bytes": 1 << 20}])
+    data["topology"]["network"] = {"latency_us": 5, "bandwidth_gbs": 1e-300}
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump(data))
+    plan = tmp_path / "plan.json"
+    assert main(["solve", str(path), "-q", "-o", str(plan)]) == EXIT_BAD_INPUT
+    assert not plan.exists()
+    assert f"{path}: topology.network.bandwidth_gbs" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("solver", ["select", "auto"])
+def test_a_trace_too_large_to_search_keeps_the_time_limit(solver: str) -> None:
+    """64 GPUs and 1,000 collectives ran past 60 s under a 10-s limit: selection had
+    no limit. With a limit far too short to search, every collective still gets a
+    schedule the verifier accepts, the result says the limit stopped it and the log
+    names how many collectives were not searched in full."""
+    p = build_problem(CollectiveFile.model_validate(_spec([8, 8], _trace(120, 16))))
+    r = FAMILY.solve(p, solver, time_limit_s=1e-3, rel_gap=1e-6, progress=quiet)
+    certify(FAMILY, p, r, 1e-6, lambda _: None)
+    assert r.plan is not None and FAMILY.verify(p, r.plan) == []
+    assert len(r.plan.choices) == 120
+    assert r.termination == Termination.TIME_LIMIT
+    assert r.objective is not None and r.bound is not None and r.bound <= r.objective
+    assert any("not searched in full" in line for line in r.log)
+
+
+def test_synthesis_under_a_short_limit_keeps_selection_for_the_rest() -> None:
+    """A small topology with many collectives: each MILP got at least 0.1 s whatever
+    the limit (1,000 collectives at 10 s took 100 s). Now collectives whose share is
+    too small keep selection's schedule, and the log says how many."""
+    p = build_problem(CollectiveFile.model_validate(_spec([2, 2], _trace(60, 4))))
+    r = FAMILY.solve(p, "milp", time_limit_s=1e-3, rel_gap=1e-6, progress=quiet)
+    certify(FAMILY, p, r, 1e-6, lambda _: None)
+    assert r.plan is not None and FAMILY.verify(p, r.plan) == []
+    assert r.termination == Termination.TIME_LIMIT
+    assert any("got no MILP" in line for line in r.log)
