@@ -209,7 +209,7 @@ def solve_fast(
         FEASIBLE,
         "fast",
         time.perf_counter() - t0,
-        objective=total,
+        objective=float(total),
         plan=p.plan_of(pools, routes),
         termination=Termination.HEURISTIC,
         algorithm=ALGORITHM,
