@@ -98,22 +98,41 @@ def test_solve_refuses_a_limit_that_is_not_one(
 
 def test_solve_help_gives_the_default_limits(capsys: pytest.CaptureFixture[str]) -> None:
     """The help states the time limit and gap a solve uses without the options, and
-    those are the ones the families and the serving presets use."""
+    those are the ones the families and every serving preset use."""
+    import re
+
+    from energyopt.cli.problems import DEFAULT_GAPS, DEFAULT_LIMITS
     from energyopt.families import collective, keepalive, moe_edge, serverless, taskgraph
     from energyopt.solvers import colocation_solve
     from energyopt.solvers.presets import load_preset
 
     code, out, _ = run(capsys, "solve", "--help")
     assert code == 0
-    text = " ".join(out.split())
+
+    def squeeze(text: str) -> str:  # argparse wraps lines and breaks words at hyphens
+        return "".join(text.split())
+
+    assert squeeze(DEFAULT_LIMITS) in squeeze(out) and squeeze(DEFAULT_GAPS) in squeeze(out)
     for module in (collective, keepalive, moe_edge, serverless, taskgraph, colocation_solve):
         assert module.DEFAULT_TIME_LIMIT_S == 60.0
-    assert "default: 60 s for every solver of every kind but serving" in text
-    for name in ("highs-exact", "shadow-price", "colgen", "bnp", "pop", "cpsat"):
-        preset = load_preset(name)
-        assert name in text
-        assert f"{preset.time_limit_s:g} s for" in text
-        assert f"{preset.rel_gap:g}" in text
+    for module in (keepalive, moe_edge, serverless, taskgraph):
+        assert module.DEFAULT_GAP == 1e-4
+    assert colocation_solve.DEFAULT_GAP == {"exact": 1e-4, "shadow-price": 1e-3}
+    assert DEFAULT_LIMITS.startswith("60 s for every solver of every kind but serving")
+    assert DEFAULT_GAPS.startswith("0.0001; colocation shadow-price 0.001;")
+    stated: dict[str, float] = {}
+    serving = DEFAULT_LIMITS.split("(solvers/*.toml: ")[1]
+    for seconds, names in re.findall(r"(\d+) s for ([a-z, -]+?)[;)]", serving):
+        for name in re.split(r", | and ", names):
+            stated[name] = float(seconds)
+    presets = sorted(p.stem for p in (ROOT / "solvers").glob("*.toml"))
+    assert {name: load_preset(name).time_limit_s for name in presets} == stated
+    gaps = DEFAULT_GAPS.split("serving: the preset's, ")[1]
+    for gap, names in re.findall(r"([0-9.]+) for ([a-z, -]+?)(?:;|, [0-9])", gaps):
+        for name in re.split(r", | and ", names):
+            assert load_preset(name).rel_gap == float(gap), name
+    others = {name for name in presets if load_preset(name).rel_gap != 1e-4}
+    assert all(name in gaps for name in others)
 
 
 # --- files without kind: ----------------------------------------------------------
