@@ -154,12 +154,6 @@ def _by_kind(p: KeepAliveProblem, row: FloatArray) -> FloatArray:
     return row.reshape(*row.shape[:-1], 3, p.n_nodes)
 
 
-def _all_moves(p: KeepAliveProblem, f: IntArray | int) -> FloatArray:
-    """(..., S, S) move energies of function(s) ``f`` between every pair of states, J."""
-    states = np.arange(p.n_states)
-    return p.move_j(np.asarray(f)[..., None, None], states[:, None], states[None, :])
-
-
 def shortest_paths(p: KeepAliveProblem, y: Prices) -> tuple[FloatArray, IntArray]:
     """Each function's cheapest path at prices ``y``: (F,) priced costs, (F, T) states.
     With few states every pair of states is an arc (a few array operations per
@@ -169,7 +163,7 @@ def shortest_paths(p: KeepAliveProblem, y: Prices) -> tuple[FloatArray, IntArray
     back = np.zeros((n_t, n_f, n_s), dtype=np.int64)
     f = np.arange(n_f)
     value = p.move_j(f[:, None], p.source_state, np.arange(n_s)[None, :]) * factor[0] + cost[:, 0]
-    moves = _all_moves(p, f) if n_f * n_s * n_s <= DENSE_CELLS else None
+    moves = p.pair_moves_j if n_f * n_s * n_s <= DENSE_CELLS else None
     for t in range(1, n_t):
         if moves is not None:
             total = value[:, :, None] + moves * factor[t][None, None, :]
@@ -280,10 +274,10 @@ def _one_function(
     same_j = p.same_j[f]  # (3, 3)
     enter_j = p.enter_j[f]  # (3,)
     dense: FloatArray | None = None
-    if n_t * n_s * n_s <= DENSE_CELLS:
+    if max(n_t, p.n_functions) * n_s * n_s <= DENSE_CELLS:
         # every window's arcs at once: (T, from, to), inf where the target does not
         # fit or the move breaks the target node's power budget
-        moves = _all_moves(p, f)
+        moves = p.pair_moves_j[f]
         ok = fits[:, None, :] & (
             (p.state_j[f][:, None, :] + moves[None]) / dt <= power_room[:, None, :]
         )

@@ -8,6 +8,7 @@ States of one function are numbered ``kind * N + node`` for the N nodes, with ki
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,14 @@ class KeepAliveProblem:
         energy = np.where(same, self.same_j[fa, kind_a, kind_b], self.enter_j[fa, kind_b])
         ok = self.allowed[fa, ba] & (~real | self.allowed[fa, np.where(real, aa, 0)])
         return np.asarray(np.where(ok, energy, np.inf), dtype=np.float64)
+
+    @cached_property
+    def pair_moves_j(self) -> FloatArray:
+        """(F, S, S): ``move_j`` between every pair of states, J, computed on first use
+        (F S^2 numbers: for few nodes only)."""
+        states = np.arange(self.n_states)
+        f = np.arange(self.n_functions)[:, None, None]
+        return self.move_j(f, states[None, :, None], states[None, None, :])
 
     def energy_of(self, states: IntArray) -> float:
         """Energy of the (F, T) states over the horizon, J: every window's held states,
