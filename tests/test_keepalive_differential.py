@@ -14,7 +14,8 @@ histograms, cold-start caps and both objectives. For each solver:
 Metamorphic: relaxing a constraint (larger budgets, no cap, a looser SLO, more
 permitted nodes, a duplicate node, a tepid state offered) never makes the optimum
 worse; listing the functions, the nodes or a function's permitted nodes in another
-order never changes it.
+order never changes it; every power and energy times k makes the least energy k
+times as large.
 """
 
 from __future__ import annotations
@@ -222,6 +223,34 @@ def test_the_relaxations_agree_with_the_exhaustive_optimum() -> None:
             assert got is None
         else:
             assert got == pytest.approx(best, rel=1e-7)
+
+
+def _scaled_energy(doc: dict[str, Any], k: float) -> dict[str, Any]:
+    """``doc`` with every power and energy (and the nodes' power budgets) times k."""
+    out = copy.deepcopy(doc)
+    for node in out["nodes"]:
+        node["power_budget_w"] *= k
+    for fn in out["functions"]:
+        fn["warm"]["power_w"] *= k
+        fn["service"]["power_w"] *= k
+        fn["cold_start"]["energy_j"] *= k
+        for key in ("power_w", "enter_j", "resume_j"):
+            if "tepid" in fn:
+                fn["tepid"][key] *= k
+    return out
+
+
+def test_scaling_every_power_and_energy_scales_the_optimum() -> None:
+    """Watts and joules times 3: the least energy is 3 times as large (the same plans
+    are feasible); the most throughput is unchanged."""
+    for k, doc in enumerate(METAMORPHIC):
+        before, after = _optimum(doc), _optimum(_scaled_energy(doc, 3.0))
+        if before is None:
+            assert after is None, f"instance {k}"
+        elif _throughput(doc):
+            assert after == pytest.approx(before, rel=1e-7), f"instance {k}"
+        else:
+            assert after == pytest.approx(3.0 * before, rel=1e-7), f"instance {k}"
 
 
 @pytest.mark.parametrize("seed", range(3))
