@@ -375,3 +375,45 @@ def test_the_mix_table_returns_the_plan_solved_for_the_observed_mix(tmp_path: Pa
     assert table.estimate(fa * 5) == pytest.approx(1.0) and table.estimate(2 * fb - fa) == 0.0
     row = StdlibTable(str(path)).lookup(mix=0.25, item=3)
     assert row["in_grid"] and row["place"] == table.table.array("place")[1][3]
+
+
+def test_more_activation_layers_than_the_model_has_are_refused_naming_the_field(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    catalog = tmp_path / "tiny.yaml"
+    catalog.write_text(yaml.safe_dump({"models": [TINY]}))
+    doc = _doc(0)
+    first = doc["activations"]["layers"][0]["frequencies"]
+    doc["activations"]["layers"] = [{"layer": j, "frequencies": first} for j in range(512)]
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps(doc))
+    code, _, err = run(capfd, "validate", str(path), "--catalog", str(catalog))
+    assert code == EXIT_BAD_INPUT and "Traceback" not in err and "internal error" not in err
+    assert err.startswith(f"{path}: activations.layers: 512 layers given; Tiny-MoE has 2"), err
+
+
+def test_identical_gpus_leave_few_configurations_and_the_floor_bounds_them_all() -> None:
+    """Eight interchangeable L4s: 8 x 3^8 = 52,488 configurations, 108 up to relabelling
+    (a solver visits those); the bound for configurations a time limit leaves
+    unvisited is below every configuration's own bound."""
+    from energyopt.solvers.moe_edge_milp import floor_bound, unpriced_bound
+
+    doc = _doc(4, 1)
+    gpu = dict(doc["server"]["gpus"][0], clocks_mhz=[915, 1500, 2040])
+    doc["server"]["gpus"] = [dict(gpu, name=f"g{i}") for i in range(8)]
+    p = _problem(doc)
+    canonical = p.canonical_configs()
+    assert len(p.configs()) == 52_488 and len(canonical) == 108
+    assert set(canonical) <= set(p.configs())
+    small = _problem(_doc(5, 2))
+    for d in range(small.n_gpus):
+        floor = floor_bound(small, d)
+        for c in (k for k in small.configs() if k.dense == d):
+            costs = small.costs(c)
+            if costs.gpu_free_gb[d] < 0:
+                assert floor == np.inf  # the dense part does not fit: no plan
+            else:
+                assert floor <= unpriced_bound(small, costs) + 1e-12
+    res = solve_milp(small, rel_gap=1e-9)
+    assert res.objective is not None
+    assert min(floor_bound(small, d) for d in range(small.n_gpus)) <= res.objective

@@ -46,8 +46,15 @@ from energyopt.formulations.moe_edge.model import (
     MoeEdgeProblem,
 )
 from energyopt.progress import Progress, quiet
-from energyopt.solvers.moe_edge_milp import run_milp, unpriced_bound
-from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, Result, Termination, status_at
+from energyopt.solvers.moe_edge_milp import diagnosis, floor_bound, run_milp, solve_config
+from energyopt.solvers.result import (
+    FEASIBLE,
+    INFEASIBLE,
+    NO_SOLUTION,
+    Result,
+    Termination,
+    status_at,
+)
 from energyopt.solvers.subgradient import PolyakControl, projected_step
 from energyopt.spec.moe_edge import MoeEdgePlan
 
@@ -386,29 +393,46 @@ def solve_lagrangian(
 ) -> Result[MoeEdgePlan]:
     """Lagrangian bound and repaired plan over every configuration."""
     t0 = time.perf_counter()
-    configs = p.configs()
+    configs = p.canonical_configs()
     best: tuple[float, Config, IntArray] | None = None
     bounds: list[float] = []
     timed_out = False
+    open_dense: set[int] = set()
     for n, config in enumerate(configs):
+        if time.perf_counter() - t0 > time_limit_s:
+            # out of time: the unpriced relaxation of every configuration left, with
+            # each option at its least cost over the clocks, still bounds them
+            timed_out = True
+            open_dense.update(k.dense for k in configs[n:])
+            break
         c = p.costs(config)
         if c.gpu_free_gb[config.dense] < 0:
             bounds.append(np.inf)
-            continue
-        if time.perf_counter() - t0 > time_limit_s:
-            # out of time: the unpriced relaxation (every expert at its cheapest
-            # option) still bounds this configuration
-            timed_out = True
-            bounds.append(unpriced_bound(p, c))
             continue
         target = best[0] if best is not None else abs(_rough(p, c)) * 1.5
         bound, prices = lagrangian_bound(p, c, target)
         if best is None or bound < best[0]:
             choice = repair(p, c, prices)
-            if choice is not None:
-                f: Figures = figures(p, c, choice)
-                if f.feasible and (best is None or f.objective < best[0]):
+            f: Figures | None = None if choice is None else figures(p, c, choice)
+            if choice is not None and f is not None and f.feasible:
+                if best is None or f.objective < best[0]:
                     best = (f.objective, config, choice)
+            elif best is None:
+                # no plan yet and the repair found none here: the exact refinement
+                # of this configuration in a share of the time left (small programs
+                # whose prices lead the repair astray: one plan in thousands meets
+                # the SLO)
+                left = time_limit_s - (time.perf_counter() - t0)
+                out = solve_config(
+                    p,
+                    c,
+                    cutoff=None,
+                    deadline=time.perf_counter() + left / (len(configs) - n),
+                    rel_gap=rel_gap,
+                )
+                bound = max(bound, out.bound)
+                if out.plan is not None:
+                    best = (out.plan[0], config, out.plan[1])
             if best is not None and bound < best[0] * (1 - rel_gap):
                 # again from these prices, now aiming at the best plan's objective
                 bound = max(bound, kelley_bound(p, c, prices, best[0], rel_gap))
@@ -417,21 +441,26 @@ def solve_lagrangian(
             f"lagrangian: config {n + 1}/{len(configs)}: bound {bound:.6g}"
             + ("" if best is None else f", best {best[0]:.6g}")
         )
+    bounds += [floor_bound(p, d) for d in sorted(open_dense)]
     bound = min(bounds) if bounds else -np.inf
     bound_or_none = float(bound) if np.isfinite(bound) else None
     wall = time.perf_counter() - t0
     termination = Termination.TIME_LIMIT if timed_out else Termination.CONVERGED
     log = [f"{len(configs)} configurations, {ITERATIONS} subgradient steps each"]
     if best is None:
+        # every configuration's bound infinite: each is a proof (an expert with no
+        # option, the dense part too large, or a refinement proven infeasible)
+        proven = not timed_out and bool(bounds) and np.isposinf(bound)
         return Result(
-            NO_SOLUTION,
+            INFEASIBLE if proven else NO_SOLUTION,
             None,
             bound_or_none,
             wall,
             None,
             "lagrangian",
             log=log,
-            termination=termination,
+            diagnosis=diagnosis(p) if proven else [],
+            termination=Termination.INFEASIBLE if proven else termination,
             formulation=FORMULATION_NAME,
             algorithm="Lagrangian (memory, SLO priced) + transportation repair",
         )

@@ -1,16 +1,31 @@
 """MoE placement, exact: every configuration's program with HiGHS.
 
-Per configuration (dense GPU, clocks) the secant form of the SLO gives a relaxation
-whose optimum bounds that configuration from below; a relaxed optimum that meets the
-true (Cantelli) SLO is that configuration's optimum. Otherwise the tangent form at
-the relaxed solution's variance (a restriction, so its plans meet the SLO) is solved,
-moving the tangent to the new plan's variance up to ``TANGENT_ROUNDS`` times. The
-bound is the least configuration bound; the plan the best one found.
+The TBT row, mean + kappa * sqrt(variance) <= tbt_ms, is not convex in the
+placement, so per configuration (dense GPU, clocks) it is solved by refinement.
+sqrt is taken as the chord of the piece of [0, V_max] that holds the variance (at
+first one piece: the secant); every chord lies below sqrt, so the program is a
+relaxation and its optimum bounds the configuration from below. A relaxed optimum
+that meets the true (Cantelli) row is the configuration's optimum. One that breaks
+it gets a breakpoint at its own variance (there the chord is sqrt itself, so the
+refined program cuts it off) and an exclusion row (which cuts off that placement
+and no other), and the program is solved again. Every placement cut off breaks the
+true row, so no feasible plan is ever lost: the configuration ends optimal,
+proven infeasible, or no better than the best plan (pruned), or it is left open
+at the time limit with its last bound. The first time a relaxed optimum breaks the
+row, the tangent form at its variance (a restriction: its plans meet the row) is
+solved once for an early plan to prune with.
+
+Configurations that relabelling identical GPUs makes equal are solved once
+(``MoeEdgeProblem.canonical_configs``), most promising (least unpriced bound)
+first while their costs are cheap to list. The bound is the least configuration
+bound; configurations the time limit leaves unvisited are bounded together per
+dense GPU (``floor_bound``). The plan is the best one found.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,7 +34,6 @@ from energyopt.formulations.moe_edge.figures import figures
 from energyopt.formulations.moe_edge.milp import (
     FORMULATION_NAME,
     Milp,
-    SloForm,
     allowed,
     build_milp,
     constant_objective,
@@ -29,7 +43,14 @@ from energyopt.formulations.moe_edge.milp import (
     tangent,
     v_max,
 )
-from energyopt.formulations.moe_edge.model import Config, ConfigCosts, IntArray, MoeEdgeProblem
+from energyopt.formulations.moe_edge.model import (
+    Config,
+    ConfigCosts,
+    IntArray,
+    MoeEdgeProblem,
+    _config_costs,
+)
+from energyopt.perf.power import gpu_on_power_w
 from energyopt.progress import Progress, quiet
 from energyopt.solvers.result import (
     FEASIBLE,
@@ -42,7 +63,15 @@ from energyopt.solvers.result import (
 )
 from energyopt.spec.moe_edge import MoeEdgePlan
 
-TANGENT_ROUNDS = 3
+OBJECTIVE_SCALE = 1e4
+"""The size HiGHS sees the objective at (its absolute gap is 1e-6)."""
+SORTED_CONFIGS = 2048
+"""Up to this many configurations, all are costed first and solved in order of their
+unpriced bound (a good plan early prunes the rest); above it, in listed order."""
+SORT_SHARE = 0.1
+"""Share of the time limit that costing the configurations for that order may take."""
+BREAK_TOL = 1e-9
+"""Relative distance under which a new breakpoint is taken as an existing one."""
 
 
 def unpriced_bound(p: MoeEdgeProblem, c: ConfigCosts) -> float:
@@ -54,22 +83,169 @@ def unpriced_bound(p: MoeEdgeProblem, c: ConfigCosts) -> float:
     return float(constant_objective(p, c) + obj.min(axis=1).sum() - pair_saving(p, c).sum())
 
 
+def floor_bound(p: MoeEdgeProblem, dense: int) -> float:
+    """A lower bound on the optimum of every configuration with the dense part on GPU
+    ``dense``, whatever the clocks, from the configurations that change one GPU's
+    clock at a time: an option's time and dynamic energy depend on one GPU's clock
+    only, so their least values over those configurations are their least values
+    over all; the server's static power is taken at its least (its largest where a
+    pair's saving is subtracted). Rows dropped as in ``unpriced_bound``; inf when
+    the dense part does not fit."""
+    base = p.max_clock_config(dense).clocks
+    configs = {Config(dense, base)}
+    for g, options in enumerate(p.clock_options):
+        for clk in options:
+            configs.add(Config(dense, (*base[:g], int(clk), *base[g + 1 :])))
+    server = p.spec.server
+    on = [[gpu_on_power_w(gpu, clk) for clk in p.clock_options[g]] for g, gpu in enumerate(p.gpus)]
+    rest = server.cpu.idle_w + server.base_w
+    static_lo = sum(min(w) for w in on) + rest
+    static_hi = sum(max(w) for w in on) + rest
+    time_lo = dyn_lo = None
+    dense_ms = dense_dyn = np.inf
+    ok = None
+    for config in configs:
+        c = _config_costs(p, config)
+        if c.gpu_free_gb[dense] < 0:
+            return np.inf
+        dyn = c.energy_j - c.static_w * c.time_ms / 1e3
+        time_lo = c.time_ms if time_lo is None else np.minimum(time_lo, c.time_ms)
+        dyn_lo = dyn if dyn_lo is None else np.minimum(dyn_lo, dyn)
+        dense_ms = min(dense_ms, c.dense_ms)
+        dense_dyn = min(dense_dyn, c.dense_j - c.static_w * c.dense_ms / 1e3)
+        ok = allowed(p, c)
+    assert time_lo is not None and dyn_lo is not None and ok is not None
+    save_ms = float(c.pair_save_ms.sum())
+    batch = p.spec.batch
+    if p.spec.objective.kind == "energy":
+        items = np.where(ok, (dyn_lo + static_lo * time_lo / 1e3) / batch, np.inf)
+        const = (dense_dyn + static_lo * dense_ms / 1e3) / batch
+        saved = static_hi * save_ms / 1e3 / batch
+    else:
+        items = np.where(ok, time_lo, np.inf)
+        const, saved = dense_ms, save_ms
+    return float(const + items.min(axis=1).sum() - saved)
+
+
 def run_milp(
     milp: Milp, p: MoeEdgeProblem, time_limit_s: float, rel_gap: float, cutoff: float | None
 ) -> tuple[IntArray | None, float, bool]:
-    """(choice or None, HiGHS bound, solved to optimality or proven infeasible)."""
+    """(choice or None, a lower bound on the program's optimum, solved within
+    ``rel_gap`` or proven to hold nothing better than ``cutoff``).
+
+    The objective is scaled to about ``OBJECTIVE_SCALE`` for HiGHS, whose absolute gap
+    (1e-6) would otherwise stop it early on objectives of a few hundredths of a J
+    per token. HiGHS may close a node within its gap of the incumbent (or of the
+    cutoff), so the bound returned is at most the incumbent (cutoff) less the gap
+    HiGHS was given: that much the optimum may lie below."""
+    lp = milp.lp()
+    size = max(abs(milp.constant), float(np.abs(milp.cost).max(initial=0.0)), 1e-12)
+    scale = OBJECTIVE_SCALE / size
+    lp.col_cost_ = np.asarray(milp.cost) * scale
+    lp.offset_ = milp.constant * scale
+    has_cutoff = cutoff is not None and np.isfinite(cutoff)
+    # HiGHS measures its gap its own way: ask for half, so that ours is within rel_gap
+    rel_gap = 0.5 * rel_gap
     run = solve_mip(
-        milp.lp(),
+        lp,
         time_limit_s=max(0.05, time_limit_s),
         rel_gap=rel_gap,
-        objective_bound=cutoff if cutoff is not None and np.isfinite(cutoff) else None,
+        objective_bound=float(cutoff) * scale if has_cutoff and cutoff is not None else None,
     )
     if run.status in (MipStatus.INFEASIBLE, MipStatus.CUT_OFF):
-        return None, np.inf if cutoff is None else float(cutoff), True
-    bound = run.dual_bound if np.isfinite(run.dual_bound) else -np.inf
+        if cutoff is None or not has_cutoff:
+            return None, np.inf, True
+        return None, float(cutoff) - rel_gap * abs(float(cutoff)), True
+    bound = run.dual_bound / scale if np.isfinite(run.dual_bound) else -np.inf
     if run.col_value is None:
         return None, bound, run.optimal
+    if np.isfinite(run.objective):
+        found = run.objective / scale
+        bound = min(bound, found - rel_gap * abs(found))
     return milp.choice(np.round(run.col_value), p.n_items), bound, run.optimal
+
+
+@dataclass
+class ConfigOutcome:
+    """What refining one configuration established."""
+
+    bound: float
+    """Lower bound on the configuration's optimum (inf: proven infeasible)."""
+    plan: tuple[float, IntArray] | None
+    """The best feasible placement found in it, with its objective."""
+    closed: bool
+    """Optimal within the gap, proven infeasible, or proven no better than the cutoff."""
+    rounds: int
+    """Programs solved."""
+
+
+def solve_config(
+    p: MoeEdgeProblem,
+    c: ConfigCosts,
+    *,
+    cutoff: float | None,
+    deadline: float,
+    rel_gap: float,
+) -> ConfigOutcome:
+    """Refine configuration ``c``'s relaxation until its optimum meets the true TBT
+    row, it is infeasible, or it cannot beat ``cutoff`` (the best objective found
+    elsewhere); ``deadline`` is a ``time.perf_counter()`` value."""
+    vm = v_max(c)
+    breaks = [0.0, vm]
+    exclude: list[IntArray] = []
+    bound = unpriced_bound(p, c)
+    found: tuple[float, IntArray] | None = None
+    tangent_tried = False
+    rounds = 0
+
+    def best() -> float | None:
+        if found is not None and (cutoff is None or found[0] < cutoff):
+            return found[0]
+        return cutoff
+
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return ConfigOutcome(bound, found, False, rounds)
+        limit = best()
+        if limit is not None and relative_gap(limit, bound) <= rel_gap + 1e-12:
+            return ConfigOutcome(bound, found, True, rounds)
+        pieces = breaks if len(breaks) > 2 else ()
+        milp = build_milp(p, c, secant(vm), breaks=pieces, exclude=exclude)
+        choice, run_bound, done = run_milp(milp, p, left, rel_gap, limit)
+        rounds += 1
+        if choice is None:
+            if done:  # infeasible, or nothing better than the cutoff
+                return ConfigOutcome(max(bound, run_bound), found, True, rounds)
+            return ConfigOutcome(max(bound, run_bound), found, False, rounds)
+        if done:
+            bound = max(bound, run_bound)
+        fig = figures(p, c, choice)
+        if fig.feasible:
+            if found is None or fig.objective < found[0]:
+                found = (fig.objective, choice)
+            if done:
+                return ConfigOutcome(bound, found, True, rounds)
+            return ConfigOutcome(max(bound, run_bound), found, False, rounds)
+        bound = max(bound, run_bound)
+        exclude.append(choice)
+        var = fig.var_ms2
+        if 0.0 < var < vm and all(abs(var - b) > BREAK_TOL * max(vm, 1e-300) for b in breaks):
+            breaks = sorted([*breaks, var])
+        if not tangent_tried and deadline - time.perf_counter() > 0:
+            tangent_tried = True
+            plan, _, _ = run_milp(
+                build_milp(p, c, tangent(var)),
+                p,
+                deadline - time.perf_counter(),
+                rel_gap,
+                best(),
+            )
+            rounds += 1
+            if plan is not None:
+                f = figures(p, c, plan)
+                if f.feasible and (found is None or f.objective < found[0]):
+                    found = (f.objective, plan)
 
 
 def solve_milp(
@@ -82,47 +258,82 @@ def solve_milp(
     """Exact within ``rel_gap`` over every configuration (or the best plan and bound at
     the time limit). Objective in J/token or ms/token."""
     t0 = time.perf_counter()
-    configs = p.configs()
+    configs = p.canonical_configs()
+    # time to keep for bounding, per dense GPU, what the time limit leaves unvisited
+    p.costs(configs[0])
+    per_costs_s = time.perf_counter() - t0
+    floor_costs = len({k.dense for k in configs}) * (1 + sum(len(c) for c in p.clock_options))
+    reserve_s = min(0.2 * time_limit_s, floor_costs * per_costs_s)
+    if len(configs) <= SORTED_CONFIGS:
+        costed = []
+        for n, k in enumerate(configs):
+            if time.perf_counter() - t0 > SORT_SHARE * time_limit_s:
+                break  # costing them all would eat the time: keep the listed order
+            costed.append((unpriced_bound(p, p.costs(k)), n, k))
+        else:
+            configs = [k for _, _, k in sorted(costed)]
     best: tuple[float, Config, IntArray] | None = None
-    bounds: list[float] = []
-    all_done = True
+    bounds: dict[Config, float] = {}
+    unvisited: list[Config] = []
+    left_open: list[Config] = []
+    rounds = 0
     log: list[str] = []
-    for n, config in enumerate(configs):
-        left = time_limit_s - (time.perf_counter() - t0)
-        c = p.costs(config)
-        if c.gpu_free_gb[config.dense] < 0:
-            bounds.append(np.inf)
-            continue
-        if left <= 0:
-            all_done = False
-            bounds.append(unpriced_bound(p, c))
-            continue
-        share = left / (len(configs) - n)
-        cutoff = None if best is None else best[0]
-        choice, bound, done = run_milp(
-            build_milp(p, c, secant(v_max(c))), p, share, rel_gap, cutoff
-        )
-        bounds.append(max(bound, unpriced_bound(p, c)))
-        all_done &= done
-        rounds = 0
-        form: SloForm
-        while choice is not None:
-            fig = figures(p, c, choice)
-            if fig.feasible and (best is None or fig.objective < best[0]):
-                best = (fig.objective, config, choice)
-            if fig.feasible or rounds >= TANGENT_ROUNDS:
+    # first pass: every configuration in a share of the time; second and later
+    # passes: those left open, least bound first, in the time the first left over
+    todo = list(configs)
+    passes = 0
+    while todo:
+        passes += 1
+        left_open = []
+        for n, config in enumerate(todo):
+            if time.perf_counter() - t0 >= time_limit_s - reserve_s:
+                if passes == 1:
+                    unvisited = todo[n:]
+                else:
+                    left_open += todo[n:]
                 break
-            rounds += 1
-            form = tangent(fig.var_ms2)
-            choice, _, _ = run_milp(build_milp(p, c, form), p, max(0.05, share), rel_gap, None)
-        progress(
-            f"milp: config {n + 1}/{len(configs)} (dense {config.dense}, clocks "
-            f"{config.clocks}): bound {bound:.6g}"
-            + ("" if best is None else f", best {best[0]:.6g}")
-        )
-    bound = min(bounds) if bounds else -np.inf
+            c = p.costs(config)
+            if c.gpu_free_gb[config.dense] < 0:
+                bounds[config] = np.inf
+                continue
+            cutoff = None if best is None else best[0]
+            pre = max(unpriced_bound(p, c), bounds.get(config, -np.inf))
+            if cutoff is not None and relative_gap(cutoff, pre) <= rel_gap + 1e-12:
+                bounds[config] = pre
+                continue
+            left = time_limit_s - reserve_s - (time.perf_counter() - t0)
+            # a share of the time left, more while few configurations remain; what a
+            # configuration leaves unused goes to the later ones
+            share = max(left / (len(todo) - n), min(left, 0.05))
+            if best is None:
+                share = max(share, 0.5 * left)  # a first plan matters more than an even split
+            out = solve_config(
+                p, c, cutoff=cutoff, deadline=time.perf_counter() + share, rel_gap=rel_gap
+            )
+            rounds += out.rounds
+            bounds[config] = max(pre, out.bound)
+            if not out.closed:
+                left_open.append(config)
+            if out.plan is not None and (best is None or out.plan[0] < best[0]):
+                best = (out.plan[0], config, out.plan[1])
+            progress(
+                f"milp: pass {passes}, config {n + 1}/{len(todo)} (dense {config.dense}, "
+                f"clocks {config.clocks}): bound {bounds[config]:.6g}, {out.rounds} programs"
+                + ("" if best is None else f", best {best[0]:.6g}")
+            )
+        if unvisited or time.perf_counter() - t0 >= time_limit_s - reserve_s:
+            break
+        todo = sorted(left_open, key=lambda k: bounds[k])
+    all_done = not unvisited and not left_open
+    floors = [floor_bound(p, d) for d in sorted({k.dense for k in unvisited})]
+    bound_list = [*bounds.values(), *floors]
+    bound = min(bound_list) if bound_list else -np.inf
     wall = time.perf_counter() - t0
-    log.append(f"{len(configs)} configurations, {'all' if all_done else 'not all'} closed")
+    log.append(
+        f"{len(configs)} configurations ({len(p.configs())} before symmetry), "
+        f"{rounds} programs in {passes} passes, "
+        + ("all closed" if all_done else f"{len(unvisited) + len(left_open)} left open")
+    )
     bound_or_none = float(bound) if np.isfinite(bound) else None
     termination = Termination.CONVERGED if all_done else Termination.TIME_LIMIT
     if best is None:
@@ -130,15 +341,15 @@ def solve_milp(
         return Result(
             INFEASIBLE if proven else NO_SOLUTION,
             None,
-            None,
+            bound_or_none,
             wall,
             None,
             "milp",
             log=log,
-            diagnosis=_diagnosis(p) if proven else [],
+            diagnosis=diagnosis(p) if proven else [],
             termination=Termination.INFEASIBLE if proven else termination,
             formulation=FORMULATION_NAME,
-            algorithm="HiGHS branch and cut per configuration",
+            algorithm="HiGHS branch and cut per configuration, TBT row refined to exactness",
         )
     obj, config, choice = best
     status = (
@@ -156,11 +367,11 @@ def solve_milp(
         log=log,
         termination=termination,
         formulation=FORMULATION_NAME,
-        algorithm="HiGHS branch and cut per configuration",
+        algorithm="HiGHS branch and cut per configuration, TBT row refined to exactness",
     )
 
 
-def _diagnosis(p: MoeEdgeProblem) -> list[str]:
+def diagnosis(p: MoeEdgeProblem) -> list[str]:
     slo = p.spec.slo
     fits = [g for g in range(p.n_gpus) if p.costs(p.max_clock_config(g)).gpu_free_gb[g] >= 0]
     if not fits:

@@ -10,16 +10,23 @@ activation round trip. Rows:
   experts fit host memory;
 - SLO: mean step time + kappa * sqrt(variance) <= tbt_ms, with sqrt(V) replaced by
   a linear function ``s * V + s0`` (``SloForm``): a secant below sqrt on [0, V_max]
-  (a relaxation, for bounds) or a tangent above it (a restriction, for plans);
+  (a relaxation, for bounds) or a tangent above it (a restriction, for plans); or,
+  given breakpoints 0 = v_0 < ... < v_K = V_max, by the chord of sqrt on the piece
+  that holds V (a relaxation that is exact at every breakpoint): binaries z_j pick
+  the piece, continuous nu_j carry V on it (v_j z_j <= nu_j <= v_{j+1} z_j,
+  sum nu_j = V), and sqrt(V) >= sum_j (a_j z_j + b_j nu_j);
 - TTFT: the mean prefill time of a prompt <= ttft_ms (when the file sets it);
 - power cap (latency objective): step energy <= cap x step time;
-- pair links: w[p, v] <= the share of each expert of p on v.
+- pair links: w[p, v] <= the share of each expert of p on v;
+- exclusions: a placement the solver has ruled out (one that breaks the true SLO),
+  sum_i x[i, choice_i] <= I - 1, which cuts off that placement and no other.
 
 Objective: energy per token, J (energy), or the expected step time, ms (latency).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import highspy
@@ -122,6 +129,10 @@ class Milp:
     opt: IntArray
     n_x: int
     integer: bool
+    col_hi: FloatArray | None = None
+    """Upper bound of each column (default 1)."""
+    continuous: BoolArray | None = None
+    """Columns that stay continuous in the integer program (default none)."""
 
     def __len__(self) -> int:
         return len(self.cost)
@@ -133,7 +144,7 @@ class Milp:
         lp.num_row_ = self.matrix.shape[0]
         lp.col_cost_ = self.cost
         lp.col_lower_ = np.zeros(n)
-        lp.col_upper_ = np.ones(n)
+        lp.col_upper_ = np.ones(n) if self.col_hi is None else self.col_hi
         lp.row_lower_ = self.row_lo
         lp.row_upper_ = self.row_hi
         lp.offset_ = self.constant
@@ -142,7 +153,11 @@ class Milp:
         lp.a_matrix_.index_ = self.matrix.indices.astype(np.int32)
         lp.a_matrix_.value_ = self.matrix.data.astype(np.float64)
         if self.integer:
-            lp.integrality_ = [highspy.HighsVarType.kInteger] * n
+            cont = np.zeros(n, dtype=bool) if self.continuous is None else self.continuous
+            lp.integrality_ = [
+                highspy.HighsVarType.kContinuous if k else highspy.HighsVarType.kInteger
+                for k in cont
+            ]
         return lp
 
     def choice(self, values: FloatArray, n_items: int) -> IntArray:
@@ -162,12 +177,17 @@ def build_milp(
     extra_cost: FloatArray | None = None,
     side_rows: bool = True,
     integer: bool = True,
+    breaks: Sequence[float] = (),
+    exclude: Sequence[IntArray] = (),
 ) -> Milp:
     """The program of configuration ``c`` with the SLO's sqrt taken as ``slo``.
 
     ``extra_cost`` (I, O) is added to the x costs (prices of rows left out);
     ``side_rows=False`` leaves out the SLO, TTFT and power rows and the pairs (the
-    memory-only transportation problem the heuristic solves)."""
+    memory-only transportation problem the heuristic solves). ``breaks`` (at least
+    three increasing variances from 0, ms^2) takes sqrt as the chord of the piece
+    that holds the variance instead of ``slo``; each (I,) placement of ``exclude``
+    is cut off."""
     spec = p.spec
     ok = allowed(p, c)
     item, opt = np.nonzero(ok)
@@ -212,11 +232,19 @@ def build_milp(
             for v in remote:
                 if ok[p.pair_a[k], v] and ok[p.pair_b[k], v]:
                     pair_cols.append((k, v, n_x + len(pair_cols)))
-    n = n_x + len(pair_cols)
+    n_pieces = len(breaks) - 1 if side_rows and len(breaks) >= 3 else 0
+    z0 = n_x + len(pair_cols)
+    # z_j at z0 + j, nu_j at z0 + n_pieces + j
+    n = z0 + 2 * n_pieces
     pcost = np.array([-pair_saving(p, c)[k] for k, _, _ in pair_cols], dtype=np.float64)
+    col_hi = np.ones(n)
+    continuous = np.zeros(n, dtype=bool)
     if side_rows:
         kappa = p.kappa
-        slo_coef = c.time_ms[item, opt] + kappa * slo.slope * c.var_ms2[item, opt]
+        if n_pieces:
+            slo_coef = np.asarray(c.time_ms[item, opt], dtype=np.float64)
+        else:
+            slo_coef = c.time_ms[item, opt] + kappa * slo.slope * c.var_ms2[item, opt]
         rows.append(np.full(n_x, r))
         cols.append(xcol)
         vals.append(slo_coef)
@@ -224,9 +252,45 @@ def build_milp(
             rows.append(np.full(len(pair_cols), r))
             cols.append(np.array([j for _, _, j in pair_cols]))
             vals.append(np.array([-c.pair_save_ms[k] for k, _, _ in pair_cols]))
-        lo.append(-np.inf)
-        hi.append(spec.slo.tbt_ms - c.dense_ms - kappa * slo.offset)
-        r += 1
+        if n_pieces:
+            vb = np.asarray(breaks, dtype=np.float64)
+            root = np.sqrt(vb)
+            slope = (root[1:] - root[:-1]) / (vb[1:] - vb[:-1])
+            zc = z0 + np.arange(n_pieces)
+            nc = zc + n_pieces
+            rows.append(np.full(2 * n_pieces, r))
+            cols.append(np.r_[zc, nc])
+            vals.append(kappa * np.r_[root[:-1] - slope * vb[:-1], slope])
+            lo.append(-np.inf)
+            hi.append(spec.slo.tbt_ms - c.dense_ms)
+            r += 1
+            # the variance is carried by the pieces' nu columns
+            rows += [np.full(n_x, r), np.full(n_pieces, r)]
+            cols += [xcol, nc]
+            vals += [np.asarray(c.var_ms2[item, opt], dtype=np.float64), -np.ones(n_pieces)]
+            lo.append(0.0)
+            hi.append(0.0)
+            r += 1
+            rows.append(np.full(n_pieces, r))
+            cols.append(zc)
+            vals.append(np.ones(n_pieces))
+            lo.append(1.0)
+            hi.append(1.0)
+            r += 1
+            for j in range(n_pieces):
+                # v_j z_j <= nu_j <= v_{j+1} z_j
+                rows.append(np.array([r, r, r + 1, r + 1]))
+                cols.append(np.array([nc[j], zc[j], nc[j], zc[j]]))
+                vals.append(np.array([1.0, -vb[j + 1], 1.0, -vb[j]]))
+                lo += [-np.inf, 0.0]
+                hi += [0.0, np.inf]
+                r += 2
+            col_hi[nc] = vb[1:]
+            continuous[nc] = True
+        else:
+            lo.append(-np.inf)
+            hi.append(spec.slo.tbt_ms - c.dense_ms - kappa * slo.offset)
+            r += 1
         if spec.slo.ttft_ms is not None:
             rows.append(np.full(n_x, r))
             cols.append(xcol)
@@ -259,11 +323,24 @@ def build_milp(
                 lo.append(-np.inf)
                 hi.append(0.0)
                 r += 1
+    if exclude:
+        col_of = np.full((p.n_items, p.n_options), -1, dtype=np.int64)
+        col_of[item, opt] = xcol
+        for choice in exclude:
+            picked = col_of[np.arange(p.n_items), np.asarray(choice, dtype=np.int64)]
+            if (picked < 0).any():
+                continue  # an option the program does not have: already cut off
+            rows.append(np.full(p.n_items, r))
+            cols.append(picked)
+            vals.append(np.ones(p.n_items))
+            lo.append(-np.inf)
+            hi.append(p.n_items - 1.0)
+            r += 1
     matrix = sp.csc_matrix(
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(r, n)
     )
     return Milp(
-        cost=np.concatenate([cost, pcost]),
+        cost=np.concatenate([cost, pcost, np.zeros(2 * n_pieces)]),
         constant=constant_objective(p, c),
         matrix=matrix,
         row_lo=np.asarray(lo, dtype=np.float64),
@@ -272,4 +349,6 @@ def build_milp(
         opt=opt.astype(np.int64),
         n_x=n_x,
         integer=integer,
+        col_hi=col_hi,
+        continuous=continuous,
     )

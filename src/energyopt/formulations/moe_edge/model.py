@@ -40,6 +40,8 @@ DEFAULT_CLOCKS = 3
 EXPERT_LAUNCH_MS = 0.01
 """Fixed cost of one expert FFN on a GPU at the max clock (three GEMM launches), ms;
 an assumption (docs/formulations/moe-edge.md, §6)."""
+COSTS_KEPT = 256
+"""Configurations whose option costs a problem keeps (least recently used dropped)."""
 FREQUENCY_SUM_TOL = 0.02
 """Relative tolerance of a layer's shares summing to top-k."""
 
@@ -156,15 +158,61 @@ class MoeEdgeProblem:
                 out.append(Config(d, tuple(int(c) for c in clocks)))
         return out
 
+    def gpu_classes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(class of each GPU off the dense part, class of each GPU as the dense one).
+
+        Two GPUs that do not hold the dense part are interchangeable when they have
+        one type, one memory and one list of clocks (nothing else of theirs enters a
+        cost: their link carries no fetch and every hop costs ``hop_ms``); as the
+        dense GPU, the link's bandwidth must match too."""
+        keys: list[tuple[object, ...]] = []
+        for g, gpu in zip(self.spec.server.gpus, self.gpus, strict=True):
+            mem = g.memory_gb if g.memory_gb is not None else gpu.memory_gb
+            keys.append((gpu.name, float(mem), self.clock_options[len(keys)]))
+        off = tuple(keys.index(k) for k in keys)
+        full = [(*k, float(g.pcie_gbps)) for k, g in zip(keys, self.spec.server.gpus, strict=True)]
+        return off, tuple(full.index(k) for k in full)
+
+    def canonical_configs(self) -> list[Config]:
+        """One configuration of each class of equivalent ones: the dense part only on
+        the first GPU of each group of identical GPUs, and the clocks of
+        interchangeable GPUs off the dense part in non-increasing order by index.
+        Relabelling interchangeable GPUs maps every plan of a configuration left out
+        to a plan of one kept with the same costs, so the optimum over these is the
+        optimum over ``configs()``."""
+        off, dense_class = self.gpu_classes()
+        out = []
+        for d in range(self.n_gpus):
+            if dense_class[d] != d:
+                continue
+            for clocks in itertools.product(*self.clock_options):
+                last: dict[int, int] = {}
+                ordered = True
+                for g, clk in enumerate(clocks):
+                    if g == d:
+                        continue
+                    k = off[g]
+                    if k in last and clk > last[k]:
+                        ordered = False
+                        break
+                    last[k] = clk
+                if ordered:
+                    out.append(Config(d, tuple(int(c) for c in clocks)))
+        return out
+
     def max_clock_config(self, dense: int = 0) -> Config:
         return Config(dense, tuple(max(c) for c in self.clock_options))
 
     def costs(self, config: Config) -> ConfigCosts:
-        """The option costs under ``config`` (computed once, then kept)."""
-        found = self._costs.get(config)
+        """The option costs under ``config`` (computed once, then kept while among the
+        ``COSTS_KEPT`` most recently used: a server of 8 GPUs has 52,488
+        configurations, too many to keep)."""
+        found = self._costs.pop(config, None)
         if found is None:
             found = _config_costs(self, config)
-            self._costs[config] = found
+        self._costs[config] = found
+        while len(self._costs) > COSTS_KEPT:
+            del self._costs[next(iter(self._costs))]
         return found
 
     @cached_property
@@ -251,7 +299,7 @@ def build_problem(
             f"{source}: activations.layers: {len(acts.layers)} layers given; {model.name} has {n_l}"
         )
     freq = np.zeros((n_l, n_e))
-    for j, la in enumerate(acts.layers):
+    for j, la in enumerate(acts.layers[:n_l]):  # more layers than the model: reported above
         where = f"{source}: activations.layers[{j}]"
         if la.layer != j:
             problems.append(f"{where}.layer: {la.layer}; layers must be listed in order from 0")
