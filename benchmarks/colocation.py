@@ -17,23 +17,48 @@ It prints, per solver, wall time, the planning-model objective, bound and gap,
 then the outcome every plan has when checked with the ground-truth interference
 (verify/colocation.py): mean JCT, throughput (jobs per hour over the makespan),
 SM utilization and GPU time held, with ratios against the isolated baseline.
+
+``--measured [--data DIR]`` runs the measured-pairs evaluation instead
+(docs/formulations/colocation.md, "Measured interference"): Gavel's pairwise
+co-location throughputs (DIR/sharing/gavel, default the checkout's data/), the
+held-out error of the interference predictor beside its baselines (5-fold over
+unordered job-type pairs), and the mean JCT of isolated and predictor-guided
+paired schedules of jobs of measured types, scored on the measurements.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from energyopt.formulations.colocation.interference import predictor_error
+from energyopt.formulations.colocation.measured import (
+    BASELINES,
+    GAVEL_FILE,
+    PREDICTOR,
+    MeasuredCluster,
+    MeasuredPairs,
+    MeasuredPlan,
+    cross_validate,
+    fit_measured,
+    held_out_slowdown,
+    load_gavel,
+    measured_jobs,
+)
 from energyopt.formulations.colocation.model import build_model
 from energyopt.formulations.colocation.problem import ColocationProblem, load_colocation
 from energyopt.solvers.colocation_exact import solve_exact
 from energyopt.solvers.colocation_isolated import solve_isolated
+from energyopt.solvers.colocation_measured import schedule_isolated, schedule_paired
 from energyopt.solvers.colocation_result import ColocationResult
 from energyopt.solvers.colocation_shadow import solve_shadow
 from energyopt.solvers.colocation_solve import exact_columns
 from energyopt.verify.colocation import ColocationEvaluation, evaluate_colocation
+from energyopt.verify.colocation_measured import check_measured_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = [
@@ -117,6 +142,106 @@ def run_instance(path: Path, args: argparse.Namespace) -> None:
     print("(JCT ratio: isolated / solver, higher is better; thr ratio: solver / isolated)")
 
 
+MEASURED_CLUSTERS = [((4, 4, 4), 48), ((12, 12, 12), 144)]
+"""(GPUs per type K80/P100/V100, jobs) of the measured-pairs runs."""
+MEASURED_SEEDS = (1, 2, 3)
+
+
+def _held_out_table(data: MeasuredPairs) -> None:
+    runs = data.runs()
+    sigma = data.slowdown()
+    upper = np.triu(np.ones(runs.shape[1:], dtype=bool))
+    print(
+        f"\n== measured pairs: {data.source}\n{len(data.job_types)} job types on "
+        f"{', '.join(data.gpu_types)}; {int(runs.sum())} ordered (GPU type, job, co-runner) "
+        f"entries measured, {int((~runs).sum())} did not run; both orders of every pair agree"
+    )
+    for g, name in enumerate(data.gpu_types):
+        s = sigma[g][runs[g]]
+        print(
+            f"  {name}: {int((runs[g] & upper).sum())} unordered pairs, slowdown median "
+            f"{np.median(s):.2f}, 10-90 % {np.quantile(s, 0.1):.2f}-{np.quantile(s, 0.9):.2f}, "
+            f"max {s.max():.1f}"
+        )
+    print(
+        "held-out error, 5-fold over unordered job-type pairs (a pair left out in both "
+        "orders on every GPU type), folds seeded 1 (seed 2 in the last row):"
+    )
+    names = "  ".join(f"{g:>6}" for g in data.gpu_types)
+    print(f"{'model':<46} {'MAPE':>6} {'median':>7} {'RMSE log':>8}   MAPE {names}")
+    rows = [(spec, 1) for spec in BASELINES] + [(PREDICTOR, 1)]
+    rows += [
+        (replace(PREDICTOR, name=f"low rank per GPU type (rank {r})", rank=r), 1) for r in (1, 3)
+    ]
+    rows += [(replace(PREDICTOR, name=PREDICTOR.name + ", folds seed 2"), 2)]
+    for spec, seed in rows:
+        e = cross_validate(data, spec, seed=seed)
+        per = "  ".join(f"{100 * m:>5.1f}%" for m in e.mape_per_gpu)
+        print(
+            f"{e.name:<46} {100 * e.mape:>5.1f}% {100 * e.median_ape:>6.1f}% "
+            f"{e.rmse_log:>8.3f}        {per}"
+        )
+
+
+def run_measured(data_dir: Path) -> None:
+    """The measured-pairs evaluation (see the module docstring)."""
+    data = load_gavel(data_dir / GAVEL_FILE)
+    _held_out_table(data)
+    truth = np.where(data.runs(), data.slowdown(), 1.0)  # ground truth where a pair runs
+    tables = {
+        "held-out predictor": held_out_slowdown(data),
+        "predictor, all pairs": fit_measured(data).slowdown(),
+        "measured (oracle)": truth,
+    }
+    print(
+        "\nmean JCT on the measurements (checker): jobs of measured types (25 that fit every "
+        "GPU type alone), 0.5-8 h alone on a V100 (log-uniform), all at time 0, one or two "
+        "jobs per whole GPU"
+    )
+    gains: dict[str, list[tuple[float, float]]] = {}
+    for counts, n_jobs in MEASURED_CLUSTERS:
+        cluster = MeasuredCluster(data.gpu_types, counts)
+        label = "+".join(f"{c} {g}" for g, c in zip(data.gpu_types, counts, strict=True))
+        print(
+            f"\n-- {label}, {n_jobs} jobs\n{'seed':>4} {'scheduler':<36} {'time s':>6} "
+            f"{'mean JCT h':>10} {'vs in order':>11} {'vs SPT':>7} {'planned h':>9} "
+            f"{'pairs':>5} {'GPU-h held':>10}"
+        )
+        for seed in MEASURED_SEEDS:
+            jobs = measured_jobs(data, n_jobs, seed)
+            plans: list[tuple[str, MeasuredPlan, float]] = []
+            for shortest in (False, True):
+                t0 = time.perf_counter()
+                plan = schedule_isolated(data, truth, cluster, jobs, shortest_first=shortest)
+                plans.append((plan.solver, plan, time.perf_counter() - t0))
+            for name, sigma in tables.items():
+                t0 = time.perf_counter()
+                plan = schedule_paired(data, sigma, cluster, jobs)
+                plans.append((f"paired, {name}", plan, time.perf_counter() - t0))
+            outcomes = []
+            for name, plan, _ in plans:
+                out = check_measured_plan(data, cluster, jobs, plan)
+                assert out.ok, (name, out.violations[:3])
+                outcomes.append(out)
+            in_order, spt = outcomes[0].mean_jct_s, outcomes[1].mean_jct_s
+            for (name, plan, wall), out in zip(plans, outcomes, strict=True):
+                pairs = sum(len(u.jobs) == 2 for u in plan.units)
+                print(
+                    f"{seed:>4} {name:<36} {wall:>6.1f} {out.mean_jct_s / 3600:>10.2f} "
+                    f"{in_order / out.mean_jct_s:>10.3f}x {spt / out.mean_jct_s:>6.3f}x "
+                    f"{plan.objective_s / 3600:>9.2f} {pairs:>5} {out.gpu_time_s / 3600:>10.1f}"
+                )
+                gains.setdefault(f"{label}: {name}", []).append(
+                    (in_order / out.mean_jct_s, spt / out.mean_jct_s)
+                )
+    print("\nmean over seeds (JCT ratio: baseline / scheduler, higher is better)")
+    for key, values in gains.items():
+        a = np.mean([v[0] for v in values])
+        b = np.mean([v[1] for v in values])
+        print(f"  {key:<62} vs isolated in order {a:.3f}x, vs isolated SPT {b:.3f}x")
+    print("(planned h: the scheduler's own mean JCT under the table it planned with)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("instances", nargs="*", type=Path, default=DEFAULT)
@@ -124,7 +249,12 @@ def main() -> None:
     ap.add_argument("--exact-time-limit", type=float, default=120.0, help="HiGHS, s")
     ap.add_argument("--objective", choices=["jct", "throughput"], default=None)
     ap.add_argument("--skip-exact-above", type=int, default=200_000, help="MILP columns")
+    ap.add_argument("--measured", action="store_true", help="measured-pairs evaluation only")
+    ap.add_argument("--data", type=Path, default=ROOT / "data", help="data folder (data/README.md)")
     args = ap.parse_args()
+    if args.measured:
+        run_measured(args.data)
+        return
     print(f"interference predictor, held-out pairs: {predictor_error().line()}")
     for path in args.instances:
         run_instance(path, args)

@@ -72,24 +72,35 @@ def unit_durations(
     return float(da), float(db)
 
 
+Durations = dict[tuple[MeasuredJob, ...], list[tuple[float, ...] | None]]
+"""Cache: a unit's run times per GPU type (``unit_durations``)."""
+
+
 def _list_schedule(
     data: MeasuredPairs,
     sigma: FloatArray,
     cluster: MeasuredCluster,
     units: list[tuple[MeasuredJob, ...]],
     solver: str,
+    cache: Durations | None = None,
 ) -> MeasuredPlan:
     """Place ``units`` in order, each on the GPU where it ends first (ties: lower id)."""
     gpus = cluster.gpu_ids()
     free = [0.0] * len(gpus)
+    known: Durations = {} if cache is None else cache
     placed: list[MeasuredUnit] = []
     ends: list[float] = []
     for unit in units:
+        per_type = known.get(unit)
+        if per_type is None:
+            per_type = [
+                unit_durations(data, sigma, unit, g) if count else None
+                for g, count in enumerate(cluster.counts)
+            ]
+            known[unit] = per_type
         best: tuple[float, int, tuple[float, ...]] | None = None
         for i, (_, g) in enumerate(gpus):
-            if cluster.counts[g] == 0:
-                continue
-            durations = unit_durations(data, sigma, unit, g)
+            durations = per_type[g]
             if durations is None:
                 continue
             end = free[i] + max(durations)
@@ -181,7 +192,8 @@ def schedule_paired(
         (j,): _shortest(data, sigma, cluster, (j,)) for j in order
     }
     units: list[tuple[MeasuredJob, ...]] = [(j,) for j in order]
-    best = _list_schedule(data, sigma, cluster, units, solver)
+    cache: Durations = {}
+    best = _list_schedule(data, sigma, cluster, units, solver, cache)
     partner: dict[int, int] = {}
     for _, i, k in candidates:
         if i in partner or k in partner:
@@ -190,7 +202,7 @@ def schedule_paired(
         hold[pair] = _shortest(data, sigma, cluster, pair)
         trial = [u for u in units if u not in ((order[i],), (order[k],))] + [pair]
         trial.sort(key=lambda u: hold[u])
-        plan = _list_schedule(data, sigma, cluster, trial, solver)
+        plan = _list_schedule(data, sigma, cluster, trial, solver, cache)
         if plan.objective_s < best.objective_s:
             best, units = plan, trial
             partner[i], partner[k] = k, i
