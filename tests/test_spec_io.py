@@ -247,13 +247,13 @@ SCHEMA_CASES = [
         "negative-rate",
         set_at("workloads", 0, "rate_rps", value=-3),
         "workloads[0](chat).rate_rps",
-        "greater than 0",
+        "greater than or equal to 0.000001",
     ),
     (
         "zero-rate",
         set_at("workloads", 2, "rate_rps", value=0),
         "workloads[2](big).rate_rps",
-        "greater than 0",
+        "greater than or equal to 0.000001",
     ),
     (
         "infinite-rate",
