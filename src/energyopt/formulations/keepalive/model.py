@@ -207,10 +207,11 @@ def load_keepalive(path: str | Path) -> KeepAliveProblem:
 def build_problem(spec: KeepAliveFile, source: str = "<keepalive>") -> KeepAliveProblem:
     """Bind a parsed file; SpecError for references to unknown nodes and missing SLOs."""
     node_names = [n.name for n in spec.nodes]
+    known = set(node_names)
     problems: list[str] = []
     for i, fn in enumerate(spec.functions):
         for name in fn.nodes or ():
-            if name not in node_names:
+            if name not in known:
                 problems.append(
                     f"{source}: functions[{i}]({fn.name}).nodes: unknown node {name!r}; "
                     f"nodes: {', '.join(node_names)}"
