@@ -151,7 +151,7 @@ class ServerlessFamily:
             return limit - (time.perf_counter() - t0)
 
         chosen = solver
-        pools, columns = program_size(p)
+        pools, columns = program_size(p) if solver in ("auto", "milp", "lp") else (0, 0)
         if solver == "auto":
             chosen = "milp" if pools <= AUTO_MILP_POOLS else "lp"
         progress(f"solving {p.source} (serverless, {p.n_models} models) with {chosen}")

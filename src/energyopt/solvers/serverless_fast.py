@@ -140,7 +140,7 @@ def solve_fast(
             left = float(p.demand[m, t])
             for n in np.argsort(-free, kind="stable"):
                 n = int(n)
-                if left <= 1e-12:
+                if left <= 1e-12 or time.perf_counter() > deadline:
                     break
                 rate = left
                 for _ in range(400):
@@ -157,6 +157,8 @@ def solve_fast(
                 add(m, n, PREFILL_NV, pre)
                 epoch_routes.append((m, n, n, rate))
                 left -= rate
+            if time.perf_counter() > deadline:
+                return _out_of_time(t, p.n_epochs, time.perf_counter() - t0)
             if left > 1e-9 and p.n_nodes > 1:
                 left = _split(p, tb, m, left, free, nic_out, nic_in, add, epoch_routes, deadline)
                 if time.perf_counter() > deadline:

@@ -124,6 +124,22 @@ def undominated(
     return out
 
 
+class _Kept:
+    """``undominated`` memoised: it depends on the node only through which options
+    fit it and whether it has a power cap, so nodes alike share one answer."""
+
+    def __init__(self, p: ServerlessProblem) -> None:
+        self.p = p
+        self.seen: dict[tuple[int, int, bytes, bool, frozenset[int]], set[int]] = {}
+
+    def __call__(self, m: int, n: int, kind: int, keep: frozenset[int] = frozenset()) -> set[int]:
+        p = self.p
+        key = (m, kind, p.fits[n].tobytes(), bool(np.isfinite(p.power_cap_w[n])), keep)
+        if key not in self.seen:
+            self.seen[key] = undominated(p, m, n, kind, keep)
+        return self.seen[key]
+
+
 def program_size(p: ServerlessProblem) -> tuple[int, int]:
     """(pools, columns) of the whole-horizon MILP, without building it: pools of
     the options left after dominance in every epoch with demand (lulls add a few
@@ -132,11 +148,10 @@ def program_size(p: ServerlessProblem) -> tuple[int, int]:
     busy = (p.demand > 0).sum(axis=1)
     kinds = (PREFILL_NV, DECODE) if p.n_nodes == 1 else (PREFILL_NV, PREFILL_NET, DECODE)
     pools = 0
+    kept = _Kept(p)
     for m in range(p.n_models):
         if busy[m]:
-            per_epoch = sum(
-                len(undominated(p, m, n, k)) for n in range(p.n_nodes) for k in kinds
-            )
+            per_epoch = sum(len(kept(m, n, k)) for n in range(p.n_nodes) for k in kinds)
             pools += int(busy[m]) * per_epoch
     routes = int(busy.sum()) * p.n_nodes * p.n_nodes
     return pools, 4 * pools + routes
@@ -190,12 +205,13 @@ def build_milp(
         later = np.cumsum(busy[m][::-1])[::-1] > 0
         lull[m] = ~busy[m] & seen & later
     parts: list[tuple[IntArray, int, int, int, int, bool]] = []
+    kept = _Kept(p)
     for m in range(n_m):
         for k in kinds:
             hold = _holdable(p, m, k)
             for n in range(n_n):
-                running = {o for (mm, nn, o, kk) in init if (mm, nn, kk) == (m, n, k)}
-                for o in sorted(undominated(p, m, n, k, running)):
+                running = frozenset(o for (mm, nn, o, kk) in init if (mm, nn, kk) == (m, n, k))
+                for o in sorted(kept(m, n, k, running)):
                     ts = window[busy[m]]
                     if hold[o] and lull[m].any():
                         ts = window[busy[m] | lull[m]]
