@@ -180,7 +180,7 @@ def test_restore_names_file_and_field_of_a_bad_checkpoint(
     sim_state = Path("sim.json").read_text()
     Path("bad.json").write_text(json.dumps(_broken(good_checkpoint, how)))
     capsys.readouterr()
-    assert main(["restore", "bad.json"]) == 5
+    assert main(["restore", "bad.json"]) == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1, captured.err

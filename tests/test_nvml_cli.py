@@ -157,7 +157,7 @@ def test_measure_seconds_and_command(simhost: Path, capsys: pytest.CaptureFixtur
 
 
 def test_restore_missing_checkpoint(simhost: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["restore", "nope.json"]) == 5
+    assert main(["restore", "nope.json"]) == 2
     assert "nope.json: cannot read: No such file" in capsys.readouterr().err
 
 
@@ -171,7 +171,7 @@ def test_restore_names_a_missing_checkpoint_before_nvml_starts(
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("ENERGYOPT_NVML_BACKEND", raising=False)
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    assert main(["restore", "nope.json"]) == 5
+    assert main(["restore", "nope.json"]) == 2
     err = capsys.readouterr().err
     assert "nope.json: cannot read: No such file" in err and "NVML" not in err
 

@@ -10,21 +10,24 @@ from typing import Any
 from pydantic import ValidationError
 
 from energyopt.catalog.loader import Catalog
-from energyopt.cli.common import EXIT_DEVICE, EXIT_OK, EXIT_SIGNAL, err
+from energyopt.cli.common import EXIT_BAD_INPUT, EXIT_DEVICE, EXIT_OK, EXIT_SIGNAL, err
 from energyopt.spec.errors import SpecError
 from energyopt.spec.plan import Plan
 
 
 def _nvml_errors(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Executor errors become a message and exit status 5 (130 if interrupted)."""
+    """Executor errors become a message and exit status 5 (130 if interrupted; 2 for a
+    checkpoint file that is missing or malformed, which is bad input)."""
 
     def run(args: argparse.Namespace) -> int:
-        from energyopt.nvml.errors import ApplyInterrupted, ExecutorError
+        from energyopt.nvml.errors import ApplyInterrupted, BadCheckpoint, ExecutorError
 
         try:
             return fn(args)
         except ExecutorError as exc:
             err(f"energyopt {args.command}: {exc}")
+            if isinstance(exc, BadCheckpoint):
+                return EXIT_BAD_INPUT
             return EXIT_SIGNAL if isinstance(exc, ApplyInterrupted) else EXIT_DEVICE
 
     return run

@@ -84,6 +84,11 @@ class CheckpointError(ExecutorError):
     """The checkpoint file could not be written or read."""
 
 
+class BadCheckpoint(CheckpointError):
+    """The checkpoint file is missing, unreadable, or not a well-formed checkpoint: bad
+    input (the command line's exit status 2), not a GPU error."""
+
+
 class ApplyFailed(ExecutorError):
     """An apply failed (or was interrupted) and what it changed was rolled back."""
 

@@ -33,6 +33,7 @@ from energyopt.nvml.actions import (
 from energyopt.nvml.errors import (
     ApplyFailed,
     ApplyInterrupted,
+    BadCheckpoint,
     CheckpointError,
     ExecutorError,
     Interrupted,
@@ -88,7 +89,17 @@ def write_checkpoint(
 
 
 def _parse_checkpoint(path: str | Path) -> tuple[dict[str, Any], list[tuple[Action, Any]]]:
-    """The checkpoint's header and (action, original) pairs; CheckpointError names the field."""
+    """The checkpoint's header and (action, original) pairs; BadCheckpoint names the file
+    and the field."""
+    try:
+        return _read_checkpoint_file(path)
+    except BadCheckpoint:
+        raise
+    except CheckpointError as exc:
+        raise BadCheckpoint(str(exc)) from None
+
+
+def _read_checkpoint_file(path: str | Path) -> tuple[dict[str, Any], list[tuple[Action, Any]]]:
     try:
         # JSON whatever the suffix, with the file readers' checks and limits (a FIFO or
         # device, a file over 64 MiB, nesting deeper than spec.io.MAX_NESTING)
