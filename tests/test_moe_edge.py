@@ -417,3 +417,20 @@ def test_identical_gpus_leave_few_configurations_and_the_floor_bounds_them_all()
     res = solve_milp(small, rel_gap=1e-9)
     assert res.objective is not None
     assert min(floor_bound(small, d) for d in range(small.n_gpus)) <= res.objective
+
+
+def test_fiddlers_rule_runs_host_experts_on_the_cpu_below_its_token_count() -> None:
+    """A host expert used by fewer tokens than the threshold in a step runs on the
+    CPU, by at least that many it is fetched (and not cached)."""
+    p = _problem(_doc(3, batch=4, slo={"tbt_ms": 100.0, "percentile": 90.0}))
+    routing = sample_routing(p.freq, 1, 400, seed=5)
+    plan = p.plan_of(p.max_clock_config(), np.full(p.n_items, p.cpu))
+    as_planned = simulate(p, plan, routing, "lru")
+    assert as_planned.on_cpu == as_planned.routed
+    never = simulate(p, plan, routing, "lru", fetch_from_tokens=5)  # batch 4: always the CPU
+    assert never.on_cpu == never.routed and never.energy_j == pytest.approx(as_planned.energy_j)
+    always = simulate(p, plan, routing, "lru", cache_slots=2, fetch_from_tokens=1)
+    assert always.fetched == always.routed and always.cached == 0
+    assert always.pcie_bytes > 0 and always.on_cpu == 0
+    split = simulate(p, plan, routing, "lru", fetch_from_tokens=2)
+    assert 0 < split.fetched < split.routed and split.fetched + split.on_cpu == split.routed

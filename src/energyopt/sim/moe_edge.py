@@ -130,9 +130,15 @@ def simulate(
     routing: IntArray,
     policy: CachePolicy,
     cache_slots: int | None = None,
+    fetch_from_tokens: int | None = None,
 ) -> MoeSim:
     """Replay ``routing`` ((tokens, L, k), tokens in steps of the file's batch) on
-    ``plan`` with a ``cache_slots``-expert cache (default the file's ``cache_experts``)."""
+    ``plan`` with a ``cache_slots``-expert cache (default the file's ``cache_experts``).
+
+    ``fetch_from_tokens`` (Fiddler's rule): an expert the plan keeps in host memory
+    (``fetch`` or ``cpu``) runs on the CPU when fewer tokens than this use it in a
+    step and is fetched (not cached) otherwise; Fiddler's cost ratio (7 per CPU
+    token vs 70 per fetch) gives 10."""
     config, choice = p.choice_of(plan)
     b = p.spec.batch
     costs = p.costs(config)
@@ -153,6 +159,15 @@ def simulate(
                 item = layer * n_e + e
                 where = int(choice[item])
                 out.routed += n
+                if fetch_from_tokens is not None and where in (p.fetch, p.cpu):
+                    if n < fetch_from_tokens:
+                        where = p.cpu
+                    else:
+                        out.fetched += n
+                        out.pcie_bytes += use.fetch_bytes
+                        ms += float(use.ms[p.fetch, n])
+                        dyn += float(use.dyn_j[p.fetch, n])
+                        continue
                 if where == p.fetch:
                     if cache.lookup(item):
                         ms += float(use.cached_ms[n])
