@@ -557,6 +557,35 @@ def test_the_lowest_rate_gives_a_valid_covering_bound() -> None:
     assert bound >= float(np.min(fixed)) - 1e-9  # one use is needed, whichever it is
 
 
+def test_calibrated_margin_of_an_evaluate_planner_needs_a_measured_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A planner's latency_margin: calibrated overrides the base instance's margin, so
+    it is held to the same rule: each GPU type has a measured latency error."""
+    base = _edited(tmp_path, QUICKSTART, _inline_type(
+        "h100-sxm5-80gb.yaml", "Site-H100", lambda g: g["efficiency"].update(latency_error=0)
+    ), "base.yaml")
+    spec = {
+        "kind": "evaluate",
+        "name": "margin",
+        "base": base.name,
+        "load": {"kind": "bursty", "burst_factor": 2.0, "burst_s": 20, "gap_s": 40},
+        "duration_s": 60,
+        "reference": "plain",
+        "planners": [
+            {"name": "plain", "kind": "energyopt", "solver": "highs-exact"},
+            {"name": "margin", "kind": "energyopt", "solver": "highs-exact",
+             "latency_margin": "calibrated"},
+        ],
+    }
+    path = tmp_path / "ev.yaml"
+    path.write_text(yaml.safe_dump(spec), encoding="utf-8")
+    for verb in ("validate", "evaluate"):
+        code, _, err = run(capsys, verb, str(path), *(["-q"] if verb == "evaluate" else []))
+        assert code == 2
+        assert f"{path}: planners[1](margin).latency_margin: calibrated, but GPU type " in err
+
+
 TASKGRAPH_BAD = [
     (
         "efficiency-tiny",

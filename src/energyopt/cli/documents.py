@@ -56,6 +56,14 @@ def validate_evaluation(path: str, catalogs: Sequence[str]) -> str:
             raise SpecError([f"{path}: load.file: no such file {trace}"])
         read_trace(trace)
     for i, planner in enumerate(ev.planners):
+        if planner.latency_margin == "calibrated":
+            from energyopt.spec.checks import calibrated_margin_problems
+
+            used = sorted({e.type for node in problem.instance.cluster.nodes for e in node.gpus})
+            where = f"{path}: planners[{i}]({planner.name})"
+            margin = calibrated_margin_problems(used, problem.catalog.gpus, where)
+            if margin:
+                raise SpecError(margin)
         if planner.kind == "table":
             continue
         try:
