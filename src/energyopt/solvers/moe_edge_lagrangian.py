@@ -398,8 +398,20 @@ def solve_lagrangian(
     bounds: list[float] = []
     timed_out = False
     open_dense: set[int] = set()
+    # time kept for the bound of configurations left unvisited (costs of one
+    # configuration per clock of each GPU, per dense GPU), and the longest a
+    # configuration took so far: one is not started unless it can end in time
+    p.costs(configs[0])  # the first call also warms up
+    t1 = time.perf_counter()
+    p.costs(configs[-1])
+    per_costs_s = time.perf_counter() - t1
+    dense_gpus = len({k.dense for k in configs})
+    floor_costs = dense_gpus * (1 + sum(len(c) for c in p.clock_options))
+    reserve_s = min(0.25 * time_limit_s, 1.5 * floor_costs * per_costs_s)
+    slowest_s = 0.0
     for n, config in enumerate(configs):
-        if time.perf_counter() - t0 > time_limit_s:
+        started = time.perf_counter()
+        if started - t0 + slowest_s + reserve_s > time_limit_s and (n > 0 or best is not None):
             # out of time: the unpriced relaxation of every configuration left, with
             # each option at its least cost over the clocks, still bounds them
             timed_out = True
@@ -437,6 +449,7 @@ def solve_lagrangian(
                 # again from these prices, now aiming at the best plan's objective
                 bound = max(bound, kelley_bound(p, c, prices, best[0], rel_gap))
         bounds.append(bound)
+        slowest_s = max(slowest_s, time.perf_counter() - started)
         progress(
             f"lagrangian: config {n + 1}/{len(configs)}: bound {bound:.6g}"
             + ("" if best is None else f", best {best[0]:.6g}")

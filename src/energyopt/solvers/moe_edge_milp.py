@@ -260,10 +260,12 @@ def solve_milp(
     t0 = time.perf_counter()
     configs = p.canonical_configs()
     # time to keep for bounding, per dense GPU, what the time limit leaves unvisited
-    p.costs(configs[0])
-    per_costs_s = time.perf_counter() - t0
+    p.costs(configs[0])  # the first call also warms up
+    t1 = time.perf_counter()
+    p.costs(configs[-1])
+    per_costs_s = time.perf_counter() - t1
     floor_costs = len({k.dense for k in configs}) * (1 + sum(len(c) for c in p.clock_options))
-    reserve_s = min(0.2 * time_limit_s, floor_costs * per_costs_s)
+    reserve_s = min(0.25 * time_limit_s, 1.5 * floor_costs * per_costs_s)
     if len(configs) <= SORTED_CONFIGS:
         costed = []
         for n, k in enumerate(configs):
