@@ -139,8 +139,10 @@ def test_map_option_and_map_file(
     (tmp_path / "map.yaml").write_text("node0/0: 1\n")
     assert main(["apply", str(plan), "--map-file", "map.yaml"]) == 0
     assert "node0/0 -> GPU 1" in capsys.readouterr().out
-    assert main(["apply", str(plan), "--map", "node0/0"]) == 5
+    assert main(["apply", str(plan), "--map", "node0/0"]) == 2
     assert "expected PLAN_GPU=INDEX" in capsys.readouterr().err
+    assert main(["apply", str(plan), "--map", "node9/9=0"]) == 2
+    assert f"--map node9/9=0: node9/9 is not a GPU of {plan}" in capsys.readouterr().err
 
 
 def test_measure_seconds_and_command(simhost: Path, capsys: pytest.CaptureFixture[str]) -> None:

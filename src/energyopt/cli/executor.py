@@ -79,7 +79,7 @@ def _serving_plan(path: str) -> Plan:
 
 @_nvml_errors
 def cmd_apply(args: argparse.Namespace) -> int:
-    from energyopt.nvml.errors import ExecutorError
+    from energyopt.nvml.errors import DeviceMapError, ExecutorError
     from energyopt.nvml.planner import (
         mig_parted_yaml,
         parse_map_options,
@@ -99,7 +99,15 @@ def cmd_apply(args: argparse.Namespace) -> int:
     plan_gpus = [g.gpu for g in plan.gpus]
     mapping = read_map_file(args.map_file, plan_gpus) if args.map_file else {}
     origins = {gpu: f"{args.map_file}: {gpu}" for gpu in mapping}
-    options = parse_map_options(args.map)
+    try:
+        options = parse_map_options(args.map)
+    except DeviceMapError as exc:
+        raise SpecError([str(exc)]) from None  # a malformed option is bad input
+    strangers = [gpu for gpu in options if gpu not in plan_gpus]
+    if strangers:
+        raise SpecError(
+            [f"--map {gpu}={options[gpu]}: {gpu} is not a GPU of {args.plan}" for gpu in strangers]
+        )
     mapping.update(options)
     origins.update({gpu: f"--map {gpu}={dev}" for gpu, dev in options.items()})
     with open_session() as session:
