@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from energyopt import __version__
+from energyopt.cli import agent as agent_verbs
 from energyopt.cli import calibrate, evaluate, executor, problems, profile, tables
 from energyopt.cli.common import (
     EXIT_BAD_INPUT,
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     tables.configure(sub)
     calibrate.configure(sub)
     profile.configure(sub)
+    agent_verbs.configure(sub)
     p = sub.add_parser("evaluate", help="simulate planners on a trace or synthetic load")
     evaluate.configure(p)
     for name in ("validate", "show", "solve", "verify", "export", "compile", "evaluate"):
