@@ -11,7 +11,7 @@ percentile row binds and some instances have no plan at all. For each solver:
 - the exact solvers (``milp``, ``auto`` on these sizes) return the optimum with
   status optimal, and prove infeasibility where no plan exists; no solver calls a
   feasible instance infeasible or returns a plan for an infeasible one; a run that
-  says ``converged`` is within its gap.
+  says ``converged`` is within its gap (any solver).
 """
 
 from __future__ import annotations
@@ -97,9 +97,7 @@ def test_solver_agrees_with_the_exhaustive_optimum(solver: str) -> None:
         ):
             failures.append(f"{where}: {res.status} at {res.objective}")
         if res.termination == Termination.CONVERGED and res.status != OPTIMAL:
-            assert res.gap is not None
-            if solver in EXACT or res.gap <= GAP:
-                failures.append(f"{where}: converged but {res.status} at gap {res.gap}")
+            failures.append(f"{where}: converged but {res.status} at gap {res.gap}")
     assert not failures, "\n".join(failures)
 
 

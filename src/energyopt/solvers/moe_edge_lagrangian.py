@@ -51,6 +51,7 @@ from energyopt.solvers.result import (
     FEASIBLE,
     INFEASIBLE,
     NO_SOLUTION,
+    OPTIMAL,
     Result,
     Termination,
     status_at,
@@ -479,6 +480,10 @@ def solve_lagrangian(
         )
     obj, config, choice = best
     status = FEASIBLE if bound_or_none is None else status_at(obj, bound_or_none, rel_gap)
+    if termination == Termination.CONVERGED and status != OPTIMAL:
+        # every configuration was visited but the plan is not within the gap: the
+        # subgradient and cutting-plane iteration limits ended it, not convergence
+        termination = Termination.EFFORT_LIMIT
     return Result(
         status,
         obj,
