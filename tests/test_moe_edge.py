@@ -434,3 +434,25 @@ def test_fiddlers_rule_runs_host_experts_on_the_cpu_below_its_token_count() -> N
     assert always.pcie_bytes > 0 and always.on_cpu == 0
     split = simulate(p, plan, routing, "lru", fetch_from_tokens=2)
     assert 0 < split.fetched < split.routed and split.fetched + split.on_cpu == split.routed
+
+
+def test_a_time_limit_on_eight_gpus_returns_the_best_plan_with_a_valid_bound() -> None:
+    """Mixtral on 8 L4s of distinct sizes (52,488 configurations, none equal up to
+    relabelling) in 1 s: most configurations are never visited; their bound comes
+    from one-clock-at-a-time variations per dense GPU, and the run says time_limit."""
+    from energyopt.solvers.result import Termination
+
+    doc = yaml.safe_load((ROOT / "instances" / "moe-edge" / "mixtral-l4-law.yaml").read_text())
+    first = doc["server"]["gpus"][0]
+    doc["server"]["gpus"] = [
+        dict(first, name=f"gpu{i}", memory_gb=20.0 + 0.5 * i, pcie_gbps=10.0 + i) for i in range(8)
+    ]
+    p = build_problem(MoeEdgeFile.model_validate(doc), "<8 gpus>")
+    assert len(p.canonical_configs()) == len(p.configs()) == 52_488
+    for solve in (solve_milp, solve_lagrangian):
+        res = solve(p, time_limit_s=1.0)
+        assert res.termination == Termination.TIME_LIMIT and res.status != OPTIMAL
+        assert res.bound is not None and res.bound > 0
+        if res.plan is not None:
+            assert evaluate_moe_edge(p.spec, builtin_catalog(), res.plan).violations == []
+            assert res.objective is not None and res.bound <= res.objective
