@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +29,7 @@ from energyopt.formulations.collective.costmodel import (
     flows_of,
     time_bound_us,
     time_us,
-    times_us,
+    times_us_at,
 )
 from energyopt.formulations.collective.model import CollectiveProblem, FloatArray
 from energyopt.formulations.collective.nccl import nccl_channels, nccl_choice
@@ -200,15 +200,22 @@ class Winners:
 class Evaluator:
     """Flows of candidate structures, cached per (op, root, structure)."""
 
-    def __init__(self, p: CollectiveProblem) -> None:
+    def __init__(
+        self, p: CollectiveProblem, shared: dict[tuple[str, int, Structure], Flows] | None = None
+    ) -> None:
+        """``shared``: flows built for another health state of the same topology and
+        ranks (evaluators of such states may share it; only capacities differ)."""
         self.p = p
         self._cache: dict[tuple[str, int, Structure], Flows] = {}
+        self._shared = shared
 
     def flows(self, c: Collective, s: Structure, choice: Choice | None = None) -> Flows:
         return self.flows_of(c.op, c.root, s, choice)
 
     def flows_of(self, op: Op, root: int, s: Structure, choice: Choice | None = None) -> Flows:
         key = (op, root_key(op, root), s)
+        if choice is None and key not in self._cache and self._shared and key in self._shared:
+            self._cache[key] = self._shared[key].with_capacities(self.p.edge_gbs)
         if choice is not None or key not in self._cache:
             p = self.p
             prog = program_of(
@@ -228,6 +235,8 @@ class Evaluator:
             if choice is not None:
                 return fl
             self._cache[key] = fl
+            if self._shared is not None:
+                self._shared[key] = fl
         return self._cache[key]
 
     def score(
@@ -268,15 +277,19 @@ class Evaluator:
         fl = self.flows_of(op, root, s, choice)
         fmax = p.gpu.max_sm_clock_mhz
         energy = p.spec.objective.kind == "energy"
+        clocks = p.clocks_mhz if energy else (fmax,)
+        settings = [(pr, f) for pr in PROTOCOLS for f in clocks]
+        times = times_us_at(p, fl, sizes, settings)
+        at = {x: i for i, x in enumerate(settings)}
         for pr in PROTOCOLS:
-            top = times_us(p, fl, sizes, pr, fmax)
+            top = times[at[(pr, fmax)]]
             if not energy:
                 e = energies_j(p, fl, sizes, s.channels, fmax, top)
                 w.offer(False, s, pr, fmax, top, e, choice)
                 continue
             limit = p.spec.objective.max_time_ratio * top * (1 - 1e-9)
             for f in p.clocks_mhz:
-                t = top if f == fmax else times_us(p, fl, sizes, pr, f)
+                t = times[at[(pr, f)]]
                 e = energies_j(p, fl, sizes, s.channels, f, t)
                 ok = (t <= limit) | (f == fmax)
                 w.offer(True, s, pr, f, np.where(ok, t, np.inf), np.where(ok, e, np.inf), choice)
@@ -391,11 +404,16 @@ direct (all-pairs) on one channel, every op's schedule of fewest steps (one or t
 so the cheapest to score."""
 
 
-def search_group(ev: Evaluator, g: Group, deadline: float | None) -> bool:
-    """Offer ``g`` every candidate structure until ``deadline`` (perf_counter
-    seconds); True when every one was scored."""
+def search_group(
+    ev: Evaluator,
+    g: Group,
+    deadline: float | None,
+    candidates: Iterable[Structure] | None = None,
+) -> bool:
+    """Offer ``g`` every candidate structure (``candidates``, default ``structures``)
+    until ``deadline`` (perf_counter seconds); True when every one was scored."""
     c = Collective(op=g.op, bytes=1, root=g.root)
-    for s in structures(ev.p, c):
+    for s in structures(ev.p, c) if candidates is None else candidates:
         if deadline is not None and time.perf_counter() >= deadline:
             return False
         try:
@@ -411,16 +429,6 @@ def select_one(ev: Evaluator, c: Collective, name: str) -> Scored:
     g = Group(c.op, c.root, np.asarray([float(c.bytes)]), [(0, 0)], Winners.empty(1))
     search_group(ev, g, None)
     return g.winners.scored(0, name)
-
-
-def select_sizes(ev: Evaluator, op: Op, sizes: Sequence[int], root: int = 0) -> list[Scored]:
-    """The best candidate schedule of ``op`` for every message size of ``sizes``
-    (bytes), scored together; each named ``op:size``."""
-    g = Group(
-        op, root, np.asarray(sizes, dtype=np.float64), [], Winners.empty(len(sizes))
-    )
-    search_group(ev, g, None)
-    return [g.winners.scored(j, f"{op}:{b}") for j, b in enumerate(sizes)]
 
 
 @dataclass

@@ -16,20 +16,32 @@ state in O(n).
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from energyopt.formulations.collective.costmodel import Flows
 from energyopt.formulations.collective.model import CollectiveProblem
-from energyopt.solvers.collective_select import Evaluator, Scored, Structure, select_one
+from energyopt.progress import Progress, quiet
+from energyopt.solvers.collective_select import (
+    CHANNELS,
+    CHUNKS,
+    QUICK,
+    Evaluator,
+    Group,
+    Structure,
+    Winners,
+    search_group,
+)
 from energyopt.spec.collective import (
     ALGORITHMS,
     PROTOCOLS,
     Algorithm,
     Choice,
-    Collective,
     Health,
     LinkHealth,
     Op,
@@ -94,6 +106,9 @@ class Policy:
     n_nodes: int
     n_ranks: int
     cells: dict[tuple[str, int, int, int], Choice]
+    unsearched: int = 0
+    """Cells a time limit kept from the full search (they hold the best schedule
+    found; not stored in the file)."""
 
     def key(self, op: str, nbytes: int, health: HealthSummary) -> tuple[str, int, int, int]:
         """The cell of a collective: size rounded down to its bucket, factor down to
@@ -111,43 +126,72 @@ class Policy:
         return self.cells[self.key(op, nbytes, health)]
 
 
+def nccl_structures(op: Op) -> Iterator[Structure]:
+    """The ring and tree schedules NCCL can run (its tree is all-reduce only)."""
+    for alg in ("ring", "tree"):
+        if alg == "tree" and op != "all_reduce":
+            continue
+        for ch in CHANNELS:
+            for k in CHUNKS if (alg == "tree" or op == "broadcast") else (1,):
+                yield Structure(alg, ch, k, None, 0)
+
+
 def compile_policy(
     p: CollectiveProblem,
     ops: tuple[Op, ...],
     sizes_log2: tuple[int, ...],
     max_stragglers: int = 2,
     nccl_only: bool = False,
+    *,
+    healthy_only: bool = False,
+    time_limit_s: float | None = None,
+    progress: Progress = quiet,
 ) -> Policy:
-    """Solve every cell by selection (``nccl_only``: among NCCL's algorithms only)."""
+    """Solve every cell by selection (``nccl_only``: among NCCL's algorithms only);
+    all sizes of one op and health state are scored together. Within
+    ``time_limit_s`` seconds when given: every cell first gets a cheap schedule
+    (one-channel direct; a one-channel ring for ``nccl_only``), then the states
+    and ops are searched in order until the limit (``Policy.unsearched`` counts the
+    cells the limit cut). ``healthy_only``: only the cells of the healthy state
+    (what the NCCL tuner config holds)."""
+    t0 = time.perf_counter()
+    deadline = None if time_limit_s is None else t0 + time_limit_s
+    sizes = np.asarray([float(1 << b) for b in sizes_log2])
+    states = [(fi, f, k) for fi, f in enumerate(FACTORS) for k in range(max_stragglers + 1)]
+    if healthy_only:
+        states = states[:1]
+    evs: dict[int, Evaluator] = {}
+    groups: dict[tuple[int, Op], Group] = {}
+    shared: dict[tuple[str, int, Structure], Flows] = {}
+    for si, (_, f, k) in enumerate(states):
+        evs[si] = Evaluator(p.with_health(representative(p, HealthSummary(f, k))), shared)
+        for op in ops:
+            g = Group(op, 0, sizes, [], Winners.empty(len(sizes)))
+            if deadline is not None:
+                quick = Structure("ring", 1, 1, None, 0) if nccl_only else QUICK
+                evs[si].offer_best(g.winners, op, 0, quick, sizes)
+            groups[(si, op)] = g
+    for si, (_, f, k) in enumerate(states):
+        if deadline is not None and time.perf_counter() >= deadline:
+            progress(f"policy: time limit reached at health state {si + 1} of {len(states)}")
+            break
+        for op in ops:
+            g = groups[(si, op)]
+            search_group(evs[si], g, deadline, nccl_structures(op) if nccl_only else None)
+            progress(
+                f"policy: health state {si + 1} of {len(states)} (slowest link {f:g}, {k} "
+                f"straggler(s)), {op} x {len(sizes)} sizes: "
+                f"{'searched' if g.searched else 'stopped by the time limit'}, "
+                f"{time.perf_counter() - t0:.1f} s"
+            )
     cells: dict[tuple[str, int, int, int], Choice] = {}
-    for fi, f in enumerate(FACTORS):
-        for k in range(max_stragglers + 1):
-            q = p.with_health(representative(p, HealthSummary(f, k)))
-            ev = Evaluator(q)
-            for op in ops:
-                for b in sizes_log2:
-                    c = Collective(op=op, bytes=1 << b)
-                    name = f"{op}:{1 << b}"
-                    best = _nccl_expressible(ev, c, name) if nccl_only else select_one(ev, c, name)
-                    cells[(op, b, fi, k)] = best.choice
-    return Policy(tuple(sizes_log2), max_stragglers, p.n_nodes, p.n, cells)
-
-
-def _nccl_expressible(ev: Evaluator, c: Collective, name: str) -> Scored:
-    """The best ring or tree schedule (what NCCL can run; its tree is all-reduce only)."""
-    from energyopt.solvers.collective_select import CHANNELS, CHUNKS, _key
-
-    best: Scored | None = None
-    for alg in ("ring", "tree"):
-        if alg == "tree" and c.op != "all_reduce":  # NCCL's tree runs all-reduce only
-            continue
-        for ch in CHANNELS:
-            for k in CHUNKS if (alg == "tree" or c.op == "broadcast") else (1,):
-                x = ev.best(c, Structure(alg, ch, k, None, 0), name)
-                if best is None or _key(ev.p, x) < _key(ev.p, best):
-                    best = x
-    assert best is not None
-    return best
+    unsearched = 0
+    for (si, op), g in groups.items():
+        fi, _, k = states[si]
+        unsearched += 0 if g.searched else len(sizes)
+        for j, b in enumerate(sizes_log2):
+            cells[(op, b, fi, k)] = g.winners.scored(j, f"{op}:{1 << b}").choice
+    return Policy(tuple(sizes_log2), max_stragglers, p.n_nodes, p.n, cells, unsearched)
 
 
 def localize(choice: Choice, p: CollectiveProblem) -> Choice:
@@ -389,12 +433,20 @@ def parse_tuner_conf(text: str) -> list[TunerRow]:
     return rows
 
 
+DEFAULT_TIME_LIMIT_S = 600.0
+"""Default bound on one compilation of ``main``, s (a 64-GPU topology's full search
+takes far longer; the command says how many cells the bound cut)."""
 DEFAULT_SIZES_LOG2 = tuple(range(10, 31, 2))
 """Message sizes of a compiled policy: 1 KiB to 1 GiB, every power of 4 (log2 bytes)."""
 
 
 def write_healthy_tuner_conf(
-    p: CollectiveProblem, path: str | Path, sizes_log2: tuple[int, ...] = DEFAULT_SIZES_LOG2
+    p: CollectiveProblem,
+    path: str | Path,
+    sizes_log2: tuple[int, ...] = DEFAULT_SIZES_LOG2,
+    *,
+    time_limit_s: float | None = None,
+    progress: Progress = quiet,
 ) -> None:
     """The NCCL example tuner plugin's config for ``p``'s topology with every link
     healthy and no straggler (ring/tree choices; all-to-all is not in its format)."""
@@ -402,14 +454,26 @@ def write_healthy_tuner_conf(
 
     ops = tuple(o for o in OPS if o != "all_to_all")
     healthy = p.with_health(Health())
-    write_tuner_conf(compile_policy(healthy, ops, sizes_log2, 0, nccl_only=True), path)
+    policy = compile_policy(
+        healthy,
+        ops,
+        sizes_log2,
+        0,
+        nccl_only=True,
+        healthy_only=True,
+        time_limit_s=time_limit_s,
+        progress=progress,
+    )
+    write_tuner_conf(policy, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m energyopt.tables.collective FILE``: compile the runtime policy of a
     collective file's topology and write it (``--policy``) and/or its NCCL tuner
-    config for the healthy state (``--tuner-conf``). Exit 2 with one line per
-    problem for bad input."""
+    config for the healthy state (``--tuner-conf``); with neither, exit 2 saying so.
+    Progress on stderr (``-q``: none); ``--time-limit`` bounds each compilation
+    (default ``DEFAULT_TIME_LIMIT_S``; cells it cuts keep the best schedule found,
+    and the command says how many). Exit 2 with one line per problem for bad input."""
     import argparse
     import sys
 
@@ -431,7 +495,22 @@ def main(argv: list[str] | None = None) -> int:
         help="first:last:step of log2 bytes",
     )
     ap.add_argument("--max-stragglers", type=int, default=2)
+    ap.add_argument(
+        "--time-limit",
+        type=float,
+        default=DEFAULT_TIME_LIMIT_S,
+        metavar="SECONDS",
+        help="bound on each compilation (policy, tuner config); cells it cuts keep the "
+        f"best schedule found (default {DEFAULT_TIME_LIMIT_S:g})",
+    )
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+
+    def progress(line: str) -> None:
+        if not args.quiet:
+            print(f"[{time.perf_counter() - t0:7.1f}s] {line}", file=sys.stderr, flush=True)
+
     try:
         try:
             first, last, step = (int(x) for x in args.sizes_log2.split(":"))
@@ -445,14 +524,29 @@ def main(argv: list[str] | None = None) -> int:
             )
         if not 0 <= args.max_stragglers <= 8:
             raise SpecError([f"--max-stragglers: {args.max_stragglers}: 0 to 8"])
+        limit = args.time_limit
+        if not (math.isfinite(limit) and limit > 0):
+            raise SpecError([f"--time-limit: {limit}: a positive number of seconds"])
         p = load_collective(args.file).with_health(Health())
         sizes = tuple(range(first, last + 1, step))
         ops = tuple(o for o in OPS if o != "all_to_all")
+        if not (args.policy or args.tuner_conf):
+            raise SpecError(["nothing to write: give --policy FILE and/or --tuner-conf FILE"])
         if args.policy:
-            write_policy(compile_policy(p, ops, sizes, args.max_stragglers), args.policy)
+            policy = compile_policy(
+                p, ops, sizes, args.max_stragglers, time_limit_s=limit, progress=progress
+            )
+            write_policy(policy, args.policy)
             print(f"policy of {args.file} written to {args.policy}")
+            if policy.unsearched:
+                print(
+                    f"time limit: {policy.unsearched} of {len(policy.cells)} cells were not "
+                    "searched in full (they hold the best schedule found)"
+                )
         if args.tuner_conf:
-            write_healthy_tuner_conf(p, args.tuner_conf, sizes)
+            write_healthy_tuner_conf(
+                p, args.tuner_conf, sizes, time_limit_s=limit, progress=progress
+            )
             print(f"NCCL tuner config of {args.file} written to {args.tuner_conf}")
     except SpecError as exc:
         for line in exc.problems:

@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from energyopt.formulations.collective.constants import PROTOCOL_EFFICIENCY, PROTOCOL_STEP_US
 from energyopt.formulations.collective.model import CollectiveProblem
-from energyopt.formulations.collective.program import Program, scatter_max
+from energyopt.formulations.collective.program import Program, Scatter
 from energyopt.formulations.collective.schedules import NotApplicable, program_of
 from energyopt.perf.power import HBM_PJ_PER_BIT, clock_power_factor, gpu_on_power_w
 from energyopt.spec.collective import Choice, Collective, CollectivePlan, Protocol
@@ -308,8 +308,8 @@ def _run(
         end = begin + busy
         land = end + st.lat_us[:, None]
         # a rank starts its next step once this one's flows are done at both ends
-        scatter_max(free, np.concatenate((ra, rb)), np.concatenate((end, end)))
-        scatter_max(got, rb, land)
+        Scatter.of(np.concatenate((ra, rb))).apply(free, np.concatenate((end, end)))
+        Scatter.of(rb).apply(got, land)
         last = np.maximum(last, land.max(axis=0))
     return p.rates.launch_us + last, touched
 

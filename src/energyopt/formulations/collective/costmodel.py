@@ -18,7 +18,8 @@ system moves every byte sent, received and reduced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from energyopt.formulations.collective.model import (
     FloatArray,
     IntArray,
 )
-from energyopt.formulations.collective.program import Program, pipelined, scatter_max
+from energyopt.formulations.collective.program import Program, Scatter, pipelined
 from energyopt.perf.power import (
     HBM_PJ_PER_BIT,
     clock_power_factor,
@@ -62,6 +63,38 @@ class Flows:
     """(F,): least over the flow's route of link capacity / flows on the link, GB/s."""
     route_us: FloatArray
     """(F,): latency of the flow's route, us."""
+    n: int
+    """Ranks."""
+    edges: IntArray
+    """(F, L): the edges of each flow's route (-1 padding)."""
+    on_edge: FloatArray
+    """(F, L): flows of the same step on each of those edges."""
+
+    def with_capacities(self, edge_gbs: FloatArray) -> Flows:
+        """The same flows on the same topology under other link capacities (another
+        health state): only ``link_share`` changes; the step plan is kept."""
+        share = _link_share(self.edges, self.on_edge, edge_gbs)
+        out = replace(self, link_share=share)
+        if "plan" in self.__dict__:
+            out.__dict__["plan"] = self.__dict__["plan"]
+        return out
+
+    @cached_property
+    def plan(self) -> list[tuple[int, int, Scatter, Scatter]]:
+        """Per non-empty step: its flows' range and how to scatter their ends into the
+        per (rank, channel) state of the dataflow (both ends; the receiver), for
+        ``dataflow_makespans`` (planned once, used for every size, protocol, clock)."""
+        bounds = np.searchsorted(self.step, np.arange(self.n_steps + 1))
+        out = []
+        n = self.n
+        for g in range(self.n_steps):
+            lo, hi = int(bounds[g]), int(bounds[g + 1])
+            if lo == hi:
+                continue
+            ch = self.chan[lo:hi] * n
+            a, b = self.src[lo:hi] + ch, self.dst[lo:hi] + ch
+            out.append((lo, hi, Scatter.of(np.concatenate((a, b))), Scatter.of(b)))
+        return out
 
 
 def route_table(p: CollectiveProblem) -> tuple[IntArray, IntArray]:
@@ -91,9 +124,7 @@ def flows_of(p: CollectiveProblem, prog: Program, chunks: int) -> Flows:
     key = step[:, None] * n_e + np.where(valid, edges, 0)
     load = np.zeros(len(per_step) * n_e)
     np.add.at(load, key[valid], 1.0)
-    cap = np.where(
-        valid, p.edge_gbs[np.where(valid, edges, 0)] / np.maximum(load[key], 1.0), np.inf
-    )
+    on_edge = np.maximum(load[key], 1.0)
     us = np.where(valid, p.edge_us[np.where(valid, edges, 0)], 0.0).sum(axis=1)
     return Flows(
         step=step,
@@ -104,9 +135,22 @@ def flows_of(p: CollectiveProblem, prog: Program, chunks: int) -> Flows:
         share=np.concatenate(share) if share else np.zeros(0),
         reduce_share=np.concatenate(reduced) if reduced else np.zeros(0),
         n_steps=len(per_step),
-        link_share=cap.min(axis=1) if len(step) else np.zeros(0),
+        link_share=_link_share(edges, on_edge, p.edge_gbs),
         route_us=us,
+        n=p.n,
+        edges=edges,
+        on_edge=on_edge,
     )
+
+
+def _link_share(edges: IntArray, on_edge: FloatArray, edge_gbs: FloatArray) -> FloatArray:
+    """(F,): least over each flow's route of link capacity / flows on the link, GB/s."""
+    if len(edges) == 0:
+        return np.zeros(0)
+    valid = edges >= 0
+    cap = np.where(valid, edge_gbs[np.where(valid, edges, 0)] / on_edge, np.inf)
+    out: FloatArray = cap.min(axis=1)
+    return out
 
 
 def time_us(
@@ -124,31 +168,52 @@ def times_us(
     p: CollectiveProblem, fl: Flows, message_bytes: FloatArray, protocol: Protocol, clock_mhz: int
 ) -> FloatArray:
     """Time of one run of the collective for each message size of ``message_bytes``
-    (bytes, shape (K,)), us: the flows are the same for every size, so the sizes run
-    through one dataflow side by side (in batches of ``MAX_BATCH_CELLS``), each with
-    the arithmetic of a single size."""
+    (bytes, shape (K,)), us (``times_us_at`` of one protocol and clock)."""
+    out: FloatArray = times_us_at(p, fl, message_bytes, [(protocol, clock_mhz)])[0]
+    return out
+
+
+def times_us_at(
+    p: CollectiveProblem,
+    fl: Flows,
+    message_bytes: FloatArray,
+    settings: list[tuple[Protocol, int]],
+) -> FloatArray:
+    """(len(settings), K): time of one run for each (protocol, clock MHz) of
+    ``settings`` and each message size of ``message_bytes`` (bytes), us. The flows
+    are the same for all of them, so they run through one dataflow side by side
+    (in batches of ``MAX_BATCH_CELLS``), each with the arithmetic of a single one."""
     m = np.asarray(message_bytes, dtype=np.float64)
-    ratio = clock_mhz / p.gpu.max_sm_clock_mhz
     slow = np.maximum(p.slowdown[fl.src], p.slowdown[fl.dst])
-    rate = np.minimum(fl.link_share, p.rates.channel_gbs * ratio / slow)
-    rate = rate * PROTOCOL_EFFICIENCY[protocol]
-    base = PROTOCOL_STEP_US[protocol] * slow
     red = fl.reduce > 0
     reducing = np.zeros(fl.n_steps * p.n)
     np.add.at(reducing, (fl.step * p.n + fl.dst)[red], 1.0)
     k_dst = np.maximum(reducing[fl.step * p.n + fl.dst], 1.0)
     hbm = p.gpu.memory_bandwidth_gbps / HBM_TOUCHES_PER_REDUCED_BYTE / k_dst
-    red_rate = np.minimum(p.rates.reduce_gbs * ratio, hbm)
-    out = np.empty(len(m))
+    per: list[tuple[FloatArray, FloatArray, FloatArray]] = []
+    for protocol, clock_mhz in settings:
+        ratio = clock_mhz / p.gpu.max_sm_clock_mhz
+        rate = np.minimum(fl.link_share, p.rates.channel_gbs * ratio / slow)
+        rate = rate * PROTOCOL_EFFICIENCY[protocol]
+        per.append(
+            (PROTOCOL_STEP_US[protocol] * slow, rate, np.minimum(p.rates.reduce_gbs * ratio, hbm))
+        )
+    cols = [(i, j) for i in range(len(settings)) for j in range(len(m))]
+    out = np.empty((len(settings), len(m)))
     step = max(1, MAX_BATCH_CELLS // max(1, len(fl.step)))
-    for lo in range(0, len(m), step):
-        mm = m[lo : lo + step]
+    for lo in range(0, len(cols), step):
+        part = cols[lo : lo + step]
+        si = np.asarray([c[0] for c in part])
+        mm = m[np.asarray([c[1] for c in part])]
+        base = np.stack([x[0] for x in per], axis=1)[:, si]
+        rate = np.stack([x[1] for x in per], axis=1)[:, si]
+        red_rate = np.stack([x[2] for x in per], axis=1)[:, si]
         nbytes = fl.share[:, None] * mm[None, :]
-        occ = base[:, None] + nbytes / rate[:, None] / 1e3
+        occ = base + nbytes / rate / 1e3
         reduced = fl.reduce_share[:, None] * mm[None, :]
-        gamma = reduced * p.slowdown[fl.dst][:, None] / red_rate[:, None] / 1e3
+        gamma = reduced * p.slowdown[fl.dst][:, None] / red_rate / 1e3
         occ = occ + np.where(red[:, None], gamma, 0.0)
-        out[lo : lo + step] = p.rates.launch_us + dataflow_makespans(p.n, fl, occ)
+        out[si, [c[1] for c in part]] = p.rates.launch_us + dataflow_makespans(p.n, fl, occ)
     return out
 
 
@@ -158,30 +223,27 @@ def dataflow_makespan(n: int, fl: Flows, occ: FloatArray) -> float:
 
 
 def dataflow_makespans(n: int, fl: Flows, occ: FloatArray) -> FloatArray:
-    """When the last byte lands, us, for each column of ``occ`` (flows x sizes). Every
-    channel is its own dataflow: a flow of
-    step s starts once both its ranks have finished their step s - 1 flows of the
-    channel (``free``) and its sender has received what earlier steps of the channel
-    sent it (``arrived``); it occupies both ends for ``occ`` and lands its route
-    latency later (latency overlaps the next step's work). Channels share links
-    only through the contention of flows of the same step."""
+    """When the last byte lands, us, for each column of ``occ`` (flows x columns: a
+    message size, protocol and clock each). Every channel is its own dataflow: a
+    flow of step s starts once both its ranks have finished their step s - 1 flows
+    of the channel (``free``) and its sender has received what earlier steps of the
+    channel sent it (``arrived``); it occupies both ends for ``occ`` and lands its
+    route latency later (latency overlaps the next step's work). Channels share
+    links only through the contention of flows of the same step."""
+    assert n == fl.n
     k = occ.shape[1]
     width = int(fl.chan.max()) + 1 if len(fl.chan) else 1
     free = np.zeros((n * width, k))
     arrived = np.zeros((n * width, k))
-    bounds = np.searchsorted(fl.step, np.arange(fl.n_steps + 1))
     last = np.zeros(k)
-    for g in range(fl.n_steps):
-        lo, hi = int(bounds[g]), int(bounds[g + 1])
-        if lo == hi:
-            continue
+    for lo, hi, both, dst in fl.plan:
         ch = fl.chan[lo:hi] * n
         a, b = fl.src[lo:hi] + ch, fl.dst[lo:hi] + ch
         start = np.maximum(np.maximum(free[a], free[b]), arrived[a])
         end = start + occ[lo:hi]
         land = end + fl.route_us[lo:hi, None]
-        scatter_max(free, np.concatenate((a, b)), np.concatenate((end, end)))
-        scatter_max(arrived, b, land)
+        both.apply(free, np.concatenate((end, end)))
+        dst.apply(arrived, land)
         last = np.maximum(last, land.max(axis=0))
     return last
 

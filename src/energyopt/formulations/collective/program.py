@@ -54,17 +54,32 @@ class Program:
         return sum(int(s.shape[0]) for s in self.steps)
 
 
-def scatter_max(target: FloatArray, idx: IntArray, values: FloatArray) -> None:
-    """``target[i] = max(target[i], values[j])`` for every j with ``idx[j] == i``, rows
-    of 2-D arrays at once (``np.maximum.at``, by sorting: far faster on rows)."""
-    if len(idx) == 0:
-        return
-    order = np.argsort(idx, kind="stable")
-    si = idx[order]
-    starts = np.flatnonzero(np.concatenate(([True], si[1:] != si[:-1])))
-    top = np.maximum.reduceat(values[order], starts, axis=0)
-    at = si[starts]
-    target[at] = np.maximum(target[at], top)
+@dataclass(frozen=True)
+class Scatter:
+    """How to apply ``target[i] = max(target[i], values[j])`` for every j with
+    ``idx[j] == i`` (``np.maximum.at``) to rows of 2-D arrays fast, planned once
+    per index array: direct when the indices are distinct, else by sorting."""
+
+    order: IntArray | None
+    """None: the indices are distinct."""
+    starts: IntArray
+    at: IntArray
+
+    @staticmethod
+    def of(idx: IntArray) -> Scatter:
+        order = np.argsort(idx, kind="stable")
+        si = idx[order]
+        starts = np.flatnonzero(np.concatenate(([True], si[1:] != si[:-1]))) if len(si) else si
+        if len(starts) == len(idx):
+            return Scatter(None, starts, idx)
+        return Scatter(order, starts, si[starts])
+
+    def apply(self, target: FloatArray, values: FloatArray) -> None:
+        if len(self.at) == 0:
+            return
+        if self.order is not None:
+            values = np.maximum.reduceat(values[self.order], self.starts, axis=0)
+        target[self.at] = np.maximum(target[self.at], values)
 
 
 def sends(rows: list[tuple[int, int, int, int]]) -> IntArray:
