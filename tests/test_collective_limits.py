@@ -8,22 +8,36 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import highspy
 import pytest
 import yaml
 
 from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, main
 from energyopt.families import certify, family
+from energyopt.formulations.collective.costmodel import time_bound_us
 from energyopt.formulations.collective.model import build_problem, load_collective
 from energyopt.progress import quiet
+from energyopt.solvers.collective_select import Evaluator, select_one
 from energyopt.solvers.result import Termination
 from energyopt.spec.collective import (
     MAX_BYTES,
     MIN_BANDWIDTH_GBS,
     MIN_HEALTH_FACTOR,
     OPS,
+    Collective,
     CollectiveFile,
+    CollectivePlan,
+    Op,
 )
 from energyopt.spec.errors import SpecError
+from energyopt.tables.collective import (
+    FACTORS,
+    HealthSummary,
+    compile_policy,
+    read_policy,
+    representative,
+)
+from energyopt.verify.collective import evaluate_collective
 
 FAMILY = family("collective")
 
@@ -150,3 +164,120 @@ def test_synthesis_under_a_short_limit_keeps_selection_for_the_rest() -> None:
     assert r.plan is not None and FAMILY.verify(p, r.plan) == []
     assert r.termination == Termination.TIME_LIMIT
     assert any("got no MILP" in line for line in r.log)
+
+
+def test_the_batched_policy_compiler_agrees_with_selection_cell_by_cell() -> None:
+    """The policy compiler scores all sizes of one op and health state together
+    and shares flows across states; every cell is what selection of that one
+    collective under the cell's representative state returns."""
+    p = build_problem(CollectiveFile.model_validate(_spec([2, 2], _trace(1, 4))))
+    ops: tuple[Op, ...] = ("all_reduce", "broadcast")
+    pol = compile_policy(p, ops, (12, 26), max_stragglers=0)
+    assert pol.unsearched == 0
+    evs: dict[int, Evaluator] = {}
+    for (op, b, fi, k), cell in pol.cells.items():
+        if fi not in evs:
+            evs[fi] = Evaluator(p.with_health(representative(p, HealthSummary(FACTORS[fi], k))))
+        alone = select_one(evs[fi], Collective(op=op, bytes=1 << b), f"{op}:{1 << b}")
+        assert cell == alone.choice, (op, b, fi, k)
+
+
+def test_the_policy_command_keeps_its_time_limit_and_says_what_it_cut(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The command took 92 CPU-s on tiny-2x2 and ran on for a 64-GPU topology with
+    no word. Under a limit too short to search it still writes a full table whose
+    every cell is a schedule the verifier accepts, says how many cells the limit
+    cut, and reports progress on stderr; with nothing to write it says so."""
+    from energyopt.tables.collective import main as policy_main
+
+    src = tmp_path / "t.yaml"
+    src.write_text(yaml.safe_dump(_spec([2, 2], _trace(1, 4))))
+    out = tmp_path / "policy.eot"
+    args = [str(src), "--policy", str(out), "--sizes-log2", "10:30:10", "--time-limit", "1e-6"]
+    assert policy_main(args) == 0
+    std, err = capfd.readouterr()
+    assert "cells were not searched in full" in std and "policy:" in err
+    pol = read_policy(out)
+    assert len(pol.cells) == 4 * 3 * len(FACTORS) * 3
+    p = build_problem(CollectiveFile.model_validate(_spec([2, 2], _trace(1, 4))))
+    for (op, b, fi, k), cell in pol.cells.items():
+        q = p.with_health(representative(p, HealthSummary(FACTORS[fi], k)))
+        q = build_problem(
+            q.spec.model_copy(
+                update={"collectives": (Collective(name="x", op=op, bytes=1 << b),)}
+            )
+        )
+        plan = CollectivePlan(choices=(cell.model_copy(update={"collective": "x"}),))
+        assert evaluate_collective(q, plan).violations == [], (op, b, fi, k)
+    assert policy_main([str(src)]) == 2
+    assert "nothing to write" in capfd.readouterr().err
+    assert policy_main([str(src), "--policy", str(out), "--time-limit", "0"]) == 2
+    assert "--time-limit" in capfd.readouterr().err
+
+
+def _two_collectives(tmp_path: Path) -> Path:
+    data = _spec(
+        [2, 2],
+        [
+            {"name": "ar", "op": "all_reduce", "bytes": 1 << 20},
+            {"name": "ag", "op": "all_gather", "bytes": 1 << 22, "count": 3},
+        ],
+        health={"links": [{"gpu": "n1/1", "link": "nic", "factor": 0.5}]},
+    )
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_per_collective_words_never_claim_more_than_is_proven(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The output said "optimal" per collective (the MILP's optimum of its own
+    relaxation) while the trace's gap was 27 %. Now each collective's line gives its
+    gap to its own bound, the MILP line says what the MILP proved and over which
+    schedules, and "optimal" is only the trace's status when its gap allows it."""
+    path = _two_collectives(tmp_path)
+    assert main(["solve", str(path), "--solver", "auto", "--time-limit", "600"]) == EXIT_OK
+    out = capfd.readouterr().out
+    p = load_collective(path)
+    trace = next(line for line in out.splitlines() if line.startswith("trace:"))
+    status = trace.rsplit("status ", 1)[1]
+    gap = float(trace.split("gap ")[1].split("%")[0])
+    for line in out.splitlines():
+        if "optimal" in line:
+            assert line is trace and status == "optimal" and gap <= 1e-4, line
+    for i, c in enumerate(p.collectives):
+        row = next(line for line in out.splitlines() if line.startswith(p.name_of(i) + " "))
+        shown = float(row.split()[-1].rstrip("%"))
+        t = float(row.split()[6].replace(",", ""))
+        bound = time_bound_us(p, c)
+        assert shown == pytest.approx(100 * (t - bound) / t, abs=0.06)
+    milp = [line for line in out.splitlines() if ": MILP synthesis" in line]
+    assert len(milp) == 2
+    for line in milp:
+        assert "proven least among copy schedules" in line or "not proven least" in line
+
+
+def test_the_exported_milp_optimum_is_the_figure_solve_prints(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The exported synthesis MILP's objective matched no figure solve printed (it
+    left out launch and latency, and half of an all-reduce). Its optimum is now the
+    relaxed time solve reports for the file's first collective."""
+    path = _two_collectives(tmp_path)
+    assert main(["solve", str(path), "--solver", "milp", "--time-limit", "600"]) == EXIT_OK
+    out = capfd.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("ar: MILP synthesis"))
+    assert "proven least" in line
+    printed = float(line.split("relaxed time ")[1].split(" us")[0].replace(",", ""))
+    mps = tmp_path / "ar.mps"
+    assert main(["export", str(path), "-o", str(mps)]) == EXIT_OK
+    capfd.readouterr()
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    assert h.readModel(str(mps)) == highspy.HighsStatus.kOk
+    h.setOptionValue("mip_rel_gap", 1e-6)
+    h.run()
+    assert h.getModelStatus() == highspy.HighsModelStatus.kOptimal
+    assert h.getInfo().objective_function_value == pytest.approx(printed, abs=0.006)

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from energyopt.families.contract import NotExportable, SolverEntry, Stated, stamped
 from energyopt.formulations.collective.model import CollectiveProblem, load_collective
 from energyopt.progress import Progress
-from energyopt.solvers.result import Result
+from energyopt.solvers.result import Result, relative_gap
 from energyopt.spec.collective import CollectiveFile, CollectivePlan
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import parse
@@ -147,25 +147,36 @@ class CollectiveFamily:
         return "J" if p.spec.objective.kind == "energy" else "us"
 
     def report(self, p: CollectiveProblem, result: Result[CollectivePlan]) -> list[str]:
+        from energyopt.solvers.collective_select import collective_bound
         from energyopt.verify.collective import evaluate_collective
 
         plan = result.plan
         assert plan is not None
         ev = evaluate_collective(p, plan)
+        energy = p.spec.objective.kind == "energy"
+        unit = "J" if energy else "us"
+        by_name = {p.name_of(i): c for i, c in enumerate(p.collectives)}
         lines = [f"collective plan for {p.spec.name} ({p.source})"]
         lines.append(
             f"{'collective':<20} {'algorithm':<17} {'proto':<6} {'chunks':>6} {'ch':>3} "
-            f"{'MHz':>5} {'time us':>10} {'energy mJ':>10}"
+            f"{'MHz':>5} {'time us':>10} {'energy mJ':>10} {'gap':>7}"
         )
         for ch in plan.choices:
+            got = (ev.energy_j if energy else ev.time_us).get(ch.collective, 0.0)
+            c = by_name.get(ch.collective)
+            gap = "" if c is None else f"{100 * relative_gap(got, collective_bound(p, c)):.1f}%"
             lines.append(
                 f"{ch.collective:<20} {ch.algorithm:<17} {ch.protocol:<6} {ch.chunks:>6} "
                 f"{ch.channels:>3} {ch.clock_mhz:>5} {ev.time_us.get(ch.collective, 0.0):>10,.2f} "
-                f"{1e3 * ev.energy_j.get(ch.collective, 0.0):>10,.3f}"
+                f"{1e3 * ev.energy_j.get(ch.collective, 0.0):>10,.3f} {gap:>7}"
             )
-        unit = "J" if p.spec.objective.kind == "energy" else "us"
         bound = "none" if result.bound is None else f"{result.bound:,.2f} {unit}"
         gap = "n/a" if result.gap is None else f"{100 * result.gap:.2f}%"
+        lines.append(
+            f"gap per collective: its {'energy' if energy else 'time'} above its own lower "
+            "bound (a collective is proven best only where its gap is 0); the trace's "
+            "status and gap below are the count-weighted totals"
+        )
         lines.append(
             f"trace: {ev.total_time_us:,.1f} us, {ev.total_energy_j:,.4f} J; objective "
             f"{result.objective:,.2f} {unit}, bound {bound}, gap {gap}, status {result.status}"

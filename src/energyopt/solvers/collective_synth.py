@@ -91,7 +91,7 @@ def synthesis_line(p: CollectiveProblem, c: Collective, syn: Synthesis, s: Score
     model against the collective's own bound (the trace's status and gap are the
     count-weighted totals of these, in the report's last lines)."""
     proven = (
-        f"proven least among {syn.rounds}-round copy schedules of these pieces"
+        f"proven least among copy schedules of these pieces in at most {syn.max_rounds} rounds"
         if syn.optimal
         else f"not proven least (MILP bound {syn.milp_bound_us:,.2f} us)"
     )

@@ -42,12 +42,16 @@ class Synthesis:
 
     choice: Choice
     milp_us: float
-    """The MILP's objective (its own relaxed step times, launch included), us."""
+    """The MILP's objective: the schedule's relaxed time (launch, least route
+    latency and its rounds' step times at the max clock and the Simple protocol), us."""
     milp_bound_us: float
     """HiGHS' dual bound on it, us."""
     optimal: bool
     wall_s: float
     rounds: int
+    """Rounds the schedule uses."""
+    max_rounds: int
+    """Rounds of the MILP (its optimum is over schedules of at most this many)."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,10 @@ def _edge_rank(p: CollectiveProblem) -> dict[int, int]:
 
 
 def build_milp(p: CollectiveProblem, c: Collective, rounds: int) -> Milp:
-    """The time-expanded MILP of ``c`` with ``rounds`` rounds (objective in us)."""
+    """The time-expanded MILP of ``c`` with ``rounds`` rounds. Its objective is the
+    relaxed time of one run, us, the figure the solve's log reports for the
+    collective: launch + the least route latency (the objective's constant) + the
+    makespan M of the copy schedule (2 M for an all-reduce)."""
     n = p.n
     cp = _copy_problem(p, c)
     Q, K = cp.pieces, rounds
@@ -187,9 +194,13 @@ def build_milp(p: CollectiveProblem, c: Collective, rounds: int) -> Milp:
     lp = highspy.HighsLp()
     lp.num_col_ = ncol
     lp.num_row_ = r
+    # the objective is the schedule's relaxed time as the solve reports it, us:
+    # launch + least route latency + the makespan (twice for an all-reduce, its
+    # reduce-scatter half mirrors the all-gather half this MILP schedules)
     cost = np.zeros(ncol)
-    cost[mi] = 1.0
+    cost[mi] = 2.0 if c.op == "all_reduce" else 1.0
     lp.col_cost_ = cost
+    lp.offset_ = p.rates.launch_us + p.least_route_us()
     lp.col_lower_ = lo
     lp.col_upper_ = up
     lp.row_lower_ = np.array(rlo)
@@ -266,14 +277,13 @@ def decode_schedule(
         piece_dest=dest,
         transfers=tuple(sorted(transfers, key=lambda t: (t.step, t.src, t.dst, t.piece))),
     )
-    factor = 2.0 if c.op == "all_reduce" else 1.0
-    obj, dual = objective, dual_bound
     fixed = p.rates.launch_us + p.least_route_us()
     return Synthesis(
         choice=choice,
-        milp_us=fixed + factor * obj,
-        milp_bound_us=fixed + factor * (dual if np.isfinite(dual) else 0.0),
+        milp_us=objective,
+        milp_bound_us=dual_bound if np.isfinite(dual_bound) else fixed,
         optimal=optimal,
         wall_s=wall_s,
         rounds=k_used,
+        max_rounds=K,
     )
