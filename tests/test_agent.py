@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -498,3 +499,32 @@ def test_policy_file_errors_name_file_and_field(tmp_path: Path) -> None:
     path.write_text("version: 2\n")
     with pytest.raises(SpecError, match=f"{path}: version"):
         load_policy(path)
+
+
+def test_docs_policy_and_dashboard_match_the_agent(run_agent: Callable[..., Running]) -> None:
+    """The example policy loads, and every metric the example dashboard queries is one
+    the agent exports (names read from a scrape of an agent with a plan in force)."""
+    docs = Path(__file__).resolve().parents[1] / "docs" / "agent"
+    policy = load_policy(docs / "policy.yaml")
+    assert policy.allow["apply"] != "any"
+    r = run_agent()
+    metrics = MetricsServer(r.agent, "127.0.0.1", 0)
+    try:
+        with r.client() as c:
+            c.apply(PLAN)
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{metrics.port}/metrics", timeout=TIMEOUT_S
+        ) as resp:
+            families = list(text_string_to_metric_families(resp.read().decode()))
+        # a family is exported (with its HELP and TYPE) even while it has no samples
+        exported = {f.name + ("_total" if f.type == "counter" else "") for f in families}
+    finally:
+        metrics.stop()
+    dashboard = json.loads((docs / "grafana-dashboard.json").read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"energyopt_[a-z_]+", target["expr"])
+    }
+    assert queried and queried <= exported
