@@ -161,7 +161,7 @@ def raw_exchange(path: Path, payload: bytes) -> list[dict[str, Any]]:
         try:
             s.sendall(payload)
             s.shutdown(socket.SHUT_WR)
-        except BrokenPipeError:
+        except (BrokenPipeError, ConnectionResetError):
             pass  # the agent closed the connection after an oversized line
         data = b""
         while True:

@@ -111,3 +111,30 @@ def test_agent_process_kill_restart_and_stop(tmp_path: Path, sock_dir: Path) -> 
     assert "restored" in log.read_text()
     assert saved().snapshot() == original
     assert not sock.exists()
+
+
+def test_agent_bad_input_names_file_and_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit status 2 with the file and the field, before any GPU is touched."""
+    from energyopt.cli import main
+
+    monkeypatch.setenv("ENERGYOPT_NVML_BACKEND", "sim")
+    monkeypatch.setenv("ENERGYOPT_NVML_SIM_STATE", str(tmp_path / "sim.json"))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "version: 1\ngpus: all\nclock_mhz: {min: 900}\npower_limit_w: {min: 1, max: 2}\n"
+    )
+    common = ["agent", "--policy", str(policy), "--state-dir", str(tmp_path / "state")]
+    assert main([*common, "--socket", str(tmp_path / "s")]) == 2
+    assert f"{policy}: clock_mhz.max" in capsys.readouterr().err
+    policy.write_text(
+        "version: 1\ngpus: all\nclock_mhz: {min: 900, max: 1500}\npower_limit_w: {min: 1, max: 2}\n"
+    )
+    assert main([*common, "--socket", str(tmp_path / "s"), "--metrics", "9400"]) == 2
+    assert "--metrics '9400': expected HOST:PORT" in capsys.readouterr().err
+    taken = tmp_path / "plain-file"
+    taken.write_text("")
+    assert main([*common, "--socket", str(taken)]) == 2
+    assert f"{taken}: --socket: exists and is not a socket" in capsys.readouterr().err
+    assert taken.read_text() == ""

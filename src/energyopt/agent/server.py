@@ -96,12 +96,21 @@ class AgentServer:
             listener.bind(str(self.path))
         except OSError as exc:
             listener.close()
-            raise SpecError([f"{self.path}: --socket: cannot listen: {exc.strerror}"]) from None
+            raise SpecError(
+                [f"{self.path}: --socket: cannot listen: {exc.strerror or exc}"]
+            ) from None
         finally:
             os.umask(old)
-        if self.group is not None:
-            os.chown(self.path, -1, self.group)
-        os.chmod(self.path, self.mode)
+        try:
+            if self.group is not None:
+                os.chown(self.path, -1, self.group)
+            os.chmod(self.path, self.mode)
+        except OSError as exc:
+            listener.close()
+            os.unlink(self.path)
+            raise SpecError(
+                [f"{self.path}: --socket-group/--socket-mode: {exc.strerror or exc}"]
+            ) from None
         listener.listen(64)
         listener.settimeout(_ACCEPT_POLL_S)
         self._listener = listener

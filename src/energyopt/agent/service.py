@@ -206,6 +206,7 @@ class Agent:
         pif = self.state.in_force
         plan = Plan.model_validate(pif.plan) if pif else None
         by_uuid = {uuid: gpu for gpu, uuid in (pif.devices.items() if pif else [])}
+        overrides = dict(self.overrides)  # a copy: another thread may change it meanwhile
         gpus = []
         for i in range(self.nvml.device_count()):
             uuid = self.nvml.uuid(i)
@@ -224,7 +225,7 @@ class Agent:
                 "persistence": row.persistence,
                 "mig": row.mig,
                 "plan_gpu": by_uuid.get(uuid),
-                "online": {k: v for (j, k), v in self.overrides.items() if j == i},
+                "online": {k: v for (j, k), v in overrides.items() if j == i},
             }
             if plan is not None and pif is not None and uuid in by_uuid:
                 g = plan.gpu(by_uuid[uuid])
