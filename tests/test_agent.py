@@ -119,6 +119,7 @@ def run_agent(tmp_path: Path, sock_dir: Path) -> Iterator[Callable[..., Running]
         sim: SimulatedNvml | None = None,
         heartbeat_timeout_s: float | None = None,
         restore_on_stop: bool = True,
+        mps_dir: str = "mps",
     ) -> Running:
         catalog = builtin_catalog()
         sim = sim or SimulatedNvml([catalog.gpu(H100)] * 4)
@@ -128,7 +129,7 @@ def run_agent(tmp_path: Path, sock_dir: Path) -> Iterator[Callable[..., Running]
             parse(Policy, policy or policy_data(), "policy"),
             StateDir(tmp_path / "state"),
             catalog,
-            mps_dir=str(tmp_path / "mps"),
+            mps_dir=str(tmp_path / mps_dir),
             restore_on_stop=restore_on_stop,
             heartbeat_timeout_s=heartbeat_timeout_s,
         )
@@ -528,3 +529,70 @@ def test_docs_policy_and_dashboard_match_the_agent(run_agent: Callable[..., Runn
         for name in re.findall(r"energyopt_[a-z_]+", target["expr"])
     }
     assert queried and queried <= exported
+
+
+def test_readback_failure_of_an_online_change_is_put_back(
+    run_agent: Callable[..., Running],
+) -> None:
+    """The simulated driver accepting a clock lock without effect: device_error, the GPU
+    still at the plan's clock, a rollback counted."""
+    r = run_agent()
+    with r.client() as c:
+        c.apply(PLAN)
+        r.sim.ignore("set_locked_clocks")
+        with pytest.raises(Refused) as exc:
+            c.set_clock("n/0", 1410)
+        assert exc.value.code == "device_error" and "read back" in exc.value.reason
+        assert c.status()["gpus"][0]["online"] == {}
+    assert locked(r.sim, 0) == (1110, 1110)
+    assert r.agent.stats.rollbacks == 1
+
+
+def test_online_change_of_a_setting_no_checkpoint_records(
+    run_agent: Callable[..., Running],
+) -> None:
+    """GPUs already at the plan when the agent first applies it: nothing is written and
+    no checkpoint made, so the first boost writes a checkpoint before it writes, and
+    restore returns to the state the agent found."""
+    catalog = builtin_catalog()
+    sim = SimulatedNvml([catalog.gpu(H100)] * 4)
+    for i, g in enumerate(PLAN["gpus"][:2]):
+        sim.set_persistence(i, True)
+        sim.set_locked_clocks(i, g["clock_mhz"], g["clock_mhz"])
+        sim.set_power_limit(i, g["power_limit_w"] * 1000)
+    found = sim.snapshot()
+    r = run_agent(sim=sim)
+    with r.client() as c:
+        assert c.apply(PLAN)["checkpoint"] is None
+        writes = len(sim.writes)
+        sim.fail_at_write(0, NoPermission("GPU 1", "clocks"))
+        with pytest.raises(Refused, match="device_error"):
+            c.set_clock("n/1", 1410)
+        checkpoints = list(r.state.checkpoints.glob("online-*.json"))
+        assert len(checkpoints) == 1  # written before the write that failed
+        assert len(sim.writes) == writes + 1
+        c.set_clock("n/1", 1410)
+        assert locked(sim, 1) == (1410, 1410)
+        c.restore()
+    assert sim.snapshot() == found
+
+
+def test_restart_keeps_the_mps_directories_of_the_plan(
+    run_agent: Callable[..., Running],
+) -> None:
+    """A plan with MPS applied, the agent restarted with another --mps-dir: the plan's
+    daemons are found where they were, none is started twice."""
+    shared = json.loads(json.dumps(PLAN))
+    shared["gpus"][0]["placements"] = [
+        {"workload": "chat", "rate_rps": 1.0, "share_pct": 50},
+        {"workload": "sum", "rate_rps": 1.0, "share_pct": 50},
+    ]
+    r = run_agent()
+    with r.client() as c:
+        c.apply(shared)
+    daemons = dict(r.sim.mps_daemons)
+    assert len(daemons) == 1
+    r.server.stop()
+    again = run_agent(sim=r.sim, mps_dir="other-mps")
+    assert again.agent.reconcile_notes[-1].endswith("every setting is in place")
+    assert r.sim.mps_daemons.keys() == daemons.keys()

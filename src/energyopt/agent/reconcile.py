@@ -59,7 +59,7 @@ def reconcile(agent: Agent) -> list[str]:
     if pif is not None:
         plan = Plan.model_validate(pif.plan)
         try:
-            host = plan_actions(plan, agent.nvml, agent.catalog, dict(pif.devices), agent.mps_dir)
+            host = plan_actions(plan, agent.nvml, agent.catalog, dict(pif.devices), pif.mps_dir)
             notes.extend(_online_back(agent, host.actions))
             report = Transaction(
                 agent.ctx, host.actions, agent.dirs.new_checkpoint("reconcile")

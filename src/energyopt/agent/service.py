@@ -351,6 +351,7 @@ class Agent:
             plan_id=plan_id(data),
             devices={gpu: dev.uuid for gpu, dev in host.devices.items()},
             envelope=self._envelope(plan, host, envelope),
+            mps_dir=self.mps_dir,
         )
         return pif, host
 

@@ -37,6 +37,9 @@ class PlanInForce:
     plan_id: str
     devices: dict[str, str]
     envelope: dict[str, dict[str, list[float]]]
+    mps_dir: str
+    """The base of the per-GPU MPS directories the plan was applied with (a restart with
+    another ``--mps-dir`` still finds the daemons it started)."""
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -45,6 +48,7 @@ class PlanInForce:
             "plan_id": self.plan_id,
             "devices": self.devices,
             "envelope": self.envelope,
+            "mps_dir": self.mps_dir,
         }
 
     @classmethod
@@ -52,10 +56,17 @@ class PlanInForce:
         """Parse what ``to_json`` wrote; SpecError naming ``where`` and the field."""
         if not isinstance(data, dict):
             raise SpecError([f"{where}: expected an object"])
-        for name, kind in (("plan", dict), ("plan_id", str), ("devices", dict), ("envelope", dict)):
+        fields = (
+            ("plan", dict),
+            ("plan_id", str),
+            ("devices", dict),
+            ("envelope", dict),
+            ("mps_dir", str),
+        )
+        for name, kind in fields:
             if not isinstance(data.get(name), kind):
                 raise SpecError([f"{where}.{name}: missing or not a {kind.__name__}"])
-        return cls(data["plan"], data["plan_id"], data["devices"], data["envelope"])
+        return cls(*(data[name] for name, _ in fields))
 
 
 @dataclass
