@@ -475,6 +475,8 @@ def test_metrics_endpoint(run_agent: Callable[..., Running]) -> None:
     )
     assert value("energyopt_gpu_energy_joules_total", **gpu1) >= 0
     assert value("energyopt_gpu_online_change", **gpu1, setting="lock_clocks") == 1
+    share = {"workload": "chat", "phase": "both", "mig_profile": ""}
+    assert value("energyopt_gpu_plan_share_percent", **gpu1, **share) == 100
     assert value("energyopt_plan_info", plan_id=r.agent.status()["plan_id"]) == 1
     assert value("energyopt_agent_requests_total", op="set_clock") == 2
     assert value("energyopt_agent_refusals_total", op="set_clock", code="outside_policy") == 1

@@ -14,6 +14,8 @@ for an apply). Per GPU (labels ``gpu`` = NVML index, ``uuid``, ``plan_gpu``):
 ``energyopt_gpu_plan_clock_mhz``           the plan in force's clock (MHz)
 ``energyopt_gpu_plan_power_limit_watts``   the plan in force's power limit (W)
 ``energyopt_gpu_predicted_power_watts``    the plan's predicted power, beside the measured
+``energyopt_gpu_plan_share_percent``       the plan's share of each placement (``workload``,
+                                           ``phase``, ``mig_profile``): the MPS layout (%)
 ``energyopt_gpu_online_change``            1 while an online change (boost) is in force
 =========================================  ==========================================
 
@@ -82,6 +84,12 @@ class AgentCollector(Collector):
                 "The plan in force's predicted power of this GPU (W)",
                 labels=_GPU,
             ),
+            "share": GaugeMetricFamily(
+                "energyopt_gpu_plan_share_percent",
+                "The plan in force's share_pct of each placement (MPS active-thread "
+                "percentage; a MIG placement's instance is its mig_profile) (%)",
+                labels=[*_GPU, "workload", "phase", "mig_profile"],
+            ),
             "online": GaugeMetricFamily(
                 "energyopt_gpu_online_change",
                 "1 while an online change of this setting differs from the plan",
@@ -107,6 +115,11 @@ class AgentCollector(Collector):
                 if plan["power_limit_w"] is not None:
                     g["plan_limit"].add_metric(labels, plan["power_limit_w"])
                 g["predicted"].add_metric(labels, plan["predicted_power_w"])
+                for place in plan["placements"]:
+                    g["share"].add_metric(
+                        [*labels, place["workload"], place["phase"], place["mig"] or ""],
+                        place["share_pct"],
+                    )
             for setting in row["online"]:
                 g["online"].add_metric([*labels, setting], 1)
         yield from g.values()

@@ -235,6 +235,15 @@ class Agent:
                     "power_limit_w": g.power_limit_w,
                     "predicted_power_w": g.predicted_power_w,
                     "envelope": pif.envelope.get(g.gpu),
+                    "placements": [
+                        {
+                            "workload": p.workload,
+                            "phase": p.phase,
+                            "share_pct": p.share_pct,
+                            "mig": p.mig_profile,
+                        }
+                        for p in g.placements
+                    ],
                 }
             gpus.append(entry)
         age = None if self.last_heartbeat is None else time.monotonic() - self.last_heartbeat
