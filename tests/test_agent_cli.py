@@ -133,6 +133,8 @@ def test_agent_bad_input_names_file_and_field(
     )
     assert main([*common, "--socket", str(tmp_path / "s"), "--metrics", "9400"]) == 2
     assert "--metrics '9400': expected HOST:PORT" in capsys.readouterr().err
+    assert main([*common, "--socket", str(tmp_path / "s"), "--tcp", "127.0.0.1:0"]) == 2
+    assert "--tcp: needs --tls-cert, --tls-key and --tls-client-ca" in capsys.readouterr().err
     taken = tmp_path / "plain-file"
     taken.write_text("")
     assert main([*common, "--socket", str(taken)]) == 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import socket
+import ssl
 import threading
 from pathlib import Path
 from types import TracebackType
@@ -38,11 +39,21 @@ class AgentUnavailable(Exception):
 
 
 class AgentClient:
-    """Talks to the agent listening on the Unix socket ``path``; ``timeout_s`` bounds
-    every connect, send and answer (seconds)."""
+    """Talks to the agent listening on the Unix socket ``path``, or on TCP ``(host, port)``
+    with mutual TLS (``ssl_context`` from ``energyopt.agent.tls.client_context``);
+    ``timeout_s`` bounds every connect, send and answer (seconds)."""
 
-    def __init__(self, path: str | Path, timeout_s: float = 30.0) -> None:
-        self.path = str(path)
+    def __init__(
+        self,
+        path: str | Path | tuple[str, int],
+        timeout_s: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.address = path
+        self.path = f"{path[0]}:{path[1]}" if isinstance(path, tuple) else str(path)
+        if isinstance(path, tuple) and ssl_context is None:
+            raise ValueError("the agent's TCP listener takes mutual TLS only: give ssl_context")
+        self.ssl_context = ssl_context
         self.timeout_s = timeout_s
         self._sock: socket.socket | None = None
         self._reader: LineReader | None = None
@@ -68,12 +79,22 @@ class AgentClient:
 
     def _connect(self) -> tuple[socket.socket, LineReader]:
         if self._sock is None or self._reader is None:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(self.timeout_s)
+            address = self.address
+            sock: socket.socket
             try:
-                sock.connect(self.path)
-            except OSError as exc:
-                sock.close()
+                if isinstance(address, tuple):
+                    sock = socket.create_connection(address, timeout=self.timeout_s)
+                    assert self.ssl_context is not None
+                    sock = self.ssl_context.wrap_socket(sock, server_hostname=address[0])
+                else:
+                    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    sock.settimeout(self.timeout_s)
+                    try:
+                        sock.connect(str(address))
+                    except OSError:
+                        sock.close()
+                        raise
+            except OSError as exc:  # ssl.SSLError is one
                 raise AgentUnavailable(f"{self.path}: cannot reach the agent: {exc}") from None
             self._sock, self._reader = sock, LineReader(sock)
         return self._sock, self._reader

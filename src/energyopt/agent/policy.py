@@ -12,7 +12,7 @@ Example (YAML; JSON and TOML work too)::
       heartbeat: {gids: [2001]}
       set_clock: {gids: [2001]}
       set_power_limit: {gids: [2001]}
-      apply: {uids: [0]}
+      apply: {uids: [0], tls_clients: [controller]}
       restore: {uids: [0]}
 
 An operation not listed under ``allow`` is refused to everyone. Units: MHz, W.
@@ -55,10 +55,13 @@ class Range(Spec):
 
 
 class Peers(Spec):
-    """The peers an operation is open to: any of ``uids``, or any member of ``gids``."""
+    """The peers an operation is open to: on the Unix socket any of ``uids`` or any member
+    of ``gids``; on TCP a client whose certificate (signed by the agent's client CA)
+    has one of ``tls_clients`` as its subject's common name."""
 
     uids: tuple[int, ...] = ()
     gids: tuple[int, ...] = ()
+    tls_clients: tuple[str, ...] = ()
 
 
 class Policy(Spec):
@@ -109,23 +112,33 @@ class Policy(Spec):
         rule = self.allow.get(op)
         if rule == "any":
             return
-        if rule is not None and (peer.uid in rule.uids or set(rule.gids) & set(peer.gids)):
+        if rule is not None and (
+            (peer.uid is not None and peer.uid in rule.uids)
+            or set(rule.gids) & set(peer.gids)
+            or (peer.tls_name is not None and peer.tls_name in rule.tls_clients)
+        ):
             return
         raise Refused(
-            "unauthorized",
-            f"{op}: not allowed for uid {peer.uid} (gids {', '.join(map(str, peer.gids))}) "
-            "by the agent's policy",
+            "unauthorized", f"{op}: not allowed for {peer.describe()} by the agent's policy"
         )
 
 
 @dataclass(frozen=True)
 class PeerCred:
-    """Who is on the other end of a Unix socket (SO_PEERCRED): pid, uid, and the primary
-    gid followed by the supplementary groups of that uid's user (from the group database)."""
+    """Who is on the other end: on a Unix socket (SO_PEERCRED) the pid, the uid, and the
+    primary gid followed by the supplementary groups of that uid's user (from the group
+    database); on TCP the common name of the client certificate's subject."""
 
-    pid: int
-    uid: int
+    pid: int | None
+    uid: int | None
     gids: tuple[int, ...]
+    tls_name: str | None = None
+
+    def describe(self) -> str:
+        """The peer, for messages."""
+        if self.tls_name is not None:
+            return f"TLS client {self.tls_name!r}"
+        return f"uid {self.uid} (gids {', '.join(map(str, self.gids))})"
 
 
 def peer_groups(uid: int, gid: int) -> tuple[int, ...]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import ssl
 import stat
 import struct
 import threading
@@ -28,6 +29,7 @@ from energyopt.agent.protocol import (
     refusal,
 )
 from energyopt.agent.service import Agent
+from energyopt.agent.tls import peer_name
 from energyopt.spec.errors import SpecError
 
 _ACCEPT_POLL_S = 0.2
@@ -87,8 +89,19 @@ class AgentServer:
         self._accept_thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Bind and listen (the socket is never reachable by others before its mode is
-        set: it is bound with a umask that shuts everyone else out)."""
+        """Bind, listen, and accept in a thread."""
+        listener = self._bind()
+        listener.listen(64)
+        listener.settimeout(_ACCEPT_POLL_S)
+        self._listener = listener
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop, name="agent-accept", daemon=True
+        )
+        self._accept_thread.start()
+
+    def _bind(self) -> socket.socket:
+        """The Unix socket, never reachable by others before its mode is set (it is bound
+        with a umask that shuts everyone else out)."""
         _claim_path(self.path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
@@ -111,13 +124,16 @@ class AgentServer:
             raise SpecError(
                 [f"{self.path}: --socket-group/--socket-mode: {exc.strerror or exc}"]
             ) from None
-        listener.listen(64)
-        listener.settimeout(_ACCEPT_POLL_S)
-        self._listener = listener
-        self._accept_thread = threading.Thread(
-            target=self._accept_loop, name="agent-accept", daemon=True
-        )
-        self._accept_thread.start()
+        return listener
+
+    def _open(self, conn: socket.socket) -> tuple[socket.socket, PeerCred]:
+        """The connection to talk on and who is at its other end."""
+        return conn, peer_cred(conn)
+
+    def _cleanup(self) -> None:
+        """Remove the socket file."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
 
     def _accept_loop(self) -> None:
         listener = self._listener
@@ -150,7 +166,16 @@ class AgentServer:
     def _serve(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(self.idle_timeout_s)
-            peer = peer_cred(conn)
+            try:
+                opened, peer = self._open(conn)
+            except (ssl.SSLError, Refused) as exc:
+                self.agent.refused("?", "unauthorized")
+                self.agent.say(f"connection refused: {exc}")
+                return
+            with self._guard:
+                self._conns.discard(conn)
+                self._conns.add(opened)
+            conn = opened
             reader = LineReader(conn)
             while not self._stopping.is_set():
                 try:
@@ -208,7 +233,50 @@ class AgentServer:
                 conn.shutdown(socket.SHUT_RDWR)
         for thread in threads:
             thread.join(timeout_s)
-        with contextlib.suppress(FileNotFoundError):
-            if self._listener is not None:
-                os.unlink(self.path)
+        if self._listener is not None:
+            self._cleanup()
         self._listener = None
+
+
+class TlsAgentServer(AgentServer):
+    """Serves ``agent`` on TCP ``host:port`` with mutual TLS (``context`` from
+    ``energyopt.agent.tls.server_context``); the policy's ``tls_clients`` name who may do
+    what. Port 0 takes any free port (``port`` says which)."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        host: str,
+        port: int,
+        context: ssl.SSLContext,
+        *,
+        idle_timeout_s: float = 300.0,
+    ) -> None:
+        super().__init__(agent, f"{host}:{port}", idle_timeout_s=idle_timeout_s)
+        self.host = host
+        self.port = port
+        self.context = context
+
+    def _bind(self) -> socket.socket:
+        try:
+            info = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0]
+            listener = socket.socket(info[0], socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(info[4])
+        except OSError as exc:
+            raise SpecError(
+                [f"--tcp {self.host}:{self.port}: cannot listen: {exc.strerror or exc}"]
+            ) from None
+        self.port = int(listener.getsockname()[1])
+        return listener
+
+    def _open(self, conn: socket.socket) -> tuple[socket.socket, PeerCred]:
+        tls = self.context.wrap_socket(conn, server_side=True)
+        name = peer_name(tls)
+        if name is None:
+            tls.close()
+            raise Refused("unauthorized", "the client certificate names no common name")
+        return tls, PeerCred(None, None, (), name)
+
+    def _cleanup(self) -> None:
+        """Nothing to remove for TCP."""

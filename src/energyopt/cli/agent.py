@@ -15,11 +15,11 @@ from energyopt.spec.errors import SpecError
 DEFAULT_STATE_DIR = "/var/lib/energyopt/agent"
 
 
-def _metrics_address(text: str) -> tuple[str, int]:
+def _metrics_address(text: str, option: str = "--metrics") -> tuple[str, int]:
     """``HOST:PORT`` (``127.0.0.1:9400``; ``[::1]:9400``) -> (host, port)."""
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not host or int(port) > 65535:
-        raise SpecError([f"--metrics {text!r}: expected HOST:PORT, for example 127.0.0.1:9400"])
+        raise SpecError([f"{option} {text!r}: expected HOST:PORT, for example 127.0.0.1:9400"])
     return host.strip("[]"), int(port)
 
 
@@ -30,7 +30,7 @@ def _say(line: str) -> None:
 @_nvml_errors
 def cmd_agent(args: argparse.Namespace) -> int:
     from energyopt.agent.policy import group_id, load_policy
-    from energyopt.agent.server import AgentServer
+    from energyopt.agent.server import AgentServer, TlsAgentServer
     from energyopt.agent.service import Agent
     from energyopt.agent.state import StateDir
     from energyopt.agent.watchdog import Watchdog
@@ -46,6 +46,18 @@ def cmd_agent(args: argparse.Namespace) -> int:
     except ValueError:
         raise SpecError([f"--socket-mode {args.socket_mode!r}: expected octal, e.g. 660"]) from None
     group = group_id(args.socket_group) if args.socket_group else None
+    tls_files = (args.tls_cert, args.tls_key, args.tls_client_ca)
+    tcp_at = _metrics_address(args.tcp, "--tcp") if args.tcp else None
+    if (tcp_at is None) != (not any(tls_files)) or (tcp_at and not all(tls_files)):
+        raise SpecError(
+            ["--tcp: needs --tls-cert, --tls-key and --tls-client-ca (mutual TLS), and they "
+             "are for --tcp only"]
+        )
+    tls_context = None
+    if tcp_at is not None:
+        from energyopt.agent.tls import server_context
+
+        tls_context = server_context(*tls_files)
     state_dir = args.state_dir or os.environ.get("STATE_DIRECTORY") or DEFAULT_STATE_DIR
     stop = threading.Event()
 
@@ -69,7 +81,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
         server.start()
         watchdog = Watchdog(agent, args.heartbeat_timeout) if args.heartbeat_timeout else None
         metrics = None
+        tcp = None
         try:
+            if tcp_at is not None and tls_context is not None:
+                tcp = TlsAgentServer(agent, *tcp_at, tls_context)
+                tcp.start()
+                _say(f"listening on TCP {tcp_at[0]}:{tcp.port} (mutual TLS)")
             if watchdog is not None:
                 watchdog.start()
             if metrics_at is not None:
@@ -88,6 +105,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
                 metrics.stop()
             if watchdog is not None:
                 watchdog.stop()
+            if tcp is not None:
+                tcp.stop()
             server.stop()
             agent.stop()
     _say("energyopt agent: stopped")
@@ -110,6 +129,14 @@ def configure(sub: Any) -> None:
     p.add_argument("--socket-group", help="group owning the socket (name or gid)")
     p.add_argument(
         "--metrics", metavar="HOST:PORT", help="serve Prometheus metrics (e.g. 127.0.0.1:9400)"
+    )
+    p.add_argument(
+        "--tcp", metavar="HOST:PORT", help="also listen on TCP, mutual TLS only (remote controller)"
+    )
+    p.add_argument("--tls-cert", metavar="FILE", help="the agent's certificate (PEM), for --tcp")
+    p.add_argument("--tls-key", metavar="FILE", help="its private key (PEM), for --tcp")
+    p.add_argument(
+        "--tls-client-ca", metavar="FILE", help="CA that signs client certificates, for --tcp"
     )
     p.add_argument(
         "--heartbeat-timeout",
