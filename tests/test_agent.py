@@ -598,3 +598,23 @@ def test_restart_keeps_the_mps_directories_of_the_plan(
     again = run_agent(sim=r.sim, mps_dir="other-mps")
     assert again.agent.reconcile_notes[-1].endswith("every setting is in place")
     assert r.sim.mps_daemons.keys() == daemons.keys()
+
+
+def test_restart_under_a_narrower_policy_withdraws_the_plan(
+    run_agent: Callable[..., Running],
+) -> None:
+    """The operator lowers the clock range while the agent is down: the plan in force
+    (1320 MHz on n/1) is not applied again; the originals come back."""
+    r = run_agent()
+    original = r.sim.snapshot()
+    with r.client() as c:
+        c.apply(PLAN)
+    r.server.stop()
+    narrow = policy_data()
+    narrow["clock_mhz"] = {"min": 800, "max": 1200}
+    again = run_agent(narrow, sim=r.sim)
+    assert "outside the policy now" in again.agent.reconcile_notes[-1]
+    assert "1320 MHz" in again.agent.reconcile_notes[-1]
+    assert r.sim.snapshot() == original
+    with again.client() as c:
+        assert c.status()["plan_id"] is None

@@ -9,6 +9,8 @@
   a setting the GPU still holds is not written, one that differs (a driver reload, an
   online change that was in force when the agent died) is set to the plan's value.
   Online changes are not kept over a restart: the GPUs come back at the plan's settings.
+  A plan in force that the policy no longer allows (the operator narrowed it) is not
+  applied again: every original is restored and no plan is in force.
   A clock or power limit that the newest checkpoint already records is first written
   back to the plan's value directly, so the new checkpoint does not take an online
   change that was in force when the agent died for an original.
@@ -19,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from energyopt.agent.protocol import Refused
 from energyopt.nvml.actions import Action, LockClocks, SetPowerLimit
 from energyopt.nvml.errors import ExecutorError
 from energyopt.nvml.planner import plan_actions
@@ -60,10 +63,14 @@ def reconcile(agent: Agent) -> list[str]:
         plan = Plan.model_validate(pif.plan)
         try:
             host = plan_actions(plan, agent.nvml, agent.catalog, dict(pif.devices), pif.mps_dir)
+            agent.check_policy(plan, host)
             notes.extend(_online_back(agent, host.actions))
             report = Transaction(
                 agent.ctx, host.actions, agent.dirs.new_checkpoint("reconcile")
             ).run()
+        except Refused as exc:  # the operator narrowed the policy since the apply
+            why = f"plan {pif.plan_id} is outside the policy now: {exc.reason}"
+            notes.extend(_withdraw(agent, why))
         except ExecutorError as exc:
             state.in_force = None
             agent.dirs.save(state)
@@ -98,3 +105,12 @@ def _online_back(agent: Agent, actions: list[Action]) -> list[str]:
         action.verify(agent.ctx)
         done.append(f"{action.where()}: online change returned to the plan: {action.describe()}")
     return done
+
+
+def _withdraw(agent: Agent, why: str) -> list[str]:
+    """Restore every original (the newest checkpoint) and leave no plan in force."""
+    try:
+        result = agent.restore()
+    except Refused as exc:
+        return [f"{why}; restoring the originals failed: {exc.reason}"]
+    return [f"{why}; {result['checked']} setting(s) restored, no plan is in force"]

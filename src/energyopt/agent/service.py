@@ -343,6 +343,19 @@ class Agent:
             )
         except ExecutorError as exc:
             raise Refused("bad_plan", str(exc)) from None
+        self.check_policy(plan, host)
+        pif = PlanInForce(
+            plan=plan.model_dump(mode="json", exclude_none=True),
+            plan_id=plan_id(data),
+            devices={gpu: dev.uuid for gpu, dev in host.devices.items()},
+            envelope=self._envelope(plan, host, envelope),
+            mps_dir=self.mps_dir,
+        )
+        return pif, host
+
+    def check_policy(self, plan: Plan, host: HostPlan) -> None:
+        """Refused (outside_policy) when the plan puts a GPU the policy does not list, or
+        a clock or power limit outside its ranges, on this host."""
         for gpu, dev in host.devices.items():
             if not self.policy.gpu_allowed(dev.index, dev.uuid):
                 raise Refused(
@@ -355,14 +368,6 @@ class Agent:
                 self.policy.check_clock(gpu, g.clock_mhz)
             if g.on and g.power_limit_w is not None:
                 self.policy.check_power_limit(gpu, g.power_limit_w)
-        pif = PlanInForce(
-            plan=plan.model_dump(mode="json", exclude_none=True),
-            plan_id=plan_id(data),
-            devices={gpu: dev.uuid for gpu, dev in host.devices.items()},
-            envelope=self._envelope(plan, host, envelope),
-            mps_dir=self.mps_dir,
-        )
-        return pif, host
 
     def apply(self, args: dict[str, Any]) -> dict[str, Any]:
         """Apply a plan with the executor's transaction; the online changes of the plan
