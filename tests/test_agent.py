@@ -618,3 +618,22 @@ def test_restart_under_a_narrower_policy_withdraws_the_plan(
     assert r.sim.snapshot() == original
     with again.client() as c:
         assert c.status()["plan_id"] is None
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_crash_mid_restore_is_finished_on_restart(run_agent: Callable[..., Running]) -> None:
+    r = run_agent()
+    original = r.sim.snapshot()
+    with r.client() as c:
+        c.apply(PLAN)
+    r.sim.fail_at_write(2, Crash())
+    with r.client() as c, pytest.raises(AgentUnavailable):
+        c.restore()
+    assert json.loads(r.state.file.read_text())["restoring"] is True
+    assert r.sim.snapshot() != original
+    r.server.stop()
+    again = run_agent(sim=r.sim)
+    assert "a restore was cut short" in again.agent.reconcile_notes[-1]
+    assert r.sim.snapshot() == original
+    with again.client() as c:
+        assert c.status()["plan_id"] is None

@@ -5,7 +5,8 @@
   so every setting the checkpoint records is put back (the chained checkpoint leads
   back to the GPUs before the first apply) and the checkpoints are retired; without
   its checkpoint nothing had been written.
-* The plan in force (if any) is then applied again with the executor's transaction:
+* A restore that was cut short is finished (no plan is in force afterwards).
+* Otherwise the plan in force (if any) is applied again with the executor's transaction:
   a setting the GPU still holds is not written, one that differs (a driver reload, an
   online change that was in force when the agent died) is set to the plan's value.
   Online changes are not kept over a restart: the GPUs come back at the plan's settings.
@@ -58,6 +59,8 @@ def reconcile(agent: Agent) -> list[str]:
             )
         state.applying, state.applying_checkpoint = None, None
         agent.dirs.save(state)
+    if state.restoring:
+        return [*notes, *_withdraw(agent, "a restore was cut short: finished now")]
     pif = state.in_force
     if pif is not None:
         plan = Plan.model_validate(pif.plan)

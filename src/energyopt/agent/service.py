@@ -573,10 +573,14 @@ class Agent:
             if not found:
                 with self._state_lock:
                     self.state.in_force = None
+                    self.state.restoring = False
                     self.overrides.clear()
                     self.dirs.save(self.state)
                 return {"checked": 0, "checkpoint": None}
             newest = found[0][0]
+            with self._state_lock:
+                self.state.restoring = True
+                self.dirs.save(self.state)
             try:
                 count, errors = restore(self.ctx, newest)
             except ExecutorError as exc:
@@ -592,6 +596,7 @@ class Agent:
             self.covered = set()
             with self._state_lock:
                 self.state.in_force = None
+                self.state.restoring = False
                 self.overrides.clear()
                 self.dirs.save(self.state)
         self.say(f"restored {count} setting(s) from {newest}")

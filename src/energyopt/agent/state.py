@@ -3,7 +3,7 @@
 ::
 
     STATE_DIR/agent-state.json   the plan in force (with its device map and envelope),
-                                 and, while an apply runs, the apply in flight
+                                 and, while an apply or a restore runs, that it does
     STATE_DIR/checkpoints/       the executor's checkpoints (docs/executor.md), chained:
                                  the newest leads back to the GPUs before the first apply
     STATE_DIR/restored/          checkpoints moved aside after a restore
@@ -71,11 +71,13 @@ class PlanInForce:
 
 @dataclass
 class AgentState:
-    """The plan in force and the apply in flight (its checkpoint and the plan it applies)."""
+    """The plan in force, the apply in flight (its checkpoint and the plan it applies),
+    and whether a restore was in flight."""
 
     in_force: PlanInForce | None = None
     applying: PlanInForce | None = None
     applying_checkpoint: str | None = None
+    restoring: bool = False
 
 
 class StateDir:
@@ -109,6 +111,10 @@ class StateDir:
             if not isinstance(ckpt, str):
                 raise SpecError([f"{where}: applying_checkpoint: missing or not a string"])
             state.applying_checkpoint = ckpt
+        restoring = data.get("restoring", False)
+        if not isinstance(restoring, bool):
+            raise SpecError([f"{where}: restoring: expected true or false"])
+        state.restoring = restoring
         return state
 
     def save(self, state: AgentState) -> None:
@@ -118,6 +124,7 @@ class StateDir:
             "in_force": state.in_force.to_json() if state.in_force else None,
             "applying": state.applying.to_json() if state.applying else None,
             "applying_checkpoint": state.applying_checkpoint,
+            "restoring": state.restoring,
         }
         write_text_atomic(self.file, json.dumps(data, indent=1) + "\n")
 
