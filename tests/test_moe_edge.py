@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -403,8 +404,16 @@ def test_identical_gpus_leave_few_configurations_and_the_floor_bounds_them_all()
     doc["server"]["gpus"] = [dict(gpu, name=f"g{i}") for i in range(8)]
     p = _problem(doc)
     canonical = p.canonical_configs()
-    assert len(p.configs()) == 52_488 and len(canonical) == 108
+    assert len(p.configs()) == p.n_configs() == 52_488
+    assert len(canonical) == p.n_canonical_configs() == 108
     assert set(canonical) <= set(p.configs())
+    # 64 clocks each: about 2.2e15 configurations, counted without listing them
+    many = dict(gpu, clocks_mhz=[*range(210, 2041, 30), 2025, 1995])
+    doc["server"]["gpus"] = [dict(many, name=f"g{i}", pcie_gbps=1.0 + i) for i in range(8)]
+    huge = _problem(doc)
+    assert huge.n_configs() == 8 * 64**8
+    assert huge.n_canonical_configs() == 8 * 64 * math.comb(7 + 63, 7)
+    assert next(huge.iter_canonical_configs()).dense == 0
     small = _problem(_doc(5, 2))
     for d in range(small.n_gpus):
         floor = floor_bound(small, d)

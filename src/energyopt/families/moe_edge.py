@@ -115,7 +115,7 @@ class MoeEdgeFamily:
         gap = rel_gap if rel_gap is not None else DEFAULT_GAP
         chosen = solver
         if solver == "auto":
-            size = len(p.canonical_configs()) * p.n_items * p.n_options
+            size = p.n_canonical_configs() * p.n_items * p.n_options
             chosen = "milp" if size < AUTO_MILP_COLUMNS else "lagrangian"
         progress(f"solving {p.source} (moe-edge, {p.n_items} experts) with {chosen}")
         if chosen == "milp":

@@ -394,7 +394,9 @@ def solve_lagrangian(
 ) -> Result[MoeEdgePlan]:
     """Lagrangian bound and repaired plan over every configuration."""
     t0 = time.perf_counter()
-    configs = p.canonical_configs()
+    configs = p.iter_canonical_configs()
+    count = p.n_canonical_configs()
+    first = next(p.iter_canonical_configs())
     best: tuple[float, Config, IntArray] | None = None
     bounds: list[float] = []
     timed_out = False
@@ -402,13 +404,14 @@ def solve_lagrangian(
     # time kept for the bound of configurations left unvisited (costs of one
     # configuration per clock of each GPU, per dense GPU), and the longest a
     # configuration took so far: one is not started unless it can end in time
-    p.costs(configs[0])  # the first call also warms up
+    p.costs(first)  # the first call also warms up
     t1 = time.perf_counter()
-    p.costs(configs[-1])
+    p.costs(p.max_clock_config(first.dense))
     per_costs_s = time.perf_counter() - t1
-    dense_gpus = len({k.dense for k in configs})
-    floor_costs = dense_gpus * (1 + sum(len(c) for c in p.clock_options))
-    reserve_s = min(0.25 * time_limit_s, 1.5 * floor_costs * per_costs_s)
+    _, dense_class = p.gpu_classes()
+    dense_gpus = len([d for d in range(p.n_gpus) if dense_class[d] == d])
+    floor_costs = dense_gpus * max(len(c) for c in p.clock_options)
+    reserve_s = min(0.5 * time_limit_s, 2.0 * floor_costs * per_costs_s)
     slowest_s = 0.0
     for n, config in enumerate(configs):
         started = time.perf_counter()
@@ -416,7 +419,7 @@ def solve_lagrangian(
             # out of time: the unpriced relaxation of every configuration left, with
             # each option at its least cost over the clocks, still bounds them
             timed_out = True
-            open_dense.update(k.dense for k in configs[n:])
+            open_dense.update(d for d in range(p.n_gpus) if dense_class[d] == d)
             break
         c = p.costs(config)
         if c.gpu_free_gb[config.dense] < 0:
@@ -440,7 +443,7 @@ def solve_lagrangian(
                     p,
                     c,
                     cutoff=None,
-                    deadline=time.perf_counter() + left / (len(configs) - n),
+                    deadline=time.perf_counter() + left / max(count - n, 1),
                     rel_gap=rel_gap,
                 )
                 bound = max(bound, out.bound)
@@ -452,7 +455,7 @@ def solve_lagrangian(
         bounds.append(bound)
         slowest_s = max(slowest_s, time.perf_counter() - started)
         progress(
-            f"lagrangian: config {n + 1}/{len(configs)}: bound {bound:.6g}"
+            f"lagrangian: config {n + 1}/{count}: bound {bound:.6g}"
             + ("" if best is None else f", best {best[0]:.6g}")
         )
     bounds += [floor_bound(p, d) for d in sorted(open_dense)]
@@ -460,7 +463,7 @@ def solve_lagrangian(
     bound_or_none = float(bound) if np.isfinite(bound) else None
     wall = time.perf_counter() - t0
     termination = Termination.TIME_LIMIT if timed_out else Termination.CONVERGED
-    log = [f"{len(configs)} configurations, {ITERATIONS} subgradient steps each"]
+    log = [f"{count:,} configurations, {ITERATIONS} subgradient steps each"]
     if best is None:
         # every configuration's bound infinite: each is a proof (an expert with no
         # option, the dense part too large, or a refinement proven infeasible)

@@ -25,6 +25,7 @@ dense GPU (``floor_bound``). The plan is the best one found.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,17 +86,18 @@ def unpriced_bound(p: MoeEdgeProblem, c: ConfigCosts) -> float:
 
 def floor_bound(p: MoeEdgeProblem, dense: int) -> float:
     """A lower bound on the optimum of every configuration with the dense part on GPU
-    ``dense``, whatever the clocks, from the configurations that change one GPU's
-    clock at a time: an option's time and dynamic energy depend on one GPU's clock
-    only, so their least values over those configurations are their least values
-    over all; the server's static power is taken at its least (its largest where a
-    pair's saving is subtracted). Rows dropped as in ``unpriced_bound``; inf when
-    the dense part does not fit."""
-    base = p.max_clock_config(dense).clocks
-    configs = {Config(dense, base)}
-    for g, options in enumerate(p.clock_options):
-        for clk in options:
-            configs.add(Config(dense, (*base[:g], int(clk), *base[g + 1 :])))
+    ``dense``, whatever the clocks, from the configurations that put every GPU at its
+    k-th clock (its last where it has fewer), k = 1, 2, ...: an option's time and
+    dynamic energy depend on one GPU's clock only, and these configurations give
+    every GPU each of its clocks, so their least values over them are their least
+    values over all; the server's static power is taken at its least (its largest
+    where a pair's saving is subtracted). Rows dropped as in ``unpriced_bound``; inf
+    when the dense part does not fit."""
+    most = max(len(c) for c in p.clock_options)
+    configs = [
+        Config(dense, tuple(int(c[min(k, len(c) - 1)]) for c in p.clock_options))
+        for k in range(most)
+    ]
     server = p.spec.server
     on = [[gpu_on_power_w(gpu, clk) for clk in p.clock_options[g]] for g, gpu in enumerate(p.gpus)]
     rest = server.cpu.idle_w + server.base_w
@@ -258,17 +260,23 @@ def solve_milp(
     """Exact within ``rel_gap`` over every configuration (or the best plan and bound at
     the time limit). Objective in J/token or ms/token."""
     t0 = time.perf_counter()
-    configs = p.canonical_configs()
+    count = p.n_canonical_configs()
+    first = next(p.iter_canonical_configs())
     # time to keep for bounding, per dense GPU, what the time limit leaves unvisited
-    p.costs(configs[0])  # the first call also warms up
+    p.costs(first)  # the first call also warms up
     t1 = time.perf_counter()
-    p.costs(configs[-1])
+    p.costs(p.max_clock_config(first.dense))
     per_costs_s = time.perf_counter() - t1
-    floor_costs = len({k.dense for k in configs}) * (1 + sum(len(c) for c in p.clock_options))
-    reserve_s = min(0.25 * time_limit_s, 1.5 * floor_costs * per_costs_s)
-    if len(configs) <= SORTED_CONFIGS:
+    _, dense_class = p.gpu_classes()
+    dense_gpus = [d for d in range(p.n_gpus) if dense_class[d] == d]
+    floor_costs = len(dense_gpus) * max(len(c) for c in p.clock_options)
+    reserve_s = min(0.5 * time_limit_s, 2.0 * floor_costs * per_costs_s)
+    configs: Iterable[Config] = p.iter_canonical_configs()
+    if count <= SORTED_CONFIGS:
+        listed = list(configs)
+        configs = listed
         costed = []
-        for n, k in enumerate(configs):
+        for n, k in enumerate(listed):
             if time.perf_counter() - t0 > SORT_SHARE * time_limit_s:
                 break  # costing them all would eat the time: keep the listed order
             costed.append((unpriced_bound(p, p.costs(k)), n, k))
@@ -276,23 +284,25 @@ def solve_milp(
             configs = [k for _, _, k in sorted(costed)]
     best: tuple[float, Config, IntArray] | None = None
     bounds: dict[Config, float] = {}
-    unvisited: list[Config] = []
+    unvisited = False
     left_open: list[Config] = []
     rounds = 0
     log: list[str] = []
     # first pass: every configuration in a share of the time; second and later
     # passes: those left open, least bound first, in the time the first left over
-    todo = list(configs)
+    todo: Iterable[Config] = configs
+    size = count
     passes = 0
-    while todo:
+    while True:
         passes += 1
         left_open = []
-        for n, config in enumerate(todo):
+        listed = list(todo) if passes > 1 else []
+        for n, config in enumerate(listed if passes > 1 else todo):
             if time.perf_counter() - t0 >= time_limit_s - reserve_s:
                 if passes == 1:
-                    unvisited = todo[n:]
+                    unvisited = True
                 else:
-                    left_open += todo[n:]
+                    left_open += listed[n:]
                 break
             c = p.costs(config)
             if c.gpu_free_gb[config.dense] < 0:
@@ -306,7 +316,7 @@ def solve_milp(
             left = time_limit_s - reserve_s - (time.perf_counter() - t0)
             # a share of the time left, more while few configurations remain; what a
             # configuration leaves unused goes to the later ones
-            share = max(left / (len(todo) - n), min(left, 0.05))
+            share = max(left / max(size - n, 1), min(left, 0.05))
             if best is None:
                 share = max(share, 0.5 * left)  # a first plan matters more than an even split
             out = solve_config(
@@ -319,22 +329,28 @@ def solve_milp(
             if out.plan is not None and (best is None or out.plan[0] < best[0]):
                 best = (out.plan[0], config, out.plan[1])
             progress(
-                f"milp: pass {passes}, config {n + 1}/{len(todo)} (dense {config.dense}, "
+                f"milp: pass {passes}, config {n + 1}/{size} (dense {config.dense}, "
                 f"clocks {config.clocks}): bound {bounds[config]:.6g}, {out.rounds} programs"
                 + ("" if best is None else f", best {best[0]:.6g}")
             )
-        if unvisited or time.perf_counter() - t0 >= time_limit_s - reserve_s:
+        if unvisited or not left_open or time.perf_counter() - t0 >= time_limit_s - reserve_s:
             break
         todo = sorted(left_open, key=lambda k: bounds[k])
+        size = len(left_open)
     all_done = not unvisited and not left_open
-    floors = [floor_bound(p, d) for d in sorted({k.dense for k in unvisited})]
+    # configurations never reached: bounded together per dense GPU
+    floors = [floor_bound(p, d) for d in dense_gpus] if unvisited else []
     bound_list = [*bounds.values(), *floors]
     bound = min(bound_list) if bound_list else -np.inf
     wall = time.perf_counter() - t0
     log.append(
-        f"{len(configs)} configurations ({len(p.configs())} before symmetry), "
+        f"{count:,} configurations ({p.n_configs():,} before symmetry), "
         f"{rounds} programs in {passes} passes, "
-        + ("all closed" if all_done else f"{len(unvisited) + len(left_open)} left open")
+        + (
+            "all closed"
+            if all_done
+            else f"{count - len(bounds) + len(left_open):,} left open or unvisited"
+        )
     )
     bound_or_none = float(bound) if np.isfinite(bound) else None
     termination = Termination.CONVERGED if all_done else Termination.TIME_LIMIT

@@ -13,7 +13,8 @@ energies J (per decode step unless named per token), memory GB.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -173,32 +174,67 @@ class MoeEdgeProblem:
         full = [(*k, float(g.pcie_gbps)) for k, g in zip(keys, self.spec.server.gpus, strict=True)]
         return off, tuple(full.index(k) for k in full)
 
-    def canonical_configs(self) -> list[Config]:
-        """One configuration of each class of equivalent ones: the dense part only on
-        the first GPU of each group of identical GPUs, and the clocks of
+    def n_configs(self) -> int:
+        """How many configurations ``configs()`` lists."""
+        return self.n_gpus * math.prod(len(c) for c in self.clock_options)
+
+    def _classes_off(self, dense: int) -> dict[int, list[int]]:
+        off, _ = self.gpu_classes()
+        members: dict[int, list[int]] = {}
+        for g in range(self.n_gpus):
+            if g != dense:
+                members.setdefault(off[g], []).append(g)
+        return members
+
+    def n_canonical_configs(self) -> int:
+        """How many configurations ``iter_canonical_configs()`` yields (counted, not
+        listed: 8 GPUs with 64 clocks each have about 2e15 configurations)."""
+        _, dense_class = self.gpu_classes()
+        total = 0
+        for d in range(self.n_gpus):
+            if dense_class[d] == d:
+                n = len(self.clock_options[d])
+                for gs in self._classes_off(d).values():
+                    c = len(self.clock_options[gs[0]])
+                    n *= math.comb(len(gs) + c - 1, len(gs))
+                total += n
+        return total
+
+    def iter_canonical_configs(self) -> Iterator[Config]:
+        """One configuration of each class of equivalent ones, lazily: the dense part
+        only on the first GPU of each group of identical GPUs, and the clocks of
         interchangeable GPUs off the dense part in non-increasing order by index.
         Relabelling interchangeable GPUs maps every plan of a configuration left out
         to a plan of one kept with the same costs, so the optimum over these is the
         optimum over ``configs()``."""
-        off, dense_class = self.gpu_classes()
-        out = []
+        _, dense_class = self.gpu_classes()
         for d in range(self.n_gpus):
             if dense_class[d] != d:
                 continue
-            for clocks in itertools.product(*self.clock_options):
-                last: dict[int, int] = {}
-                ordered = True
-                for g, clk in enumerate(clocks):
-                    if g == d:
-                        continue
-                    k = off[g]
-                    if k in last and clk > last[k]:
-                        ordered = False
-                        break
-                    last[k] = clk
-                if ordered:
-                    out.append(Config(d, tuple(int(c) for c in clocks)))
-        return out
+            groups = list(self._classes_off(d).values())
+            for dclk in self.clock_options[d]:
+                clocks = [0] * self.n_gpus
+                clocks[d] = int(dclk)
+                yield from self._fill(d, groups, 0, clocks)
+
+    def _fill(
+        self, dense: int, groups: list[list[int]], k: int, clocks: list[int]
+    ) -> Iterator[Config]:
+        """Every non-increasing choice of clocks for groups ``k``.. (lazily: a group of
+        7 GPUs with 64 clocks has 1.2e9 choices)."""
+        if k == len(groups):
+            yield Config(dense, tuple(clocks))
+            return
+        gs = groups[k]
+        options = sorted(self.clock_options[gs[0]], reverse=True)
+        for pick in itertools.combinations_with_replacement(options, len(gs)):
+            for g, clk in zip(gs, pick, strict=True):
+                clocks[g] = int(clk)
+            yield from self._fill(dense, groups, k + 1, clocks)
+
+    def canonical_configs(self) -> list[Config]:
+        """``iter_canonical_configs()`` as a list (for instances where it is short)."""
+        return list(self.iter_canonical_configs())
 
     def max_clock_config(self, dense: int = 0) -> Config:
         return Config(dense, tuple(max(c) for c in self.clock_options))
