@@ -448,7 +448,7 @@ def test_fiddlers_rule_runs_host_experts_on_the_cpu_below_its_token_count() -> N
 def test_a_time_limit_on_eight_gpus_returns_the_best_plan_with_a_valid_bound() -> None:
     """Mixtral on 8 L4s of distinct sizes (52,488 configurations, none equal up to
     relabelling) in 1 s: most configurations are never visited; their bound comes
-    from one-clock-at-a-time variations per dense GPU, and the run says time_limit."""
+    from one configuration per clock rank per dense GPU, and the run says time_limit."""
     from energyopt.solvers.result import Termination
 
     doc = yaml.safe_load((ROOT / "instances" / "moe-edge" / "mixtral-l4-law.yaml").read_text())
