@@ -158,21 +158,6 @@ class Winners:
         self.time_us = np.where(better, t, self.time_us)
         self.energy_j = np.where(better, e, self.energy_j)
 
-    def merge(self, energy_first: bool, other: Winners) -> None:
-        """Take ``other``'s schedules where they are strictly better."""
-        for i, w in enumerate(other.which):
-            if w is None:
-                continue
-            one = Winners(self.time_us[i : i + 1], self.energy_j[i : i + 1], [self.which[i]])
-            one.offer(
-                energy_first, *w[:3], other.time_us[i : i + 1], other.energy_j[i : i + 1], w[3]
-            )
-            self.time_us[i], self.energy_j[i], self.which[i] = (
-                one.time_us[0],
-                one.energy_j[0],
-                one.which[0],
-            )
-
     def scored(self, i: int, name: str) -> Scored:
         """Size ``i``'s schedule as a choice for the collective ``name``."""
         w = self.which[i]
@@ -518,22 +503,46 @@ def solve_select(
     )
 
 
+def score_given(
+    p: CollectiveProblem, ev: Evaluator, picks: list[tuple[Structure, Protocol, int]]
+) -> list[Scored]:
+    """Each collective's given schedule (structure, protocol, clock MHz), scored;
+    collectives that share op, root, schedule, protocol and clock in one pass."""
+    by: dict[tuple[Op, int, Structure, Protocol, int], list[int]] = {}
+    for i, (s, pr, f) in enumerate(picks):
+        c = p.collectives[i]
+        by.setdefault((c.op, root_key(c.op, c.root), s, pr, f), []).append(i)
+    out: dict[int, Scored] = {}
+    for (op, root, s, pr, f), idx in by.items():
+        sizes = np.asarray([float(p.collectives[i].bytes) for i in idx])
+        fl = ev.flows_of(op, root, s)
+        t = times_us_at(p, fl, sizes, [(pr, f)])[0]
+        w = Winners(t, energies_j(p, fl, sizes, s.channels, f, t), [(s, pr, f, None)] * len(idx))
+        for j, i in enumerate(idx):
+            out[i] = w.scored(j, p.name_of(i))
+    return [out[i] for i in range(len(picks))]
+
+
 def solve_nccl(p: CollectiveProblem, *, progress: Progress = quiet) -> Result[CollectivePlan]:
     """NCCL's own algorithm, protocol and channel choice, run on the cost model at the
     max clock (NCCL does not change clocks)."""
     t0 = time.perf_counter()
     ev = Evaluator(p)
-    scored = []
-    log = []
-    for i, c in enumerate(p.collectives):
-        nc = nccl_choice(p, c)
-        s = Structure(nc.algorithm, nc.channels, nc.chunks, None, 0)
-        x = ev.score(c, s, nc.protocol, p.gpu.max_sm_clock_mhz, p.name_of(i))
-        log.append(
-            f"{p.name_of(i)}: NCCL picks {nc.algorithm}/{nc.protocol} x{nc.channels} "
-            f"(its model: {nc.predicted_us:,.1f} us; cost model {x.time_us:,.1f} us)"
-        )
-        scored.append(x)
+    fmax = p.gpu.max_sm_clock_mhz
+    picks = [nccl_choice(p, c) for c in p.collectives]
+    scored = score_given(
+        p,
+        ev,
+        [
+            (Structure(nc.algorithm, nc.channels, nc.chunks, None, 0), nc.protocol, fmax)
+            for nc in picks
+        ],
+    )
+    log = [
+        f"{p.name_of(i)}: NCCL picks {nc.algorithm}/{nc.protocol} x{nc.channels} "
+        f"(its model: {nc.predicted_us:,.1f} us; cost model {x.time_us:,.1f} us)"
+        for i, (nc, x) in enumerate(zip(picks, scored, strict=True))
+    ]
     return plan_result(p, scored, "nccl", t0, "NCCL 2.30.7 tuning model (Ring, Tree)", log)
 
 
@@ -543,12 +552,11 @@ def solve_ring(p: CollectiveProblem, *, progress: Progress = quiet) -> Result[Co
     t0 = time.perf_counter()
     ev = Evaluator(p)
     nc = nccl_channels(p)
-    scored = []
-    for i, c in enumerate(p.collectives):
+    fmax = p.gpu.max_sm_clock_mhz
+
+    def ring_of(c: Collective) -> tuple[Structure, Protocol, int]:
         alg: Algorithm = "direct" if c.op == "all_to_all" else "ring"
-        scored.append(
-            ev.score(
-                c, Structure(alg, nc, 1, None, 0), "simple", p.gpu.max_sm_clock_mhz, p.name_of(i)
-            )
-        )
+        return Structure(alg, nc, 1, None, 0), "simple", fmax
+
+    scored = score_given(p, ev, [ring_of(c) for c in p.collectives])
     return plan_result(p, scored, "ring", t0, "fixed ring, Simple protocol", [])

@@ -208,6 +208,10 @@ class _Step:
     link_gbs: NDArray[np.float64]
     lat_us: NDArray[np.float64]
     reducing_at_b: NDArray[np.float64]
+    both: Scatter
+    """How to take, per (rank, channel), the latest end over the step's flows at both ends."""
+    into: Scatter
+    """The same at the receivers."""
 
 
 def _flows(p: CollectiveProblem, prog: Program, chunks: int) -> list[_Step]:
@@ -218,6 +222,14 @@ def _flows(p: CollectiveProblem, prog: Program, chunks: int) -> list[_Step]:
     n_steps = len(prog.steps)
     rows_of = [s.tolist() for s in prog.steps]
     out: list[_Step] = []
+    path: dict[tuple[int, int], list[tuple[str, str]]] = {}
+    links: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def link(u: str, v: str) -> tuple[float, float]:
+        if (u, v) not in links:
+            links[(u, v)] = _link(p, u, v)
+        return links[(u, v)]
+
     for g in range(n_steps + chunks - 1):
         # per flow: share, whether any of it is reduced, and the reduced share
         # (a flow may carry a reducing step of one chunk and a copying one of another)
@@ -235,7 +247,9 @@ def _flows(p: CollectiveProblem, prog: Program, chunks: int) -> list[_Step]:
         load: dict[tuple[str, str], int] = {}
         routes = {}
         for a, b, k in flows:
-            routes[(a, b, k)] = _route(p, a, b)
+            if (a, b) not in path:
+                path[(a, b)] = _route(p, a, b)
+            routes[(a, b, k)] = path[(a, b)]
             for e in routes[(a, b, k)]:
                 load[e] = load.get(e, 0) + 1
         reducing: dict[int, int] = {}
@@ -244,19 +258,25 @@ def _flows(p: CollectiveProblem, prog: Program, chunks: int) -> list[_Step]:
                 reducing[b] = reducing.get(b, 0) + 1
         keys = list(flows)
         vals = [flows[key] for key in keys]
+        a_ = np.array([key[0] for key in keys], dtype=np.int64)
+        b_ = np.array([key[1] for key in keys], dtype=np.int64)
+        k_ = np.array([key[2] for key in keys], dtype=np.int64)
+        ra, rb = a_ + p.n * k_, b_ + p.n * k_
         out.append(
             _Step(
-                a=np.array([key[0] for key in keys], dtype=np.int64),
-                b=np.array([key[1] for key in keys], dtype=np.int64),
-                k=np.array([key[2] for key in keys], dtype=np.int64),
+                a=a_,
+                b=b_,
+                k=k_,
                 share=np.array([v[0] for v in vals]),
                 reduced=np.array([v[2] for v in vals]),
                 red=np.array([v[1] > 0 for v in vals], dtype=bool),
                 link_gbs=np.array(
-                    [min(_link(p, u, v)[0] / load[(u, v)] for u, v in routes[key]) for key in keys]
+                    [min(link(u, v)[0] / load[(u, v)] for u, v in routes[key]) for key in keys]
                 ),
-                lat_us=np.array([sum(_link(p, u, v)[1] for u, v in routes[key]) for key in keys]),
+                lat_us=np.array([sum(link(u, v)[1] for u, v in routes[key]) for key in keys]),
                 reducing_at_b=np.array([float(reducing.get(key[1], 0)) for key in keys]),
+                both=Scatter.of(np.concatenate((ra, rb))),
+                into=Scatter.of(rb),
             )
         )
     return out
@@ -308,8 +328,8 @@ def _run(
         end = begin + busy
         land = end + st.lat_us[:, None]
         # a rank starts its next step once this one's flows are done at both ends
-        Scatter.of(np.concatenate((ra, rb))).apply(free, np.concatenate((end, end)))
-        Scatter.of(rb).apply(got, land)
+        st.both.apply(free, np.concatenate((end, end)))
+        st.into.apply(got, land)
         last = np.maximum(last, land.max(axis=0))
     return p.rates.launch_us + last, touched
 
