@@ -30,6 +30,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from energyopt.agent.protocol import OPERATIONS, Refused
+from energyopt.online.control import check_range
 from energyopt.spec.base import Spec
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import parse, read_data
@@ -91,21 +92,13 @@ class Policy(Spec):
 
     def check_clock(self, where: str, clock_mhz: int) -> None:
         """Refused (outside_policy) when ``clock_mhz`` is outside the policy's range."""
-        if not self.clock_mhz.holds(clock_mhz):
-            raise Refused(
-                "outside_policy",
-                f"{where}: clock {clock_mhz} MHz is outside the policy's range "
-                f"{self.clock_mhz.min:g}-{self.clock_mhz.max:g} MHz",
-            )
+        bounds = (self.clock_mhz.min, self.clock_mhz.max)
+        check_range(where, "clock", clock_mhz, bounds, "MHz", "the policy's range")
 
     def check_power_limit(self, where: str, limit_w: float) -> None:
         """Refused (outside_policy) when ``limit_w`` is outside the policy's range."""
-        if not self.power_limit_w.holds(limit_w):
-            raise Refused(
-                "outside_policy",
-                f"{where}: power limit {limit_w:g} W is outside the policy's range "
-                f"{self.power_limit_w.min:g}-{self.power_limit_w.max:g} W",
-            )
+        bounds = (self.power_limit_w.min, self.power_limit_w.max)
+        check_range(where, "power limit", float(limit_w), bounds, "W", "the policy's range")
 
     def authorize(self, op: str, peer: PeerCred) -> None:
         """Refused (unauthorized) unless the policy opens ``op`` to ``peer``."""

@@ -17,6 +17,8 @@ import json
 import socket
 from typing import Any
 
+from energyopt.online.control import Refused as Refused  # the checks raise it too
+
 PROTOCOL_VERSION = 1
 """The version this agent and client speak; a request with another ``v`` is refused."""
 
@@ -49,13 +51,6 @@ ERROR_CODES = (
 )
 
 
-class Refused(Exception):
-    """A request the agent will not carry out: ``code`` (one of ERROR_CODES) and a reason."""
-
-    def __init__(self, code: str, reason: str) -> None:
-        super().__init__(f"{code}: {reason}")
-        self.code = code
-        self.reason = reason
 
 
 class MessageTooLarge(Exception):

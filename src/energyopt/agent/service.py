@@ -34,6 +34,7 @@ from energyopt.nvml.planner import HostPlan, plan_actions
 from energyopt.nvml.session import Session
 from energyopt.nvml.sim import SimulatedNvml
 from energyopt.nvml.transaction import Transaction, earlier_checkpoints, restore
+from energyopt.online.control import check_setting
 from energyopt.spec.checks import plan_problems
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import parse
@@ -441,18 +442,17 @@ class Agent:
                 )
             if value != int(value):
                 raise Refused("bad_request", f"clock_mhz: {value} is not a whole number of MHz")
-            self.policy.check_clock(where, int(value))
-            supported = self.nvml.supported_sm_clocks(index)
-            if int(value) not in supported:
-                near = sorted(supported, key=lambda c: abs(c - value))[:2]
-                raise Refused(
-                    "not_supported",
-                    f"{where}: {int(value)} MHz is not a supported SM clock (nearest: "
-                    f"{', '.join(map(str, sorted(near)))} MHz)",
-                )
+            check_setting(
+                where,
+                name,
+                int(value),
+                policy=(self.policy.clock_mhz.min, self.policy.clock_mhz.max),
+                envelope=(lo, hi),
+                envelope_of=f"plan {pif.plan_id}",
+                supported_clocks_mhz=self.nvml.supported_sm_clocks(index),
+            )
             action = LockClocks(g.gpu, index, uuid, clock_mhz=int(value))
             planned: Any = [g.clock_mhz, g.clock_mhz]
-            unit = "MHz"
         else:
             if g.power_limit_w is None:
                 raise Refused(
@@ -460,24 +460,18 @@ class Agent:
                     f"{where}: the plan in force sets no power limit on this GPU, so it has "
                     "no setting to return to",
                 )
-            self.policy.check_power_limit(where, float(value))
-            limit_mw = round(float(value) * 1000)
             cmin, cmax = self.nvml.get_power_limit_constraints(index)
-            if not cmin <= limit_mw <= cmax:
-                raise Refused(
-                    "not_supported",
-                    f"{where}: {value:g} W is outside the device's range "
-                    f"{cmin / 1000:g}-{cmax / 1000:g} W",
-                )
-            action = SetPowerLimit(g.gpu, index, uuid, limit_mw=limit_mw)
-            planned = round(g.power_limit_w * 1000)
-            unit = "W"
-        if not lo <= value <= hi:
-            raise Refused(
-                "outside_envelope",
-                f"{where}: {value:g} {unit} is outside the envelope of plan {pif.plan_id} "
-                f"[{lo:g}, {hi:g}] {unit}",
+            check_setting(
+                where,
+                name,
+                float(value),
+                policy=(self.policy.power_limit_w.min, self.policy.power_limit_w.max),
+                envelope=(lo, hi),
+                envelope_of=f"plan {pif.plan_id}",
+                device_range_w=(cmin / 1000, cmax / 1000),
             )
+            action = SetPowerLimit(g.gpu, index, uuid, limit_mw=round(float(value) * 1000))
+            planned = round(g.power_limit_w * 1000)
         with self._locked([index]):
             previous = action.read(self.ctx)
             self._write(action, previous)

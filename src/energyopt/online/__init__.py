@@ -3,13 +3,16 @@ every request and reacts to forecast error with table lookups only, a phase-awar
 local scheduler per instance, and forecast headroom from observed errors.
 
 Imports only ``tables``, ``perf``, ``spec`` and ``catalog``; the simulator
-(``sim``) drives it through the ``Actuator`` and ``InstanceView`` protocols.
+(``sim``) drives it through the ``Actuator`` and ``InstanceView`` protocols, and its
+clock, power-limit and share changes go through ``GpuControl`` (online/control.py):
+the node agent's client in production, the simulator's simulated agent in simulation.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from energyopt.online.control import GpuControl, Refused
 from energyopt.online.global_scheduler import (
     GlobalScheduler,
     OnlineConfig,
@@ -40,6 +43,7 @@ __all__ = [
     "Actuator",
     "ErrorHeadroom",
     "GlobalScheduler",
+    "GpuControl",
     "GpuInfo",
     "InstanceInfo",
     "InstanceView",
@@ -51,6 +55,7 @@ __all__ = [
     "OnlineStats",
     "OpLookups",
     "RateMeter",
+    "Refused",
     "chunk_ladder",
     "lookup_budget",
 ]

@@ -58,8 +58,10 @@ table lookups a decision makes.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from energyopt.online.control import GpuControl, Refused
 from energyopt.online.lookups import OpLookups
 from energyopt.online.state import Actuator, GpuInfo, GpuState, InstanceInfo, RateMeter, Slot
 
@@ -103,6 +105,7 @@ class OnlineStats:
     wakes: int = 0
     shed: int = 0
     capped: int = 0  # boosts held below the wanted clock by a power cap or budget
+    refused: int = 0  # changes the GPU control refused (the scheduler's view stays)
     over_budget: int = 0  # decisions that used more lookups than the stated budget
     shed_by_workload: dict[int, int] = field(default_factory=dict)
 
@@ -151,9 +154,16 @@ class GlobalScheduler:
         *,
         mps: bool = True,
         node_budget_w: dict[str, float] | None = None,
+        control: GpuControl | None = None,
     ) -> None:
         self.lk = lookups
         self.act = actuator
+        self.control: GpuControl = control if control is not None else _ActuatorControl(self)
+        """Where clock, power-limit and share changes go (the node agent's client, the
+        simulator's simulated agent); without one, the actuator's ``set_clock`` and
+        ``set_share``."""
+        self.now_s = 0.0  # time of the decision being made, s
+        self.refusals: list[Refused] = []  # the last few refusals, newest last
         self.cfg = config or OnlineConfig()
         self.ttft_s = ttft_s
         self.mps = mps
@@ -339,18 +349,47 @@ class GlobalScheduler:
         node = self.node_power_w.get(g.info.node, 0.0) - g.power_w + power_w
         return node <= budget
 
-    def _set_clock(self, g: GpuState, clock: int, power_w: float, now_s: float) -> None:
+    def _refused(self, exc: Refused) -> bool:
+        self.stats.refused += 1
+        self.refusals = [*self.refusals[-7:], exc]
+        return False
+
+    def _set_clock(self, g: GpuState, clock: int, power_w: float, now_s: float) -> bool:
+        """Set ``g``'s power limit (the estimate ``power_w`` x ``limit_margin``, clamped)
+        and lock its clock through the GPU control; False (nothing assumed changed) when
+        the control refuses."""
+        limit = min(g.info.cap_w, max(g.info.min_limit_w, power_w * self.cfg.limit_margin))
+        self.now_s = now_s
+        try:
+            self.control.set_power_limit(g.info.id, limit)
+        except Refused as exc:
+            return self._refused(exc)
+        g.limit_w = limit
+        try:
+            self.control.set_clock(g.info.id, clock)
+        except Refused as exc:
+            return self._refused(exc)
         node = g.info.node
         self.node_power_w[node] = self.node_power_w.get(node, 0.0) - g.power_w + power_w
         g.power_w = power_w
         g.clock = clock
         g.changed_s = now_s
-        limit = min(g.info.cap_w, max(g.info.min_limit_w, power_w * self.cfg.limit_margin))
-        g.limit_w = limit
-        self.act.set_clock(g.info.id, clock, limit, now_s)
         t = g.info.gpu_type
         for s in g.slots:
             s.capacity_rps = self.lk.capacity_rps(s.info.label, t, clock, s.share)
+        return True
+
+    def _set_shares(self, g: GpuState, shares: list[tuple[Slot, int]], now_s: float) -> bool:
+        """Give the slices ``shares`` (slice, percent) on ``g`` through the GPU control,
+        all at once; False (nothing changed) when the control refuses."""
+        self.now_s = now_s
+        try:
+            self.control.shift_shares(g.info.id, {_client(s): pct for s, pct in shares})
+        except Refused as exc:
+            return self._refused(exc)
+        for s, pct in shares:
+            s.share = pct
+        return True
 
     def _boost(self, s: Slot, now_s: float) -> None:
         g = s.gpu
@@ -385,7 +424,8 @@ class GlobalScheduler:
             if best < 0:
                 return
             want, power = clocks[best], best_w
-        self._set_clock(g, want, power, now_s)
+        if not self._set_clock(g, want, power, now_s):
+            return
         g.boosted = True
         self.stats.boosts += 1
 
@@ -409,10 +449,10 @@ class GlobalScheduler:
             cap_s = self.lk.capacity_rps(s.info.label, t, g.clock, up)
             if cap_s <= s.capacity_rps:
                 return
-            d.share, d.capacity_rps = new_down, cap_d
-            s.share, s.capacity_rps = up, cap_s
-            self.act.set_share(d.info.id, new_down, now_s)
-            self.act.set_share(s.info.id, up, now_s)
+            if not self._set_shares(g, [(d, new_down), (s, up)], now_s):
+                return
+            d.capacity_rps = cap_d
+            s.capacity_rps = cap_s
             g.changed_s = now_s
             g.boosted = True
             self.stats.shifts += 1
@@ -503,17 +543,19 @@ class GlobalScheduler:
             ):
                 g.changed_s = now_s  # look again after another hold
                 return
-        g.boosted = False
-        self.stats.restores += 1
-        for o in g.slots:
-            if o.share != o.plan_share:
-                o.share = o.plan_share
-                self.act.set_share(o.info.id, o.share, now_s)
+        back = [(o, o.plan_share) for o in g.slots if o.share != o.plan_share]
+        if back and not self._set_shares(g, back, now_s):
+            g.changed_s = now_s  # try again after another hold
+            return
         if g.clock != g.plan_clock:
-            self._set_clock(g, g.plan_clock, self._power(g, g.plan_clock), now_s)
+            if not self._set_clock(g, g.plan_clock, self._power(g, g.plan_clock), now_s):
+                g.changed_s = now_s
+                return
         else:
             for o in g.slots:
                 o.capacity_rps = o.plan_capacity_rps
+        g.boosted = False
+        self.stats.restores += 1
 
     def _trim(self, g: GpuState, now_s: float) -> None:
         """Lower a calm GPU to the lowest clock at which every slice on it covers its
@@ -542,8 +584,37 @@ class GlobalScheduler:
             target = max(target, c)
         if target >= g.clock:
             return
-        self._set_clock(g, target, self._power(g, target), now_s)
-        self.stats.trims += 1
+        if self._set_clock(g, target, self._power(g, target), now_s):
+            self.stats.trims += 1
+
+
+def _client(s: Slot) -> str:
+    """The name of slice ``s``'s MPS client on its GPU, as the GPU control takes it."""
+    return s.info.client if s.info.client is not None else s.info.label
+
+
+class _ActuatorControl:
+    """The GPU control of a scheduler given only an actuator: a power limit is held until
+    the clock is set with it (``Actuator.set_clock`` takes both), shares go to the
+    actuator's ``set_share`` per instance, at the scheduler's decision time."""
+
+    def __init__(self, owner: GlobalScheduler) -> None:
+        self.owner = owner
+        self.limit_w: dict[str, float] = {}
+
+    def set_power_limit(self, gpu: str, limit_w: float) -> None:
+        self.limit_w[gpu] = limit_w
+
+    def set_clock(self, gpu: str, clock_mhz: int) -> None:
+        owner = self.owner
+        limit = self.limit_w.get(gpu, owner.gpus[gpu].limit_w)
+        owner.act.set_clock(gpu, clock_mhz, limit, owner.now_s)
+
+    def shift_shares(self, gpu: str, shares_pct: Mapping[str, int]) -> None:
+        owner = self.owner
+        slots = {_client(s): s for s in owner.gpus[gpu].slots}
+        for client, pct in shares_pct.items():
+            owner.act.set_share(slots[client].info.id, pct, owner.now_s)
 
 
 def _backlog(s: Slot) -> float:

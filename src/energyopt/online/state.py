@@ -102,6 +102,9 @@ class InstanceInfo:
     ready_s: float
     draining: bool
     view: InstanceView
+    client: str | None = None
+    """Its MPS client's name on its GPU for share shifts (``GpuControl.shift_shares``);
+    None: ``label`` (the agent names a placement ``workload`` or ``workload:phase``)."""
 
 
 @dataclass

@@ -21,8 +21,10 @@ epochs. See docs/evaluation.md for the model; in short:
   change stops the GPU's instances for ``clock_change_ms``.
 * With an online policy (``online``; energyopt/online, docs/online.md) the global
   scheduler routes every new request instead (it may shed it: a miss), re-clocks
-  GPUs, shifts MPS shares and wakes GPUs between plans through this class's
-  ``set_clock``, ``set_share`` and ``wake``; and each co-located instance's local
+  GPUs and shifts MPS shares through a ``SimulatedAgent`` (sim/control.py: the
+  ``GpuControl`` interface and checks of the node agent, so the online control's
+  reactions take the path they take to a real GPU), wakes GPUs between plans through
+  this class's ``wake``; and each co-located instance's local
   scheduler sets its batch limit and prefill chunk every iteration.
 """
 
@@ -43,6 +45,7 @@ from energyopt.perf.params import build_params
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.perf.queueing import metrics_at
 from energyopt.sim.arrivals import Arrivals
+from energyopt.sim.control import SimulatedAgent
 from energyopt.sim.metrics import WorkloadStats, fleet_attainment
 from energyopt.sim.passes import PassTable, PassTables, ShareOption
 from energyopt.sim.power import PowerMeter
@@ -193,8 +196,11 @@ class Simulator:
         self.caps = {
             g.id: g.power_cap_w or problem.gpu_type(g.type).power_limit_max_w for g in problem.gpus
         }
+        self.mps = opts.sharing.mode == "mps"
         self.ctl: GlobalScheduler | None = None
+        self.agent: SimulatedAgent | None = None
         if online is not None:
+            self.agent = SimulatedAgent(self)
             budgets = {
                 n.name: n.power_budget_w
                 for n in problem.instance.cluster.nodes
@@ -205,8 +211,9 @@ class Simulator:
                 self,
                 [w.slo.ttft_ms / 1e3 for w in problem.instance.workloads],
                 online.config,
-                mps=opts.sharing.mode == "mps",
+                mps=self.mps,
                 node_budget_w=budgets,
+                control=self.agent,
             )
 
     # -- events -----------------------------------------------------------------------
@@ -680,18 +687,47 @@ class Simulator:
                     s.ready_s,
                     s.draining,
                     s,
+                    self.client_name(s),
                 )
             )
         self.ctl.set_instances(w, infos, now)
 
+    def client_name(self, server: Server) -> str:
+        """``server``'s MPS client name on its GPU (its placement's label and its id)."""
+        name = self.problem.instance.workloads[server.workload].name
+        label = name if server.phase == "both" else f"{name}:{server.phase}"
+        return f"{label}#{server.sid}"
+
+    def mps_clients(self, gpu: str) -> dict[str, tuple[int, int]]:
+        """The single-GPU instances on ``gpu``: client name -> (instance id, share %)."""
+        return {
+            self.client_name(s): (s.sid, self.slices[s.sid][0][0])
+            for s in self.gpus[gpu].servers
+            if len(s.gpus) == 1 and s.sid in self.slices
+        }
+
     def set_clock(self, gpu: str, clock_mhz: int, power_limit_w: float, now_s: float) -> None:
         """Online action: lock ``gpu`` at ``clock_mhz`` with power limit ``power_limit_w``
         (the instances stop for ``clock_change_ms`` when the clock changes)."""
+        self.set_power_limit(gpu, power_limit_w, now_s)
+        self.lock_clock(gpu, clock_mhz, now_s)
+
+    def set_power_limit(self, gpu: str, power_limit_w: float, now_s: float) -> None:
+        """Online action: set ``gpu``'s power limit (W; the local schedulers' dynamic
+        power follows it)."""
+        g = self.gpus[gpu]
+        g.power_limit_w = power_limit_w
+        for s in g.servers:
+            if s.local is not None:
+                s.local.dynamic_limit_w = self._dynamic_limit_w(g) * s.share_frac
+
+    def lock_clock(self, gpu: str, clock_mhz: int, now_s: float) -> None:
+        """Online action: lock ``gpu`` at ``clock_mhz`` (the instances stop for
+        ``clock_change_ms`` when the clock changes)."""
         g = self.gpus[gpu]
         if clock_mhz > g.gtype.max_sm_clock_mhz:
             raise ValueError(f"{gpu}: clock {clock_mhz} MHz above the type's maximum")
-        g.power_limit_w = power_limit_w
-        self.clock_log.append((now_s, gpu, clock_mhz, power_limit_w))
+        self.clock_log.append((now_s, gpu, clock_mhz, g.power_limit_w))
         if clock_mhz != g.clock_mhz:
             g.clock_mhz = clock_mhz
             g.available_s = max(g.available_s, now_s + self.tr.clock_change_ms / 1e3)
