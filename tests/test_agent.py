@@ -222,7 +222,7 @@ def test_refusals_reach_no_nvml(run_agent: Callable[..., Running]) -> None:
             (lambda: c.set_clock("n/9", 1110), "outside_envelope", "not a GPU of the plan"),
             (lambda: c.set_power_limit("n/0", 200), "unauthorized", f"uid {os.getuid()}"),
             (lambda: c.call("set_clock", gpu="n/0"), "bad_request", "clock_mhz"),
-            (lambda: c.call("measure"), "unknown_op", "measure"),
+            (lambda: c.call("reset_gpu"), "unknown_op", "reset_gpu"),
             (lambda: c.apply({"instance": "x", "gpus": "no"}), "bad_request", "gpus"),
         ]
         for call, code, words in cases:

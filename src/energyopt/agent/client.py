@@ -9,7 +9,10 @@
         agent.heartbeat()
         print(agent.status()["gpus"])
 
-A refusal raises ``Refused`` with the agent's ``code`` and ``reason``.
+A refusal raises ``Refused`` with the agent's ``code`` and ``reason``. The client is
+the online control's ``GpuControl`` in production (``energyopt.online.control``):
+``GlobalScheduler(..., control=AgentClient(path))`` sends its boosts, restores, trims
+and share shifts to the agent.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import socket
 import ssl
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -159,6 +163,23 @@ class AgentClient:
     def set_power_limit(self, gpu: str | int, limit_w: float) -> dict[str, Any]:
         """Set a GPU's power limit (W)."""
         return self.call("set_power_limit", gpu=gpu, power_limit_w=limit_w)
+
+    def shift_shares(self, gpu: str | int, shares_pct: Mapping[str, int]) -> dict[str, Any]:
+        """Shift MPS active-thread percentages (op ``shift_mps``) between the placements of
+        one GPU of the plan in force: ``shares_pct`` {``workload`` or ``workload:phase``:
+        percent}. The answer's ``client_env`` is each client's MPS environment (MPS fixes
+        a client's percentage when it connects)."""
+        return self.call("shift_mps", gpu=gpu, shares=dict(shares_pct))
+
+    def measure(self, window_s: float) -> dict[str, Any]:
+        """Energy (J) and mean power (W) of every GPU over the next ``window_s`` seconds
+        (at most 60; the client's ``timeout_s`` must be longer)."""
+        if window_s >= self.timeout_s:
+            raise ValueError(
+                f"measure: window_s {window_s:g} s is not below the client's timeout_s "
+                f"{self.timeout_s:g} s"
+            )
+        return self.call("measure", window_s=window_s)
 
     def restore(self) -> dict[str, Any]:
         """Put every GPU back as it was before the first apply."""

@@ -31,6 +31,8 @@ OPERATIONS = (
     "apply",
     "set_clock",
     "set_power_limit",
+    "shift_mps",
+    "measure",
     "restore",
 )
 """Every operation, in the order docs/agent.md describes them."""

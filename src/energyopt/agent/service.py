@@ -28,20 +28,26 @@ from energyopt.agent.state import AgentState, PlanInForce, StateDir
 from energyopt.catalog.loader import Catalog
 from energyopt.nvml.actions import Action, LockClocks, SetPowerLimit
 from energyopt.nvml.errors import ApplyFailed, ExecutorError
-from energyopt.nvml.measure import gpu_status
-from energyopt.nvml.mps import DEFAULT_BASE_DIR
+from energyopt.nvml.measure import gpu_status, measure
+from energyopt.nvml.mps import DEFAULT_BASE_DIR, client_env
 from energyopt.nvml.planner import HostPlan, plan_actions
 from energyopt.nvml.session import Session
 from energyopt.nvml.sim import SimulatedNvml
 from energyopt.nvml.transaction import Transaction, earlier_checkpoints, restore
-from energyopt.online.control import check_setting
+from energyopt.online.control import check_setting, check_shares
 from energyopt.spec.checks import plan_problems
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import parse
 from energyopt.spec.plan import GpuPlan, Plan
 
-_CHANGES = ("heartbeat", "apply", "set_clock", "set_power_limit")
+_CHANGES = ("heartbeat", "apply", "set_clock", "set_power_limit", "shift_mps")
 """Operations that count as the controller's heartbeat."""
+
+MPS_SHARES = "mps_shares"
+"""The kind of an online MPS share shift among the online changes."""
+
+MAX_MEASURE_S = 60.0
+"""Longest window a ``measure`` request may ask for (s): it holds its connection."""
 
 
 @dataclass
@@ -189,6 +195,10 @@ class Agent:
                 return self.set_setting(args, "clock_mhz")
             if op == "set_power_limit":
                 return self.set_setting(args, "power_limit_w")
+            if op == "shift_mps":
+                return self.shift_mps(args)
+            if op == "measure":
+                return self.measure(args)
             if op == "restore":
                 return self.restore()
             raise Refused("unknown_op", f"op: {op!r}")
@@ -483,6 +493,89 @@ class Agent:
         self._persist_sim()
         return {"gpu": g.gpu, "index": index, name: value, "previous": previous}
 
+    def shift_mps(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Shift the MPS active-thread percentages between the placements of one GPU of the
+        plan in force (``shares`` {client: percent}, a client being a placement's
+        ``workload`` or ``workload:phase``), never raising the GPU's total above 100 %.
+
+        MPS fixes a client's percentage when the client connects, so nothing is written
+        to the GPU or its MPS daemon: the shift is recorded as an online change and the
+        answer carries each client's environment, with which the serving system starts
+        (or restarts) it. The watchdog, a new apply and a restart return it to the plan."""
+        unknown = set(args) - {"gpu", "shares"}
+        if unknown:
+            raise Refused("bad_request", f"args: unknown field(s) {', '.join(sorted(unknown))}")
+        asked = args.get("shares")
+        if not isinstance(asked, dict) or not all(isinstance(k, str) for k in asked):
+            raise Refused("bad_request", "shares: expected an object {client: percent}")
+        g, index, uuid, pif = self._plan_gpu(args.get("gpu"))
+        where = f"{g.gpu} (GPU {index})"
+        if not g.on:
+            raise Refused("outside_envelope", f"{where}: off in the plan in force")
+        if any(p.mig_profile is not None for p in g.placements) or not (
+            len(g.placements) > 1 or any(p.share_pct < 100 for p in g.placements)
+        ):
+            raise Refused("outside_envelope", f"{where}: the plan in force runs no MPS on it")
+        planned = {_client(p.workload, p.phase): p.share_pct for p in g.placements}
+        with self._locked([index]):
+            key = (index, MPS_SHARES)
+            current = dict(self.overrides.get(key, planned))
+            after = check_shares(where, asked, current)
+            if after == planned:
+                self.overrides.pop(key, None)
+            else:
+                self.overrides[key] = after
+        base = pif.mps_dir or self.mps_dir
+        return {
+            "gpu": g.gpu,
+            "index": index,
+            "shares": after,
+            "previous": current,
+            "client_env": {c: client_env(base, uuid, pct) for c, pct in after.items()},
+        }
+
+    def measure(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Energy (J) and mean power (W) of every GPU the policy allows over the next
+        ``window_s`` seconds (at most ``MAX_MEASURE_S``), from NVML's energy counter."""
+        unknown = set(args) - {"window_s"}
+        if unknown:
+            raise Refused("bad_request", f"args: unknown field(s) {', '.join(sorted(unknown))}")
+        window = args.get("window_s")
+        if (
+            isinstance(window, bool)
+            or not isinstance(window, int | float)
+            or not 0 < window <= MAX_MEASURE_S
+        ):
+            raise Refused(
+                "bad_request", f"window_s: expected a number of seconds in (0, {MAX_MEASURE_S:g}]"
+            )
+        self._advance_sim()
+        interval = min(0.1, float(window) / 10)
+        if isinstance(self.nvml, SimulatedNvml):
+            with self._io_lock:  # the simulated clock advances the host itself
+                windows, _ = measure(self.nvml, self.session.clock, float(window), None, interval)
+        else:
+            windows, _ = measure(self.nvml, self.session.clock, float(window), None, interval)
+        pif = self.state.in_force
+        by_uuid = {uuid: gpu for gpu, uuid in (pif.devices.items() if pif else [])}
+        gpus = []
+        for w in windows:
+            uuid = self.nvml.uuid(w.index)
+            if not self.policy.gpu_allowed(w.index, uuid):
+                continue
+            gpus.append(
+                {
+                    "index": w.index,
+                    "uuid": uuid,
+                    "plan_gpu": by_uuid.get(uuid),
+                    "seconds": w.seconds,
+                    "energy_j": w.energy_j,
+                    "avg_power_w": w.avg_power_w,
+                    "mean_sm_clock_mhz": w.mean_sm_clock_mhz,
+                }
+            )
+        return {"window_s": float(window), "plan_id": pif.plan_id if pif else None, "gpus": gpus}
+
     def _write(self, action: Action, previous: Any) -> None:
         """Write one setting and read it back; the first write of a setting no checkpoint
         covers goes through a transaction (a checkpoint first). Refused on failure, with
@@ -535,6 +628,10 @@ class Agent:
                 action = LockClocks(gpu, index, uuid, clock_mhz=g.clock_mhz)
             elif kind == SetPowerLimit.kind and g.power_limit_w is not None:
                 action = SetPowerLimit(gpu, index, uuid, limit_mw=round(g.power_limit_w * 1000))
+            elif kind == MPS_SHARES:  # nothing on the device: clients start with the plan's
+                self.overrides.pop((index, kind), None)
+                done.append(f"{gpu} (GPU {index}): MPS shares back to the plan's")
+                continue
             else:
                 continue
             try:
@@ -618,3 +715,7 @@ class Agent:
                 self.say(f"restore on stop: {exc.reason}")
         self._persist_sim()
 
+
+def _client(workload: str, phase: str) -> str:
+    """The name of a placement's MPS client on its GPU: ``workload`` or ``workload:phase``."""
+    return workload if phase == "both" else f"{workload}:{phase}"
