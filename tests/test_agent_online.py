@@ -6,6 +6,7 @@ the ``shift_mps`` and ``measure`` operations (docs/agent.md)."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -163,6 +164,23 @@ def test_shift_mps_stays_within_the_plans_placements(
         assert info.value.code == "outside_envelope"
         assert gpu0(client)["online"]["mps_shares"] == {"a": 75, "b": 25}
         client.shift_shares("n0/0", {"a": 50, "b": 50})  # the plan's: no online change left
+        assert "mps_shares" not in gpu0(client)["online"]
+
+
+def test_the_watchdog_and_a_new_apply_return_a_shift_to_the_plans_shares(
+    run_agent: Callable[..., Running],  # noqa: F811
+) -> None:
+    running = run_agent(online_policy(), heartbeat_timeout_s=0.3)
+    with running.client() as client:
+        client.apply(online_plan(True))
+        client.shift_shares("n0/0", {"a": 75, "b": 25})
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and not client.status()["watchdog_fired"]:
+            time.sleep(0.05)
+        assert client.status()["watchdog_fired"]
+        assert "mps_shares" not in gpu0(client)["online"]
+        assert client.shift_shares("n0/0", {"a": 75, "b": 25})["previous"] == {"a": 50, "b": 50}
+        client.apply(online_plan(True))
         assert "mps_shares" not in gpu0(client)["online"]
 
 
