@@ -1,4 +1,4 @@
-"""The online control's GPU changes go through ``GpuControl`` (energyopt/online/control.py):
+"""The online control's GPU changes go through ``GpuControl`` (energyopt/control.py):
 in the simulator through its simulated agent, which applies the node agent's checks; a
 refused change leaves the scheduler's view of the GPU as it was."""
 
@@ -9,8 +9,8 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
+from energyopt.control import Refused, check_shares
 from energyopt.online import GlobalScheduler, GpuInfo, InstanceInfo, OnlinePolicy, OpLookups
-from energyopt.online.control import Refused, check_shares
 from energyopt.sim.engine import Simulator
 from energyopt.sim.synthetic import poisson_arrivals
 from tests.test_online import (

@@ -10,7 +10,7 @@
         print(agent.status()["gpus"])
 
 A refusal raises ``Refused`` with the agent's ``code`` and ``reason``. The client is
-the online control's ``GpuControl`` in production (``energyopt.online.control``):
+the online control's ``GpuControl`` in production (``energyopt.control``):
 ``GlobalScheduler(..., control=AgentClient(path))`` sends its boosts, restores, trims
 and share shifts to the agent.
 """

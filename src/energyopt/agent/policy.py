@@ -30,7 +30,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from energyopt.agent.protocol import OPERATIONS, Refused
-from energyopt.online.control import check_range
+from energyopt.control import check_range
 from energyopt.spec.base import Spec
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import parse, read_data

@@ -17,7 +17,7 @@ import json
 import socket
 from typing import Any
 
-from energyopt.online.control import Refused as Refused  # the checks raise it too
+from energyopt.control import Refused as Refused  # the checks raise it too
 
 PROTOCOL_VERSION = 1
 """The version this agent and client speak; a request with another ``v`` is refused."""

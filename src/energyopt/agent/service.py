@@ -26,6 +26,7 @@ from energyopt.agent.policy import Policy
 from energyopt.agent.protocol import Refused
 from energyopt.agent.state import AgentState, PlanInForce, StateDir
 from energyopt.catalog.loader import Catalog
+from energyopt.control import check_setting, check_shares
 from energyopt.nvml.actions import Action, LockClocks, SetPowerLimit
 from energyopt.nvml.errors import ApplyFailed, ExecutorError
 from energyopt.nvml.measure import gpu_status, measure
@@ -34,7 +35,6 @@ from energyopt.nvml.planner import HostPlan, plan_actions
 from energyopt.nvml.session import Session
 from energyopt.nvml.sim import SimulatedNvml
 from energyopt.nvml.transaction import Transaction, earlier_checkpoints, restore
-from energyopt.online.control import check_setting, check_shares
 from energyopt.spec.checks import plan_problems
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import parse

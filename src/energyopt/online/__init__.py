@@ -4,7 +4,7 @@ local scheduler per instance, and forecast headroom from observed errors.
 
 Imports only ``tables``, ``perf``, ``spec`` and ``catalog``; the simulator
 (``sim``) drives it through the ``Actuator`` and ``InstanceView`` protocols, and its
-clock, power-limit and share changes go through ``GpuControl`` (online/control.py):
+clock, power-limit and share changes go through ``GpuControl`` (energyopt/control.py):
 the node agent's client in production, the simulator's simulated agent in simulation.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from energyopt.online.control import GpuControl, Refused
+from energyopt.control import GpuControl, Refused
 from energyopt.online.global_scheduler import (
     GlobalScheduler,
     OnlineConfig,

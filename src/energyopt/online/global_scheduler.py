@@ -61,7 +61,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from energyopt.online.control import GpuControl, Refused
+from energyopt.control import GpuControl, Refused
 from energyopt.online.lookups import OpLookups
 from energyopt.online.state import Actuator, GpuInfo, GpuState, InstanceInfo, RateMeter, Slot
 

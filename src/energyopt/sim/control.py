@@ -6,7 +6,7 @@ The envelope of a simulated GPU is what its type and the instance allow: clocks 
 type's range and among the instance's candidate clocks (those plans choose from),
 power limits in the type's range and at most the GPU's power cap; MPS shares only for
 the instances on that GPU, never raising its total above 100 %. A change outside it
-is refused (``energyopt.online.control.Refused``) and nothing in the simulation
+is refused (``energyopt.control.Refused``) and nothing in the simulation
 changes. Units: MHz, W, percent.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from energyopt.online.control import Refused, check_setting, check_shares
+from energyopt.control import Refused, check_setting, check_shares
 from energyopt.perf.oppoints import candidate_clocks
 
 if TYPE_CHECKING:

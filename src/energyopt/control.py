@@ -12,6 +12,9 @@ GPU as it was.
 The checks (``check_setting``, ``check_shares``) are the agent's own: the agent runs
 them on every online request, the simulated agent on every reaction of the scheduler.
 
+A shared layer: it imports nothing of energyopt, so the online control, the simulator
+and the agent (and a light client) can all import it.
+
 Units: clocks in MHz, power limits in W, MPS shares in percent of the GPU's SMs.
 """
 
