@@ -39,6 +39,8 @@ from energyopt.sim.serverless import ConservationError, MergePolicy, simulate
 from energyopt.spec.serverless import EpochPlan, Pool, Route, ServerlessFile, ServerlessPlan
 from energyopt.verify.serverless import DecodeInstanceState, check_merge
 
+from .spec_docs import tiny_serverless_doc as _doc
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" if (ROOT / "data").is_dir() else ROOT.parent / "shared" / "data"
 SMALL = ROOT / "instances" / "serverless" / "azure-conv-small.yaml"
@@ -49,30 +51,6 @@ def run(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capfd.readouterr()
     return code, out, err
-
-
-def _doc(**changes: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "kind": "serverless",
-        "name": "tiny",
-        "gpu": "H100-SXM5-80GB",
-        "epoch_s": 60,
-        "nodes": [{"name": "n0", "gpus": 2}],
-        "cold_start": {"bandwidth_gbps": 3.62},
-        "options": {"shares_pct": [50, 100], "clocks_mhz": [1980], "max_batch": 64},
-        "models": [
-            {
-                "name": "chat",
-                "model": "Llama-3.1-8B",
-                "prompt_tokens": {"mean": 1155},
-                "output_tokens": {"mean": 211},
-                "slo": {"ttft_ms": 1000, "tbt_ms": 50, "percentile": 90},
-                "demand_rps": [10.0, 20.0],
-            }
-        ],
-    }
-    doc.update(changes)
-    return doc
 
 
 def _problem(**changes: Any) -> ServerlessProblem:

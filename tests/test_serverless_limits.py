@@ -21,32 +21,10 @@ from energyopt.solvers.result import NO_SOLUTION, Termination
 from energyopt.spec.serverless import MAX_EPOCHS, ServerlessFile, ServerlessPlan
 from energyopt.verify.serverless import evaluate_serverless
 
+from .spec_docs import tiny_serverless_doc as _doc
+
 QUIET = lambda _msg: None  # noqa: E731
 GPU = "H100-SXM5-80GB"
-
-
-def _doc(**changes: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "kind": "serverless",
-        "name": "tiny",
-        "gpu": GPU,
-        "epoch_s": 60,
-        "nodes": [{"name": "n0", "gpus": 2}],
-        "cold_start": {"bandwidth_gbps": 3.62},
-        "options": {"shares_pct": [50, 100], "clocks_mhz": [1980], "max_batch": 64},
-        "models": [
-            {
-                "name": "chat",
-                "model": "Llama-3.1-8B",
-                "prompt_tokens": {"mean": 1155},
-                "output_tokens": {"mean": 211},
-                "slo": {"ttft_ms": 1000, "tbt_ms": 50, "percentile": 90},
-                "demand_rps": [10.0, 20.0],
-            }
-        ],
-    }
-    doc.update(changes)
-    return doc
 
 
 # --- clocks the GPU does not support ----------------------------------------------
