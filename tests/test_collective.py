@@ -69,19 +69,11 @@ from energyopt.tables.format import Table, TableError, write_table
 from energyopt.tables.stdlib_reader import Axis
 from energyopt.verify.collective import evaluate_collective, execute, plan_cost
 
+from .spec_docs import collective_doc as _spec
+
 ROOT = Path(__file__).resolve().parents[1]
 INSTANCES = ROOT / "instances" / "collective"
 FAMILY = family("collective")
-
-
-def _spec(nodes: list[int], collectives: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {
-        "kind": "collective",
-        "name": "t",
-        "topology": {"nodes": [{"name": f"n{i}", "gpus": g} for i, g in enumerate(nodes)]},
-        "collectives": collectives,
-        **extra,
-    }
 
 
 def _problem(

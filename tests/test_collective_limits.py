@@ -39,17 +39,9 @@ from energyopt.tables.collective import (
 )
 from energyopt.verify.collective import evaluate_collective
 
+from .spec_docs import collective_doc as _spec
+
 FAMILY = family("collective")
-
-
-def _spec(nodes: list[int], collectives: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {
-        "kind": "collective",
-        "name": "t",
-        "topology": {"nodes": [{"name": f"n{i}", "gpus": g} for i, g in enumerate(nodes)]},
-        "collectives": collectives,
-        **extra,
-    }
 
 
 def _trace(count: int, n: int) -> list[dict[str, Any]]:
