@@ -62,14 +62,9 @@ def pki(tmp_path: Path) -> Path:
     return folder
 
 
-def test_mutual_tls_names_the_client(run_agent: Callable[..., Running], pki: Path) -> None:
-    policy = policy_data(
-        status={"tls_clients": ["controller", "intruder"]},
-        set_clock={"uids": [os.getuid()], "tls_clients": ["controller"]},
-    )
-    r = run_agent(policy)
-    with r.client() as c:
-        c.apply(PLAN)
+def _start_tls_server(r: Running, pki: Path) -> TlsAgentServer:
+    """A started mutual-TLS server for ``r``'s agent on a free local port, with the
+    agent's certificate and the ``ca`` authority from ``pki``."""
     server = TlsAgentServer(
         r.agent,
         "127.0.0.1",
@@ -78,6 +73,18 @@ def test_mutual_tls_names_the_client(run_agent: Callable[..., Running], pki: Pat
         idle_timeout_s=TIMEOUT_S,
     )
     server.start()
+    return server
+
+
+def test_mutual_tls_names_the_client(run_agent: Callable[..., Running], pki: Path) -> None:
+    policy = policy_data(
+        status={"tls_clients": ["controller", "intruder"]},
+        set_clock={"uids": [os.getuid()], "tls_clients": ["controller"]},
+    )
+    r = run_agent(policy)
+    with r.client() as c:
+        c.apply(PLAN)
+    server = _start_tls_server(r, pki)
 
     def client(name: str) -> AgentClient:
         ctx = client_context(pki / f"{name}.pem", pki / f"{name}.key", pki / "ca.pem")
@@ -106,14 +113,7 @@ def test_tcp_without_a_client_certificate_is_refused(
     run_agent: Callable[..., Running], pki: Path
 ) -> None:
     r = run_agent(policy_data(status="any"))
-    server = TlsAgentServer(
-        r.agent,
-        "127.0.0.1",
-        0,
-        server_context(pki / "agent.pem", pki / "agent.key", pki / "ca.pem"),
-        idle_timeout_s=TIMEOUT_S,
-    )
-    server.start()
+    server = _start_tls_server(r, pki)
     try:
         bare = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         bare.load_verify_locations(pki / "ca.pem")
