@@ -22,25 +22,13 @@ from energyopt.spec import Plan, SpecError, dump, load
 from energyopt.spec.limits import Limits, parse_limit_options, using
 from energyopt.tables.stdlib_reader import ALIGN, DIGEST_BYTES, PREFIX
 
+from .cli_helpers import read_yaml, run
 from .mutations import set_at
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "instances" / "quickstart.yaml"
 TASKGRAPH = ROOT / "instances" / "taskgraph" / "hetero-measured.yaml"
 H100 = ROOT / "models" / "gpus" / "h100-sxm5-80gb.yaml"
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    assert "internal error" not in err
-    return code, out, err
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
-    return data
 
 
 def _inline_gpu(**changes: Any) -> Callable[[dict[str, Any]], None]:

@@ -26,17 +26,11 @@ from energyopt.solvers.presets import load_preset
 from energyopt.spec import GpuPlan, Placement, Plan, SpecError, dump
 from energyopt.spec.io import MAX_NESTING, read_data
 
+from .cli_helpers import run
+
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "instances" / "quickstart.yaml"
 H100 = "H100-SXM5-80GB"
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    assert "internal error" not in err
-    return code, out, err
 
 
 # ------------------------------------------------------------ files that never end

@@ -29,6 +29,8 @@ from energyopt.perf.clockfit import (
     with_constants,
 )
 
+from .cli_helpers import read_yaml, run
+
 ROOT = Path(__file__).resolve().parents[1]
 INSTANCES = ROOT / "instances"
 QUICKSTART = INSTANCES / "quickstart.yaml"
@@ -48,24 +50,6 @@ ONE_PER_KIND = [
     COLOCATION,
     INSTANCES / "taskgraph" / "cholesky-4x4-l40s.yaml",
 ]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """``energyopt ARGV`` in this process: exit status, stdout, stderr (an argparse
-    refusal exits through SystemExit)."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    assert "internal error" not in err
-    return code, out, err
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
-    return data
 
 
 # --- solve: limits ------------------------------------------------------------------
