@@ -13,7 +13,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import yaml
 
@@ -21,14 +20,13 @@ from energyopt.catalog import builtin_catalog
 from energyopt.cli import main
 from energyopt.nvml.profile import COLUMNS
 from energyopt.perf.clockfit import (
-    KernelSweep,
     fit_at_bounds,
     fit_clock_constants,
-    predict,
     read_sweep,
     with_constants,
 )
 
+from .calibration_helpers import write_model_sweep
 from .cli_helpers import read_yaml, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -375,38 +373,13 @@ def test_export_refuses_a_model_the_writer_cut_short(
 # --- calibrate ----------------------------------------------------------------------
 
 
-def sweep_csv(path: Path, gpu_name: str = A100, **constants: float) -> None:
-    """A sweep the model itself predicts for ``gpu_name`` with ``constants``
-    (compute_fixed, floor, knee) at every sixth clock from 900 MHz."""
-    gpu = builtin_catalog().gpu(gpu_name)
-    truth = with_constants(
-        gpu,
-        constants.get("compute_fixed", 0.35),
-        constants.get("floor", 0.82),
-        constants.get("knee", 0.62),
-    )
-    clocks = np.asarray([c for c in gpu.sm_clocks_mhz() if c >= 900][::6], dtype=np.float64)
-    rows = []
-    for kernel, flops, nbytes in (("matmul", 3e14, 1e9), ("memory", 0.0, 2e12)):
-        n = len(clocks)
-        sweep = KernelSweep(
-            kernel, clocks, np.full(n, flops), np.full(n, nbytes), np.ones(n), np.ones(n)
-        )
-        t, w = predict(truth, sweep)
-        rows += [(kernel, c, flops, nbytes, s, s * p) for c, s, p in zip(clocks, t, w, strict=True)]
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(COLUMNS)
-        writer.writerows(rows)
-
-
 @pytest.mark.parametrize("suffix", ["json", "yaml", "toml"])
 def test_calibrate_writes_the_catalog_in_the_format_its_suffix_names(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, suffix: str
 ) -> None:
     """``-o cat.json`` wrote YAML, so ``--catalog cat.json`` then failed."""
     sweep = tmp_path / "sweep.csv"
-    sweep_csv(sweep)
+    write_model_sweep(sweep, A100)
     out = tmp_path / f"cat.{suffix}"
     code, _, err = run(capsys, "calibrate", str(sweep), "--gpu", A100, "-o", str(out))
     assert code == 0, err
@@ -425,7 +398,7 @@ def test_calibrate_refuses_an_unknown_suffix_before_fitting(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     sweep = tmp_path / "sweep.csv"
-    sweep_csv(sweep)
+    write_model_sweep(sweep, A100)
     out = tmp_path / "cat.txt"
     code, stdout, err = run(capsys, "calibrate", str(sweep), "--gpu", A100, "-o", str(out))
     assert code == 2
@@ -456,7 +429,7 @@ def test_calibrate_refuses_implausible_measurements_by_file_and_row(
     """An energy of 1e308 J fitted the constants at their bounds and wrote them; a
     clock off the GPU's range was refused without the file or the row."""
     good, bad = tmp_path / "good.csv", tmp_path / "bad.csv"
-    sweep_csv(good)
+    write_model_sweep(good, A100)
     edit_row(good, bad, 3, column, value)
     out = tmp_path / "cat.yaml"
     code, _, err = run(capsys, "calibrate", str(bad), "--gpu", A100, "-o", str(out))
@@ -472,7 +445,7 @@ def test_calibrate_refuses_a_fit_that_ends_on_a_bound(
     """A sweep made with a voltage floor below the search's: the fit stops on the
     bound and the catalog is not written."""
     sweep = tmp_path / "sweep.csv"
-    sweep_csv(sweep, floor=0.25)
+    write_model_sweep(sweep, A100, floor=0.25)
     out = tmp_path / "cat.yaml"
     code, _, err = run(capsys, "calibrate", str(sweep), "--gpu", A100, "-o", str(out))
     assert code == 2

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from energyopt.catalog import builtin_catalog
@@ -21,39 +20,18 @@ from energyopt.nvml.profile import (
     write_csv,
 )
 from energyopt.nvml.sim import SimulatedNvml
-from energyopt.perf.clockfit import (
-    KernelSweep,
-    fit_clock_constants,
-    predict,
-    read_sweep,
-    with_constants,
-)
+from energyopt.perf.clockfit import fit_clock_constants, read_sweep
 from energyopt.spec.errors import SpecError
+
+from .calibration_helpers import write_model_sweep
 
 H100 = "H100-SXM5-80GB"
 
 
-def synthetic_csv(path: Path, truth_gpu, clocks: np.ndarray) -> None:
-    rows = []
-    for kernel, flops, nbytes in (("matmul", 8e14, 1e9), ("memory", 0.0, 4e12)):
-        n = len(clocks)
-        sweep = KernelSweep(
-            kernel, clocks, np.full(n, flops), np.full(n, nbytes), np.ones(n), np.ones(n)
-        )
-        t, w = predict(truth_gpu, sweep)
-        rows += [(kernel, c, flops, nbytes, s, s * p) for c, s, p in zip(clocks, t, w, strict=True)]
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(COLUMNS)
-        writer.writerows(rows)
-
-
 def test_fit_recovers_the_constants_a_sweep_was_made_with(tmp_path: Path) -> None:
     gpu = builtin_catalog().gpu(H100)
-    truth = with_constants(gpu, 0.35, 0.82, 0.62)
-    clocks = np.asarray([c for c in gpu.sm_clocks_mhz() if c >= 900][::6], dtype=np.float64)
     path = tmp_path / "sweep.csv"
-    synthetic_csv(path, truth, clocks)
+    write_model_sweep(path, H100, kernels=(("matmul", 8e14, 1e9), ("memory", 0.0, 4e12)))
     fitted = fit_clock_constants(gpu, read_sweep(path))
     assert fitted.efficiency.compute_clock_fixed == pytest.approx(0.35, abs=2e-3)
     assert fitted.power.voltage_floor == pytest.approx(0.82, abs=2e-3)
