@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import highspy
 import pytest
 import yaml
 
@@ -30,3 +31,12 @@ def read_yaml(path: Path) -> dict[str, Any]:
     """The mapping a YAML file holds."""
     data: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
     return data
+
+
+def read_exported(path: Path) -> highspy.Highs:
+    """A quiet HiGHS holding the model ``energyopt export`` wrote to ``path`` (MPS or
+    LP); fails the test when HiGHS cannot read it."""
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    assert h.readModel(str(path)) == highspy.HighsStatus.kOk
+    return h

@@ -27,7 +27,7 @@ from energyopt.perf.clockfit import (
 )
 
 from .calibration_helpers import write_model_sweep
-from .cli_helpers import read_yaml, run
+from .cli_helpers import read_exported, read_yaml, run
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTANCES = ROOT / "instances"
@@ -316,16 +316,12 @@ def test_export_writes_a_whole_model_without_warnings(
 ) -> None:
     """The serving model (written by Pyomo) printed a warning about the temporary
     file name for LP; both writers' files read back into HiGHS."""
-    import highspy
-
     out = tmp_path / f"model.{fmt}"
     assert main(["export", str(path), "-o", str(out)]) == 0
     _, err = capfd.readouterr()
     assert err == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    assert h.readModel(str(out)) == highspy.HighsStatus.kOk
+    h = read_exported(out)
     assert h.getNumCol() > 0
 
 

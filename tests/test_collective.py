@@ -69,6 +69,7 @@ from energyopt.tables.format import Table, TableError, write_table
 from energyopt.tables.stdlib_reader import Axis
 from energyopt.verify.collective import evaluate_collective, execute, plan_cost
 
+from .cli_helpers import read_exported
 from .spec_docs import collective_doc as _spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -579,9 +580,7 @@ def test_every_cli_verb_on_a_bundled_instance(
     export = tmp_path / "synth.mps"
     code, _, err = run(capfd, "export", path, "-o", str(export))
     assert code == EXIT_OK, err
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    assert h.readModel(str(export)) == highspy.HighsStatus.kOk
+    h = read_exported(export)
     h.run()
     assert h.getModelStatus() == highspy.HighsModelStatus.kOptimal
     tuner = tmp_path / "nccl_tuner.csv"

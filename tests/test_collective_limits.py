@@ -39,6 +39,7 @@ from energyopt.tables.collective import (
 )
 from energyopt.verify.collective import evaluate_collective
 
+from .cli_helpers import read_exported
 from .spec_docs import collective_doc as _spec
 
 FAMILY = family("collective")
@@ -266,9 +267,7 @@ def test_the_exported_milp_optimum_is_the_figure_solve_prints(
     mps = tmp_path / "ar.mps"
     assert main(["export", str(path), "-o", str(mps)]) == EXIT_OK
     capfd.readouterr()
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    assert h.readModel(str(mps)) == highspy.HighsStatus.kOk
+    h = read_exported(mps)
     h.setOptionValue("mip_rel_gap", 1e-6)
     h.run()
     assert h.getModelStatus() == highspy.HighsModelStatus.kOptimal

@@ -28,6 +28,8 @@ from energyopt.spec.base import Spec
 from energyopt.spec.io import parse, read_data
 from energyopt.verify.violation import Violation
 
+from .cli_helpers import read_exported
+
 ROOT = Path(__file__).resolve().parents[1]
 FILES = {
     "serving": ROOT / "instances" / "quickstart.yaml",
@@ -144,9 +146,7 @@ def test_serving_export_reads_back_to_the_same_optimum(
         out = tmp_path / f"quickstart.{fmt}"
         code, _, err = run(capfd, "export", str(FILES["serving"]), "-o", str(out))
         assert code == EXIT_OK, err
-        h = highspy.Highs()
-        h.setOptionValue("output_flag", False)
-        assert h.readModel(str(out)) == highspy.HighsStatus.kOk
+        h = read_exported(out)
         h.setOptionValue("mip_rel_gap", 1e-9)
         h.run()
         assert h.getModelStatus() == highspy.HighsModelStatus.kOptimal
@@ -163,9 +163,7 @@ def test_colocation_export_is_the_exact_solvers_milp(
     out = tmp_path / "coloc.mps"
     code, _, err = run(capfd, "export", str(FILES["colocation"]), "-o", str(out))
     assert code == EXIT_OK, err
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    assert h.readModel(str(out)) == highspy.HighsStatus.kOk
+    h = read_exported(out)
     h.run()
     fam = family("colocation")
     problem = fam.load(str(FILES["colocation"]), [])

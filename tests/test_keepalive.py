@@ -10,7 +10,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-import highspy
 import numpy as np
 import pytest
 import yaml
@@ -24,6 +23,8 @@ from energyopt.solvers.result import INFEASIBLE, OPTIMAL
 from energyopt.spec.errors import SpecError
 from energyopt.spec.keepalive import FunctionSchedule, KeepAliveFile, KeepAlivePlan
 from energyopt.verify.keepalive import evaluate_keepalive
+
+from .cli_helpers import read_exported
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "instances" / "keepalive" / "azure-llm-2nodes.yaml"
@@ -292,9 +293,7 @@ def test_every_cli_verb_on_the_bundled_instance(
     export = tmp_path / "keepalive.mps"
     code, _, err = run(capfd, "export", path, "-o", str(export))
     assert code == EXIT_OK, err
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    assert h.readModel(str(export)) == highspy.HighsStatus.kOk
+    h = read_exported(export)
     h.setOptionValue("mip_rel_gap", 1e-9)
     h.run()
     assert h.getInfo().objective_function_value == pytest.approx(data["objective"], rel=1e-6)

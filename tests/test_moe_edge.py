@@ -30,6 +30,8 @@ from energyopt.spec.llm import LlmModel
 from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan
 from energyopt.verify.moe_edge import evaluate_moe_edge
 
+from .cli_helpers import read_exported
+
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "instances" / "moe-edge" / "olmoe-l4-github.yaml"
 
@@ -293,9 +295,7 @@ def test_every_cli_verb(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> No
     export = tmp_path / "moe.mps"
     code, _, err = run(capfd, "export", str(inst), "-o", str(export), *cat)
     assert code == EXIT_OK, err
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    assert h.readModel(str(export)) == highspy.HighsStatus.kOk
+    h = read_exported(export)
     h.run()
     ok = (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kInfeasible)
     assert h.getModelStatus() in ok

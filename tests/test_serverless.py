@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import highspy
 import numpy as np
 import pytest
 import yaml
@@ -39,6 +38,7 @@ from energyopt.sim.serverless import ConservationError, MergePolicy, simulate
 from energyopt.spec.serverless import EpochPlan, Pool, Route, ServerlessFile, ServerlessPlan
 from energyopt.verify.serverless import DecodeInstanceState, check_merge
 
+from .cli_helpers import read_exported
 from .spec_docs import tiny_serverless_doc as _doc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -493,9 +493,7 @@ def test_every_cli_verb_on_the_bundled_instance(
     export = tmp_path / "serverless.mps"
     code, _, err = run(capfd, "export", path, "-o", str(export))
     assert code == EXIT_OK, err
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    assert h.readModel(str(export)) == highspy.HighsStatus.kOk
+    h = read_exported(export)
     h.setOptionValue("mip_rel_gap", 1e-9)
     h.run()
     assert h.getInfo().objective_function_value == pytest.approx(data["objective"], rel=1e-6)
