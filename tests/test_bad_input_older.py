@@ -507,18 +507,23 @@ SERVING_BAD = [
 ]
 
 
+def _refused_by_validate_and_solve(
+    capsys: pytest.CaptureFixture[str], path: Path, expected: str, *solve_args: str
+) -> None:
+    """validate and ``solve -q SOLVE_ARGS`` both exit 2 with ``PATH: EXPECTED``."""
+    for argv in (["validate"], ["solve", "-q", *solve_args]):
+        code, _, err = run(capsys, argv[0], str(path), *argv[1:])
+        assert code == 2
+        assert f"{path}: {expected}" in err
+
+
 @pytest.mark.parametrize(
     ("source", "edit", "expected"), [pytest.param(s, e, x, id=i) for i, s, e, x in SERVING_BAD]
 )
 def test_bad_serving_input_is_refused_before_solving(
     tmp_path: Path, source: Path, edit: Any, expected: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = _edited(tmp_path, source, edit)
-    for verb in ("validate", "solve"):
-        quiet = ["-q"] if verb == "solve" else []
-        code, _, err = run(capsys, verb, str(path), *quiet)
-        assert code == 2
-        assert f"{path}: {expected}" in err
+    _refused_by_validate_and_solve(capsys, _edited(tmp_path, source, edit), expected)
 
 
 def test_the_lowest_rate_gives_a_valid_covering_bound() -> None:
@@ -593,10 +598,7 @@ def test_bad_taskgraph_is_refused_before_solving(
     tmp_path: Path, source: Path, edit: Any, expected: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = _edited(tmp_path, source, edit)
-    code, _, err = run(capsys, "validate", str(path))
-    assert code == 2 and f"{path}: {expected}" in err
-    code, _, err = run(capsys, "solve", str(path), "-q", "--time-limit", "5")
-    assert code == 2 and f"{path}: {expected}" in err
+    _refused_by_validate_and_solve(capsys, path, expected, "--time-limit", "5")
 
 
 def test_colocation_slot_below_a_second_is_refused(
