@@ -59,7 +59,13 @@ from energyopt.formulations.serverless.merge import (
     merge_problem,
     merge_value,
 )
-from energyopt.formulations.serverless.model import LINKS, ServerlessProblem
+from energyopt.formulations.serverless.model import (
+    LINKS,
+    ServerlessProblem,
+    instance_memory_gb,
+    instance_op_spec,
+    perf_options,
+)
 from energyopt.perf.forward import decode_pass, prefill_pass
 from energyopt.perf.kvtransfer import Link
 from energyopt.perf.params import OpSpec, build_params
@@ -72,8 +78,8 @@ from energyopt.solvers.serverless_merge import (
     decide_merge,
     pack,
 )
-from energyopt.spec.instance import Options
 from energyopt.spec.serverless import ServerlessPlan
+from energyopt.spec.workload import Phase
 from energyopt.verify.serverless import DecodeInstanceState, check_merge
 
 if TYPE_CHECKING:
@@ -282,23 +288,11 @@ def option_tables(p: ServerlessProblem, m: int, o: int) -> OptionTables:
     from energyopt.formulations.serverless.model import phase_workload
 
     wl = phase_workload(m, p.spec, sm.slo.ttft_ms)
-    reserve = p.spec.options.memory_reserve_fraction
-    memory_gb = p.gpu.memory_gb * opt.share_pct / 100.0 * (1.0 - reserve)
-    perf_options = Options(max_batch=p.spec.options.max_batch, memory_reserve_fraction=reserve)
+    memory_gb = instance_memory_gb(p.gpu, p.spec, opt)
+    options = perf_options(p.spec)
 
-    def spec(phase: str) -> OpSpec:
-        return OpSpec(
-            gpu=p.gpu,
-            model=llm,
-            workload=wl,
-            phase=phase,  # type: ignore[arg-type]
-            clock_mhz=opt.clock_mhz,
-            sm_fraction=opt.share_pct / 100.0,
-            bw_fraction=opt.share_pct / 100.0,
-            memory_gb=memory_gb,
-            tp=opt.tp,
-            options=perf_options,
-        )
+    def spec(phase: Phase) -> OpSpec:
+        return instance_op_spec(p.gpu, llm, wl, phase, opt, p.spec, options)
 
     top = max(sm.prompt_tokens.max or 0, int(sm.prompt_tokens.mean * 20), 2)
     grid = np.unique(np.geomspace(1, top, TOKEN_GRID).round())

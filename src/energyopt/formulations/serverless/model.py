@@ -33,7 +33,7 @@ from energyopt.spec.instance import Options
 from energyopt.spec.io import parse, read_data
 from energyopt.spec.llm import LlmModel
 from energyopt.spec.serverless import LinkKind, LinkSpec, Pool, ServerlessFile, ServerlessPlan
-from energyopt.spec.workload import Slo, Workload
+from energyopt.spec.workload import Phase, Slo, Workload
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -231,6 +231,48 @@ def phase_workload(m_spec_index: int, spec: ServerlessFile, ttft_ms: float) -> W
     )
 
 
+def perf_options(spec: ServerlessFile) -> Options:
+    """The performance model's options for every instance of the file: its batch limit
+    and memory reserve fraction."""
+    return Options(
+        max_batch=spec.options.max_batch,
+        memory_reserve_fraction=spec.options.memory_reserve_fraction,
+    )
+
+
+def instance_memory_gb(gpu: GpuType, spec: ServerlessFile, opt: Option) -> float:
+    """Memory (GB) one instance of ``opt`` may use on each of its GPUs: its share of the
+    GPU's memory less the file's reserve fraction."""
+    return gpu.memory_gb * opt.share_pct / 100.0 * (1.0 - spec.options.memory_reserve_fraction)
+
+
+def instance_op_spec(
+    gpu: GpuType,
+    llm: LlmModel,
+    workload: Workload,
+    phase: Phase,
+    opt: Option,
+    spec: ServerlessFile,
+    options: Options,
+) -> OpSpec:
+    """The operating point of one instance of ``opt`` serving ``llm`` in ``phase``: the
+    option's clock (MHz) and TP degree, its SM share as both the SM and the memory
+    bandwidth fraction, :func:`instance_memory_gb` of memory; ``options`` from
+    :func:`perf_options`."""
+    return OpSpec(
+        gpu=gpu,
+        model=llm,
+        workload=workload,
+        phase=phase,
+        clock_mhz=opt.clock_mhz,
+        sm_fraction=opt.share_pct / 100.0,
+        bw_fraction=opt.share_pct / 100.0,
+        memory_gb=instance_memory_gb(gpu, spec, opt),
+        tp=opt.tp,
+        options=options,
+    )
+
+
 def build_problem(
     spec: ServerlessFile, source: str = "<serverless>", catalogs: tuple[str, ...] | list[str] = ()
 ) -> ServerlessProblem:
@@ -281,8 +323,7 @@ def build_problem(
     links = (_link(spec.links.nvlink, NVLINK_H100), _link(spec.links.network, NETWORK_H100))
     options = options_of(spec, gpu)
     n_m, n_o = len(llms), len(options)
-    reserve = spec.options.memory_reserve_fraction
-    perf_options = Options(max_batch=spec.options.max_batch, memory_reserve_fraction=reserve)
+    options_perf = perf_options(spec)
     kv_req = np.array(
         [kv_bytes(llm, sm.prompt_tokens.mean) for llm, sm in zip(llms, spec.models, strict=True)]
     )
@@ -291,26 +332,13 @@ def build_problem(
     for m, (llm, sm) in enumerate(zip(llms, spec.models, strict=True)):
         wl_link = [phase_workload(m, spec, sm.slo.ttft_ms - 1e3 * transfer[m, k]) for k in (0, 1)]
         for opt in options:
-            memory_gb = gpu.memory_gb * opt.share_pct / 100.0 * (1.0 - reserve)
-            for phase, wl in (
+            phases: tuple[tuple[Phase, Workload], ...] = (
                 ("prefill", wl_link[0]),
                 ("prefill", wl_link[1]),
                 ("decode", wl_link[0]),
-            ):
-                specs.append(
-                    OpSpec(
-                        gpu=gpu,
-                        model=llm,
-                        workload=wl,
-                        phase=phase,  # type: ignore[arg-type]
-                        clock_mhz=opt.clock_mhz,
-                        sm_fraction=opt.share_pct / 100.0,
-                        bw_fraction=opt.share_pct / 100.0,
-                        memory_gb=memory_gb,
-                        tp=opt.tp,
-                        options=perf_options,
-                    )
-                )
+            )
+            for phase, wl in phases:
+                specs.append(instance_op_spec(gpu, llm, wl, phase, opt, spec, options_perf))
     key = json.dumps(
         [
             gpu.model_dump(mode="json"),
