@@ -23,11 +23,12 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.optimize import linprog
 
 from energyopt.formulations.serverless.model import ServerlessProblem, build_problem
 from energyopt.spec.errors import SpecError
 from energyopt.spec.serverless import ServerlessFile
+
+from .lp_helpers import lp_minimum
 
 NV, NET, DEC = 0, 1, 2
 MAX_CONFIGS = 400
@@ -222,18 +223,10 @@ def _serve(
                     row[j] = energy[j]
             a_ub.append(row)
             b_ub.append(cap - held)
-        res = linprog(
-            cost,
-            A_ub=a_ub or None,
-            b_ub=b_ub or None,
-            A_eq=a_eq,
-            b_eq=b_eq,
-            bounds=bounds,
-            method="highs",
-        )
-        if res.status != 0:
+        least = lp_minimum(cost, a_ub, b_ub, a_eq, b_eq, bounds)
+        if least is None:
             return None
-        total += float(res.fun)
+        total += least
     if p.n_models and all(p.demand[m, t] <= 0 for m in range(p.n_models)):
         for n in range(n_n):  # held instances still draw their on power
             cap = float(p.power_cap_w[n])

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.optimize import linprog
 
 from energyopt.catalog import Problem, builtin_catalog, resolve
 from energyopt.perf.oppoints import OpTable, build_op_table
 from energyopt.spec import Instance
+
+from .lp_helpers import lp_minimum
 
 MAX_COMBINATIONS = 4000
 """Instances whose enumeration is larger than this are redrawn."""
@@ -283,18 +284,10 @@ def _solve_rates(
     if any(r < -1e-9 for r in rhs):
         return None
     bounds = [(0.0, float(table.capacity_rps[o])) for o, _ in variables]
-    res = linprog(
-        cost,
-        A_ub=np.asarray(rows) if rows else None,
-        b_ub=np.asarray(rhs) if rows else None,
-        A_eq=a_eq,
-        b_eq=b_eq,
-        bounds=bounds,
-        method="highs",
-    )
-    if res.status != 0:
+    least = lp_minimum(cost, rows, rhs, a_eq, b_eq, bounds)
+    if least is None:
         return None
-    return float(sum(static)) + float(res.fun)
+    return float(sum(static)) + least
 
 
 SMALL_MODELS = ("Llama-3.1-8B", "Mistral-7B", "Qwen2.5-14B")

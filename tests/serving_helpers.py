@@ -7,11 +7,12 @@ from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
-from scipy.optimize import linprog
 
 from energyopt.catalog import Problem, resolve
 from energyopt.perf.oppoints import OpTable, build_op_table
 from energyopt.spec import Instance
+
+from .lp_helpers import lp_minimum
 
 
 def tiny_instance(
@@ -110,18 +111,10 @@ def brute_force_power(problem: Problem) -> float | None:
             a_ub.append(list(cost))
             b_ub.append(budget - static)
         bounds = [(0.0, float(table.capacity_rps[o])) for _, o in var]
-        res = linprog(
-            cost,
-            A_ub=np.asarray(a_ub) if a_ub else None,
-            b_ub=np.asarray(b_ub) if b_ub else None,
-            A_eq=a_eq,
-            b_eq=b_eq,
-            bounds=bounds,
-            method="highs",
-        )
-        if res.status != 0:
+        least = lp_minimum(cost, a_ub, b_ub, a_eq, b_eq, bounds)
+        if least is None:
             continue
-        total = static + float(res.fun)
+        total = static + least
         if best is None or total < best:
             best = total
     return best
