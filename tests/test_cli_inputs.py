@@ -369,6 +369,14 @@ def test_export_refuses_a_model_the_writer_cut_short(
 # --- calibrate ----------------------------------------------------------------------
 
 
+def calibrate(
+    capsys: pytest.CaptureFixture[str], sweep: Path, out: Path
+) -> tuple[int, str, str]:
+    """``energyopt calibrate SWEEP --gpu A100-SXM4-80GB -o OUT``: exit status, stdout,
+    stderr."""
+    return run(capsys, "calibrate", str(sweep), "--gpu", A100, "-o", str(out))
+
+
 @pytest.mark.parametrize("suffix", ["json", "yaml", "toml"])
 def test_calibrate_writes_the_catalog_in_the_format_its_suffix_names(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, suffix: str
@@ -377,7 +385,7 @@ def test_calibrate_writes_the_catalog_in_the_format_its_suffix_names(
     sweep = tmp_path / "sweep.csv"
     write_model_sweep(sweep, A100)
     out = tmp_path / f"cat.{suffix}"
-    code, _, err = run(capsys, "calibrate", str(sweep), "--gpu", A100, "-o", str(out))
+    code, _, err = calibrate(capsys, sweep, out)
     assert code == 0, err
     text = out.read_text()
     loads = {"json": json.loads, "yaml": yaml.safe_load, "toml": tomllib.loads}[suffix]
@@ -396,7 +404,7 @@ def test_calibrate_refuses_an_unknown_suffix_before_fitting(
     sweep = tmp_path / "sweep.csv"
     write_model_sweep(sweep, A100)
     out = tmp_path / "cat.txt"
-    code, stdout, err = run(capsys, "calibrate", str(sweep), "--gpu", A100, "-o", str(out))
+    code, stdout, err = calibrate(capsys, sweep, out)
     assert code == 2
     assert err.startswith(f"{out}: unknown file type '.txt'")
     assert stdout == "" and not out.exists()
@@ -428,7 +436,7 @@ def test_calibrate_refuses_implausible_measurements_by_file_and_row(
     write_model_sweep(good, A100)
     edit_row(good, bad, 3, column, value)
     out = tmp_path / "cat.yaml"
-    code, _, err = run(capsys, "calibrate", str(bad), "--gpu", A100, "-o", str(out))
+    code, _, err = calibrate(capsys, bad, out)
     assert code == 2
     assert err.startswith(f"{bad}: row 3: ")
     assert message in err
@@ -443,7 +451,7 @@ def test_calibrate_refuses_a_fit_that_ends_on_a_bound(
     sweep = tmp_path / "sweep.csv"
     write_model_sweep(sweep, A100, floor=0.25)
     out = tmp_path / "cat.yaml"
-    code, _, err = run(capsys, "calibrate", str(sweep), "--gpu", A100, "-o", str(out))
+    code, _, err = calibrate(capsys, sweep, out)
     assert code == 2
     assert err.startswith(f"{sweep}: the fit ended on the bound of its search for ")
     assert "power.voltage_floor = 0.3 (the bound of its search)" in err
@@ -469,9 +477,7 @@ def test_calibrate_refuses_a_file_that_is_not_csv_text(
     """Binary garbage raised UnicodeDecodeError out of calibrate."""
     path = tmp_path / "sweep.csv"
     path.write_bytes(payload)
-    code, _, err = run(
-        capsys, "calibrate", str(path), "--gpu", A100, "-o", str(tmp_path / "c.yaml")
-    )
+    code, _, err = calibrate(capsys, path, tmp_path / "c.yaml")
     assert code == 2
     assert err.startswith(f"{path}: ") and message in err
 
@@ -483,9 +489,7 @@ def test_calibrate_refuses_a_fifo_instead_of_waiting_on_it(
     """calibrate on a FIFO hung, waiting for a writer."""
     path = tmp_path / "sweep.csv"
     os.mkfifo(path)
-    code, _, err = run(
-        capsys, "calibrate", str(path), "--gpu", A100, "-o", str(tmp_path / "c.yaml")
-    )
+    code, _, err = calibrate(capsys, path, tmp_path / "c.yaml")
     assert code == 2
     assert err.strip() == f"{path}: cannot read: a FIFO (named pipe), not a regular file"
 
