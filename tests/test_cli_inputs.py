@@ -206,6 +206,17 @@ def test_an_empty_output_name_is_refused_as_such(
     assert err.strip() == "-o: empty file name; give the file to write"
 
 
+def test_evaluate_refuses_an_empty_output_folder_before_any_work(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``evaluate -o ''`` ran the whole evaluation and wrote into the spec's folder."""
+    spec = INSTANCES / "evaluate" / "quickstart-bursty.yaml"
+    code, out, err = run(capsys, "evaluate", str(spec), "-o", "", "-q")
+    assert code == 2
+    assert err.strip() == "-o: empty folder name; give the folder to write, or leave -o out"
+    assert out == ""
+
+
 def test_an_atomic_write_to_no_file_name_or_a_folder_is_refused(tmp_path: Path) -> None:
     from energyopt.spec.errors import SpecError
     from energyopt.spec.io import write_text_atomic

@@ -36,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
     from energyopt.spec.evaluation import load_evaluation
 
     expect_document(args.spec, ("evaluate",), "evaluate")
+    if args.output_dir is not None and not args.output_dir.strip():
+        # as every other -o: an empty name is a mistake, not "the default folder"
+        raise SpecError(["-o: empty folder name; give the folder to write, or leave -o out"])
     validate_evaluation(args.spec, args.catalog)  # refuse what validate refuses, before any work
     ev = load_evaluation(args.spec)
     if args.duration is not None:
@@ -45,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     say = progress(args.quiet)
     say(f"evaluating {args.spec}")
     res = evaluate(ev, args.spec, only=args.planner, say=say, catalogs=args.catalog)
-    folder = Path(args.output_dir or ev.output_dir)
+    folder = Path(args.output_dir if args.output_dir is not None else ev.output_dir)
     written = write_csvs(res, folder)  # files first: the table may go to a closed pipe
     plots = None if args.no_plots else write_plots(res, folder)
     print("\n".join(format_table(res)))
