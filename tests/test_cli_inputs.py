@@ -553,3 +553,21 @@ def test_a_toml_plan_is_written_as_tables_and_verifies(
     assert tomllib.loads(text)["choices"]
     code, _, err = run(capsys, "verify", str(COLLECTIVE), str(plan))
     assert code == 0, err
+
+
+def test_python_dash_m_energyopt_runs_the_command() -> None:
+    """``python -m energyopt`` said there was no ``__main__`` module."""
+    import subprocess
+    import sys
+
+    from energyopt import __version__
+
+    done = subprocess.run(
+        [sys.executable, "-m", "energyopt", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"energyopt {__version__}"
