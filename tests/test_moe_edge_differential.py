@@ -259,3 +259,18 @@ def _pinned(doc: dict[str, Any], clocks: tuple[int, ...]) -> Any:
     for g, clk in zip(pinned["server"]["gpus"], clocks, strict=True):
         g["clocks_mhz"] = [clk]
     return build_problem(MoeEdgeFile.model_validate(pinned), "<test>", CATALOG)
+
+
+@pytest.mark.parametrize("seed, k", [(303, 13), (2014, 2)])
+def test_a_plan_worth_exactly_the_cutoff_keeps_the_bound_below_it(seed: int, k: int) -> None:
+    """The exhaustive optimum of these instances ties the cutoff HiGHS is given when
+    refining its configuration; HiGHS then prunes it and reports a worse plan as
+    optimal, with a dual bound above the optimum (0.64 % on seed 303 #13)."""
+    doc, spec, opt = random_instances(seed, k + 1)[k]
+    assert opt.value is not None
+    p = build_problem(MoeEdgeFile.model_validate(doc), "<test>", CATALOG)
+    r = family("moe-edge").solve(p, "milp", time_limit_s=60, rel_gap=1e-4, progress=lambda _: None)
+    assert r.status == OPTIMAL
+    assert r.bound is not None and r.bound <= opt.value * (1 + 1e-9)
+    assert r.bound <= r.objective
+    assert not evaluate_moe_edge(spec, CATALOG, r.plan).violations

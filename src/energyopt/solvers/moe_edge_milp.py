@@ -139,7 +139,8 @@ def run_milp(
     (1e-6) would otherwise stop it early on objectives of a few hundredths of a J
     per token. HiGHS may close a node within its gap of the incumbent (or of the
     cutoff), so the bound returned is at most the incumbent (cutoff) less the gap
-    HiGHS was given: that much the optimum may lie below."""
+    HiGHS was given: that much the optimum may lie below. Its dual bound holds only up
+    to the cutoff, so the bound returned is at most the cutoff less that gap."""
     lp = milp.lp()
     size = max(abs(milp.constant), float(np.abs(milp.cost).max(initial=0.0)), 1e-12)
     scale = OBJECTIVE_SCALE / size
@@ -159,6 +160,11 @@ def run_milp(
             return None, np.inf, True
         return None, float(cutoff) - rel_gap * abs(float(cutoff)), True
     bound = run.dual_bound / scale if np.isfinite(run.dual_bound) else -np.inf
+    if has_cutoff and cutoff is not None:
+        # HiGHS prunes every node that cannot beat the cutoff, plans worth exactly the
+        # cutoff included, and may then report a worse incumbent as optimal with its
+        # dual bound equal to it: past the cutoff, its bound says nothing
+        bound = min(bound, float(cutoff) - rel_gap * abs(float(cutoff)))
     if run.col_value is None:
         return None, bound, run.optimal
     if np.isfinite(run.objective):
