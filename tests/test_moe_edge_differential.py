@@ -274,3 +274,15 @@ def test_a_plan_worth_exactly_the_cutoff_keeps_the_bound_below_it(seed: int, k: 
     assert r.bound is not None and r.bound <= opt.value * (1 + 1e-9)
     assert r.bound <= r.objective
     assert not evaluate_moe_edge(spec, CATALOG, r.plan).violations
+
+
+def test_the_lagrangian_repair_places_no_expert_where_it_does_not_fit() -> None:
+    """random_instances(2003, 15)[7]: g1 holds one expert (0.001572 GB for experts of
+    0.000786 GB); the repair's own memory check had a 1e-6 GB slack and put a second
+    one there, a plan the verifier refuses."""
+    doc, spec, opt = random_instances(2003, 8)[7]
+    assert opt.value is not None
+    r = _solve(doc, "lagrangian")
+    assert r.plan is not None
+    assert not evaluate_moe_edge(spec, CATALOG, r.plan).violations
+    assert r.objective >= opt.value * (1 - 1e-9)

@@ -36,6 +36,7 @@ from energyopt.formulations.moe_edge.milp import (
     pair_saving,
     secant,
     v_max,
+    whole_experts,
     whole_gb,
 )
 from energyopt.formulations.moe_edge.model import (
@@ -333,7 +334,12 @@ def greedy_feasible(p: MoeEdgeProblem, c: ConfigCosts, start: IntArray) -> IntAr
         if cap is not None and f.power_w > cap:
             d_energy = c.energy_j - c.energy_j[idx, choice][:, None]
             fall -= (d_energy - cap * d_time / 1e3) / (cap * f.mean_ms / 1e3)
-        room = np.array([f.gpu_gb[g] + w <= c.gpu_free_gb[g] + 1e-9 for g in range(p.n_gpus)])
+        room = np.array(
+            [
+                int((choice == g).sum()) + 1 <= whole_experts(float(c.gpu_free_gb[g]), w)
+                for g in range(p.n_gpus)
+            ]
+        )
         movable = ok.copy()
         movable[:, : p.n_gpus] &= room[None, :]
         movable[idx, choice] = False

@@ -13,6 +13,7 @@ from energyopt.formulations.moe_edge.milp import (
     item_objective,
     pair_saving,
     remote_options,
+    whole_experts,
 )
 from energyopt.formulations.moe_edge.model import ConfigCosts, IntArray, MoeEdgeProblem
 
@@ -55,8 +56,10 @@ def figures(p: MoeEdgeProblem, c: ConfigCosts, choice: IntArray) -> Figures:
     ttft = c.dense_prefill_ms + float(c.prefill_ms[idx, choice].sum())
     power = energy / (mean / 1e3)
     w = p.expert_gb
-    gpu = tuple(float((choice == g).sum() * w) for g in range(p.n_gpus))
-    host = float(((choice == p.fetch) | (choice == p.cpu)).sum() * w)
+    on_gpu = [int((choice == g).sum()) for g in range(p.n_gpus)]
+    on_host = int(((choice == p.fetch) | (choice == p.cpu)).sum())
+    gpu = tuple(float(n * w) for n in on_gpu)
+    host = float(on_host * w)
     spec = p.spec
     ok = bool(np.isfinite(mean))
     ok &= tbt <= spec.slo.tbt_ms * (1 + FEAS_TOL)
@@ -65,6 +68,8 @@ def figures(p: MoeEdgeProblem, c: ConfigCosts, choice: IntArray) -> Figures:
     cap = spec.objective.power_cap_w
     if spec.objective.kind == "latency" and cap is not None:
         ok &= power <= cap * (1 + FEAS_TOL)
-    ok &= all(u <= f + 1e-6 for u, f in zip(gpu, c.gpu_free_gb, strict=True))
-    ok &= host <= p.host_gb_free + 1e-6
+    # the program's memory rule, exactly (a slack here let repairs place an expert
+    # the program and the verifier refuse)
+    ok &= all(n <= whole_experts(float(f), w) for n, f in zip(on_gpu, c.gpu_free_gb, strict=True))
+    ok &= on_host <= whole_experts(p.host_gb_free, w)
     return Figures(obj, mean, var, tbt, ttft, power, gpu, host, ok)

@@ -75,9 +75,9 @@ def allowed(p: MoeEdgeProblem, c: ConfigCosts) -> BoolArray:
     ok = np.isfinite(c.time_ms)
     w = p.expert_gb
     for g in range(p.n_gpus):
-        if c.gpu_free_gb[g] < w - 1e-9:
+        if whole_experts(float(c.gpu_free_gb[g]), w) < 1:
             ok[:, g] = False
-    if p.host_gb_free < w - 1e-9:
+    if whole_experts(p.host_gb_free, w) < 1:
         ok[:, p.fetch] = False
         ok[:, p.cpu] = False
     return np.asarray(ok, dtype=np.bool_)
@@ -101,11 +101,20 @@ def pair_saving(p: MoeEdgeProblem, c: ConfigCosts) -> FloatArray:
     return np.asarray(c.pair_save_ms)
 
 
+def whole_experts(capacity_gb: float, expert_gb: float) -> int:
+    """The most experts of ``expert_gb`` GB each that fit ``capacity_gb`` GB (-1 when
+    the capacity is negative: not even none fit). The one memory rule of the program,
+    the figures and the heuristics."""
+    if capacity_gb < 0:
+        return -1
+    return int(np.floor(capacity_gb / expert_gb + 1e-9))
+
+
 def whole_gb(capacity_gb: float, expert_gb: float) -> float:
     """Memory of the most whole experts that fit ``capacity_gb`` (every expert has one
     size, so this changes no 0/1 solution and makes the memory-only LP's vertices integral)."""
     return (
-        float(np.floor(capacity_gb / expert_gb + 1e-9) * expert_gb)
+        float(whole_experts(capacity_gb, expert_gb) * expert_gb)
         if capacity_gb > 0
         else capacity_gb
     )
