@@ -36,7 +36,7 @@ from energyopt.formulations.taskgraph.costs import kernel_costs
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.spec.io import read_data
 from energyopt.spec.llm import LlmModel
-from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan
+from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan, memory_limit_gb
 
 DATA = Path(__file__).resolve().parent / "data"
 TINY_CATALOG = DATA / "moe-edge-tiny-catalog.yaml"
@@ -200,9 +200,9 @@ def _tables(spec: MoeEdgeFile, catalog: Catalog) -> list[_Table]:
                 if g.name == dense:
                     used = used + dense_params * bpp / 1e9 + kv_gb + spec.reserve_gb
                     used = used + spec.cache_experts * e_gb
-                fits &= used <= cap
+                fits &= used <= memory_limit_gb(cap)
             host = (combos >= len(names)).sum(axis=1) * e_gb
-            fits &= host <= server.host_memory_gb
+            fits &= host <= memory_limit_gb(server.host_memory_gb)
             cost = energy / b if spec.objective.kind == "energy" else mean
             power = energy / (mean / 1e3)
             out.append(_Table(dense, clocks, combos, mean, tbt, ttft, power, cost, fits))

@@ -286,3 +286,24 @@ def test_the_lagrangian_repair_places_no_expert_where_it_does_not_fit() -> None:
     assert r.plan is not None
     assert not evaluate_moe_edge(spec, CATALOG, r.plan).violations
     assert r.objective >= opt.value * (1 - 1e-9)
+
+
+def test_the_verifier_and_the_solvers_share_one_memory_rule() -> None:
+    """random_instances(2001, 15)[7]: a plan 8 bytes over g0's 0.013835 GB passed the
+    verifier (1e-6 relative slack) while the program refused it, so the Lagrangian
+    plan beat the 'optimal' MILP by 13.5 %. Now no solver beats the exact optimum,
+    and the verifier refuses 8 bytes over and accepts a GPU filled exactly."""
+    doc, spec, opt = random_instances(2001, 8)[7]
+    assert opt.value is not None and opt.plan is not None
+    for solver in ("lagrangian", "milp"):
+        r = _solve(doc, solver)
+        assert not evaluate_moe_edge(spec, CATALOG, r.plan).violations
+        assert r.objective >= opt.value * (1 - 1e-9)
+        assert r.bound is not None and r.bound <= opt.value * (1 + 1e-9)
+    used = evaluate_moe_edge(spec, CATALOG, opt.plan).gpu_used_gb
+    for over_gb, refused in ((8e-9, True), (0.0, False)):
+        tight = copy.deepcopy(doc)
+        for g in tight["server"]["gpus"]:
+            g["memory_gb"] = used[g["name"]] - over_gb
+        ev = evaluate_moe_edge(MoeEdgeFile.model_validate(tight), CATALOG, opt.plan)
+        assert any(v.kind == "memory" for v in ev.violations) == refused

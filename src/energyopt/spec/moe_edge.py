@@ -35,6 +35,15 @@ MAX_GBPS = 1e5
 MIN_GBPS = 1e-3
 """Slowest link or CPU rate accepted (GB/s, GFLOP/s): keeps every time finite."""
 PLACES_OFF_GPU = ("fetch", "cpu")
+MEMORY_REL_TOL = 1e-9
+"""Relative slack on every memory capacity (floating-point noise only): memory fits
+when what it holds, GB, is at most ``memory_limit_gb(capacity)``. The one memory
+rule of the program, the solvers' figures, the verifier and the test optimiser."""
+
+
+def memory_limit_gb(capacity_gb: float) -> float:
+    """The most GB that fit a memory of ``capacity_gb`` GB (``MEMORY_REL_TOL``)."""
+    return capacity_gb * (1.0 + MEMORY_REL_TOL)
 """Placement names that are not GPUs (a GPU may not take them as its name)."""
 
 

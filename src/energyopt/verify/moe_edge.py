@@ -23,7 +23,7 @@ from energyopt.formulations.taskgraph.costs import kernel_costs
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.spec.hardware import GpuType
 from energyopt.spec.llm import LlmModel
-from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan
+from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan, memory_limit_gb
 from energyopt.verify.violation import Violation
 
 REL_TOL = 1e-6
@@ -118,13 +118,13 @@ def evaluate_moe_edge(spec: MoeEdgeFile, catalog: Catalog, plan: MoeEdgePlan) ->
                 host += e_gb
     for g in server.gpus:
         cap = g.memory_gb if g.memory_gb is not None else gpus[g.name].memory_gb
-        if used[g.name] > cap * (1 + REL_TOL) + 1e-9:
+        if used[g.name] > memory_limit_gb(cap):
             bad.append(
                 Violation(
                     "memory", g.name, f"needs {used[g.name]:.3f} GB of GPU memory; has {cap:g} GB"
                 )
             )
-    if host > server.host_memory_gb * (1 + REL_TOL) + 1e-9:
+    if host > memory_limit_gb(server.host_memory_gb):
         bad.append(
             Violation("memory", "host", f"needs {host:.3f} GB; has {server.host_memory_gb:g} GB")
         )

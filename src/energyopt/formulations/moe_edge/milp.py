@@ -104,10 +104,11 @@ def pair_saving(p: MoeEdgeProblem, c: ConfigCosts) -> FloatArray:
 def whole_experts(capacity_gb: float, expert_gb: float) -> int:
     """The most experts of ``expert_gb`` GB each that fit ``capacity_gb`` GB (-1 when
     the capacity is negative: not even none fit). The one memory rule of the program,
-    the figures and the heuristics."""
+    the figures and the heuristics; the capacities it is given already hold the
+    verifier's slack (``memory_limit_gb``), so it adds none."""
     if capacity_gb < 0:
         return -1
-    return int(np.floor(capacity_gb / expert_gb + 1e-9))
+    return int(np.floor(capacity_gb / expert_gb))
 
 
 def whole_gb(capacity_gb: float, expert_gb: float) -> float:

@@ -30,7 +30,7 @@ from energyopt.spec.errors import SpecError
 from energyopt.spec.hardware import GpuType
 from energyopt.spec.io import parse, read_data
 from energyopt.spec.llm import LlmModel
-from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan
+from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan, memory_limit_gb
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -253,7 +253,7 @@ class MoeEdgeProblem:
 
     @cached_property
     def host_gb_free(self) -> float:
-        return float(self.spec.server.host_memory_gb)
+        return memory_limit_gb(float(self.spec.server.host_memory_gb))
 
     def plan_of(self, config: Config, choice: IntArray) -> MoeEdgePlan:
         """The plan file model of an (I,) array of options under ``config``."""
@@ -488,7 +488,7 @@ def _config_costs(p: MoeEdgeProblem, c: Config) -> ConfigCosts:
     )
     free = np.array(
         [
-            server.gpus[g].memory_gb if server.gpus[g].memory_gb is not None else gpu.memory_gb
+            memory_limit_gb(own if (own := server.gpus[g].memory_gb) is not None else gpu.memory_gb)
             for g, gpu in enumerate(p.gpus)
         ],
         dtype=np.float64,
