@@ -465,3 +465,23 @@ def test_a_time_limit_on_eight_gpus_returns_the_best_plan_with_a_valid_bound() -
         if res.plan is not None:
             assert evaluate_moe_edge(p.spec, builtin_catalog(), res.plan).violations == []
             assert res.objective is not None and res.bound <= res.objective
+
+
+@pytest.mark.parametrize("tiny", [1e-30, 1e-300])
+def test_an_expert_almost_never_picked_is_costed_not_divided_by_zero(
+    tmp_path: Path, tiny: float
+) -> None:
+    """1 - (1 - f)^b rounds to 0 for f below about 1e-16: the verifier divided by it
+    (ZeroDivisionError in solve and verify). The bundled file with one frequency at
+    ``tiny`` solves, and its plan verifies with the objective the solver reports."""
+    doc = yaml.safe_load(BUNDLED.read_text())
+    doc["activations"]["layers"][5]["frequencies"][33] = tiny
+    path = tmp_path / "tiny-frequency.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    fam = family("moe-edge")
+    p = fam.load(str(path), [])
+    res = fam.solve(p, "lagrangian", time_limit_s=5, rel_gap=1e-6, progress=lambda _: None)
+    assert res.plan is not None and fam.verify(p, res.plan) == []
+    certify(fam, p, res, 1e-6, lambda _: None)
+    ev = evaluate_moe_edge(MoeEdgeFile.model_validate(doc), builtin_catalog(), res.plan)
+    assert ev.cost == pytest.approx(res.objective, rel=1e-9)

@@ -31,6 +31,17 @@ LAUNCH_MS = 0.01
 """Per-expert kernel launch cost at the max clock, ms (the model's stated assumption)."""
 
 
+
+def _used(f: float, tokens: int) -> float:
+    """Probability that at least one of ``tokens`` tokens, each routed independently,
+    picks an expert of frequency ``f``: 1 - (1 - f)^tokens, in a form that keeps its
+    precision (and stays above 0) for ``f`` down to the smallest float. A frequency
+    scaled to 1 or above (the layer's frequencies are scaled to sum to top-k) keeps
+    the plain form."""
+    if f >= 1.0:
+        return 1.0 - (1.0 - f) ** tokens
+    return -math.expm1(tokens * math.log1p(-f))
+
 @dataclass
 class MoeEvaluation:
     """What the verifier found; times ms, energies J per step unless named."""
@@ -173,15 +184,15 @@ def evaluate_moe_edge(spec: MoeEdgeFile, catalog: Catalog, plan: MoeEdgePlan) ->
             f = float(freq[li][ei])
             if f <= 0:
                 continue
-            q = 1.0 - (1.0 - f) ** b
-            ms, j, nbytes = cached(where, b * f / q)
+            q = _used(f, b)
+            ms, j, nbytes = cached(where, b * f / q if q > 0 else 1.0)
             mean += q * ms
             var += q * (1.0 - q) * ms * ms
             dyn += q * j
             pcie += q * nbytes
             if spec.slo.ttft_ms is not None:
-                qp = 1.0 - (1.0 - f) ** prompt
-                ttft += qp * cached(where, prompt * f / qp)[0]
+                qp = _used(f, prompt)
+                ttft += qp * cached(where, prompt * f / qp if qp > 0 else 1.0)[0]
     # co-activated experts of one layer on the same remote device share a round trip
     remote = {n for n in names if n != dense} | {"cpu"}
     saved = 0.0
@@ -189,7 +200,7 @@ def evaluate_moe_edge(spec: MoeEdgeFile, catalog: Catalog, plan: MoeEdgePlan) ->
         pa = plan.placement[ca.a[0]][ca.a[1]]
         pb = plan.placement[ca.b[0]][ca.b[1]]
         if pa == pb and pa in remote:
-            saved += (1.0 - (1.0 - ca.probability) ** b) * 2 * hop
+            saved += _used(ca.probability, b) * 2 * hop
     mean -= saved
     attn = model.heads * model.head_dim_eff
     gd = gpus[dense]

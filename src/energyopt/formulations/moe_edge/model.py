@@ -408,10 +408,21 @@ def _kernel(
     return ms, dyn_w * ms / 1e3
 
 
+def used_probability(freq: FloatArray, tokens: int) -> FloatArray:
+    """1 - (1 - freq)^tokens, computed as -expm1(tokens * log1p(-freq)): the plain form
+    rounds to 0 below a frequency of about 1e-16 and loses digits well above it. A
+    frequency scaled to 1 or above keeps the plain form."""
+    f = np.asarray(freq, dtype=np.float64)
+    below = f < 1.0
+    stable = -np.expm1(tokens * np.log1p(-np.where(below, f, 0.0)))
+    return np.asarray(np.where(below, stable, 1.0 - np.power(1.0 - f, tokens)))
+
+
 def _hits(freq: FloatArray, tokens: int) -> tuple[FloatArray, FloatArray]:
     """(probability an expert is used by at least one of ``tokens`` tokens, the tokens
     it then serves on average), with tokens routed independently."""
-    hit = 1.0 - np.power(1.0 - freq, tokens)
+    hit = used_probability(freq, tokens)
+    # the served tokens tend to 1 as the frequency does to 0
     served = np.where(hit > 0, tokens * freq / np.maximum(hit, 1e-300), 1.0)
     return hit, served
 
@@ -499,7 +510,7 @@ def _config_costs(p: MoeEdgeProblem, c: Config) -> ConfigCosts:
         + spec.reserve_gb
         + spec.cache_experts * w_gb
     )
-    q_step = 1.0 - np.power(1.0 - p.pair_q, spec.batch)
+    q_step = used_probability(p.pair_q, spec.batch)
     return ConfigCosts(
         config=c,
         time_ms=time,
