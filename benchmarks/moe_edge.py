@@ -435,7 +435,16 @@ def main() -> None:
             attain_ok = best.attainment(tbt) >= base.attainment(tbt)
             met_e = saving >= ENERGY_TARGET and attain_ok
             vs_cpu = 1.0 - best.energy_per_token_j / others["freq-cpu"].energy_per_token_j
-            verdict = "met" if met_e else "not met"
+            need = p.spec.slo.percentile
+            if 100 * base.attainment(tbt) < need:
+                # a saving against a plan that breaks the SLO is no met target: the
+                # like-for-like figure is the equal-attainment block below
+                verdict = (
+                    f"not judged: offload-lru misses the SLO (p{need:g} needed), "
+                    "see the equal-attainment block"
+                )
+            else:
+                verdict = "met" if met_e else "not met"
             summary.append(
                 f"  {name:<22} energy -{100 * saving:5.1f} % vs offload-lru "
                 f"(-{100 * vs_cpu:4.1f} % vs freq-cpu), attainment "
@@ -448,7 +457,8 @@ def main() -> None:
         print("\n".join(mix_table_block(args.tokens)))
     print(
         "targets (>= 30 % less energy per token than offload-lru at equal or better TBT "
-        "attainment; heuristic within 2 % of the MILP optimum):"
+        "attainment, judged only where offload-lru holds the SLO; heuristic within 2 % of "
+        "the MILP optimum):"
     )
     print("\n".join(summary))
     print(
