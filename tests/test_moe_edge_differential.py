@@ -25,7 +25,7 @@ import pytest
 
 from energyopt.families import family
 from energyopt.formulations.moe_edge.model import build_problem
-from energyopt.solvers.moe_edge_milp import solve_milp
+from energyopt.solvers.moe_edge_milp import solve_milp, sound_bound
 from energyopt.solvers.result import INFEASIBLE, OPTIMAL, Termination
 from energyopt.spec.moe_edge import MoeEdgeFile
 from energyopt.verify.moe_edge import evaluate_moe_edge
@@ -307,3 +307,16 @@ def test_the_verifier_and_the_solvers_share_one_memory_rule() -> None:
             g["memory_gb"] = used[g["name"]] - over_gb
         ev = evaluate_moe_edge(MoeEdgeFile.model_validate(tight), CATALOG, opt.plan)
         assert any(v.kind == "memory" for v in ev.violations) == refused
+
+
+def test_a_bound_above_the_plan_is_dropped_and_never_makes_it_optimal() -> None:
+    """Both moe-edge solvers pass their bound through sound_bound before the status:
+    one above the plan's objective (an invalid bound, as seed 303 #13 gave) is
+    dropped and logged; one within rounding of it, or below, is kept."""
+    log: list[str] = []
+    assert sound_bound(0.0751743, 0.075656, log) is None
+    assert log and "invalid bound" in log[0]
+    kept: list[str] = []
+    assert sound_bound(0.0751743, 0.0751743 * (1 + 1e-12), kept) is not None
+    assert sound_bound(0.0751743, 0.07517, kept) == 0.07517
+    assert kept == []

@@ -47,7 +47,13 @@ from energyopt.formulations.moe_edge.model import (
     MoeEdgeProblem,
 )
 from energyopt.progress import Progress, quiet
-from energyopt.solvers.moe_edge_milp import diagnosis, floor_bound, run_milp, solve_config
+from energyopt.solvers.moe_edge_milp import (
+    diagnosis,
+    floor_bound,
+    run_milp,
+    solve_config,
+    sound_bound,
+)
 from energyopt.solvers.result import (
     FEASIBLE,
     INFEASIBLE,
@@ -488,6 +494,7 @@ def solve_lagrangian(
             algorithm="Lagrangian (memory, SLO priced) + transportation repair",
         )
     obj, config, choice = best
+    bound_or_none = sound_bound(obj, bound_or_none, log)
     status = FEASIBLE if bound_or_none is None else status_at(obj, bound_or_none, rel_gap)
     if termination == Termination.CONVERGED and status != OPTIMAL:
         # every configuration was visited but the plan is not within the gap: the

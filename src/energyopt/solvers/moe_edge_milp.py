@@ -73,6 +73,17 @@ SORT_SHARE = 0.1
 """Share of the time limit that costing the configurations for that order may take."""
 BREAK_TOL = 1e-9
 """Relative distance under which a new breakpoint is taken as an existing one."""
+BOUND_TOL = 1e-9
+"""Relative amount by which a bound may exceed the plan's objective (rounding)."""
+
+
+def sound_bound(objective: float, bound: float | None, log: list[str]) -> float | None:
+    """``bound``, or None (logged) when it exceeds ``objective``: a bound above a
+    verified plan is invalid, and must neither be reported nor make a status optimal."""
+    if bound is not None and bound > objective + BOUND_TOL * max(abs(objective), 1e-9):
+        log.append(f"invalid bound {bound:.9g} above the plan's objective {objective:.9g}: dropped")
+        return None
+    return bound
 
 
 def unpriced_bound(p: MoeEdgeProblem, c: ConfigCosts) -> float:
@@ -376,6 +387,7 @@ def solve_milp(
             algorithm="HiGHS branch and cut per configuration, TBT row refined to exactness",
         )
     obj, config, choice = best
+    bound_or_none = sound_bound(obj, bound_or_none, log)
     status = (
         OPTIMAL
         if bound_or_none is not None and relative_gap(obj, bound_or_none) <= rel_gap + 1e-12
