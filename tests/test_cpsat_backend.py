@@ -154,3 +154,22 @@ def test_without_a_bound_the_plan_is_the_same_and_nothing_is_claimed() -> None:
 
     none = solve_cpsat(_infeasible_off_the_grid(), time_limit_s=5, threads=1, bound=False)
     assert none.status == "no_solution" and none.objective is None and none.bound is None
+
+
+def test_a_feasible_model_highs_presolve_calls_infeasible_is_solved() -> None:
+    """HiGHS 1.16's presolve declared this MILP infeasible although x = z = 0 meets
+    every row (found by the property test above); the Pyomo backend takes an
+    infeasibility claim only once HiGHS repeats it without presolve."""
+    ubs = [1.0, 2.0, 3.0, 1.0]
+    m = pyo.ConcreteModel()
+    m.z = pyo.Var([0], domain=pyo.NonNegativeIntegers, bounds=(0, 4))
+    m.x = pyo.Var(range(4), domain=pyo.NonNegativeReals, bounds=lambda _, j: (0, ubs[j]))
+    x, z = m.x, m.z[0]
+    m.r1 = pyo.Constraint(expr=3.0 * x[0] - 2.0 * x[1] + x[3] - z == 0)
+    m.r2 = pyo.Constraint(expr=-x[0] + x[2] - x[3] >= 0)
+    m.r3 = pyo.Constraint(expr=x[0] - x[1] + x[2] + z == 0)
+    m.obj = pyo.Objective(expr=0.0 * x[0] + 3.0)
+    out = solve_milp(m, rel_gap=1e-9)
+    assert out.status == "optimal" and out.objective == pytest.approx(3.0)
+    assert violation(m) <= 1e-9
+

@@ -98,4 +98,21 @@ def solve_milp(
     bound = res.objective_bound
     if bound is not None and (bound != bound or abs(bound) == float("inf")):
         bound = None
+    if status == "infeasible" and extra.get("presolve") != "off":
+        # HiGHS 1.16's presolve has declared feasible MILPs infeasible (x = 0 met
+        # every row of a 5-column model, tests/test_cpsat_backend.py): a claim of
+        # infeasibility is only taken once HiGHS repeats it without presolve.
+        left = None if time_limit_s is None else max(time_limit_s - wall, 0.0)
+        again = solve_milp(
+            model,
+            time_limit_s=left,
+            rel_gap=rel_gap,
+            options={**(options or {}), "presolve": "off"},
+            progress=progress,
+        )
+        note = "HiGHS said infeasible after presolve; solved again without presolve"
+        return MilpOutcome(
+            again.status, again.objective, again.bound, wall + again.wall_s,
+            [*stream.lines, note, *again.log],
+        )
     return MilpOutcome(status, objective, bound, wall, stream.lines)
