@@ -1,18 +1,30 @@
-"""Energy per request and power of a placement at a rate.
+"""Power of a placement at a rate, and energy per request.
 
-A placement's dynamic power is linear in its rate: rate x energy per request,
-where the energy per request is one prefill plus O decode steps' share at the
-op's design batch (the decode batch at its SLO capacity at the max clock, so the
-accounting batch does not move with the clock). See docs/performance-model.md.
+``steady_power_w`` is the one model of a placement's dynamic power: the power
+its passes draw in steady state at a Poisson rate, from the same batch-level
+physics the simulator runs (every iteration is one decode step of the batch
+decoding then, plus one prefill chunk). A decode loop streams its weights every
+step whatever its batch, so the power rises steeply while the loop starts to
+run and then grows linearly with the rate. ``power_line`` states it as a fixed
+part while placed plus a part per request/s, the form every formulation prices.
+``energy_per_request_j`` (the per-request share at a fixed decode batch) remains
+for the serverless family and the latency weights. See docs/performance-model.md §5.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from energyopt.perf.forward import decode_pass, prefill_pass
 from energyopt.perf.params import FloatArray, OpParams
 from energyopt.perf.queueing import decode_context, metrics_at, slo_capacity
+
+LINE_LOW_ANCHOR = 0.5
+"""The power line passes through the steady power at its top rate and at this
+fraction of it (the power is close to linear in the rate from about a fifth of
+the capacity on, docs/performance-model.md §5)."""
 
 
 def at_max_clock(p: OpParams) -> OpParams:
@@ -56,6 +68,73 @@ def energy_per_request_j(p: OpParams, batch: FloatArray | None = None) -> FloatA
     )
 
 
+def steady_power_w(p: OpParams, rate_rps: FloatArray) -> FloatArray:
+    """Dynamic power (W, whole TP group) of each placement in steady state at its
+    Poisson rate ``rate_rps`` (req/s); the simulator's mean draw above on-power.
+
+    Prefill: a prompt that finds no other waiting (share 1 - rho_s of prompts) runs
+    its ceil(P / C) chunk passes alone; one behind others fills P / C full chunks.
+    Decode: each request takes O - 1 decode steps (its first token comes from its
+    prefill), shared by the batch decoding then. With n the mean batch of the
+    queueing model and Poisson occupancy, a step runs while something decodes
+    (probability 1 - e^-n) at batch n_a = n / (1 - e^-n), so the decode loop runs
+    lambda (O - 1) / n_a steps per second, each of energy E_step(n_a). Unstable
+    points are charged the max batch.
+    """
+    rate = np.asarray(rate_rps, dtype=np.float64)
+    met = metrics_at(p, rate)
+    n = np.where(np.isfinite(met.batch), met.batch, p.max_batch)
+    chunk = p.chunk_tokens
+    prompt = p.prompt_tokens
+    chunks = np.ceil(prompt / chunk)
+    full_j = prefill_pass(p, chunk).energy_j * p.tp
+    last_j = prefill_pass(p, prompt - (chunks - 1.0) * chunk).energy_j * p.tp
+    alone_j = (chunks - 1.0) * full_j + last_j
+    shared_j = np.minimum(prompt / chunk * full_j, alone_j)
+    busy = met.prefill_busy
+    prefill = (1.0 - busy) * alone_j + busy * shared_j
+    active = -np.expm1(-np.maximum(n, 1e-12))
+    n_active = np.maximum(n / active, 1.0)
+    step_j = decode_pass(p, n_active, decode_context(p)).energy_j * p.tp
+    decode = np.maximum(p.output_tokens - 1.0, 0.0) * step_j / n_active
+    per_request = np.where(
+        p.phase == 1, prefill, np.where(p.phase == 2, decode, prefill + decode)
+    )
+    return np.asarray(np.where(rate > 0, rate * per_request, 0.0))
+
+
+@dataclass(frozen=True)
+class PowerLine:
+    """A placement's dynamic power as priced by the formulations (whole TP group):
+    ``fixed_w`` while it carries any rate plus ``marginal_j`` per request/s."""
+
+    fixed_w: FloatArray  # W
+    marginal_j: FloatArray  # J per request (= W per req/s)
+
+    def at(self, rate_rps: FloatArray) -> FloatArray:
+        """Power at ``rate_rps`` (W); 0 where the rate is 0."""
+        rate = np.asarray(rate_rps, dtype=np.float64)
+        return np.asarray(np.where(rate > 0, self.fixed_w + self.marginal_j * rate, 0.0))
+
+
+def power_line(p: OpParams, top_rps: FloatArray) -> PowerLine:
+    """The line through ``steady_power_w`` at ``top_rps`` and ``LINE_LOW_ANCHOR`` times
+    it. ``steady_power_w`` is concave in the rate (it starts at 0), so the fixed part
+    is never negative and the line lies above the curve below its low anchor: a
+    placement run far below its top rate is over-, never under-charged.
+    ``top_rps`` is the most the placement can carry: its capacity, or its
+    workload's rate where that is less."""
+    top = np.asarray(top_rps, dtype=np.float64)
+    both = OpParams.concat([p, p])
+    low = LINE_LOW_ANCHOR * top
+    power = steady_power_w(both, np.concatenate([top, low]))
+    hi, lo = power[: len(p)], power[len(p) :]
+    span = np.maximum(top - low, 1e-300)
+    slope = np.where(top > 0, np.maximum(hi - lo, 0.0) / span, 0.0)
+    fixed = np.where(top > 0, np.maximum(hi - slope * top, 0.0), 0.0)
+    return PowerLine(np.asarray(fixed), np.asarray(slope))
+
+
 def service_latency_ms(p: OpParams, batch: FloatArray) -> FloatArray:
     """Unloaded latency of one request: prefill plus O decode steps at ``batch`` (ms)."""
     prefill = prefill_pass(p, p.prompt_tokens).ms
@@ -63,11 +142,6 @@ def service_latency_ms(p: OpParams, batch: FloatArray) -> FloatArray:
     return np.asarray(
         np.where(p.phase == 1, prefill, np.where(p.phase == 2, decode, prefill + decode))
     )
-
-
-def placement_power_w(p: OpParams, rate_rps: FloatArray) -> FloatArray:
-    """Dynamic power of each placement at its rate, summed over its TP group (W)."""
-    return np.asarray(np.asarray(rate_rps, dtype=np.float64) * energy_per_request_j(p))
 
 
 def energy_per_output_token_j(p: OpParams) -> FloatArray:

@@ -13,9 +13,9 @@ from numpy.typing import NDArray
 from energyopt.catalog import mig
 from energyopt.catalog.problem import Problem
 from energyopt.perf.clocks import candidate_clocks_mhz
-from energyopt.perf.energy import energy_per_request_j, service_latency_ms
+from energyopt.perf.energy import power_line, service_latency_ms, steady_power_w
 from energyopt.perf.memo import capacity_and_design_batch
-from energyopt.perf.params import FloatArray, OpSpec, build_params
+from energyopt.perf.params import FloatArray, OpParams, OpSpec, build_params
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.spec.hardware import GpuType
 from energyopt.spec.workload import Phase, Workload
@@ -154,19 +154,54 @@ class OpTable:
     mig_profile: list[str | None]
     tp: IntArray
     capacity_rps: FloatArray
-    energy_j: FloatArray  # per request, whole TP group
+    marginal_j: FloatArray  # J per request (W per req/s) of its power line, whole TP group
+    fixed_w: FloatArray  # W of its power line while placed, whole TP group
     memory_gb: FloatArray  # per GPU at capacity
     latency_ms: FloatArray  # unloaded service latency at the design batch
     ref_latency_ms: FloatArray  # same at max clock and the full GPU
-    peak_power_w: FloatArray  # dynamic W at capacity, whole TP group, at the batch there
+    peak_power_w: FloatArray  # steady dynamic W at its SLO capacity, whole TP group (worst case)
     on_power: dict[tuple[str, int], float]  # W of an on GPU at a clock, nothing running
 
     def __len__(self) -> int:
         return int(self.unit.shape[0])
 
+    def power_w(self, op: int, rate_rps: float) -> float:
+        """Dynamic power of op ``op`` placed at ``rate_rps`` (W, whole TP group): its
+        power line, 0 at no rate (perf/energy.py ``power_line``)."""
+        if rate_rps <= 0:
+            return 0.0
+        return float(self.fixed_w[op]) + float(self.marginal_j[op]) * rate_rps
+
+    def top_rps(self, op: int) -> float:
+        """The most op ``op`` can carry: its SLO capacity, or its unit's rate if less."""
+        rate = self.units[int(self.unit[op])].rate_rps
+        cap = float(self.capacity_rps[op])
+        return min(cap, rate) if rate > 0 else cap
+
     def ops_of(self, unit: int) -> IntArray:
         """Indices of the ops of one unit."""
         return np.flatnonzero(self.unit == unit)
+
+
+def _power_figures(
+    params: OpParams, inverse: IntArray, capacity: FloatArray, top: FloatArray
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Power line (fixed W, marginal J per request) at each op's top rate and its
+    steady power at capacity (W), from one model run over the distinct
+    (point, rate) pairs; ops of distinct points are given by ``inverse``."""
+    keys = np.stack([inverse.astype(np.float64), top, capacity], axis=1)
+    uniq, back = np.unique(keys, axis=0, return_inverse=True)
+    back = back.reshape(-1)
+    rows = params.take(uniq[:, 0].astype(np.int64))
+    tops = np.where(uniq[:, 1] > 1e-9, uniq[:, 1], 0.0)
+    caps = np.where(uniq[:, 2] > 1e-9, uniq[:, 2], 0.0)
+    line = power_line(rows, tops)
+    peak = steady_power_w(rows, caps)
+    return (
+        np.asarray(line.fixed_w[back]),
+        np.asarray(line.marginal_j[back]),
+        np.asarray(peak[back]),
+    )
 
 
 def build_op_table(problem: Problem) -> OpTable:
@@ -214,12 +249,12 @@ def build_op_table(problem: Problem) -> OpTable:
     ref_params = all_refs.take(ref_first)
     figures = capacity_and_design_batch(params, ref_params)
     capacity, batch = figures.capacity_rps, figures.design_batch
-    energy = energy_per_request_j(params, batch)
     latency = service_latency_ms(params, batch)
-    peak = capacity * energy_per_request_j(params, figures.own_batch)
-    capacity, energy, latency = capacity[inverse], energy[inverse], latency[inverse]
+    capacity, latency = capacity[inverse], latency[inverse]
     memory_bytes = figures.memory_bytes[inverse]
-    peak = peak[inverse]
+    unit_rate = np.asarray([units[m[0]].rate_rps for m in meta], dtype=np.float64)
+    top = np.where(unit_rate > 0, np.minimum(capacity, unit_rate), capacity)
+    fixed, marginal, peak = _power_figures(params, inverse, capacity, top)
     ref_latency = service_latency_ms(ref_params, figures.ref_design_batch)[ref_inverse]
     keep = np.flatnonzero(capacity > 1e-9)
     return OpTable(
@@ -234,7 +269,8 @@ def build_op_table(problem: Problem) -> OpTable:
         mig_profile=[meta[i][4] for i in keep],
         tp=np.asarray([meta[i][5] for i in keep], dtype=np.int64),
         capacity_rps=capacity[keep],
-        energy_j=energy[keep],
+        marginal_j=marginal[keep],
+        fixed_w=fixed[keep],
         memory_gb=memory_bytes[keep] / 1e9,
         latency_ms=latency[keep],
         ref_latency_ms=ref_latency[keep],
@@ -263,6 +299,7 @@ def _empty(
         ints,
         [],
         ints,
+        floats,
         floats,
         floats,
         floats,

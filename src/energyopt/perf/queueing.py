@@ -71,6 +71,7 @@ class Metrics:
     tbt_ms: FloatArray  # TBT at the SLO percentile (0 for prefill-only units)
     memory_bytes: FloatArray  # per GPU: weights + KV cache of requests held
     stable: BoolArray
+    prefill_busy: FloatArray  # share of time a prompt is in prefill (rho_s; 0 without prefill)
 
     def meets_slo(self, p: OpParams, slack: float = 0.0) -> BoolArray:
         """Stable, within memory and max batch, and both percentiles within the SLO."""
@@ -299,6 +300,7 @@ def metrics_at(p: OpParams, rate_rps: FloatArray) -> Metrics:
         tbt_ms=np.asarray(m.tbt_ms * stretch),
         memory_bytes=m.memory_bytes,
         stable=m.stable,
+        prefill_busy=m.prefill_busy,
     )
 
 
@@ -378,6 +380,7 @@ def _metrics(p: OpParams, rate_rps: FloatArray) -> Metrics:
         tbt_ms=np.asarray(tbt),
         memory_bytes=np.asarray(memory),
         stable=np.asarray(stable),
+        prefill_busy=np.asarray(np.clip(rho_s, 0.0, 1.0)),
     )
 
 

@@ -14,11 +14,11 @@ import numpy as np
 
 from energyopt.catalog.problem import Problem
 from energyopt.formulations.serving.assemble import power_cap_w
-from energyopt.perf.energy import design_batches, energy_per_request_j, service_latency_ms
+from energyopt.perf.energy import design_batches, power_line, service_latency_ms, steady_power_w
 from energyopt.perf.oppoints import op_spec, share_options
 from energyopt.perf.params import FloatArray, OpParams, OpSpec, build_params
 from energyopt.perf.power import gpu_on_power_w
-from energyopt.perf.queueing import metrics_at
+from energyopt.perf.queueing import metrics_at, slo_capacity
 from energyopt.spec.cluster import Gpu
 from energyopt.spec.plan import GpuPlan, Placement, Plan
 from energyopt.verify.violation import Violation
@@ -46,6 +46,11 @@ class PlanEvaluation:
 
     violations: list[Violation] = field(default_factory=list)
     gpu_power_w: dict[str, float] = field(default_factory=dict)
+    """Predicted power of each GPU that is on at the planned rates (W)."""
+    gpu_worst_w: dict[str, float] = field(default_factory=dict)
+    """Worst-case draw of each GPU that is on (W): on-power plus each placement's
+    steady power at its SLO capacity, the most it may carry. Caps, power limits and
+    budgets are checked on it."""
     total_power_w: float = 0.0
     gpus_on: int = 0
     served_rps: dict[str, float] = field(default_factory=dict)
@@ -303,20 +308,18 @@ def _check_performance(
         if gp.on and gp.clock_mhz is not None:
             power[gp.gpu] = gpu_on_power_w(problem.gpu_type(gp.type), gp.clock_mhz)
     ev.static_power_w = sum(power.values())
+    worst = dict(power)
     memory: dict[str, float] = defaultdict(float)
     if valid:
         params = build_params([c.spec for c in valid if c.spec is not None])
         rates = np.asarray([c.placement.rate_rps for c in valid], dtype=np.float64)
         met = metrics_at(params, rates)
+        dynamic, peak = _placement_power(problem, valid, params, rates)
         if problem.instance.options.objective == "edp":
             ref_params = _reference_params(problem, valid)
             batch, ref_batch = design_batches([params, ref_params])
-            energy = energy_per_request_j(params, batch)
             ratio = _delay_ratio(params, batch, ref_params, ref_batch)
-            ev.delay_weighted_w = float(np.sum(energy * rates * ratio))
-        else:
-            (batch,) = design_batches([params])
-            energy = energy_per_request_j(params, batch)
+            ev.delay_weighted_w = float(np.sum(dynamic * ratio))
         for i, c in enumerate(valid):
             pl = c.placement
             where = f"{'+'.join(g.id for g in c.gpus)} {pl.workload}:{pl.phase}"
@@ -360,7 +363,8 @@ def _check_performance(
                 )
                 memory[g.id] += float(met.memory_bytes[i]) / 1e9
                 if g.id in power:
-                    power[g.id] += float(energy[i]) * pl.rate_rps / len(c.gpus)
+                    power[g.id] += float(dynamic[i]) / len(c.gpus)
+                    worst[g.id] += float(peak[i]) / len(c.gpus)
             if (
                 pl.mig_profile is not None
                 and c.spec is not None
@@ -382,13 +386,16 @@ def _check_performance(
         usable = problem.gpu_type(gp.type).memory_gb * usable_frac
         if used > usable * (1.0 + REL_TOL):
             bad(Violation("memory", gid, f"placements need {used:.1f} GB, {usable:.1f} GB usable"))
-    for gid, watts in power.items():
+    for gid, watts in worst.items():
         gp = plans[gid]
         cap = power_cap_w(problem, gpus[gid])
         if watts > cap * (1.0 + REL_TOL):
             bad(
                 Violation(
-                    "power-cap", gid, f"predicted {watts:.0f} W exceeds the GPU cap {cap:.0f} W"
+                    "power-cap",
+                    gid,
+                    f"worst-case draw {watts:.0f} W (every placement at its capacity) "
+                    f"exceeds the GPU cap {cap:.0f} W",
                 )
             )
         elif gp.power_limit_w is not None and watts > gp.power_limit_w * (1.0 + REL_TOL):
@@ -396,10 +403,32 @@ def _check_performance(
                 Violation(
                     "power-limit",
                     gid,
-                    f"predicted {watts:.0f} W exceeds its power limit {gp.power_limit_w:.0f} W",
+                    f"worst-case draw {watts:.0f} W (every placement at its capacity) "
+                    f"exceeds its power limit {gp.power_limit_w:.0f} W",
                 )
             )
     ev.gpu_power_w = power
+    ev.gpu_worst_w = worst
+
+
+def _placement_power(
+    problem: Problem, valid: list[PlacementCheck], params: OpParams, rates: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """Each placement's dynamic power at its rate (its power line through the steady
+    power at its top rate: its SLO capacity, or its workload's rate if less) and its
+    steady power at capacity (W, whole TP group), recomputed from the model."""
+    first, inverse = params.distinct()
+    rows = params.take(first)
+    capacity = slo_capacity(rows)[inverse]
+    unit_rate = np.asarray(
+        [problem.instance.workload(c.placement.workload).rate_rps for c in valid],
+        dtype=np.float64,
+    )
+    top = np.where(unit_rate > 0, np.minimum(capacity, unit_rate), capacity)
+    top = np.where(capacity > 1e-9, top, 0.0)
+    dynamic = power_line(params, top).at(rates)
+    peak = steady_power_w(params, np.where(capacity > 1e-9, capacity, rates))
+    return dynamic, np.maximum(peak, dynamic)
 
 
 def _reference_params(problem: Problem, valid: list[PlacementCheck]) -> OpParams:
@@ -457,7 +486,7 @@ def _check_budgets(problem: Problem, ev: PlanEvaluation) -> None:
     cluster = problem.instance.cluster
     node_of = {g.id: g.node for g in problem.gpus}
     per_node: dict[str, float] = defaultdict(float)
-    for gid, watts in ev.gpu_power_w.items():
+    for gid, watts in ev.gpu_worst_w.items():
         per_node[node_of[gid]] += watts
     for node in cluster.nodes:
         if node.power_budget_w is not None and per_node[node.name] > node.power_budget_w * (
@@ -467,7 +496,8 @@ def _check_budgets(problem: Problem, ev: PlanEvaluation) -> None:
                 Violation(
                     "node-budget",
                     node.name,
-                    f"GPUs draw {per_node[node.name]:.0f} W, budget {node.power_budget_w:.0f} W",
+                    f"GPUs may draw {per_node[node.name]:.0f} W (worst case), "
+                    f"budget {node.power_budget_w:.0f} W",
                 )
             )
     total = sum(per_node.values())
@@ -476,6 +506,6 @@ def _check_budgets(problem: Problem, ev: PlanEvaluation) -> None:
             Violation(
                 "cluster-budget",
                 "cluster",
-                f"GPUs draw {total:.0f} W, budget {cluster.power_budget_w:.0f} W",
+                f"GPUs may draw {total:.0f} W (worst case), budget {cluster.power_budget_w:.0f} W",
             )
         )

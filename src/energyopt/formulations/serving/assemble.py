@@ -34,12 +34,10 @@ def power_cap_w(problem: Problem, gpu: Gpu) -> float:
 def power_limit_for(problem: Problem, gpu: Gpu, draw_w: float) -> float:
     """Power limit to set (W): ``draw_w`` plus headroom, within the allowed range.
 
-    ``assemble_plan`` passes the GPU's draw with each placement at its SLO capacity
-    (at the decode batch there), not the plan's predicted power: the model states a
-    placement's dynamic power at its op's design batch, and below capacity the real
-    batch is smaller and a decode loop draws more per request (measured in
-    simulation up to 80 % above the prediction, docs/performance-model.md §5). A
-    limit at the prediction would throttle the locked clock."""
+    ``assemble_plan`` passes the GPU's worst-case draw: on-power plus each
+    placement's steady power at its SLO capacity (the most it may carry), not the
+    predicted power at the forecast rates, so that a load above the forecast never
+    meets a limit that lowers the locked clock (docs/performance-model.md §5)."""
     gtype = problem.gpu_type(gpu.type)
     cap = power_cap_w(problem, gpu)
     limit = math.ceil(draw_w * POWER_LIMIT_HEADROOM)
@@ -72,11 +70,11 @@ def assemble_plan(
             unit = table.units[int(table.unit[op])]
             if rate <= MIN_RATE_RPS and (unit.workload, unit.phase) not in current:
                 continue  # an empty slot; kept only where it avoids a migration
-            power += float(table.energy_j[op]) * rate
+            power += table.power_w(op, rate)
             at_capacity += float(table.peak_power_w[op])
             placements.append(_placement(table, op, rate, None))
         for op, rate, group in d.tp_ops:
-            power += float(table.energy_j[op]) * rate / int(table.tp[op])
+            power += table.power_w(op, rate) / int(table.tp[op])
             at_capacity += float(table.peak_power_w[op]) / int(table.tp[op])
             placements.append(_placement(table, op, rate, group))
         gpus.append(

@@ -13,10 +13,13 @@ from energyopt.perf.params import FloatArray
 
 @dataclass(frozen=True)
 class Costs:
-    """objective = sum on_cost[(type, clock)] * on + sum op_cost[o] * rate + penalty * moved."""
+    """objective = sum on_cost[(type, clock)] * on + sum over placements (op_fixed[o] +
+    op_cost[o] * rate) + penalty * moved; a placement is an op carrying a rate > 0
+    (the fixed part is its decode loop's power, perf/energy.py ``power_line``)."""
 
     on_cost: dict[tuple[str, int], float]
     op_cost: FloatArray  # per op, per request/s
+    op_fixed: FloatArray  # per op, per placement (a TP op: per group)
     migration_penalty: float
     description: str
 
@@ -36,14 +39,17 @@ def objective_costs(problem: Problem, table: OpTable) -> Costs:
                       relative to the same unit at the max clock on a full GPU.
     """
     opts = problem.instance.options
-    energy = table.energy_j
+    energy = np.asarray(table.marginal_j, dtype=np.float64)
+    fixed = np.asarray(table.fixed_w, dtype=np.float64)
     if opts.objective == "gpus_on":
         scale = fleet_power_scale(problem)
         on = {k: 1.0 + v / scale for k, v in table.on_power.items()}
-        return Costs(on, energy / scale, 0.0, "GPUs on + power / fleet TDP")
+        return Costs(on, energy / scale, fixed / scale, 0.0, "GPUs on + power / fleet TDP")
     if opts.objective == "edp":
         ratio = np.where(table.ref_latency_ms > 0, table.latency_ms / table.ref_latency_ms, 1.0)
-        return Costs(dict(table.on_power), energy * ratio, 0.0, "delay-weighted power (W)")
+        return Costs(
+            dict(table.on_power), energy * ratio, fixed * ratio, 0.0, "delay-weighted power (W)"
+        )
     penalty = opts.migration_penalty_w if opts.objective == "power_migration" else 0.0
     text = "power (W)" if penalty == 0 else "power + migration penalty (W)"
-    return Costs(dict(table.on_power), np.asarray(energy, dtype=np.float64), penalty, text)
+    return Costs(dict(table.on_power), energy, fixed, penalty, text)
