@@ -102,6 +102,8 @@ def listed_relaxation(table, costs, classes, duals, alpha):  # type: ignore[no-u
                 if cls.type_name != type_name or (k > 1 and cls.size < k):
                     continue
                 on = table.on_power[(type_name, clock)]
+                # a placement pays its share of the GPU, its fixed part (decode
+                # loop) and, at the budget's price, its worst-case draw, per use
                 rows.append(
                     (
                         frac
@@ -109,8 +111,10 @@ def listed_relaxation(table, costs, classes, duals, alpha):  # type: ignore[no-u
                             costs.on_cost[(type_name, clock)]
                             + mu_count[cls.index]
                             + mu_power[cls.index] * on
-                        ),
-                        costs.op_cost[o] + mu_power[cls.index] * table.energy_j[o],
+                        )
+                        + costs.op_fixed[o]
+                        + mu_power[cls.index] * table.peak_power_w[o],
+                        costs.op_cost[o],
                         table.capacity_rps[o],
                     )
                 )

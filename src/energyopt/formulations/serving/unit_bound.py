@@ -11,6 +11,24 @@ model). The sum of lower bounds on the covering problems, less the multipliers'
 constant, is a valid lower bound. It sees what the LP cannot: a unit's rate
 comes in whole placements. The covers are bounded in ``solvers/unit_bound.py``,
 by HiGHS (its proven bound) or by a grid dynamic program.
+
+Why it is valid. Take any feasible plan and keep, per unit, its placements that
+carry a rate > 0 (a TP group is one placement). Each of them pays, in the plan's
+objective, exactly its op's ``op_fixed`` plus ``op_cost`` per req/s (the power
+line of ``perf.energy.power_line``); placements without rate pay nothing and are
+dropped (they only use room). Their shares on one GPU add up to at most 1, so
+their on-cost charges add up to at most the GPU's on-cost. A budget row (node or
+cluster) holds on the worst-case draw: each GPU's on-power plus each placement's
+``peak_power_w``, a constant per placement whatever its rate; with multiplier
+mu >= 0 it adds mu (charged on-power + peak) per placement less mu x budget,
+never more than the plan's mu (draw - budget) <= 0. So each unit's kept
+placements are a cover (whole uses, rate <= capacity per use) whose cost at
+``fixed`` = charge x (on-cost + count and power prices x on-power) + op_fixed +
+power price x peak_power_w and ``per_rps`` = op_cost is at most what the plan
+pays for them; the sum of the covers' optima plus the constant is at most the
+plan's objective. A unit served at rate r on ops of capacity at most c thus
+takes at least ceil(r / c) uses here, each paying its op's fixed part, as in
+every plan.
 """
 
 from __future__ import annotations
@@ -110,11 +128,14 @@ def unit_relaxation(
         share = np.asarray(table.share)[of_type] / table.share_capacity[type_name]
         frac[of_type] = alpha * share + (1.0 - alpha) * threshold_charge(share)
     frac = np.where(tp > 1, tp.astype(np.float64), frac)
+    op_fixed = np.asarray(costs.op_fixed, dtype=np.float64)  # per placement
+    op_cost = np.asarray(costs.op_cost, dtype=np.float64)  # per req/s
+    peak_w = np.asarray(table.peak_power_w, dtype=np.float64)  # worst-case draw, W
     class_type = np.asarray([table.type_names.index(c.type_name) for c in classes], dtype=np.int64)
     class_size = np.asarray([c.size for c in classes], dtype=np.int64)
     # A class of the same type priced no higher on GPUs and power, and at least as
     # large, gives every op a placement at least as good (charges, on-power and
-    # energy are >= 0): only the others need be listed.
+    # peak power are >= 0): only the others need be listed.
     useful = np.ones(len(classes), dtype=bool)
     for k in range(len(classes)):
         better = (
@@ -142,8 +163,12 @@ def unit_relaxation(
         if len(o_at) == 0:
             return UnitRelaxation(total, None)
         op = ops[o_at]
-        fixed = frac[op] * (on_cost[op] + mu_count[c_at] + mu_power[c_at] * on_w[op])
-        per_rps = np.asarray(costs.op_cost)[op] + mu_power[c_at] * np.asarray(table.energy_j)[op]
+        fixed = (
+            frac[op] * (on_cost[op] + mu_count[c_at] + mu_power[c_at] * on_w[op])
+            + op_fixed[op]
+            + mu_power[c_at] * peak_w[op]
+        )
+        per_rps = op_cost[op]
         cap = np.asarray(table.capacity_rps, dtype=np.float64)[op]
         f, r, c = undominated(fixed, per_rps, cap)
         covers.append(UnitCover(unit.rate_rps, f, r, c))
