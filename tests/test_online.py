@@ -274,6 +274,25 @@ def test_boosts_never_exceed_the_max_clock_or_the_cap(cap_w: float) -> None:
     assert ctl.stats.over_budget == 0
 
 
+def test_an_open_slice_is_charged_its_decode_loop_from_the_start() -> None:
+    """The power the scheduler books for a GPU (node budget, power limits) is its
+    on-power plus, for each open slice, its fixed part (even before the slice
+    carries any load) plus its marginal power per request/s x its observed rate."""
+    on = LOOKUPS.on_power_w(H100, 990)
+    row = LOOKUPS.table.lookup(workload="a", gpu_type=H100, clock_mhz=990, share=100)
+    assert row["fixed_w"] > 0.1 * on
+    for planned in (0.0, 5.0):
+        ctl = GlobalScheduler(LOOKUPS, Recorder(), [0.4, 0.6])
+        gpu = GpuInfo("n0/0", H100, "n0", True, 990, MAX_CLOCK, 700.0, 200.0)
+        ctl.set_gpus([gpu])
+        info = InstanceInfo(0, 0, "a", ("n0/0",), 100, 1, planned, 0.0, False, View())
+        ctl.set_instances(0, [info], 0.0)
+        ctl.set_gpus([gpu])  # books the GPU with its slice (the meter starts at the plan's rate)
+        want = on + row["fixed_w"] + planned * row["marginal_w_per_rps"]
+        assert ctl.node_power_w["n0"] == pytest.approx(want, rel=1e-12)
+        assert LOOKUPS.slice_power_w("a", H100, 990, 100, planned) + on == pytest.approx(want)
+
+
 def test_requests_are_shed_only_at_a_full_queue() -> None:
     view = View(queued=0)
     ctl, _ = scheduler(700.0, [view])

@@ -10,9 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from energyopt.catalog.problem import Problem, load_problem
+from energyopt.online import OpLookups
+from energyopt.perf.energy import LINE_LOW_ANCHOR, steady_power_w
 from energyopt.perf.queueing import metrics_at
-from energyopt.tables import SloTier, Table, compile_table
-from energyopt.tables.oppoints import op_grid
+from energyopt.tables import SloTier, Table, TableError, compile_table, write_table
+from energyopt.tables.oppoints import build_oppoint_columns, op_grid
 from energyopt.tables.variants import one_gpu_per_type, variant
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,3 +179,48 @@ def test_a_stricter_tier_never_has_more_capacity(tiered) -> None:  # type: ignor
     strict, standard = cap[tiers.index("strict")], cap[tiers.index("standard")]
     assert np.all(strict <= standard * (1 + 1e-9)) and np.any(strict < standard)
     assert table.axes["gpu_type"].values == ("H100-SXM5-80GB", "A100-SXM4-80GB")
+
+
+def test_slice_power_is_the_models_steady_draw(compiled, grid) -> None:  # type: ignore[no-untyped-def]
+    """A slice's attributed power is its share of the on-power plus its power line:
+    the line meets the model's steady draw at the op's capacity and half of it and
+    never lies below it under half the capacity (a lightly loaded decode loop is
+    charged its fixed part, not a share of its load)."""
+    table, _ = compiled
+    fixed = np.asarray([table.array("fixed_w")[c] for c in grid.cell])
+    marginal = np.asarray([table.array("marginal_w_per_rps")[c] for c in grid.cell])
+    cap = grid.capacity_rps
+    assert np.all(fixed > 0) and np.all(marginal > 0)
+    for frac in (1.0, LINE_LOW_ANCHOR):
+        line = fixed + marginal * frac * cap
+        np.testing.assert_allclose(line, steady_power_w(grid.params, frac * cap), rtol=1e-9)
+    for frac in (0.02, 0.1, 0.3):
+        line = fixed + marginal * frac * cap
+        assert np.all(line >= steady_power_w(grid.params, frac * cap) * (1 - 1e-9))
+    loads = np.asarray(table.axes["load"].values)
+    power = table.array("power_w")
+    for k, cell in enumerate(grid.cell):
+        covered = ~np.isnan(power[cell])
+        want = grid.share_frac[k] * grid.on_power_w[k] + fixed[k] + marginal[k] * loads
+        np.testing.assert_allclose(power[cell][covered], want[covered], rtol=1e-12)
+
+
+def test_an_older_table_is_refused_by_name(tmp_path: Path) -> None:
+    """An oppoints table of the earlier version (energy per request only, no fixed
+    part) is refused by the online lookups with the file's name, not misread."""
+    problem = load_problem(ROOT / "instances" / "quickstart.yaml")
+    axes, columns, meta = build_oppoint_columns(problem, load_points=5)
+    old = tmp_path / "old.eot"
+    write_table(
+        old,
+        "oppoints",
+        axes,
+        {k: v for k, v in columns.items() if k != "fixed_w"},
+        {k: v for k, v in meta.items() if k != "oppoints_version"},
+    )
+    with pytest.raises(TableError, match="compile it again") as err:
+        OpLookups(Table.open(old), problem)
+    assert str(old) in str(err.value)
+    new = tmp_path / "new.eot"
+    write_table(new, "oppoints", axes, columns, meta)
+    OpLookups(Table.open(new), problem)

@@ -16,8 +16,9 @@ Per request of workload w (``route``), in order:
 3. *Reactions*, cheapest first, while at risk:
    a. **clock boost**: ``raise_to`` gives the lowest clock at or above the
       current one at which the slice covers the load plus the backlog's drain
-      rate; the GPU's estimated power at that clock (static on-power plus each
-      slice's energy per request x its observed rate) must fit the GPU's cap and
+      rate; the GPU's estimated power at that clock (static on-power plus, for
+      each open slice, its fixed part and its marginal power per request/s x its
+      observed rate) must fit the GPU's cap and
       the node's budget, else the highest clock that fits (bisection over the
       type's clocks). The power limit set with it is that estimate x
       ``limit_margin``, clamped to [type minimum, cap]. Never above the type's
@@ -131,7 +132,7 @@ def lookup_budget(slots_per_gpu: int, clocks: int) -> int:
     * a boost: one ``raise_to``, up to ``ceil(log2 clocks) + 1`` power estimates
       of 1 + k (the first, then a bisection under the cap), the k new capacities;
     * a share shift: one capacity per donor (k - 1) and one for the receiver: k;
-    * a wake: a capacity, a ``raise_to``, an on-power and an energy, then the
+    * a wake: a capacity, a ``raise_to``, an on-power and a slice power, then the
       new instance's three capacities (current, plan and highest clock): 7.
 
     A calm decision makes two ticks and nothing else (6k + 2 at most)."""
@@ -331,13 +332,14 @@ class GlobalScheduler:
         return load + s.info.view.queued / self.cfg.drain_s
 
     def _power(self, g: GpuState, clock: int) -> float:
-        """Estimated draw of ``g`` at ``clock`` with its slices' observed rates (W)."""
+        """Estimated draw of ``g`` at ``clock`` with its slices' observed rates (W): the
+        on-power, and each open slice's fixed part plus its marginal part x its rate."""
         t = g.info.gpu_type
         total = self.lk.on_power_w(t, clock)
         for s in g.slots:
-            e = self.lk.energy_j(s.info.label, t, clock, s.share)
-            if e == e:
-                total += e * s.rate.read(s.rate.at_s)
+            w = self.lk.slice_power_w(s.info.label, t, clock, s.share, s.rate.read(s.rate.at_s))
+            if w == w:
+                total += w
         return total
 
     def _fits(self, g: GpuState, power_w: float) -> bool:
@@ -498,7 +500,8 @@ class GlobalScheduler:
         if clock < 0:
             clock = clocks[-1]
         clock = min(clock, g.info.max_clock_mhz)
-        power = self.lk.on_power_w(t, clock) + self.lk.energy_j(label, t, clock, share) * excess
+        # the new slice is opened: its fixed part, and its marginal part for the excess
+        power = self.lk.on_power_w(t, clock) + self.lk.slice_power_w(label, t, clock, share, excess)
         if power != power or not self._fits(g, power):
             return
         self.off.pop()

@@ -7,8 +7,10 @@ through a precompiled scalar getter (``Table.getter`` / ``Table.row_getter``:
 a few dict subscripts, no numpy), and count every call:
 
 * ``capacity_rps(label, type, clock, share)``: the slice's SLO capacity (req/s);
-* ``energy_j(label, type, clock, share)``: energy per request (J) at that op
-  (``marginal_w_per_rps``: W per request/s);
+* ``slice_power_w(label, type, clock, share, rate)``: the dynamic power (W) of an
+  open slice of that op at ``rate`` req/s: its fixed part from the moment the
+  slice is opened, whatever its rate, plus its marginal part per request/s
+  (``fixed_w`` + ``marginal_w_per_rps`` x rate, one row lookup);
 * ``raise_to(label, type, clock, share_used, load)``: the lowest clock at or
   above ``clock`` at which a slice fitting next to ``share_used`` covers
   ``load`` req/s, and that slice's share (``raise_clock_mhz``, ``raise_share``);
@@ -28,7 +30,7 @@ from energyopt.catalog.problem import Problem
 from energyopt.perf.oppoints import candidate_clocks, share_capacity, share_options
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.tables.format import Table, TableError, write_table
-from energyopt.tables.oppoints import build_oppoint_columns
+from energyopt.tables.oppoints import VERSION, build_oppoint_columns
 
 
 @dataclass
@@ -44,6 +46,14 @@ class OpLookups:
     def __init__(self, table: Table, problem: Problem) -> None:
         if table.kind != "oppoints":
             raise TableError(table.path, f"a {table.kind} table, not an oppoints table")
+        version = table.meta.get("oppoints_version", 1)
+        if version != VERSION:
+            raise TableError(
+                table.path,
+                f"an oppoints table of version {version} (this energyopt reads version "
+                f"{VERSION}: a slice's power as fixed_w plus marginal_w_per_rps per "
+                "request/s); compile it again with energyopt compile",
+            )
         if "slo_tier" in table.axes:
             raise TableError(table.path, "tables with SLO tiers are not supported online")
         labels = set(table.axes["workload"].values)
@@ -54,7 +64,7 @@ class OpLookups:
         self.counter = LookupCounter()
         op = ("workload", "gpu_type", "clock_mhz", "share")
         self._cap = table.getter("capacity_rps", *op)
-        self._energy = table.getter("marginal_w_per_rps", *op)
+        _, self._line = table.row_getter(*op, columns=("fixed_w", "marginal_w_per_rps"))
         _, self._raise = table.row_getter(
             "workload",
             "gpu_type",
@@ -102,10 +112,15 @@ class OpLookups:
         self.counter.count += 1
         return float(self._cap(label, gpu_type, clock, share))
 
-    def energy_j(self, label: str, gpu_type: str, clock: int, share: int) -> float:
-        """Energy per request of the slice (J; NaN where no op exists)."""
+    def slice_power_w(
+        self, label: str, gpu_type: str, clock: int, share: int, rate_rps: float
+    ) -> float:
+        """Dynamic power of an open slice of the op at ``rate_rps`` req/s (W): its fixed
+        part (charged from the moment the slice is opened, whatever its rate) plus
+        its marginal part x the rate; NaN where no op exists."""
         self.counter.count += 1
-        return float(self._energy(label, gpu_type, clock, share))
+        fixed, marginal, _ = self._line(label, gpu_type, clock, share)
+        return float(fixed) + float(marginal) * max(rate_rps, 0.0)
 
     def raise_to(
         self, label: str, gpu_type: str, clock: int, share_used: int, load_rps: float

@@ -7,6 +7,12 @@ or ``chat:prefill``), ``gpu_type``, ``clock_mhz`` (exact), ``share`` (exact; MPS
 percent or MIG compute slices), ``share_used`` (share units already in use on the
 GPU, rounded UP) and ``load`` (requests/s, rounded UP to the next grid point).
 Only single-GPU ops (tensor parallel 1) are tabulated. docs/tables.md has the columns.
+
+A slice's power is its GPU share's on-power plus its power line (perf/energy.py
+``power_line``) through the steady power at its SLO capacity and half of it: a
+fixed part from the moment the slice is opened (its decode loop) plus a marginal
+part per request/s. The line is anchored at the capacity, not at the base
+instance's rate, because the table answers for every load up to the capacity.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from energyopt.catalog.problem import Problem
+from energyopt.perf.energy import power_line
 from energyopt.perf.oppoints import build_op_table, op_spec, share_capacity, share_options
 from energyopt.perf.params import FloatArray, OpParams, build_params
 from energyopt.perf.queueing import metrics_at
@@ -27,6 +34,10 @@ from energyopt.tables.spec import SloTier
 from energyopt.tables.variants import one_gpu_per_type, variant
 
 KIND = "oppoints"
+VERSION = 2
+"""Version of the kind's columns, ``meta.oppoints_version``. 2: a slice's power is a
+fixed part (``fixed_w``) plus a marginal part per request/s (``marginal_w_per_rps``);
+1 (no ``fixed_w``, no version in meta): energy per request at a design batch only."""
 DEFAULT_LOAD_POINTS = 65
 IntArray = NDArray[np.int64]
 
@@ -39,7 +50,8 @@ class OpGrid:
     params: OpParams
     cell: list[tuple[int, int, int, int]]  # (workload, gpu type, clock, share) index per op
     capacity_rps: FloatArray
-    energy_j: FloatArray
+    fixed_w: FloatArray  # W of the op's power line while its slice is open
+    marginal_j: FloatArray  # J per request (W per req/s) of the op's power line
     share_frac: FloatArray  # share units / GPU share capacity
     on_power_w: FloatArray  # on-power of the whole GPU at the op's clock
     type_capacity: list[int]  # share units one GPU of each type holds
@@ -94,12 +106,16 @@ def op_grid(problem: Problem) -> OpGrid:
         [ot.on_power[(ot.type_names[int(ot.gpu_type[i])], int(ot.clock_mhz[i]))] for i in ops],
         dtype=np.float64,
     )
+    params = build_params(specs)
+    capacity = ot.capacity_rps[idx] if ops else np.zeros(0)
+    line = power_line(params, capacity)
     return OpGrid(
         axes=axes,
-        params=build_params(specs),
+        params=params,
         cell=cells,
-        capacity_rps=ot.capacity_rps[idx] if ops else np.zeros(0),
-        energy_j=ot.energy_j[idx] if ops else np.zeros(0),
+        capacity_rps=capacity,
+        fixed_w=np.asarray(line.fixed_w, dtype=np.float64),
+        marginal_j=np.asarray(line.marginal_j, dtype=np.float64),
         share_frac=ot.share[idx] / cap_units if ops else np.zeros(0),
         on_power_w=on_power,
         type_capacity=[share_capacity(problem, g) for g in types],
@@ -151,6 +167,7 @@ def _tier_columns(g: OpGrid, grid: FloatArray, step: float, used: Sequence[int])
     nw, nt, nc, ns = (len(a.values) for a in g.axes)
     nl, nu = len(grid), len(used)
     capacity = np.zeros((nw, nt, nc, ns))
+    fixed = np.full((nw, nt, nc, ns), np.nan)
     marginal = np.full((nw, nt, nc, ns), np.nan)
     safe_add = np.zeros((nw, nt, nc, ns, nl), dtype=np.uint8)
     power = np.full((nw, nt, nc, ns, nl), np.nan)
@@ -165,14 +182,20 @@ def _tier_columns(g: OpGrid, grid: FloatArray, step: float, used: Sequence[int])
     covers = (grid[None, :] <= g.capacity_rps[:, None]) & meets_slo_at(g.params, grid)
     after = grid + step
     adds = (after[None, :] <= g.capacity_rps[:, None]) & meets_slo_at(g.params, after)
-    op_power = g.share_frac[:, None] * g.on_power_w[:, None] + grid[None, :] * g.energy_j[:, None]
+    # an open slice: its share of the on-power, its fixed part, its marginal part
+    op_power = (
+        g.share_frac[:, None] * g.on_power_w[:, None]
+        + g.fixed_w[:, None]
+        + grid[None, :] * g.marginal_j[:, None]
+    )
     op_memory = memory_gb_at(g.params, grid)
     clocks = g.axes[2].values
     shares = g.axes[3].values
     used_arr = np.asarray(used, dtype=np.int64)
     for k, (w, t, c, s) in enumerate(g.cell):
         capacity[w, t, c, s] = g.capacity_rps[k]
-        marginal[w, t, c, s] = g.energy_j[k]
+        fixed[w, t, c, s] = g.fixed_w[k]
+        marginal[w, t, c, s] = g.marginal_j[k]
         safe_add[w, t, c, s] = adds[k]
         power[w, t, c, s] = np.where(covers[k], op_power[k], np.nan)
         better = covers[k] & ~(op_power[k] >= best_power[w, t])  # NaN best: always better
@@ -200,6 +223,7 @@ def _tier_columns(g: OpGrid, grid: FloatArray, step: float, used: Sequence[int])
         "safe_add": safe_add,
         "power_w": power,
         "capacity_rps": capacity,
+        "fixed_w": fixed,
         "marginal_w_per_rps": marginal,
         "best_clock_mhz": best_clock,
         "best_share": best_share,
@@ -221,7 +245,8 @@ COLUMNS: dict[str, tuple[tuple[str, ...], str, float | int, str]] = {
     "safe_add": ((*OP, "load"), "<u1", 0, "1 if load + one step meets the SLO"),
     "power_w": ((*OP, "load"), "<f8", NAN, "W attributed at the load; NaN if not SLO-safe"),
     "capacity_rps": (OP, "<f8", 0.0, "requests/s"),
-    "marginal_w_per_rps": (OP, "<f8", NAN, "W per request/s (= J per request)"),
+    "fixed_w": (OP, "<f8", NAN, "W of the slice's decode loop from the moment it is opened"),
+    "marginal_w_per_rps": (OP, "<f8", NAN, "W per additional request/s (= J per request)"),
     "best_clock_mhz": (BEST, "<i8", -1, "MHz; -1 no decision"),
     "best_share": (BEST, "<i8", -1, "share units; -1 no decision"),
     "best_power_w": (BEST, "<f8", NAN, "W"),
@@ -282,5 +307,6 @@ def build_oppoint_columns(
         "share_capacity": dict(zip(base.gpu_types_used(), grids[0].type_capacity, strict=True)),
         "slo_tiers": [t.model_dump(mode="json") for t in tiers],
         "tensor_parallel": 1,
+        "oppoints_version": VERSION,
     }
     return axes, columns, meta
