@@ -69,7 +69,10 @@ def format_totals(
 
 
 def format_problem(problem: Problem, table: OpTable) -> list[str]:
-    """Instance summary and, per unit, its best operating point per GPU type."""
+    """Instance summary and, per unit, its best operating point per GPU type with its
+    energy per request (J) at its top rate: its power line there over the rate,
+    (fixed W + J per request x top) / top, so a unit run far below the op's
+    capacity carries its decode loop's share; and the same per output token."""
     inst = problem.instance
     lines = [
         f"instance {inst.name}: {len(problem.gpus)} GPUs in {len(inst.cluster.nodes)} nodes, "
@@ -93,6 +96,8 @@ def format_problem(problem: Problem, table: OpTable) -> list[str]:
             wl = problem.instance.workload(unit.workload)
             tokens = 1.0 if unit.phase == "prefill" else wl.output_tokens.mean
             share = table.mig_profile[best] or f"{table.share[best]}%"
+            top = table.top_rps(best)
+            per_request = table.power_w(best, top) / top
             rows.append(
                 [
                     unit.label,
@@ -100,8 +105,8 @@ def format_problem(problem: Problem, table: OpTable) -> list[str]:
                     type_name,
                     f"{table.clock_mhz[best]} MHz {share} TP{table.tp[best]}",
                     f"{table.capacity_rps[best]:.2f} req/s",
-                    f"{table.energy_j[best]:.1f} J/req",
-                    f"{table.energy_j[best] / tokens:.3f} J/token",
+                    f"{per_request:.1f} J/req",
+                    f"{per_request / tokens:.3f} J/token",
                 ]
             )
     lines.append(
@@ -110,7 +115,7 @@ def format_problem(problem: Problem, table: OpTable) -> list[str]:
     lines += [
         "  " + r
         for r in _table(
-            rows, ["unit", "req/s", "GPU type", "op. point", "capacity", "energy", "per token"]
+            rows, ["unit", "req/s", "GPU type", "op. point", "capacity", "at top rate", "per token"]
         )
     ]
     return lines

@@ -1,0 +1,38 @@
+"""Plan and instance reports: the figures ``energyopt show`` prints are the model's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from energyopt.catalog.problem import load_problem
+from energyopt.perf.oppoints import build_op_table
+from energyopt.report import format_problem
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "instances" / "quickstart.yaml"
+
+
+def test_show_gives_energy_per_request_at_the_top_rate_with_the_decode_loop() -> None:
+    """Each unit's line shows its best op's power line at its top rate over that rate
+    (J per request, the decode loop's fixed part shared by the requests it carries)
+    and the same per output token; a unit far below the op's capacity pays more per
+    request than the op's marginal energy."""
+    problem = load_problem(QUICKSTART)
+    table = build_op_table(problem)
+    lines = format_problem(problem, table)
+    below_capacity = 0
+    for unit in table.units:
+        ops = table.ops_of(unit.index)
+        best = max(ops, key=lambda o: table.capacity_rps[o] / table.tp[o])
+        top = table.top_rps(int(best))
+        per_request = (float(table.fixed_w[best]) + float(table.marginal_j[best]) * top) / top
+        tokens = problem.instance.workload(unit.workload).output_tokens.mean
+        row = next(line for line in lines if line.strip().startswith(unit.label))
+        assert f"{per_request:.1f} J/req" in row
+        assert f"{per_request / tokens:.3f} J/token" in row
+        if top < float(table.capacity_rps[best]):
+            below_capacity += 1
+            assert per_request > float(table.marginal_j[best]) * 1.05
+    assert below_capacity > 0
+    assert per_request == pytest.approx(table.power_w(int(best), top) / top)
