@@ -128,18 +128,21 @@ def test_pop_merged_plan_verifies_and_never_beats_the_optimum() -> None:
 
 
 def pooled_lp_optimum(problem: Problem, count_limit: bool = True) -> float:
-    """Optimum of the pooled relaxation, written out directly for scipy's LP."""
+    """Optimum of the pooled relaxation, written out directly for scipy's LP: each
+    req/s routed to op o is 1 / top_o of a placement (top_o = min(capacity, unit
+    rate), the most one placement carries), charged that part of its GPU share's
+    on-cost, GPU count and memory and of the placement's fixed cost."""
     table = build_op_table(problem)
     prog = pat.prepare(problem, table)
     (cls,) = prog.classes
     phi = np.where(table.tp > 1, table.tp, table.share / table.share_capacity[cls.type_name])
-    cap = table.capacity_rps
+    top = np.asarray([table.top_rps(o) for o in range(len(table))])
     on_cost = np.asarray(
         [prog.costs.on_cost[(cls.type_name, int(f))] for f in table.clock_mhz], dtype=float
     )
-    cost = phi * on_cost / cap + prog.costs.op_cost
+    cost = (phi * on_cost + prog.costs.op_fixed) / top + prog.costs.op_cost
     usable = problem.gpu_type(cls.type_name).memory_gb * 0.9
-    a_ub = [phi / cap, table.memory_gb * table.tp / cap]
+    a_ub = [phi / top, table.memory_gb * table.tp / top]
     b_ub = [cls.size, cls.size * usable]
     a_eq = [(table.unit == u).astype(float) for u in range(len(table.units))]
     b_eq = [u.rate_rps for u in table.units]
@@ -154,6 +157,29 @@ def pooled_lp_optimum(problem: Problem, count_limit: bool = True) -> float:
     )
     assert res.status == 0
     return float(res.fun)
+
+
+def test_shadow_price_bound_charges_the_decode_loop_once_per_placement() -> None:
+    """One unit on one exclusive GPU, its rate below every op's capacity: a placement
+    carries at most the unit's rate, so the pooled relaxation charges each op's
+    on-power and its decode loop's fixed part once, and the Lagrangian bound at
+    zero prices is the optimum itself (charged per req/s of capacity and without
+    the fixed part, it is 25 % of it)."""
+    problem = tiny_instance(
+        [H100], [("Llama-3.1-8B", 3.0, 800.0, 80.0)], clocks=CLOCKS, shares=[100]
+    )
+    table = build_op_table(problem)
+    assert len(table) > 0 and bool(np.all(table.capacity_rps > 3.0))
+    plans = [
+        table.on_power[(H100, int(table.clock_mhz[o]))] + table.power_w(o, 3.0)
+        for o in range(len(table))
+    ]
+    optimum = brute_force_power(problem)
+    assert optimum == pytest.approx(min(plans), rel=1e-9)
+    run = find_prices(
+        problem, table, pat.prepare(problem, table), iterations=20, step=1.0, time_limit_s=60
+    )
+    assert run.bound == pytest.approx(optimum, rel=1e-9)
 
 
 def test_shadow_prices_converge_to_the_dual_optimum() -> None:

@@ -1,21 +1,29 @@
 """Elastic shadow pricing: per-unit configuration choices at resource prices.
 
 Relaxation (see docs/formulations/serving.md, "Decompositions"): a placement of
-op o (share fraction phi_o of a GPU, or k whole GPUs) serving r <= cap_o
-requests/s uses r / cap_o of its slice. Charge it that part of the slice's GPU
-on-power, GPU count, memory and budgeted power. Shares of one GPU add up to at
-most one, so this pooled problem is a relaxation of the fleet problem: every
-plan's cost is at least its value. Pricing the coupling resources (GPUs of each
-class: lambda_c per GPU; memory: mu_c per GB; node and cluster power budgets:
-nu_b per W) splits it into one choice per unit, the op and class of least
-priced cost per request/s:
+op o (share fraction phi_o of a GPU, or k whole GPUs) carries a rate
+r <= top_o = min(cap_o, rate of its unit) (req/s; a placement never carries more
+than its unit's whole rate), so a unit routing x req/s to op o makes at least
+x / top_o placements of it. Charge each req/s 1 / top_o of a placement: that
+part of the slice's GPU on-cost, GPU count and memory, of the placement's fixed
+cost op_fixed_o (its decode loop, charged once per placement whatever its rate),
+and of its worst-case draw on the power budgets (phi_o on-power + peak_o, the
+steady power at its SLO capacity: budgets are checked on that draw, whatever
+the rates; verify/serving.py). Shares of one GPU add up to at most one and
+every placement counts its fixed cost and its peak once, so this pooled problem
+is a relaxation of the fleet problem: every plan's cost is at least its value.
+Pricing the coupling resources (GPUs of each class: lambda_c per GPU; memory:
+mu_c per GB; node and cluster power budgets: nu_b per W) splits it into one
+choice per unit, the op and class of least priced cost per request/s:
 
-    kappa(o, c) = phi_o (on_cost + lambda_c + nu_c on_power) / cap_o
-                  + mu_c mem_o / cap_o + op_cost_o + nu_c energy_o,
+    kappa(o, c) = (phi_o (on_cost + lambda_c + nu_c on_power) + op_fixed_o
+                   + nu_c peak_o + mu_c k_o mem_o) / top_o + op_cost_o,
     L(lambda, mu, nu) = sum_u rate_u min kappa - sum_c (lambda_c n_c + mu_c M_c n_c)
                         - sum_b nu_b B_b,
 
-a valid lower bound for any non-negative prices. Prices follow the projected
+a valid lower bound for any non-negative prices (op_cost_o is the marginal
+cost per req/s; on_cost, op_fixed and op_cost are in the objective's units, the
+power terms in W). Prices follow the projected
 subgradient with Polyak's step theta (UB - L) / |g|^2 (theta halves after
 STALL_ITERATIONS iterations without a better L). At the best prices the
 integral per-unit cover bound (``solvers.unit_bound.grid_cover_bound``) is evaluated
@@ -71,14 +79,16 @@ class PricedOps:
     op: NDArray[np.int64]
     cls: NDArray[np.int64]
     unit: NDArray[np.int64]
-    gpus_per_rps: NDArray[np.float64]  # phi_o / cap_o
-    on_cost_per_rps: NDArray[np.float64]  # phi_o on_cost / cap_o + op_cost
-    on_power_per_rps: NDArray[np.float64]  # phi_o on_power / cap_o + energy (W per rps)
-    mem_per_rps: NDArray[np.float64]  # GB per rps (all GPUs of a TP group)
+    gpus_per_rps: NDArray[np.float64]  # phi_o / top_o (GPUs per req/s)
+    on_cost_per_rps: NDArray[np.float64]  # (phi_o on_cost + op_fixed_o) / top_o + op_cost_o
+    on_power_per_rps: NDArray[np.float64]  # worst-case draw (phi_o on_power + peak_o) / top_o, W
+    mem_per_rps: NDArray[np.float64]  # GB per req/s (all GPUs of a TP group)
 
 
 def priced_ops(table: OpTable, costs: Any, classes: list[GpuClass]) -> PricedOps:
-    """The pooled relaxation's choices."""
+    """The pooled relaxation's choices, each charged per req/s of its unit (module
+    docstring): 1 / top_o of a placement, top_o the most one placement of op o
+    carries (``OpTable.top_rps``)."""
     rows: list[tuple[int, int]] = []
     for c in classes:
         t = table.type_names.index(c.type_name)
@@ -100,6 +110,8 @@ def priced_ops(table: OpTable, costs: Any, classes: list[GpuClass]) -> PricedOps
     tp = table.tp[op].astype(np.float64)
     phi = np.where(tp > 1, tp, table.share[op] / cap_units)
     cap = table.capacity_rps[op]
+    unit_rate = np.asarray([u.rate_rps for u in table.units], dtype=np.float64)[table.unit[op]]
+    top = np.where(unit_rate > 0, np.minimum(cap, unit_rate), cap)  # OpTable.top_rps
     clock = table.clock_mhz[op]
     on_cost = np.asarray([costs.on_cost[(n, int(f))] for n, f in zip(type_of, clock, strict=True)])
     on_power = np.asarray(
@@ -109,10 +121,10 @@ def priced_ops(table: OpTable, costs: Any, classes: list[GpuClass]) -> PricedOps
         op=op,
         cls=cls,
         unit=table.unit[op].astype(np.int64),
-        gpus_per_rps=phi / cap,
-        on_cost_per_rps=phi * on_cost / cap + costs.op_cost[op],
-        on_power_per_rps=phi * on_power / cap + table.energy_j[op],
-        mem_per_rps=table.memory_gb[op] * tp / cap,
+        gpus_per_rps=phi / top,
+        on_cost_per_rps=(phi * on_cost + costs.op_fixed[op]) / top + costs.op_cost[op],
+        on_power_per_rps=(phi * on_power + table.peak_power_w[op]) / top,
+        mem_per_rps=table.memory_gb[op] * tp / top,
     )
 
 
