@@ -6,6 +6,8 @@
 * Splitwise ``power_model_constant.yaml``: idle, prompt and token power per GPU.
 * Vidur ``*.mlp.csv``: per-layer latency of the linear operators by token count
   and TP degree.
+* Vidur ``network/vidur/*_dgx/all_reduce.csv``: NCCL all-reduce latency by message
+  size and number of GPUs inside one DGX node (the TP collective on its own).
 
 * Perseus ``dvfs/perseus-a100``: time and energy of GPT-3 175B and BLOOM 176B
   pipeline-stage passes on an A100 with the SM clock locked from 1410 to 855 MHz.
@@ -52,6 +54,15 @@ VIDUR_MODELS = {
     "CodeLlama-34b-Instruct-hf": "CodeLlama-34B",
 }
 VIDUR_HARDWARE = {"a100": "A100-SXM4-80GB", "h100": "H100-SXM5-80GB"}
+VIDUR_NETWORK = {"a100_dgx": "A100-SXM4-80GB", "h100_dgx": "H100-SXM5-80GB"}
+SPLITWISE_STACK_MS: dict[str, float] = {"A100-SXM4-80GB": 0.054, "H100-SXM5-80GB": 0.0421}
+"""Software latency that Splitwise's serving stack adds to every all-reduce, per doubling
+of the TP size (ms; an all-reduce at TP k costs ``allreduce_latency_ms + this x log2 k``
+more in its measured prompt and token times). Fitted with the efficiencies on the
+Splitwise rows (``perf.fitting.fit_latency``), once the all-reduce itself is fixed by the
+Vidur NCCL measurement (``fit_allreduce``). It is a property of that 2023 software
+(collectives launched one by one from the host), not of the GPU, as the H100 NVL run's
+host time is: the planner's passes do not carry it (docs/performance-model.md, section 10)."""
 VIDUR_LAYER_OPS = (
     "input_layernorm",
     "attn_pre_proj",
@@ -159,17 +170,38 @@ def read_splitwise(path: Path, hardware: str, model: str) -> SplitwiseRows:
     )
 
 
-def predict_splitwise(gpu: GpuType, model: LlmModel, rows: SplitwiseRows) -> tuple[Pass, Pass]:
-    """Model prediction for every row: (batched prefill, decode step at mid context)."""
-    p = params_for(gpu, model, rows.tp)
+def with_stack(p: OpParams, stack_ms: float) -> OpParams:
+    """``p`` with ``stack_ms`` x log2(TP) ms added to every all-reduce (a serving
+    stack's own latency per collective; 0 at TP 1, where there is none)."""
+    return p.replace(allreduce_ms=p.allreduce_ms + stack_ms * np.log2(np.maximum(p.tp, 1.0)))
+
+
+def splitwise_stack_ms(gpu: GpuType) -> float:
+    """Splitwise's per-all-reduce stack latency for ``gpu`` (``SPLITWISE_STACK_MS``; 0 for
+    a type Splitwise did not measure)."""
+    return SPLITWISE_STACK_MS.get(gpu.name, 0.0)
+
+
+def predict_splitwise(
+    gpu: GpuType, model: LlmModel, rows: SplitwiseRows, stack_ms: float | None = None
+) -> tuple[Pass, Pass]:
+    """Model prediction for every row: (batched prefill, decode step at mid context).
+
+    The passes carry Splitwise's stack latency per all-reduce (``stack_ms``, default
+    ``splitwise_stack_ms(gpu)``), since the rows were measured through that software.
+    """
+    stack = splitwise_stack_ms(gpu) if stack_ms is None else stack_ms
+    p = with_stack(params_for(gpu, model, rows.tp), stack)
     pre = prefill_pass(p, rows.prompt, rows.batch)
     dec = decode_pass(p, rows.batch, rows.prompt + rows.tokens / 2.0)
     return pre, dec
 
 
-def splitwise_average_power(gpu: GpuType, model: LlmModel, rows: SplitwiseRows) -> FloatArray:
+def splitwise_average_power(
+    gpu: GpuType, model: LlmModel, rows: SplitwiseRows, stack_ms: float | None = None
+) -> FloatArray:
     """Predicted mean power per GPU over a whole request batch, as a fraction of TDP."""
-    pre, dec = predict_splitwise(gpu, model, rows)
+    pre, dec = predict_splitwise(gpu, model, rows, stack_ms)
     time_ms = pre.ms + rows.tokens * dec.ms
     energy = pre.power_w * pre.ms + rows.tokens * dec.power_w * dec.ms
     on_w = gpu_on_power_w(gpu, gpu.default_sm_clock_mhz)
@@ -213,6 +245,75 @@ def predict_vidur_layer_ms(gpu: GpuType, model: LlmModel, rows: VidurRows) -> Fl
 
 
 @dataclass(frozen=True)
+class AllReduceRows:
+    """NCCL all-reduce measurements inside one node (Vidur ``all_reduce.csv``)."""
+
+    workers: FloatArray  # GPUs taking part (all in one node)
+    size_bytes: FloatArray  # message size
+    ms: FloatArray  # median latency
+
+
+def read_allreduce(path: Path) -> AllReduceRows:
+    """Rows of a Vidur ``all_reduce.csv`` whose GPUs all sit in one node.
+
+    Rows spread over nodes (``devices_per_node`` below ``num_workers``) are dropped: a
+    TP group is one node's GPUs.
+    """
+    workers: list[float] = []
+    size: list[float] = []
+    ms: list[float] = []
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            if row["num_workers"] != row["devices_per_node"]:
+                continue
+            workers.append(float(row["num_workers"]))
+            size.append(float(row["size"]))
+            ms.append(float(row["time_stats.all_reduce.median"]))
+    return AllReduceRows(np.asarray(workers), np.asarray(size), np.asarray(ms))
+
+
+def predict_allreduce_ms(gpu: GpuType, rows: AllReduceRows) -> FloatArray:
+    """The model's time of one all-reduce of each row (ms): the fixed latency plus the
+    ring volume ``2(k-1)/k`` of the message over the achieved link bandwidth (§2)."""
+    p = params_for(gpu, builtin_catalog().model("Llama-2-7B"), [2])
+    link_bw = float(p.link_bw[0])
+    k = rows.workers
+    ring = 2.0 * (k - 1.0) / k * rows.size_bytes / link_bw * 1e3
+    return np.asarray(gpu.efficiency.allreduce_latency_ms + ring)
+
+
+def read_parvagpu(path: Path) -> dict[tuple[int, int, int], tuple[float, float]]:
+    """(MIG GPCs, batch, MPS processes) -> (throughput req/s, latency s per batch) of one
+    ParvaGPU file (``sharing/parvagpu-a100``); rows with no throughput (not run) are left
+    out. The throughput is one process's: batch / latency, whatever the process count."""
+    out: dict[tuple[int, int, int], tuple[float, float]] = {}
+    with path.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            thr = float(row["Throughput"])
+            if thr > 0:
+                key = (int(row["Mig instance"]), int(row["Batch size"]),
+                       int(row["Workload Number"]))
+                out[key] = (thr, float(row["Latency"]))
+    return out
+
+
+def mig_fractions(gpu: GpuType) -> dict[int, tuple[float, float]]:
+    """GPCs -> (SM fraction, bandwidth fraction) of ``gpu``'s MIG profiles as the model
+    takes them (``perf.oppoints.share_options``: SMs and memory of the profile over the
+    GPU's; of two profiles with the same compute slices, the first listed, e.g. 1g.10gb
+    before 1g.20gb)."""
+    out: dict[int, tuple[float, float]] = {}
+    for prof in gpu.mig_profiles:
+        if prof.media_extensions or prof.compute_slices in out:
+            continue
+        out[prof.compute_slices] = (
+            prof.sm_count / gpu.sm_count,
+            prof.memory_gb / gpu.memory_gb,
+        )
+    return out
+
+
+@dataclass(frozen=True)
 class PowerConstants:
     """Splitwise constant power model of one GPU (W)."""
 
@@ -231,9 +332,13 @@ def read_power_constants(path: Path, hardware: str) -> PowerConstants:
     )
 
 
-def phase_power_w(gpu: GpuType, model: LlmModel, tp: int = 4) -> tuple[float, float]:
-    """Predicted per-GPU power (W) of a busy prefill (4 x 2048 tokens) and decode (batch 32)."""
-    p = params_for(gpu, model, [tp])
+def phase_power_w(
+    gpu: GpuType, model: LlmModel, tp: int = 4, stack_ms: float | None = None
+) -> tuple[float, float]:
+    """Predicted per-GPU power (W) of a busy prefill (4 x 2048 tokens) and decode (batch 32),
+    through Splitwise's stack (``stack_ms`` per all-reduce, as ``predict_splitwise``)."""
+    stack = splitwise_stack_ms(gpu) if stack_ms is None else stack_ms
+    p = with_stack(params_for(gpu, model, [tp]), stack)
     pre = prefill_pass(p, np.asarray([2048.0]), 4.0)
     dec = decode_pass(p, np.asarray([32.0]), np.asarray([1024.0]))
     on_w = gpu_on_power_w(gpu, gpu.default_sm_clock_mhz)

@@ -16,6 +16,8 @@ from energyopt.perf.calibration import (
     SPLITWISE_MODELS,
     VIDUR_HARDWARE,
     VIDUR_MODELS,
+    VIDUR_NETWORK,
+    AllReduceRows,
     ClockSweep,
     ErrorStats,
     HostBoundRun,
@@ -25,10 +27,12 @@ from energyopt.perf.calibration import (
     error_stats,
     h100_nvl,
     phase_power_w,
+    predict_allreduce_ms,
     predict_h100nvl,
     predict_perseus,
     predict_splitwise,
     predict_vidur_layer_ms,
+    read_allreduce,
     read_h100nvl,
     read_h100nvl_top_seconds,
     read_perseus,
@@ -36,6 +40,7 @@ from energyopt.perf.calibration import (
     read_splitwise,
     read_vidur,
     splitwise_average_power,
+    splitwise_stack_ms,
 )
 from energyopt.perf.forward import CLOCK_RESPONSE, ClockResponse
 from energyopt.perf.params import FloatArray
@@ -56,6 +61,14 @@ class Tables:
     @property
     def power(self) -> Path:
         return self.root / "profiles" / "splitwise" / "power_model_constant.yaml"
+
+    def allreduce(self, gpu: str) -> Path | None:
+        """Vidur's NCCL all-reduce table of catalog GPU ``gpu`` (None if it has none)."""
+        for folder, name in VIDUR_NETWORK.items():
+            path = self.root / "network" / "vidur" / folder / "all_reduce.csv"
+            if name == gpu and path.exists():
+                return path
+        return None
 
     def vidur(self) -> list[tuple[str, str, Path]]:
         """(catalog GPU, catalog model, file) of every Vidur table."""
@@ -81,11 +94,14 @@ def splitwise_tables(
                 yield hw, mname, catalog.model(cname), rows
 
 
-def latency_errors(catalog: Catalog, tables: Tables, gpu: GpuType) -> list[ErrorStats]:
-    """Error of the latency model of ``gpu`` on every table that measured it."""
+def latency_errors(
+    catalog: Catalog, tables: Tables, gpu: GpuType, stack_ms: float | None = None
+) -> list[ErrorStats]:
+    """Error of the latency model of ``gpu`` on every table that measured it (Splitwise
+    through its stack latency ``stack_ms``, default ``SPLITWISE_STACK_MS``)."""
     stats: list[ErrorStats] = []
     for hw, mname, model, rows in splitwise_tables(catalog, tables, gpu):
-        pre, dec = predict_splitwise(gpu, model, rows)
+        pre, dec = predict_splitwise(gpu, model, rows, stack_ms)
         stats.append(error_stats(f"splitwise {hw} {mname} prompt", pre.ms, rows.prompt_ms))
         stats.append(error_stats(f"splitwise {hw} {mname} token", dec.ms, rows.token_ms))
     for gname, cname, path in tables.vidur():
@@ -94,17 +110,24 @@ def latency_errors(catalog: Catalog, tables: Tables, gpu: GpuType) -> list[Error
         rows_v = read_vidur(path)
         pred = predict_vidur_layer_ms(gpu, catalog.model(cname), rows_v)
         stats.append(error_stats(f"vidur {path.parent.name} {path.name}", pred, rows_v.layer_ms))
+    ar_path = tables.allreduce(gpu.name)
+    if ar_path is not None:
+        ar = read_allreduce(ar_path)
+        pred_ar = predict_allreduce_ms(gpu, ar)
+        stats.append(error_stats(f"vidur {ar_path.parent.name} all_reduce", pred_ar, ar.ms))
     return stats
 
 
-def power_errors(catalog: Catalog, tables: Tables, gpu: GpuType) -> list[ErrorStats]:
+def power_errors(
+    catalog: Catalog, tables: Tables, gpu: GpuType, stack_ms: float | None = None
+) -> list[ErrorStats]:
     """Error of the power model against Splitwise's constants and average-power rows."""
     stats: list[ErrorStats] = []
     hw = next((k for k, v in SPLITWISE_HARDWARE.items() if v == gpu.name), None)
     if hw is None:
         return stats
     const = read_power_constants(tables.power, hw)
-    prompt_w, token_w = phase_power_w(gpu, catalog.model("Llama-2-70B"))
+    prompt_w, token_w = phase_power_w(gpu, catalog.model("Llama-2-70B"), stack_ms=stack_ms)
     stats.append(
         error_stats(
             f"splitwise {hw} prompt power", np.asarray([prompt_w]), np.asarray([const.prompt_w])
@@ -120,7 +143,7 @@ def power_errors(catalog: Catalog, tables: Tables, gpu: GpuType) -> list[ErrorSt
         keep = rows.avg_power_frac > 0
         if not keep.any():
             continue
-        pred = splitwise_average_power(gpu, catalog.model(cname), rows)
+        pred = splitwise_average_power(gpu, catalog.model(cname), rows, stack_ms)
         stats.append(
             error_stats(
                 f"splitwise {hw} {mname} average power", pred[keep], rows.avg_power_frac[keep]
@@ -129,21 +152,51 @@ def power_errors(catalog: Catalog, tables: Tables, gpu: GpuType) -> list[ErrorSt
     return stats
 
 
-def fit_latency(catalog: Catalog, tables: Tables, gpu: GpuType) -> Efficiency:
-    """Least squares on log latency over every table of ``gpu``."""
+def fit_allreduce(tables: Tables, gpu: GpuType) -> Efficiency:
+    """All-reduce latency and achieved link efficiency of ``gpu`` from Vidur's NCCL
+    measurement inside one node: least squares on log time over every message size and
+    group size (``predict_allreduce_ms``). Bounds [0, 5] ms and [0.01, 1]; rounded to 4
+    decimals. A type with no such table keeps its values."""
+    path = tables.allreduce(gpu.name)
+    if path is None:
+        return gpu.efficiency
+    rows: AllReduceRows = read_allreduce(path)
+
+    def trial(x: np.ndarray) -> GpuType:
+        eff = gpu.efficiency.model_copy(
+            update={"allreduce_latency_ms": float(x[0]), "link": float(x[1])}
+        )
+        return gpu.model_copy(update={"efficiency": eff})
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        eff = Efficiency(
-            compute=float(x[0]),
-            memory=float(x[1]),
-            step_overhead_ms=float(x[2]),
-            allreduce_latency_ms=float(x[3]),
-            link=float(x[4]),
+        return np.asarray(np.log(predict_allreduce_ms(trial(x), rows) / rows.ms))
+
+    sol = least_squares(residuals, np.asarray([0.03, 0.3]), bounds=([0.0, 0.01], [5.0, 1.0]))
+    x = [round(float(v), 4) for v in sol.x]
+    return trial(np.asarray(x)).efficiency
+
+
+def fit_latency(catalog: Catalog, tables: Tables, gpu: GpuType) -> tuple[Efficiency, float]:
+    """Least squares on log latency over every latency table of ``gpu``: the compute and
+    memory efficiencies, the per-pass overhead and Splitwise's stack latency per
+    all-reduce (``SPLITWISE_STACK_MS``, returned second). The all-reduce latency and link
+    efficiency stay as given (``fit_allreduce`` sets them first)."""
+
+    def trial_of(x: np.ndarray) -> GpuType:
+        eff = gpu.efficiency.model_copy(
+            update={
+                "compute": float(x[0]),
+                "memory": float(x[1]),
+                "step_overhead_ms": float(x[2]),
+            }
         )
-        trial = gpu.model_copy(update={"efficiency": eff})
+        return gpu.model_copy(update={"efficiency": eff})
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        trial = trial_of(x)
         res: list[np.ndarray] = []
         for _, _, model, rows in splitwise_tables(catalog, tables, gpu):
-            pre, dec = predict_splitwise(trial, model, rows)
+            pre, dec = predict_splitwise(trial, model, rows, float(x[3]))
             res.append(np.log(pre.ms / rows.prompt_ms))
             res.append(np.log(dec.ms / rows.token_ms))
         for gname, cname, path in tables.vidur():
@@ -154,28 +207,26 @@ def fit_latency(catalog: Catalog, tables: Tables, gpu: GpuType) -> Efficiency:
         return np.concatenate(res)
 
     e = gpu.efficiency
-    x0 = np.asarray(
-        [e.compute, e.memory, max(e.step_overhead_ms, 0.5), e.allreduce_latency_ms, e.link]
-    )
-    sol = least_squares(
-        residuals, x0, bounds=([0.05, 0.05, 0.0, 0.0, 0.01], [1.0, 1.0, 50.0, 5.0, 1.0])
-    )
+    x0 = np.asarray([e.compute, e.memory, max(e.step_overhead_ms, 0.5), 0.05])
+    sol = least_squares(residuals, x0, bounds=([0.05, 0.05, 0.0, 0.0], [1.0, 1.0, 50.0, 5.0]))
     x = [round(float(v), 4) for v in sol.x]
-    return Efficiency(
-        compute=x[0], memory=x[1], step_overhead_ms=x[2], allreduce_latency_ms=x[3], link=x[4]
-    )
+    return trial_of(np.asarray(x)).efficiency, x[3]
 
 
-def fit_power(catalog: Catalog, gpu: GpuType, const: PowerConstants) -> PowerParams:
-    """SM share of dynamic power and SM activity of memory-bound work, from prompt/token power."""
+def fit_power(
+    catalog: Catalog, gpu: GpuType, const: PowerConstants, stack_ms: float | None = None
+) -> PowerParams:
+    """SM share of dynamic power and SM activity of memory-bound work, from prompt/token power
+    (passes through Splitwise's stack, ``stack_ms`` per all-reduce)."""
     model = catalog.model("Llama-2-70B")
+    stack = splitwise_stack_ms(gpu) if stack_ms is None else stack_ms
 
     def residuals(x: np.ndarray) -> np.ndarray:
         power = gpu.power.model_copy(
             update={"sm_fraction": float(x[0]), "memory_bound_sm_activity": float(x[1])}
         )
         trial = gpu.model_copy(update={"power": power})
-        prompt_w, token_w = phase_power_w(trial, model)
+        prompt_w, token_w = phase_power_w(trial, model, stack_ms=stack)
         return np.asarray([prompt_w / const.prompt_w - 1.0, token_w / const.token_w - 1.0])
 
     sol = least_squares(residuals, np.asarray([0.85, 0.45]), bounds=([0.3, 0.0], [1.0, 1.0]))
@@ -382,17 +433,21 @@ def static_power_w(gpu: GpuType) -> float:
 
 @dataclass(frozen=True)
 class Fit:
-    """Every fitted constant: the GPU entries, the clock response and the H100 NVL run."""
+    """Every fitted constant: the GPU entries, the clock response, the H100 NVL run and
+    Splitwise's stack latency per all-reduce of each GPU type."""
 
     gpus: dict[str, GpuType]
     clock: ClockResponse
     h100nvl: HostBoundRun
+    splitwise_stack: dict[str, float]
 
 
 def fit_all(catalog: Catalog, tables: Tables) -> Fit:
     """Fit A100-SXM4-80GB and H100-SXM5-80GB in order:
 
-    1. ``efficiency`` on Splitwise and Vidur latency (``fit_latency``; max clock only);
+    1. ``efficiency``: the all-reduce on Vidur's NCCL table (``fit_allreduce``), then the
+       rest and Splitwise's stack latency on Splitwise and Vidur latency (``fit_latency``;
+       max clock only);
     2. ``locked_clock_w`` (``static_power_w``), then ``sm_fraction`` and
        ``memory_bound_sm_activity`` on Splitwise prompt and token power (``fit_power``);
     3. the H100's voltage floor and knee and ``ClockResponse.overhead_fixed`` on the
@@ -402,12 +457,15 @@ def fit_all(catalog: Catalog, tables: Tables) -> Fit:
        clock-response constant.
     """
     gpus: dict[str, GpuType] = {}
+    stacks: dict[str, float] = {}
     for name, hw in (("A100-SXM4-80GB", "a100-80gb"), ("H100-SXM5-80GB", "h100-80gb")):
         gpu = catalog.gpu(name)
-        gpu = gpu.model_copy(update={"efficiency": fit_latency(catalog, tables, gpu)})
+        gpu = gpu.model_copy(update={"efficiency": fit_allreduce(tables, gpu)})
+        eff, stacks[name] = fit_latency(catalog, tables, gpu)
+        gpu = gpu.model_copy(update={"efficiency": eff})
         power = gpu.power.model_copy(update={"locked_clock_w": static_power_w(gpu)})
         gpu = gpu.model_copy(update={"power": power})
-        power = fit_power(catalog, gpu, read_power_constants(tables.power, hw))
+        power = fit_power(catalog, gpu, read_power_constants(tables.power, hw), stacks[name])
         gpus[name] = gpu.model_copy(update={"power": power})
     clock = CLOCK_RESPONSE
     run = H100NVL_RUN
@@ -416,4 +474,4 @@ def fit_all(catalog: Catalog, tables: Tables) -> Fit:
         gpus["H100-SXM5-80GB"] = gpus["H100-SXM5-80GB"].model_copy(update={"power": h_power})
         a_power, clock = fit_perseus(tables, gpus["A100-SXM4-80GB"], clock)
         gpus["A100-SXM4-80GB"] = gpus["A100-SXM4-80GB"].model_copy(update={"power": a_power})
-    return Fit(gpus, clock, run)
+    return Fit(gpus, clock, run, stacks)
