@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from energyopt.catalog.problem import load_problem
 from energyopt.perf.oppoints import build_op_table
-from energyopt.report import format_problem
+from energyopt.report import format_plan, format_problem
+from energyopt.spec.plan import GpuPlan, Placement, Plan
+from energyopt.verify.serving import evaluate_plan
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "instances" / "quickstart.yaml"
 
@@ -36,3 +39,33 @@ def test_show_gives_energy_per_request_at_the_top_rate_with_the_decode_loop() ->
             assert per_request > float(table.marginal_j[best]) * 1.05
     assert below_capacity > 0
     assert per_request == pytest.approx(table.power_w(int(best), top) / top)
+
+
+def test_plan_report_shows_the_worst_case_draw_caps_are_checked_on() -> None:
+    """Next to the predicted power at the planned rates, each GPU's line shows its
+    worst-case draw (every placement at its SLO capacity), the figure the
+    verifier holds against caps, limits and budgets; a lightly loaded GPU may draw
+    far more than predicted."""
+    problem = load_problem(QUICKSTART)
+    gpu = problem.gpus[0]
+    clock = problem.gpu_type(gpu.type).max_sm_clock_mhz
+    plan = Plan(
+        instance=problem.instance.name,
+        gpus=(
+            GpuPlan(
+                gpu=gpu.id,
+                type=gpu.type,
+                on=True,
+                clock_mhz=clock,
+                placements=(Placement(workload="chat-llama", share_pct=100, rate_rps=1.0),),
+            ),
+        ),
+    )
+    ev = evaluate_plan(problem, plan)
+    power, worst = ev.gpu_power_w[gpu.id], ev.gpu_worst_w[gpu.id]
+    assert worst > power * 1.1
+    lines = format_plan(problem, plan, ev)
+    assert "worst case" in lines[0]
+    row = next(line for line in lines if line.startswith(gpu.id))
+    cells = re.split(r"\s{2,}", row)
+    assert cells[3:5] == [f"{power:.0f} W", f"{worst:.0f} W"]

@@ -16,11 +16,13 @@ def _table(rows: list[list[str]], header: list[str]) -> list[str]:
 
 
 def format_plan(problem: Problem, plan: Plan, ev: PlanEvaluation) -> list[str]:
-    """Per GPU: clock, power, limit, placements with share, rate and SLO use."""
+    """Per GPU: clock, predicted power at the planned rates, worst-case draw (every
+    placement at its SLO capacity: what caps, limits and budgets are checked on),
+    power limit, placements with share, rate and SLO use. Powers in W."""
     rows: list[list[str]] = []
     for gp in plan.gpus:
         if not gp.on:
-            rows.append([gp.gpu, gp.type, "off", "", "", ""])
+            rows.append([gp.gpu, gp.type, "off", "", "", "", ""])
             continue
         parts = []
         for pl in gp.placements:
@@ -34,17 +36,19 @@ def format_plan(problem: Problem, plan: Plan, ev: PlanEvaluation) -> list[str]:
                 slo.append(f"TBT {tbt:.0%}")
             parts.append(f"{name} {share} {pl.rate_rps:.2f} req/s ({' '.join(slo)} of SLO)")
         power = ev.gpu_power_w.get(gp.gpu, gp.predicted_power_w)
+        worst = ev.gpu_worst_w.get(gp.gpu)
         rows.append(
             [
                 gp.gpu,
                 gp.type,
                 f"{gp.clock_mhz} MHz",
                 f"{power:.0f} W",
+                f"{worst:.0f} W" if worst is not None else "",
                 f"{gp.power_limit_w:.0f} W" if gp.power_limit_w else "",
                 "; ".join(parts) if parts else "(idle)",
             ]
         )
-    return _table(rows, ["GPU", "type", "clock", "power", "limit", "placements"])
+    return _table(rows, ["GPU", "type", "clock", "power", "worst case", "limit", "placements"])
 
 
 def format_totals(
