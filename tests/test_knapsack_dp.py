@@ -33,6 +33,9 @@ def knapsack(items: list[tuple[int, int, float, float]], memory_gb: float) -> Kn
         capacity_steps=4,
         step=25,
         memory_gb=memory_gb,
+        peak_w=np.full(len(items), 50.0),
+        on_power_w=100.0,
+        power_cap_w=700.0,
     )
 
 

@@ -167,7 +167,8 @@ class Node:
 
 @dataclass
 class Incumbent:
-    """The best plan so far: its objective and integer-master values (columns in the
+    """The best plan so far: its objective (that of the plan its values make,
+    ``pattern.integer_objective``) and integer-master values (columns in the
     program's order, padded with zeros for columns generated later)."""
 
     objective: float = math.inf
@@ -423,10 +424,10 @@ def solve_branch_price(
     inc = Incumbent()
     packed = residual_pack(tree, prog)
     if packed is not None:
-        inc.offer(packed[0], packed[1], "residual packing")
+        inc.offer(pat.integer_objective(prog, packed[1]), packed[1], "residual packing")
     dived = _dive(tree, time.perf_counter() + ROOT_DIVE_SHARE * (deadline - time.perf_counter()))
     if dived is not None:
-        inc.offer(dived[0], dived[1], "root dive")
+        inc.offer(pat.integer_objective(prog, dived[1]), dived[1], "root dive")
     lower = max(root_bound, unit_bound)
     used = _positive(tree, prog.lp.x)
     # Over every column of a large master HiGHS overruns its time (see
@@ -484,14 +485,17 @@ def solve_branch_price(
         if bound >= inc.objective - 1e-9 * max(1.0, abs(inc.objective)):
             continue
         if _is_integral(tree, lp.x) and _served(tree, lp.artificial_rps, lp.x):
-            inc.offer(lp.objective, tree.integer_values(lp.x), f"node {nodes} LP")
+            values = tree.integer_values(lp.x)
+            inc.offer(pat.integer_objective(prog, values), values, f"node {nodes} LP")
             if prog.bound < lp.objective - 1e-6 * max(1.0, abs(lp.objective)):
                 leaves.append(bound)  # integral, but pricing did not prove it optimal
             continue
         if nodes % DIVE_EVERY == 0:
             dived = _dive(tree, deadline)
-            if dived is not None and inc.offer(dived[0], dived[1], f"dive at node {nodes}"):
-                note(f"branch-and-price: node {nodes}, dive plan {dived[0]:,.3f}")
+            if dived is not None:
+                priced = pat.integer_objective(prog, dived[1])
+                if inc.offer(priced, dived[1], f"dive at node {nodes}"):
+                    note(f"branch-and-price: node {nodes}, dive plan {priced:,.3f}")
         pick = choose_branch(tree.aggregates(lp.x))
         if pick is None:
             leaves.append(bound)

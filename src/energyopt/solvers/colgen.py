@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from energyopt.formulations.serving.classes import GpuClass
-from energyopt.formulations.serving.columns import Duals, price_configs, shared_column
+from energyopt.formulations.serving.columns import Duals, price_configs, priced_column
 from energyopt.formulations.serving.knapsack import (
     COARSE_STEP_GB,
     KnapsackItems,
@@ -46,7 +46,7 @@ def generate_columns(
     session: LpSession | None = None,
     max_rounds: int = MAX_ROUNDS,
 ) -> str:
-    """Column generation to LP optimality over all maximal configurations
+    """Column generation to LP optimality over all configurations
     (``deadline`` a ``time.perf_counter`` value), at most ``max_rounds`` rounds, in
     ``session`` (a new one over the program's columns when None; a given session
     must hold a prefix of ``prog.columns`` and keeps its rows and bounds).
@@ -121,18 +121,20 @@ def price_round(
                 best = min(best, float(rc[j]))
                 if add:
                     ops = tuple(int(o) for o in cs.ops(int(j)))
-                    added += prog.add(shared_column(cls, table, costs, clock, ops))
+                    added += prog.add(priced_column(cls, table, costs, duals, clock, ops))
         for (type_name, clock), ks in prog.knapsacks.items():
             if type_name != cls.type_name or len(ks) == 0:
                 continue
             low, found = knapsack_price(prog, cls, ks, duals, effort=effort)
             class_min = min(class_min, low)
             for ops in found:
+                if not ops:
+                    continue
                 rc_found = float(column_reduced_cost(prog, cls, clock, ops)[0])
                 if rc_found < tol:
                     best = min(best, rc_found)
                     if add:
-                        added += prog.add(shared_column(cls, table, costs, clock, ops))
+                        added += prog.add(priced_column(cls, table, costs, duals, clock, ops))
         correction += cls.size * class_min
     bound = prog.lp.objective + correction if np.isfinite(correction) else None
     return added, best, bound
@@ -158,7 +160,7 @@ def knapsack_price(
             value, chosen = greedy_configuration(ks, left)
             if not chosen or base - value >= 0:
                 break
-            found.append(repair_and_fill(ks, values, chosen, order))
+            found.append(repair_and_fill(ks, values, chosen, order, cls.power_cap_w))
             taken = np.isin(ks.units, ks.units[chosen])
             left[taken] = 0.0
         return -np.inf, found
@@ -170,4 +172,4 @@ def knapsack_price(
         low = -np.inf
     if effort >= EXACT and not chosen:
         low = min(0.0, base)
-    return low, ([repair_and_fill(ks, values, chosen, order)] if chosen else [])
+    return low, ([repair_and_fill(ks, values, chosen, order, cls.power_cap_w)] if chosen else [])

@@ -5,6 +5,7 @@ integer solve on large masters use it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,8 @@ def solve_restricted(
     """(outcome, values in the full layout, None without a plan) of the integer
     master over the columns ``picked`` (indices into ``prog.columns``), started
     from ``start`` (full layout, zero-padded if shorter); ``mip``: the options of
-    ``solve_master_mip``."""
+    ``solve_master_mip``. The outcome's objective is that of the plan the values
+    make (``pattern.integer_objective``)."""
     offsets = column_offsets(prog)
     block = np.concatenate([np.arange(offsets[j], offsets[j + 1]) for j in picked])
     mp = build_master(
@@ -56,7 +58,9 @@ def solve_restricted(
         return out, None
     expanded = np.zeros(int(offsets[-1]))
     expanded[block] = values[: len(block)]
-    return out, expanded
+    # The plan places no op that carries no rate: its objective is the master's less
+    # the fixed parts of such ops (pattern.integer_objective), never more.
+    return replace(out, objective=pat.integer_objective(prog, expanded)), expanded
 
 
 def with_start_columns(

@@ -1,8 +1,12 @@
 """Configurations of one GPU: a clock and a set of (unit, share) placements that fit.
 
-Only maximal configurations are kept: adding a placement never costs anything by
-itself (its rate may stay zero), so a configuration that could take one more
-placement is dominated by the one that does.
+Every non-empty set that fits is listed, not only the maximal ones: a placement
+costs its fixed power while it carries a rate and its peak counts in the caps and
+budgets (perf/energy.py ``power_line``), so a configuration with one placement
+more is not a cheaper one. A set fits in share, memory, MIG instance counts and
+the type's highest power limit in the worst case (on-power plus each placement's
+peak power); a class with a lower cap excludes more at pricing
+(``columns.price_configs``).
 """
 
 from __future__ import annotations
@@ -15,13 +19,16 @@ from numpy.typing import NDArray
 from energyopt.catalog.problem import Problem
 from energyopt.perf.oppoints import OpTable
 
+CAP_REL_TOL = 1e-9
+"""A worst-case draw up to this share above a power limit still fits (rounding)."""
+
 IntArray = NDArray[np.int64]
 DEFAULT_MAX_CONFIGS = 60_000
 
 
 @dataclass(frozen=True)
 class ConfigSet:
-    """All maximal configurations of one (GPU type, clock), as a ragged array of ops."""
+    """All configurations of one (GPU type, clock), as a ragged array of ops."""
 
     type_name: str
     clock_mhz: int
@@ -45,7 +52,9 @@ def enumerate_configs(
     clock_mhz: int,
     limit: int = DEFAULT_MAX_CONFIGS,
 ) -> ConfigSet:
-    """Every maximal set of placements that fits one GPU at this clock (up to ``limit``)."""
+    """Every non-empty set of placements that fits one GPU at this clock (up to
+    ``limit``): share, memory, MIG instances, and the worst-case draw (W) within the
+    type's highest power limit."""
     t = table.type_names.index(type_name)
     mask = (table.gpu_type == t) & (table.clock_mhz == clock_mhz) & (table.tp == 1)
     items = np.flatnonzero(mask)
@@ -58,15 +67,25 @@ def enumerate_configs(
     share = [int(table.share[o]) for o in items]
     mem = [0.0 if mig else float(table.memory_gb[o]) for o in items]
     prof = [table.mig_profile[o] for o in items]
+    peak = [float(table.peak_power_w[o]) for o in items]
+    on_power = table.on_power[(type_name, clock_mhz)]
+    power_room = gtype.power_limit_max_w * (1 + CAP_REL_TOL) - on_power
     prof_limit = {p.name: p.max_instances for p in gtype.mig_profiles}
     n = len(items)
     found: list[list[int]] = []
     complete = True
 
     def fits(
-        i: int, used_units: set[int], share_left: int, mem_left: float, counts: dict[str, int]
+        i: int,
+        used_units: set[int],
+        share_left: int,
+        mem_left: float,
+        power_left: float,
+        counts: dict[str, int],
     ) -> bool:
         if unit[i] in used_units or share[i] > share_left or mem[i] > mem_left + 1e-9:
+            return False
+        if peak[i] > power_left:
             return False
         p = prof[i]
         return p is None or counts.get(p, 0) < prof_limit.get(p, 1)
@@ -77,34 +96,38 @@ def enumerate_configs(
         used: set[int],
         share_left: int,
         mem_left: float,
+        power_left: float,
         counts: dict[str, int],
     ) -> None:
         nonlocal complete
-        if len(found) >= limit:
-            complete = False
-            return
-        extended = False
         for i in range(start, n):
-            if not fits(i, used, share_left, mem_left, counts):
+            if len(found) >= limit:
+                complete = False
+                return
+            if not fits(i, used, share_left, mem_left, power_left, counts):
                 continue
-            extended = True
             p = prof[i]
             if p is not None:
                 counts[p] = counts.get(p, 0) + 1
             used.add(unit[i])
             chosen.append(i)
-            dfs(i + 1, chosen, used, share_left - share[i], mem_left - mem[i], counts)
+            found.append(list(chosen))
+            dfs(
+                i + 1,
+                chosen,
+                used,
+                share_left - share[i],
+                mem_left - mem[i],
+                power_left - peak[i],
+                counts,
+            )
             chosen.pop()
             used.discard(unit[i])
             if p is not None:
                 counts[p] -= 1
-        if extended or not chosen:
-            return
-        if any(fits(i, used, share_left, mem_left, counts) for i in range(start)):
-            return  # a smaller index still fits: not maximal
-        found.append(list(chosen))
 
-    dfs(0, [], set(), cap_units, usable, {})
+    if power_room >= 0:
+        dfs(0, [], set(), cap_units, usable, power_room, {})
     lengths = np.asarray([len(c) for c in found], dtype=np.int64)
     ptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     flat = (

@@ -1,21 +1,24 @@
 """Pricing a GPU configuration by dynamic programming instead of enumeration.
 
-With many workloads the maximal configurations of one GPU are too many to list
-(a GPU with four 25 % slots and 128 workloads has millions). Pricing then solves,
-for one GPU class and clock, the multiple-choice knapsack
+With many workloads the configurations of one GPU are too many to list (a GPU
+with four 25 % slots and 128 workloads has millions). Pricing then solves, for one
+GPU class and clock, the multiple-choice knapsack
 
     max  sum_o v_o x_o   s.t.  sum_o share_o x_o <= S,  sum_o mem_o x_o <= M,
                                at most one op per unit,  x binary,
 
-where v_o = cap_o * max(0, -rc_o) (+ the migration bonus of a kept placement, + the
-price of holding the op in a branch-and-price node) is the most an op can lower the
-configuration's reduced cost. Memory is counted in
-steps of MEMORY_STEP_GB rounded down (capacity rounded down too), and the GPU power cap is
+where -v_o is what op o adds to the configuration's reduced cost at its best
+(``columns.item_costs``: its fixed part and the budget price of its peak, plus its
+capacity times its rate's reduced cost where negative, less the migration bonus of
+a kept placement and the price of holding the op in a branch-and-price node; a kept
+placement held idle where that is cheaper). Only items of positive value can lower
+it. Memory is counted in steps of MEMORY_STEP_GB rounded down (capacity rounded
+down too), and the GPU power cap (on-power plus each item's peak power) is
 ignored: both only enlarge the feasible set, so ``base - value`` is a valid lower
 bound on the class's most negative reduced cost at this clock (the Lagrangian
 bound stays valid). The configuration the DP picks is then made exactly feasible
-(items dropped, lowest value per GB first, while memory is over) and filled with
-more placements that fit, so that the integer master has room to route rates.
+(items dropped, lowest value per GB, then per W, first, while memory or the power
+cap is over) and filled with more items of positive value that fit.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from numpy.typing import NDArray
 
 from energyopt.catalog.problem import Problem
 from energyopt.formulations.serving.classes import GpuClass
-from energyopt.formulations.serving.columns import Duals, item_reduced_costs
+from energyopt.formulations.serving.columns import Duals, item_costs
+from energyopt.formulations.serving.configs import CAP_REL_TOL
 from energyopt.formulations.serving.costs import Costs
 from energyopt.perf.oppoints import OpTable
 
@@ -52,6 +56,9 @@ class KnapsackItems:
     capacity_steps: int  # share capacity of a GPU in steps
     step: int  # share units per step
     memory_gb: float  # usable memory of a GPU (GB)
+    peak_w: NDArray[np.float64]  # worst-case draw of each item: its peak power (W)
+    on_power_w: float  # on-power of a GPU at the clock (W)
+    power_cap_w: float  # the type's highest power limit (W); a class's cap may be lower
 
     def __len__(self) -> int:
         return int(self.items.shape[0])
@@ -79,25 +86,19 @@ def knapsack_items(problem: Problem, table: OpTable, type_name: str, clock: int)
         capacity_steps=cap_units // step,
         step=step,
         memory_gb=usable,
+        peak_w=np.asarray(table.peak_power_w[items], dtype=np.float64),
+        on_power_w=float(table.on_power[(type_name, clock)]),
+        power_cap_w=float(gpu.power_limit_max_w),
     )
 
 
 def item_values(
     cls: GpuClass, ks: KnapsackItems, table: OpTable, costs: Costs, duals: Duals
 ) -> NDArray[np.float64]:
-    """How much each item can lower a configuration's reduced cost (negative only
-    where a branching row prices the op's presence, see ``Duals.held``)."""
-    rc_item = item_reduced_costs(table, costs, duals, cls.index)[ks.items]
-    value = table.capacity_rps[ks.items] * np.maximum(0.0, -rc_item)
-    if cls.index in duals.held:
-        value = value + duals.held[cls.index][ks.items]
-    if cls.state_units:
-        current = set(cls.state_units)
-        for i, o in enumerate(ks.items):
-            u = table.units[int(table.unit[o])]
-            if (u.workload, u.phase) in current:
-                value[i] += costs.migration_penalty
-    return np.asarray(value, dtype=np.float64)
+    """How much each item can lower a configuration's reduced cost: minus its share
+    of it at best (``columns.item_costs``); negative where it can only raise it."""
+    best = item_costs(cls, table, costs, duals).best[ks.items]
+    return np.asarray(-best, dtype=np.float64)
 
 
 def best_configuration(
@@ -183,32 +184,48 @@ def greedy_configuration(ks: KnapsackItems, values: NDArray[np.float64]) -> tupl
 
 
 def repair_and_fill(
-    ks: KnapsackItems, values: NDArray[np.float64], chosen: list[int], order: IntArray
+    ks: KnapsackItems,
+    values: NDArray[np.float64],
+    chosen: list[int],
+    order: IntArray,
+    power_cap_w: float | None = None,
 ) -> tuple[int, ...]:
-    """Make ``chosen`` fit the true memory, then add items (in ``order``) that fit
-    and whose value is not negative.
+    """Make ``chosen`` fit the true memory and the power cap in the worst case
+    (on-power plus each item's peak within ``power_cap_w``, W; the type's highest
+    limit when None), then add items (in ``order``) of positive value that fit.
 
     Returns the op indices of the configuration, sorted.
     """
+    cap = ks.power_cap_w if power_cap_w is None else min(power_cap_w, ks.power_cap_w)
+    room = cap * (1 + CAP_REL_TOL) - ks.on_power_w
     picked = list(chosen)
     mem = float(ks.mem_gb[picked].sum()) if picked else 0.0
     while picked and mem > ks.memory_gb + 1e-9:
         worst = min(picked, key=lambda i: values[i] / max(float(ks.mem_gb[i]), 1e-9))
         picked.remove(worst)
         mem -= float(ks.mem_gb[worst])
+    power = float(ks.peak_w[picked].sum()) if picked else 0.0
+    while picked and power > room:
+        worst = min(picked, key=lambda i: values[i] / max(float(ks.peak_w[i]), 1e-9))
+        picked.remove(worst)
+        mem -= float(ks.mem_gb[worst])
+        power -= float(ks.peak_w[worst])
     share = int(ks.share_steps[picked].sum()) if picked else 0
     used = {int(ks.units[i]) for i in picked}
     for i in order.tolist():
         if share >= ks.capacity_steps:
             break
         u = int(ks.units[i])
-        if u in used or values[i] < 0:
+        if u in used or values[i] <= 0:
             continue
         s = int(ks.share_steps[i])
         if share + s > ks.capacity_steps or mem + float(ks.mem_gb[i]) > ks.memory_gb + 1e-9:
+            continue
+        if power + float(ks.peak_w[i]) > room:
             continue
         picked.append(i)
         used.add(u)
         share += s
         mem += float(ks.mem_gb[i])
+        power += float(ks.peak_w[i])
     return tuple(sorted(int(ks.items[i]) for i in picked))

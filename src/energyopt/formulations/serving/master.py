@@ -118,17 +118,18 @@ def empty_master(
 def add_column(
     mp: Master, table: OpTable, costs: Costs, classes: list[GpuClass], col: Column
 ) -> None:
-    """Append one column: its count variable, rate variables and their rows."""
+    """Append one column: its count variable (at most 0 when the column is not
+    within its class's cap), rate variables and their rows. A use costs
+    ``col.on_cost`` (with the fixed part of each op carrying a rate) and puts its
+    worst-case draw ``col.worst_w`` in the class's budget rows; each rate costs
+    ``op_cost`` per req/s and enters no power row."""
     cls = classes[col.cls]
-    uses = cls.size // col.gpus_per_use
+    uses = cls.size // col.gpus_per_use if col.within_cap else 0
     z = mp.var(col.on_cost, 0.0, float(uses), integer=True)
     mp.z_var.append(z)
     mp.entries.append((mp.count_row[col.cls], z, float(col.gpus_per_use)))
     for prow in mp.class_power_rows[col.cls]:
-        mp.entries.append((prow, z, col.on_power_w))
-    power_row = mp.row(-np.inf, 0.0) if col.needs_power_row else None
-    if power_row is not None:
-        mp.entries.append((power_row, z, col.on_power_w - cls.power_cap_w))
+        mp.entries.append((prow, z, col.worst_w))
     rs = []
     for op, cap in zip(col.ops, col.capacity, strict=True):
         # Bounded (cap x uses) as well as linked to z below, so that every variable
@@ -136,15 +137,10 @@ def add_column(
         r = mp.var(float(costs.op_cost[op]), 0.0, float(cap) * uses)
         rs.append(r)
         unit = int(table.unit[op])
-        energy = float(table.energy_j[op])
         mp.entries.append((mp.demand_row[unit], r, 1.0))
         link = mp.row(-np.inf, 0.0)
         mp.entries.append((link, r, 1.0))
         mp.entries.append((link, z, -cap))
-        for prow in mp.class_power_rows[col.cls]:
-            mp.entries.append((prow, r, energy))
-        if power_row is not None:
-            mp.entries.append((power_row, r, energy))
     mp.r_vars.append(rs)
 
 

@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from energyopt.catalog.problem import Problem
 from energyopt.formulations.errors import FormulationNotApplicable
-from energyopt.formulations.serving.assemble import GpuDecision, power_cap_w
+from energyopt.formulations.serving.assemble import MIN_RATE_RPS, GpuDecision, power_cap_w
 from energyopt.formulations.serving.classes import (
     GpuClass,
     gpu_classes,
@@ -30,11 +30,14 @@ from energyopt.formulations.serving.classes import (
 )
 from energyopt.formulations.serving.columns import (
     Column,
+    ColumnKey,
     Duals,
-    item_reduced_costs,
+    base_cost,
+    column_variants,
     price_configs,
     shared_column,
     tp_column,
+    tp_fits,
 )
 from energyopt.formulations.serving.configs import ConfigSet, enumerate_configs
 from energyopt.formulations.serving.costs import Costs, objective_costs
@@ -74,7 +77,7 @@ class PatternProgram:
     configs: dict[tuple[str, int], ConfigSet]
     knapsacks: dict[tuple[str, int], KnapsackItems] = field(default_factory=dict)
     columns: list[Column] = field(default_factory=list)
-    keys: set[tuple[int, int, tuple[int, ...]]] = field(default_factory=set)
+    keys: set[ColumnKey] = field(default_factory=set)
     lp: LpSolution | None = None
     bound: float = float("-inf")
     rounds: int = 0
@@ -170,24 +173,25 @@ def prepare(
         top = max(table.clocks[cls.type_name])
         t = table.type_names.index(cls.type_name)
         single = np.flatnonzero((table.gpu_type == t) & (table.clock_mhz == top) & (table.tp == 1))
-        best: dict[int, tuple[float, int]] = {}
+        best: dict[int, tuple[float, Column]] = {}
         for o in single:
             u = int(table.unit[o])
             cap = float(table.capacity_rps[o])
-            if u not in best or cap > best[u][0]:
-                best[u] = (cap, int(o))
-        for _, op in best.values():
-            prog.add(shared_column(cls, table, costs, top, (op,)))
+            col = shared_column(cls, table, costs, top, (int(o),))
+            if col.within_cap and (u not in best or cap > best[u][0]):
+                best[u] = (cap, col)
+        for _, col in best.values():
+            prog.add(col)
         tp_ops = (table.tp > 1) & (table.gpu_type == t)
         largest_node = max(_node_counts(cls).values())
         for o in np.flatnonzero(tp_ops):
-            if int(table.tp[o]) <= largest_node:
+            if int(table.tp[o]) <= largest_node and tp_fits(cls, table, int(o)):
                 prog.add(tp_column(cls, table, costs, int(o)))
     if log:
         total = sum(len(c) for c in configs.values())
         priced = f", {len(knapsacks)} (type, clock) pairs priced by knapsack" if knapsacks else ""
         log(
-            f"pattern: {len(classes)} GPU classes, {total} maximal configurations listed"
+            f"pattern: {len(classes)} GPU classes, {total} configurations listed"
             f"{priced}, {len(prog.columns)} initial columns"
         )
     return prog
@@ -218,26 +222,19 @@ def knapsack_pricing(
     prog: PatternProgram, cls: GpuClass, ks: KnapsackItems, duals: Duals
 ) -> KnapsackPricing:
     """The knapsack pricing problem of class ``cls`` at ``ks``' clock under ``duals``;
-    ``base`` is the on-cost less the count and power prices of one GPU (objective
-    units, W for power)."""
-    table, costs = prog.table, prog.costs
-    on_power = table.on_power[(cls.type_name, ks.clock_mhz)]
-    base = (
-        costs.on_cost[(cls.type_name, ks.clock_mhz)]
-        - duals.count[cls.index]
-        - duals.power[cls.index] * on_power
-        - duals.base_price(cls.index, ks.clock_mhz)
-    )
-    values = item_values(cls, ks, table, costs, duals)
-    rc_item = item_reduced_costs(table, costs, duals, cls.index)[ks.items]
-    order = np.argsort(rc_item, kind="stable")
+    ``base`` is the on-cost less the count, budget (on-power) and branching prices of
+    one GPU (objective units, W for power)."""
+    base = base_cost(cls, prog.table, prog.costs, duals, ks.clock_mhz)
+    values = item_values(cls, ks, prog.table, prog.costs, duals)
+    order = np.argsort(-values, kind="stable")
     return KnapsackPricing(ks, float(base), values, order)
 
 
 def column_reduced_cost(
     prog: PatternProgram, cls: GpuClass, clock: int, ops: tuple[int, ...]
 ) -> NDArray[np.float64]:
-    """Exact reduced cost of one configuration (array of one)."""
+    """Exact reduced cost of one configuration at its best (array of one; +inf when
+    it is over the class's cap)."""
     assert prog.lp is not None
     arr = np.asarray(ops, dtype=np.int64)
     one = ConfigSet(cls.type_name, clock, arr, np.asarray([0, len(ops)], dtype=np.int64), arr, True)
@@ -247,7 +244,8 @@ def column_reduced_cost(
 def columns_within(
     prog: PatternProgram, slack: float, limit: int | None = None
 ) -> list[Column] | None:
-    """Every new configuration column whose reduced cost is at most ``slack``.
+    """Every new configuration column whose reduced cost is at most ``slack`` (each
+    variant of a configuration: a kept placement with or without a rate).
 
     None when there are more than ``limit`` of them, or when some configurations
     are priced by knapsack and so cannot be listed.
@@ -260,14 +258,15 @@ def columns_within(
         for (type_name, clock), cs in prog.configs.items():
             if type_name != cls.type_name or len(cs) == 0:
                 continue
-            rc = price_configs(cls, cs, prog.table, prog.costs, prog.lp.duals)
+            duals = prog.lp.duals
+            rc = price_configs(cls, cs, prog.table, prog.costs, duals)
             for j in np.flatnonzero(rc <= slack):
                 ops = tuple(int(o) for o in cs.ops(int(j)))
-                col = shared_column(cls, prog.table, prog.costs, clock, ops)
-                if col.key not in prog.keys:
-                    out.append(col)
-                    if limit is not None and len(out) > limit:
-                        return None
+                for col in column_variants(cls, prog.table, prog.costs, duals, clock, ops, slack):
+                    if col.key not in prog.keys:
+                        out.append(col)
+                        if limit is not None and len(out) > limit:
+                            return None
     return out
 
 
@@ -335,8 +334,44 @@ def _add_branching_aggregates(model: Any, mp: Master, prog: PatternProgram) -> N
         )
 
 
+def _rate(total: float, uses: int) -> float:
+    """Rate of one use of a column carrying ``total`` req/s over ``uses`` uses: 0 at or
+    below MIN_RATE_RPS (a placement the plan does not make), see ``integer_objective``."""
+    rate = max(0.0, total) / uses
+    return rate if rate > MIN_RATE_RPS else 0.0
+
+
+def integer_objective(
+    prog: PatternProgram, values: NDArray[np.float64], columns: list[Column] | None = None
+) -> float:
+    """Objective of the plan that ``decisions`` makes of integer-master ``values``
+    (per column of ``columns``, by default the program's: its count, then its
+    rates): the master's objective less the fixed part of each op that carries no
+    rate (``_rate``), which the plan does not place or keeps without power, as the
+    verifier prices it. Objective units (W for power)."""
+    cols = prog.columns if columns is None else columns
+    costs = prog.costs
+    total = costs.migration_penalty * sum(len(c.state_units) for c in prog.classes)
+    at = 0
+    for col in cols:
+        if at + 1 + len(col.ops) > len(values):
+            break
+        uses = round(float(values[at]))
+        if uses > 0:
+            total += uses * col.on_cost
+            for i, op in enumerate(col.ops):
+                rate = _rate(float(values[at + 1 + i]), uses)
+                if rate > 0:
+                    total += float(costs.op_cost[op]) * rate * uses
+                elif op not in col.idle:
+                    total -= uses * float(costs.op_fixed[op])
+        at += 1 + len(col.ops)
+    return total
+
+
 def decisions(prog: PatternProgram, im: IntegerModel) -> dict[str, GpuDecision]:
-    """Hand each class's GPUs to the columns chosen, splitting rates evenly.
+    """Hand each class's GPUs to the columns chosen, splitting rates evenly (a rate
+    at or below MIN_RATE_RPS per use is 0: ``integer_objective`` prices the plan).
 
     TP groups are placed inside nodes first (largest first), then single GPUs.
     """
@@ -351,7 +386,7 @@ def decisions(prog: PatternProgram, im: IntegerModel) -> dict[str, GpuDecision]:
         groups, rest = split_tp_groups(cls, [im.columns[j].gpus_per_use for j, _ in tp_uses])
         for (j, use), members in zip(tp_uses, groups, strict=True):
             col = im.columns[j]
-            rate = max(0.0, im.value(mp.r_vars[j][0])) / uses_of[j]
+            rate = _rate(im.value(mp.r_vars[j][0]), uses_of[j])
             gid = f"{members[0].node}:tp{col.ops[0]}.{use}"
             for gpu in members:
                 out[gpu.id].clock_mhz = col.clock_mhz
@@ -360,7 +395,7 @@ def decisions(prog: PatternProgram, im: IntegerModel) -> dict[str, GpuDecision]:
             col = im.columns[j]
             if col.gpus_per_use > 1:
                 continue
-            rates = [max(0.0, im.value(r)) / uses_of[j] for r in mp.r_vars[j]]
+            rates = [_rate(im.value(r), uses_of[j]) for r in mp.r_vars[j]]
             for _ in range(uses_of[j]):
                 gpu = rest.pop(0)
                 out[gpu.id].clock_mhz = col.clock_mhz
