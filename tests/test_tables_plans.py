@@ -16,11 +16,13 @@ from energyopt.catalog.problem import load_problem
 from energyopt.cli import main
 from energyopt.perf.forward import decode_pass
 from energyopt.perf.queueing import decode_context, metrics_at
+from energyopt.sim.planners import TablePlanner
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.serving import solve
 from energyopt.spec.errors import SpecError
+from energyopt.spec.evaluation import PlannerSpec
 from energyopt.spec.plan import Plan
-from energyopt.tables import Table, compile_table
+from energyopt.tables import Axis, ColumnData, Table, compile_table, write_table
 from energyopt.tables import local as local_mod
 from energyopt.tables import plans as plans_mod
 from energyopt.tables.spec import load_compile_spec
@@ -116,6 +118,40 @@ def test_changed_spec_refuses_stale_cells(spec: Path, tmp_path: Path) -> None:
     (plans_mod.cells_dir(out) / "fingerprint").write_text("something else\n")
     with pytest.raises(SpecError, match="different spec"):
         compile_table(spec, out)
+
+
+def test_cells_and_tables_of_another_plans_version_are_refused(
+    spec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plans priced by an earlier power model are never mixed in: finished cells of
+    another plans version fail the fingerprint, and the table planner refuses a
+    table without this version, naming the file."""
+    compile_spec, base = load_compile_spec(spec)
+    now = plans_mod.fingerprint(compile_spec, base)
+    out = tmp_path / "plans.eot"
+    plans_mod._open_cells_dir(out, now)
+    monkeypatch.setattr(plans_mod, "VERSION", plans_mod.VERSION + 1)
+    later = plans_mod.fingerprint(compile_spec, base)
+    assert later != now
+    with pytest.raises(SpecError, match="plans version"):
+        plans_mod._open_cells_dir(out, later)
+    monkeypatch.undo()
+    problem = load_problem(base)
+    axes = [
+        Axis("load_scale", "ceil", (1.0,)),
+        Axis("gpu", "category", tuple(g.id for g in problem.gpus)),
+        Axis("unit", "category", ("chat",)),
+    ]
+    status = {"status": ColumnData(np.zeros(1), ("load_scale",), "<i8", -1)}
+    planner = PlannerSpec(name="lookup", kind="table", table="old.eot")
+    old = tmp_path / "old.eot"
+    write_table(old, "plans", axes, status, {})
+    with pytest.raises(SpecError, match="compile it again") as err:
+        TablePlanner(planner, problem, old)
+    assert str(old) in str(err.value)
+    current = tmp_path / "current.eot"
+    write_table(current, "plans", axes, status, {"plans_version": plans_mod.VERSION})
+    TablePlanner(planner, problem, current)
 
 
 def test_dask_local_cluster_gives_the_same_table_as_local_processes(

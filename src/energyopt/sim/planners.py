@@ -31,6 +31,7 @@ from energyopt.spec.errors import SpecError
 from energyopt.spec.evaluation import PlannerSpec
 from energyopt.spec.plan import GpuPlan, Placement, Plan
 from energyopt.spec.workload import Phase
+from energyopt.tables.plans import VERSION as PLANS_VERSION
 from energyopt.tables.plans import scaled_problem
 
 BACKOFF = 0.9
@@ -187,6 +188,15 @@ class TablePlanner:
         where = f"{table_path}"
         if self.table.kind != "plans":
             raise SpecError([f"{where}: a {self.table.kind} table, not a plan table"])
+        version = self.table.meta.get("plans_version", 1)
+        if version != PLANS_VERSION:
+            raise SpecError(
+                [
+                    f"{where}: a plan table of version {version} (this energyopt reads "
+                    f"version {PLANS_VERSION}: plans priced on the power line, limits on "
+                    "the worst-case draw); compile it again with energyopt compile"
+                ]
+            )
         extra = [a for a in self.table.axes if a not in ("load_scale", "gpu", "unit")]
         if extra:
             raise SpecError([f"{where}: axes {extra} are not supported (load_scale only)"])

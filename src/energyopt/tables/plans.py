@@ -6,7 +6,7 @@ Cells are solved in parallel: the compiling process solves cells itself while
 when it is free (or on a Dask cluster). Each finished cell is written
 to ``OUTPUT.cells/cell-<n>.json`` at once, so an interrupted compile resumes
 without solving them again (the directory holds a fingerprint of the spec, the
-base instance and the preset; a mismatch is an error, not a silent mix).
+base instance, the preset and ``VERSION``; a mismatch is an error, not a silent mix).
 """
 
 from __future__ import annotations
@@ -148,10 +148,21 @@ def solve_cell(
     }
 
 
+VERSION = 2
+"""Version of what a cell's plan means, ``meta.plans_version`` and part of the cells'
+fingerprint. 2: each placement's power is its power line (a fixed part while
+placed plus a part per req/s) and power limits hold the worst-case draw
+(perf/energy.py); 1 (no version in meta): power at a fixed design batch, which
+under-predicted a lightly loaded decode loop. Finished cells or a table of
+another version are not mixed with this one's."""
+
+
 def fingerprint(spec: CompileSpec, base: Path) -> str:
-    """SHA-256 of what decides the cells: the spec, the base file and the preset."""
+    """SHA-256 of what decides the cells: the spec, the base file, the preset and
+    the plans' ``VERSION``."""
     preset = load_preset(spec.solver)
     h = hashlib.sha256()
+    h.update(f"plans version {VERSION}".encode())
     h.update(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode())
     h.update(base.read_bytes())
     h.update(json.dumps(preset.model_dump(mode="json"), sort_keys=True).encode())
@@ -172,8 +183,9 @@ def _open_cells_dir(output: str | Path, print_: str) -> Path:
         if stamp.read_text().strip() != print_:
             raise SpecError(
                 [
-                    f"{folder}: finished cells of a different spec, base instance or "
-                    "solver preset; delete the directory to compile from scratch"
+                    f"{folder}: finished cells of a different spec, base instance, "
+                    f"solver preset or plans version (this energyopt: {VERSION}); "
+                    "delete the directory to compile from scratch"
                 ]
             )
     else:
@@ -451,5 +463,6 @@ def build_plan_columns(
         "mig_profiles": mig_names,
         "gpu_types": {g.id: g.type for g in problem.gpus},
         "slo_tiers": [t.model_dump(mode="json") for t in spec.slo_tiers],
+        "plans_version": VERSION,
     }
     return axes, columns, meta
