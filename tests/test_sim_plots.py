@@ -80,7 +80,7 @@ def test_the_table_explains_every_column_and_the_model_gap(
         assert static == pytest.approx(model_static, rel=0.05)
         split = next(line for line in legend if line.split()[:2] == [name, "simulated"])
         assert f"simulated {static / 3.6e6:.3f} + {(energy - static) / 3.6e6:.3f}" in split
-    assert any("design batch" in line for line in legend)
+    assert any("at arrivals" in line for line in legend)
 
 
 def test_the_panels_draw_every_planner_apart(evaluated: EvaluationResult) -> None:

@@ -18,13 +18,19 @@ from energyopt.sim.engine import SimResult, Simulator
 from energyopt.sim.forecast import peak_rates_rps, planned_rates_rps, raw_rates_rps
 from energyopt.sim.passes import PassTables
 from energyopt.sim.planners import Planner, make_planner
-from energyopt.sim.remap import problem_at_plan_rates, stabilize
+from energyopt.sim.remap import plan_rates_rps, problem_at_plan_rates, stabilize
 from energyopt.sim.synthetic import synthetic_arrivals
 from energyopt.sim.trace import trace_arrivals
 from energyopt.spec.errors import SpecError
-from energyopt.spec.evaluation import Evaluation, TraceLoad, resolve_relative
+from energyopt.spec.evaluation import (
+    Evaluation,
+    Forecast,
+    PlannerSpec,
+    TraceLoad,
+    resolve_relative,
+)
 from energyopt.spec.plan import Plan
-from energyopt.verify.serving import verify_plan
+from energyopt.verify.serving import evaluate_plan, verify_plan
 
 Say = Callable[[str], None]
 
@@ -45,7 +51,11 @@ class Tally:
     rejected_plans: int = 0  # plans the verifier rejected at their planned load
     predicted_j: float = 0.0  # the planners' own power figures times epoch lengths
     predicted_static_j: float = 0.0  # of which the on-GPUs' power at their clocks, idle
+    # the same plans' power on the model at the rates that arrived while each was in
+    # force (no forecast error): predicted_j - this is the forecast's part of the gap
+    predicted_arrivals_j: float = 0.0
     headroom: list[list[float]] = field(default_factory=list)  # per epoch, per workload
+    planned_rps: list[list[float]] = field(default_factory=list)  # per plan asked, per workload
 
 
 @dataclass
@@ -162,6 +172,7 @@ def run_planner(
     window = ev.duration_s
     run = Tally()
     current: list[Plan | None] = [None]
+    current_at: list[Problem] = [problem]  # the problem ``current`` was planned for
     since = [0.0]
     online = planner.spec.online and not planner.static
     policy: OnlinePolicy | None = None
@@ -191,6 +202,7 @@ def run_planner(
             rates = planned_rates_rps(raw * headroom, base, unit)
         else:
             rates = planned_rates_rps(raw, base, fc)
+        run.planned_rps.append(rates.tolist())
         planned = planner.plan(dict(zip(names, rates.tolist(), strict=True)))
         run.solver_s.append(planned.wall_s)
         run.solves += planned.solves
@@ -214,12 +226,23 @@ def run_planner(
         if verify_plan(at, planned.plan):
             run.rejected_plans += 1
         plan = stabilize(at, planned.plan, current[0])
-        if current[0] is not None:
-            run.predicted_j += _power_w(current[0]) * (now - since[0])
-            run.predicted_static_j += _static_w(problem, current[0]) * (now - since[0])
+        close(now)
         current[0] = plan
+        current_at[0] = at
         since[0] = now
         return plan
+
+    def close(now: float) -> None:
+        """Add the plan in force since ``since`` to the predicted energies."""
+        plan = current[0]
+        if plan is None or now <= since[0]:
+            return
+        span = now - since[0]
+        run.predicted_j += _power_w(plan) * span
+        run.predicted_static_j += _static_w(problem, plan) * span
+        came = arrivals.count_between(since[0], now) / span
+        true = dict(zip(names, came.tolist(), strict=True))
+        run.predicted_arrivals_j += plan_power_at_rates_w(current_at[0], plan, true) * span
 
     if planner.static:
         first_raw = peak_rates_rps(arrivals, window, fc)
@@ -246,14 +269,40 @@ def run_planner(
         return decide(now, raw_rates_rps(arrivals, now, ev.epoch_s, fc, window))
 
     result = sim.run(first, None if planner.static else ev.epoch_s, replan)
-    if current[0] is not None:
-        run.predicted_j += _power_w(current[0]) * (window - since[0])
-        run.predicted_static_j += _static_w(problem, current[0]) * (window - since[0])
+    close(window)
     return PlannerRun(planner.name, planner.spec.kind, result, run)
 
 
 def _power_w(plan: Plan) -> float:
     return sum(gp.predicted_power_w for gp in plan.gpus)
+
+
+def plan_power_at_rates_w(problem: Problem, plan: Plan, rates_rps: dict[str, float]) -> float:
+    """The model's power (W) of ``plan`` when its workloads' requests arrive at
+    ``rates_rps`` (req/s) instead of the rates it routes: every placement's rate
+    scaled by its workload's arrivals over its planned rate (the simulator routes in
+    proportion to the planned rates), priced by the verifier on the power lines of
+    ``problem``, the problem the plan was made for (on-power of each GPU that is on,
+    plus each placement's line at its scaled rate, 0 at rate 0)."""
+    planned = plan_rates_rps(plan)
+    factor = {
+        name: rates_rps.get(name, 0.0) / rate if rate > 0 else 0.0
+        for name, rate in planned.items()
+    }
+    gpus = tuple(
+        gp.model_copy(
+            update={
+                "placements": tuple(
+                    pl.model_copy(
+                        update={"rate_rps": pl.rate_rps * factor.get(pl.workload, 0.0)}
+                    )
+                    for pl in gp.placements
+                )
+            }
+        )
+        for gp in plan.gpus
+    )
+    return evaluate_plan(problem, plan.model_copy(update={"gpus": gpus})).total_power_w
 
 
 def _static_w(problem: Problem, plan: Plan) -> float:
@@ -315,3 +364,41 @@ def evaluate(
             failed.append(str(exc))
             say(str(exc))
     return EvaluationResult(ev, planning, arrivals, runs, skipped, failed)
+
+
+CLAIRVOYANT_WINDOW_S = 30.0
+"""The clairvoyant yardstick re-plans every this many seconds (s)."""
+
+CLAIRVOYANT = PlannerSpec(name="clairvoyant", kind="energyopt", solver="highs-exact")
+"""The yardstick's planner: energyopt's joint planner (exact preset)."""
+
+
+def clairvoyant_evaluation(ev: Evaluation, window_s: float = CLAIRVOYANT_WINDOW_S) -> Evaluation:
+    """``ev`` as the clairvoyant yardstick runs it: a plan every ``window_s`` seconds for
+    the rates that arrive in that window (the oracle forecast over one window: the
+    window's requests counted over its length), with no headroom and no rounding
+    beyond 1e-6 of each base rate; a workload with no request in a window is planned
+    at 1e-3 of its base rate (the floor every forecast has)."""
+    fc = Forecast(method="oracle", window_s=window_s, headroom=1.0, quantum=1e-6, floor=1e-3)
+    return ev.model_copy(update={"epoch_s": window_s, "forecast": fc})
+
+
+def run_clairvoyant(
+    res: EvaluationResult,
+    spec: PlannerSpec = CLAIRVOYANT,
+    window_s: float = CLAIRVOYANT_WINDOW_S,
+    say: Say = _say_nothing,
+) -> PlannerRun:
+    """The clairvoyant yardstick on ``res``'s load: ``spec`` (an energyopt planner)
+    re-planned every ``window_s`` seconds with each window's true arrival rates
+    (``clairvoyant_evaluation``), replayed in the simulator on the same requests as
+    every planner of ``res``, transitions and all. No deployable planner knows the
+    coming window's rates; how far it falls short of this run is what forecasting
+    costs. Raises PlanningError when there is no plan for the first window."""
+    if spec.kind != "energyopt" or spec.online:
+        raise ValueError(f"the yardstick plans with an energyopt planner, not {spec.kind}")
+    ev = clairvoyant_evaluation(res.evaluation, window_s)
+    planner = make_planner(spec, res.problem, ".")
+    assert planner is not None  # a solver planner always exists
+    tables = PassTables(res.problem, 0)
+    return run_planner(ev, res.problem, res.arrivals, planner, tables, say)

@@ -36,8 +36,9 @@ COLUMNS = {
     "GPUs on": "time-average number of GPUs on over the window",
     "solve s/epoch": "mean wall time of one planning call (s)",
     "model kWh": "what the plans predict for the same window: each plan's own power figure "
-    "(its GPUs' on-power at their clocks, plus each placement's energy per request at its "
-    "operating point times its planned rate) times the time the plan was in force",
+    "(its GPUs' on-power at their clocks, plus each placement's power line at its planned "
+    "rate: a fixed part while it carries requests plus a part per req/s) times the time "
+    "the plan was in force",
     "sim/model": "energy kWh / model kWh",
     "migrations": "serving instances started after time 0 (each loads its weights)",
 }
@@ -45,13 +46,13 @@ COLUMNS = {
 
 WHY_MODEL_DIFFERS = (
     "The static parts agree but for powering on and standby. The load-dependent part "
-    "differs: the model prices each request at its operating point's design batch (the "
-    "batch at its SLO capacity) and at the planned rates (forecast x headroom); the "
-    "simulator charges every iteration at the batch it actually runs, on the actual "
-    "arrivals. Below capacity a decode step streams all the weights for fewer requests, "
-    "so a request costs more than the model's price (most for planners that run far "
-    "below capacity, such as performance-first at the highest clock); planned rates "
-    "above the arrivals make the model the higher one (docs/evaluation.md)."
+    "differs for two reasons. The forecast: the plans are priced at their planned rates "
+    "(forecast x headroom, rounded up), not at the arrivals; 'at arrivals' prices the "
+    "same plans at the rates that came. The model: a placement's power is its steady "
+    "draw under Poisson arrivals, stated as a line through that draw at its top rate and "
+    "at half of it (above the draw below half), while the simulator charges every "
+    "iteration at the batch it runs, weight loading and clock changes included "
+    "(docs/evaluation.md)."
 )
 
 
@@ -85,6 +86,7 @@ def summary_rows(res: EvaluationResult) -> list[dict[str, float | str | int | No
                 "static_j": r.meter.window_static_j,
                 "predicted_j": run.tally.predicted_j,
                 "predicted_static_j": run.tally.predicted_static_j,
+                "predicted_arrivals_j": run.tally.predicted_arrivals_j,
                 "migrations": r.instances_started,
                 "arrived": r.arrived,
                 "completed": r.completed,
@@ -180,17 +182,21 @@ def legend(
         wrapped = textwrap.wrap(text, 100 - width - 4)
         lines.append(f"  {name.ljust(width)}  {wrapped[0]}")
         lines.extend(f"  {'':{width}}  {more}" for more in wrapped[1:])
-    lines.append("energy kWh against model kWh, split (kWh): static + load-dependent")
+    lines.append(
+        "energy kWh against model kWh, split (kWh): static + load-dependent; at arrivals: "
+        "the same plans on the model at the rates that arrived"
+    )
     name_width = max(len(str(row["planner"])) for row in rows) if rows else 0
     for row in rows:
         sim_static = float(row["static_j"] or 0) / 3.6e6
         sim_total = float(row["energy_j"] or 0) / 3.6e6
         model_static = float(row["predicted_static_j"] or 0) / 3.6e6
         model_total = float(row["predicted_j"] or 0) / 3.6e6
+        arrivals = float(row["predicted_arrivals_j"] or 0) / 3.6e6
         lines.append(
             f"  {str(row['planner']).ljust(name_width)}  simulated {sim_static:.3f} + "
             f"{sim_total - sim_static:.3f}   model {model_static:.3f} + "
-            f"{model_total - model_static:.3f}"
+            f"{model_total - model_static:.3f}   at arrivals {arrivals:.3f}"
         )
     lines.extend(f"  {line}" for line in textwrap.wrap(WHY_MODEL_DIFFERS, 98))
     return lines

@@ -1,0 +1,147 @@
+"""The clairvoyant yardstick (a plan per 30-s window at the window's true rates,
+replayed) and the model's power of a plan at the rates that arrived."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from energyopt.catalog.problem import load_problem
+from energyopt.sim.loop import (
+    CLAIRVOYANT_WINDOW_S,
+    EvaluationResult,
+    build_arrivals,
+    clairvoyant_evaluation,
+    plan_power_at_rates_w,
+    planning_problem,
+    run_clairvoyant,
+)
+from energyopt.sim.remap import plan_rates_rps, problem_at_plan_rates
+from energyopt.solvers.presets import load_preset
+from energyopt.solvers.serving import solve
+from energyopt.spec.evaluation import PlannerSpec, load_evaluation
+from energyopt.verify.serving import evaluate_plan
+
+BASE = {
+    "name": "yardstick-tiny",
+    "cluster": {"nodes": [{"name": "n0", "gpus": [{"type": "H100-SXM5-80GB", "count": 2}]}]},
+    "workloads": [
+        {
+            "name": "chat",
+            "model": "Llama-3.1-8B",
+            "rate_rps": 6.0,
+            "prompt_tokens": {"mean": 512},
+            "output_tokens": {"mean": 128},
+            "slo": {"ttft_ms": 500, "tbt_ms": 60},
+        },
+        {
+            "name": "code",
+            "model": "Llama-3.1-8B",
+            "rate_rps": 3.0,
+            "prompt_tokens": {"mean": 1024},
+            "output_tokens": {"mean": 256},
+            "slo": {"ttft_ms": 800, "tbt_ms": 60},
+        },
+    ],
+    "options": {"clocks_mhz": {"H100-SXM5-80GB": [990, 1410, 1980]}},
+}
+
+
+EXACT = PlannerSpec(name="clairvoyant", kind="energyopt", solver="highs-per-gpu")
+"""The yardstick's planner with the exact preset that is quickest on two GPUs."""
+
+
+def _result(tmp_path: Path, duration_s: float) -> EvaluationResult:
+    """A bursty load on the tiny fleet, with no planner run yet."""
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
+    spec = {
+        "kind": "evaluate",
+        "name": "tiny",
+        "base": "base.yaml",
+        "load": {"kind": "bursty", "burst_factor": 3.0, "burst_s": 20, "gap_s": 30},
+        "duration_s": duration_s,
+        "epoch_s": 300,
+        "planners": [{"name": "performance-first", "kind": "performance-first"}],
+        "seed": 4,
+    }
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    ev = load_evaluation(path)
+    problem = load_problem(tmp_path / "base.yaml")
+    arrivals = build_arrivals(ev, problem, path)
+    return EvaluationResult(ev, planning_problem(problem, arrivals), arrivals, [], [], [])
+
+
+def test_the_yardstick_plans_every_window_at_its_true_rates_and_its_plans_verify(
+    tmp_path: Path,
+) -> None:
+    res = _result(tmp_path, 60.0)
+    windows = math.ceil(60.0 / CLAIRVOYANT_WINDOW_S)
+    run = run_clairvoyant(res, EXACT)
+    true = res.arrivals.window_rates_rps(0.0, 60.0, CLAIRVOYANT_WINDOW_S)
+    assert true.shape[0] == windows
+    assert (true > 0).all()  # every workload has requests in every window
+    # one plan per window, for the rates that arrive in it (not the forecast's
+    # trend, headroom or quantum)
+    planned = np.asarray(run.tally.planned_rps)
+    assert planned.shape == true.shape
+    base = np.asarray([w.rate_rps for w in res.problem.instance.workloads])
+    assert np.all(planned >= true - 1e-9)
+    assert np.all(planned <= true + 1e-6 * base + 1e-9)
+    # the bursts make the windows differ: a forecast would not have matched them all
+    assert np.ptp(true.sum(axis=1)) > 0.1 * true.sum(axis=1).mean()
+    assert run.tally.rejected_plans == 0
+    assert run.tally.shortfall_epochs == 0 and run.tally.unplanned_epochs == 0
+    # with no forecast error, the plans' predicted energy is the model's energy at
+    # the arrivals
+    assert run.tally.predicted_arrivals_j == pytest.approx(run.tally.predicted_j, rel=1e-6)
+    # replayed in the simulator: every request served, the fleet's energy metered
+    assert run.result.arrived == len(res.arrivals)
+    assert run.result.completed == run.result.arrived
+    assert run.result.energy_j > 0
+
+
+def test_the_yardstick_replans_with_no_headroom_every_window() -> None:
+    spec = Path(__file__).resolve().parents[1] / "instances/evaluate/quickstart-bursty.yaml"
+    ev = load_evaluation(spec)
+    yard = clairvoyant_evaluation(ev, 15.0)
+    assert yard.epoch_s == 15.0
+    assert yard.forecast.method == "oracle"
+    assert yard.forecast.window_s == 15.0
+    assert yard.forecast.headroom == 1.0
+    assert (yard.load, yard.duration_s, yard.seed) == (ev.load, ev.duration_s, ev.seed)
+
+
+def test_the_yardstick_refuses_a_baseline_planner(tmp_path: Path) -> None:
+    res = _result(tmp_path, 30.0)
+    with pytest.raises(ValueError, match="energyopt planner"):
+        run_clairvoyant(res, PlannerSpec(name="pf", kind="performance-first"))
+
+
+def test_a_plan_at_the_arrivals_is_priced_on_its_own_power_lines(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
+    problem = load_problem(tmp_path / "base.yaml")
+    result = solve(problem, load_preset("highs-per-gpu"), time_limit_s=60)
+    assert result.plan is not None
+    plan = result.plan
+    at = problem_at_plan_rates(problem, plan)
+    rates = plan_rates_rps(plan)
+    own = evaluate_plan(at, plan)
+    # at its planned rates: what the verifier (and so the solver) says the plan draws
+    assert plan_power_at_rates_w(at, plan, rates) == pytest.approx(own.total_power_w, rel=1e-9)
+    assert own.total_power_w == pytest.approx(
+        sum(gp.predicted_power_w for gp in plan.gpus), rel=1e-6
+    )
+    # no arrivals: the GPUs that are on, idle at their clocks
+    idle = plan_power_at_rates_w(at, plan, {name: 0.0 for name in rates})
+    assert idle == pytest.approx(own.static_power_w, rel=1e-9)
+    # more arrivals cost more, fewer cost less, and the fixed part stays while any
+    # request arrives: half the rate draws more than half the dynamic power
+    half = plan_power_at_rates_w(at, plan, {n: 0.5 * r for n, r in rates.items()})
+    more = plan_power_at_rates_w(at, plan, {n: 1.5 * r for n, r in rates.items()})
+    assert idle < half < own.total_power_w < more
+    assert half - idle > 0.5 * (own.total_power_w - idle)
