@@ -2,7 +2,7 @@
 
 An operating-point table (``energyopt compile`` of kind ``oppoints``,
 docs/tables.md) is the offline profile a deployment ships next to its plans. The
-online schedulers read four of its columns and one small derived table, each
+online schedulers read five of its columns and one small derived table, each
 through a precompiled scalar getter (``Table.getter`` / ``Table.row_getter``:
 a few dict subscripts, no numpy), and count every call:
 
