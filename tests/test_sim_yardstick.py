@@ -3,6 +3,7 @@ replayed) and the model's power of a plan at the rates that arrived."""
 
 from __future__ import annotations
 
+import csv
 import math
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from energyopt.catalog.problem import load_problem
+from energyopt.cli import main
 from energyopt.sim.loop import (
     CLAIRVOYANT_WINDOW_S,
     EvaluationResult,
@@ -145,3 +147,53 @@ def test_a_plan_at_the_arrivals_is_priced_on_its_own_power_lines(tmp_path: Path)
     more = plan_power_at_rates_w(at, plan, {n: 1.5 * r for n, r in rates.items()})
     assert idle < half < own.total_power_w < more
     assert half - idle > 0.5 * (own.total_power_w - idle)
+
+
+def _spec(tmp_path: Path, planners: list[dict[str, str]]) -> Path:
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
+    spec = {
+        "kind": "evaluate",
+        "name": "tiny",
+        "base": "base.yaml",
+        "load": {"kind": "diurnal", "amplitude": 0.5},
+        "duration_s": 30,
+        "planners": planners,
+        "output_dir": str(tmp_path / "out"),
+    }
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_evaluate_yardstick_adds_the_clairvoyant_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _spec(tmp_path, [{"name": "performance-first", "kind": "performance-first"}])
+    assert main(["evaluate", str(path), "-q", "--no-plots", "--yardstick"]) == 0
+    out = capsys.readouterr().out
+    assert any(line.startswith("clairvoyant ") for line in out.splitlines())
+    with (tmp_path / "out" / "summary.csv").open() as fh:
+        rows = {r["planner"]: r for r in csv.DictReader(fh)}
+    assert set(rows) == {"performance-first", "clairvoyant"}
+    yard = rows["clairvoyant"]
+    assert int(yard["rejected_plans"]) == 0
+    assert int(yard["arrived"]) == int(rows["performance-first"]["arrived"]) > 0
+    # priced against the reference like every planner
+    assert float(yard["saving"]) == pytest.approx(
+        1 - float(yard["energy_j"]) / float(rows["performance-first"]["energy_j"])
+    )
+
+
+def test_evaluate_yardstick_refuses_a_planner_of_its_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _spec(
+        tmp_path,
+        [
+            {"name": "performance-first", "kind": "performance-first"},
+            {"name": "clairvoyant", "kind": "energyopt"},
+        ],
+    )
+    assert main(["evaluate", str(path), "-q", "--no-plots", "--yardstick"]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "planners" in err and "clairvoyant" in err

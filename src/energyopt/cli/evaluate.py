@@ -20,6 +20,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--duration", type=float, default=None, help="override duration_s (s)")
     p.add_argument("--no-plots", action="store_true", help="write CSV only")
+    p.add_argument(
+        "--yardstick",
+        action="store_true",
+        help="also run the clairvoyant yardstick: energyopt re-planned every 30 s at each "
+        "window's true arrival rates, replayed on the same requests",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--catalog", action="append", default=[], metavar="FILE")
     p.set_defaults(func=run)
@@ -29,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the evaluation; exit 0, or 2 on bad input (SpecError, handled by main)."""
     from energyopt.cli.common import EXIT_OK, progress
     from energyopt.cli.documents import expect_document, validate_evaluation
-    from energyopt.sim.loop import evaluate
+    from energyopt.sim.loop import CLAIRVOYANT, PlanningError, evaluate, run_clairvoyant
     from energyopt.sim.plots import PLOT_HINT, write_plots
     from energyopt.sim.report import format_table, write_csvs
     from energyopt.spec.errors import SpecError
@@ -45,9 +51,19 @@ def run(args: argparse.Namespace) -> int:
         if args.duration <= 0:
             raise SpecError([f"--duration: must be positive, got {args.duration:g}"])
         ev = ev.model_copy(update={"duration_s": args.duration})
+    if args.yardstick and any(p.name == CLAIRVOYANT.name for p in ev.planners):
+        raise SpecError(
+            [f"{args.spec}: planners: a planner is named {CLAIRVOYANT.name}, the yardstick's name"]
+        )
     say = progress(args.quiet)
     say(f"evaluating {args.spec}")
     res = evaluate(ev, args.spec, only=args.planner, say=say, catalogs=args.catalog)
+    if args.yardstick:
+        say(f"{CLAIRVOYANT.name}: simulating (the yardstick)")
+        try:
+            res.runs.append(run_clairvoyant(res, say=say))
+        except PlanningError as exc:
+            res.failed.append(str(exc))
     folder = Path(args.output_dir if args.output_dir is not None else ev.output_dir)
     written = write_csvs(res, folder)  # files first: the table may go to a closed pipe
     plots = None if args.no_plots else write_plots(res, folder)
