@@ -25,7 +25,6 @@ Sections (docs/performance-model.md, section 10):
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +41,7 @@ from energyopt.perf.calibration import (
     read_parvagpu,
     read_power_constants,
     read_splitwise,
+    read_vidur,
 )
 from energyopt.perf.energy import steady_power_w
 from energyopt.perf.fitting import Tables
@@ -114,17 +114,12 @@ def section_allreduce(tables: Tables, gpus: dict[str, GpuType]) -> None:
 
 
 def vidur_layer_ms(path: Path) -> dict[tuple[int, int], float]:
-    """Sum of the medians of every per-layer operator of a Vidur mlp.csv (ms), by
-    (TP, tokens); repeated rows averaged."""
-    ops = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
-           "post_attention_layernorm", "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+    """Vidur's per-layer operator time (ms; ``perf.calibration.read_vidur``) by (TP,
+    tokens), repeated rows averaged."""
+    rows = read_vidur(path)
     acc: dict[tuple[int, int], list[float]] = {}
-    with path.open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            key = (int(row["num_tensor_parallel_workers"]), int(row["num_tokens"]))
-            acc.setdefault(key, []).append(
-                sum(float(row[f"time_stats.{op}.median"]) for op in ops)
-            )
+    for tp, tokens, ms in zip(rows.tp, rows.tokens, rows.layer_ms, strict=True):
+        acc.setdefault((tp, int(tokens)), []).append(float(ms))
     return {k: float(np.mean(v)) for k, v in acc.items()}
 
 

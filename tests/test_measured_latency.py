@@ -4,7 +4,6 @@ per-point tables)."""
 
 from __future__ import annotations
 
-import csv
 import itertools
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import pytest
 
 from energyopt.catalog import builtin_catalog
 from energyopt.perf.calibration import (
-    VIDUR_LAYER_OPS,
     mig_fractions,
     params_for,
     phase_power_w,
@@ -23,6 +21,7 @@ from energyopt.perf.calibration import (
     read_parvagpu,
     read_power_constants,
     read_splitwise,
+    read_vidur,
 )
 from energyopt.perf.fitting import Tables
 from energyopt.perf.forward import decode_pass, prefill_pass
@@ -51,13 +50,11 @@ def test_allreduce_matches_the_nccl_measurement(shared_data: Path, gpu: str) -> 
 
 
 def _vidur_layers_ms(path: Path) -> dict[tuple[int, int], float]:
+    """Vidur's per-layer operator time (ms) by (TP, tokens), repeated rows averaged."""
+    rows = read_vidur(path)
     acc: dict[tuple[int, int], list[float]] = {}
-    with path.open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            key = (int(row["num_tensor_parallel_workers"]), int(row["num_tokens"]))
-            acc.setdefault(key, []).append(
-                sum(float(row[f"time_stats.{op}.median"]) for op in VIDUR_LAYER_OPS)
-            )
+    for tp, tokens, ms in zip(rows.tp, rows.tokens, rows.layer_ms, strict=True):
+        acc.setdefault((tp, int(tokens)), []).append(float(ms))
     return {k: float(np.mean(v)) for k, v in acc.items()}
 
 

@@ -274,7 +274,8 @@ def read_allreduce(path: Path) -> AllReduceRows:
 
 def predict_allreduce_ms(gpu: GpuType, rows: AllReduceRows) -> FloatArray:
     """The model's time of one all-reduce of each row (ms): the fixed latency plus the
-    ring volume ``2(k-1)/k`` of the message over the achieved link bandwidth (§2)."""
+    ring volume ``2(k-1)/k`` of the message over the achieved link bandwidth (§2), the
+    bandwidth as a pass takes it (``params.build_params``: NVLink x link efficiency)."""
     p = params_for(gpu, builtin_catalog().model("Llama-2-7B"), [2])
     link_bw = float(p.link_bw[0])
     k = rows.workers
