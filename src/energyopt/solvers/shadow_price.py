@@ -344,7 +344,9 @@ def solve_shadow_price(
         return Result(status, res.objective, bound, time.perf_counter() - t0, plan, preset.name)
     wall = time.perf_counter() - t0
     im.values = values
-    objective = out.objective
+    # The plan places no op that carries no rate: its objective is the master's less
+    # the fixed parts of such ops, as the verifier prices it.
+    objective = pat.integer_objective(prog, values)
     bound = min(bound, objective)
     status = status_at(objective, bound, gap)
     from energyopt.solvers.serving import finish_plan
