@@ -4,9 +4,13 @@ formulations, for the differential test of every serving preset.
 The optimiser reads only the operating-point table (the performance model) and the
 instance: it enumerates every per-GPU choice (off; a clock with a set of single-GPU
 placements; membership of a tensor-parallel group), every way of forming TP groups
-from the GPUs that chose them, and solves the routed rates of each combination as an
-LP with scipy. It knows each objective of ``options.objective`` from its definition
-in docs/formulations/serving.md, not from ``formulations.serving.costs``.
+from the GPUs that chose them, and which placements of a unit now on its GPU stay idle
+(rate 0); it drops the combinations whose worst-case draw (on-power + each
+placement's steady power at its SLO capacity) breaks a cap or budget, and solves the
+routed rates of the rest as an LP with scipy. A placement that carries rate costs its
+power line's fixed part plus its part per request; an idle one costs nothing. It
+knows each objective of ``options.objective`` from its definition in
+docs/formulations/serving.md, not from ``formulations.serving.costs``.
 """
 
 from __future__ import annotations
@@ -157,6 +161,53 @@ PRUNE_TOL = 1e-6
 its LP is skipped (the LP's own value may sit ~1e-9 below the bound)."""
 
 
+def _current_ops(problem: Problem, table: OpTable, choice: tuple[GpuChoice, ...]) -> list[int]:
+    """Indices into the choice's single placements (in ``_singles`` order) of those
+    whose unit is placed on that GPU now: such a placement may stay at rate 0,
+    where it costs nothing and avoids a migration."""
+    out = []
+    for j, (i, o) in enumerate(_singles(choice)):
+        state = problem.gpus[i].state
+        unit = table.units[int(table.unit[o])]
+        if state is not None and any(
+            (p.workload, p.phase) == (unit.workload, unit.phase) for p in state.placements
+        ):
+            out.append(j)
+    return out
+
+
+def _singles(choice: tuple[GpuChoice, ...]) -> list[tuple[int, int]]:
+    """(GPU index, op) of every single-GPU placement of the choice."""
+    return [
+        (i, o) for i, c in enumerate(choice) if c is not None and c[0] == "shared" for o in c[2]
+    ]
+
+
+def _worst_case_fits(
+    problem: Problem, table: OpTable, choice: tuple[GpuChoice, ...], caps: list[float]
+) -> bool:
+    """Whether every GPU's worst-case draw (on-power at its clock + the steady power
+    at SLO capacity of each placement on it, 1/k of a TP group's) is within its cap,
+    and the node and cluster sums within their budgets, whatever the rates."""
+    gpus = problem.gpus
+    draw = [0.0] * len(gpus)
+    for i, c in enumerate(choice):
+        if c is None:
+            continue
+        draw[i] = table.on_power[(gpus[i].type, c[1])] + sum(
+            float(table.peak_power_w[o]) / int(table.tp[o]) for o in c[2]
+        )
+        if draw[i] > caps[i]:
+            return False
+    for node in problem.instance.cluster.nodes:
+        if node.power_budget_w is not None:
+            used = sum(d for d, g in zip(draw, gpus, strict=True) if g.node == node.name)
+            if used > node.power_budget_w:
+                return False
+    budget = problem.instance.cluster.power_budget_w
+    return budget is None or sum(draw) <= budget
+
+
 def exhaustive_optimum(problem: Problem, table: OpTable | None = None) -> Optimum:
     """Least objective over every plan the instance allows (see module docstring);
     ``table``: the problem's operating-point table, if the caller has built it."""
@@ -169,19 +220,25 @@ def exhaustive_optimum(problem: Problem, table: OpTable | None = None) -> Optimu
     objective = opts.objective
     scale = sum(problem.gpu_type(g.type).tdp_w for g in gpus)
     # Delay weight of each op for the edp objective: its unloaded latency over the
-    # same unit's at the type's max clock on a full GPU.
+    # same unit's at the type's max clock on a full GPU (it weights the placement's
+    # whole dynamic power, fixed part and part per request).
     weight = np.where(table.ref_latency_ms > 0, table.latency_ms / table.ref_latency_ms, 1.0)
+    if objective != "edp":
+        weight = np.ones(len(table))
     caps = [_cap_w(problem, i) for i in range(len(gpus))]
     node_of = [g.node for g in gpus]
     best: float | None = None
     arg: tuple[GpuChoice, ...] | None = None
     count = 0
-    # A choice's value is at least its static power plus each unit's rate at the
-    # cheapest of its ops the choice offers (the LP without capacities and caps),
-    # plus its GPU count or migration penalty. Choices are tried in order of that
-    # floor; once the floor is above the best value found, no later choice can beat
-    # it and their LPs are skipped (they are still counted).
-    rate_cost = table.energy_j * weight if objective == "edp" else table.energy_j
+    # A choice's value is at least its static power, plus the fixed part of each
+    # placement that must carry rate (every TP group; every single placement but
+    # those of a current unit, which may stay idle), plus each unit's rate at the
+    # cheapest part per request of its ops the choice offers (the LP without
+    # capacities), plus its GPU count or migration penalty. Choices are tried in
+    # order of that floor; once the floor is above the best value found, no later
+    # choice can beat it and their LPs are skipped (they are still counted).
+    marginal = table.marginal_j * weight
+    fixed = table.fixed_w * weight
     rates = [u.rate_rps for u in table.units]
     candidates: list[tuple[float, int, tuple[GpuChoice, ...], list[tuple[str, int]], Any]] = []
     for choice in itertools.product(*choices):
@@ -198,6 +255,8 @@ def exhaustive_optimum(problem: Problem, table: OpTable | None = None) -> Optimu
         if any(not p for p in pools):
             continue
         count += math.prod(len(p) for p in pools)
+        if not _worst_case_fits(problem, table, choice, caps):
+            continue
         static_w = sum(
             table.on_power[(gpus[i].type, c[1])] for i, c in enumerate(choice) if c is not None
         )
@@ -205,8 +264,15 @@ def exhaustive_optimum(problem: Problem, table: OpTable | None = None) -> Optimu
         for c in choice:
             for o in c[2] if c is not None else ():
                 u = int(table.unit[o])
-                cheapest[u] = min(cheapest[u], float(rate_cost[o]))
+                cheapest[u] = min(cheapest[u], float(marginal[o]))
+        singles = _singles(choice)
+        may_idle = set(_current_ops(problem, table, choice))
         floor = static_w + sum(r * k for r, k in zip(rates, cheapest, strict=True) if r > 0)
+        floor += sum(float(fixed[o]) for j, (_, o) in enumerate(singles) if j not in may_idle)
+        floor += sum(
+            float(fixed[o]) * len(members) / int(table.tp[o])
+            for (_, o), members in tp_members.items()
+        )
         if objective == "gpus_on":
             floor = sum(1 for c in choice if c is not None) + floor / scale
         elif objective == "power_migration":
@@ -216,18 +282,24 @@ def exhaustive_optimum(problem: Problem, table: OpTable | None = None) -> Optimu
     for floor, _, choice, pool_keys, pools in candidates:
         if best is not None and floor - PRUNE_TOL * max(1.0, abs(best)) > best:
             break
+        current = _current_ops(problem, table, choice)
+        # Each current placement either carries rate or stays idle (rate 0, no cost).
+        idle_sets = [
+            set(s) for n in range(len(current) + 1) for s in itertools.combinations(current, n)
+        ]
         for grouping in itertools.product(*pools):
-            value = _solve_rates(
-                problem, table, choice, pool_keys, grouping, caps, weight, objective
-            )
-            if value is None:
-                continue
-            if objective == "gpus_on":
-                value = sum(1 for c in choice if c is not None) + value / scale
-            elif objective == "power_migration":
-                value += opts.migration_penalty_w * _moved(problem, table, choice)
-            if best is None or value < best:
-                best, arg = value, choice
+            for idle in idle_sets:
+                value = _solve_rates(
+                    problem, table, choice, pool_keys, grouping, idle, marginal, fixed
+                )
+                if value is None:
+                    continue
+                if objective == "gpus_on":
+                    value = sum(1 for c in choice if c is not None) + value / scale
+                elif objective == "power_migration":
+                    value += opts.migration_penalty_w * _moved(problem, table, choice)
+                if best is None or value < best:
+                    best, arg = value, choice
     return Optimum(best, count, arg)
 
 
@@ -237,57 +309,33 @@ def _solve_rates(
     choice: tuple[GpuChoice, ...],
     pool_keys: list[tuple[str, int]],
     grouping: tuple[list[tuple[int, ...]], ...],
-    caps: list[float],
-    weight: np.ndarray,
-    objective: str,
+    idle: set[int],
+    marginal: np.ndarray,
+    fixed: np.ndarray,
 ) -> float | None:
-    """Least (delay-weighted, for edp) power of the rates; None if infeasible."""
+    """Least (delay-weighted, for edp) power of the choice: static power, the fixed
+    part of every placement but the ``idle`` ones (indices into its single
+    placements, held at rate 0), and the rates' part by LP; None if no rates
+    serve the demand within the capacities."""
     gpus = problem.gpus
-    static = [
-        table.on_power[(gpus[i].type, c[1])] if c is not None else 0.0 for i, c in enumerate(choice)
-    ]
+    static = sum(
+        table.on_power[(gpus[i].type, c[1])] for i, c in enumerate(choice) if c is not None
+    )
     # Variables: one rate per single placement, one per TP group.
-    variables: list[tuple[int, tuple[int, ...]]] = []  # (op, GPUs it draws power on)
-    for i, c in enumerate(choice):
-        if c is not None and c[0] == "shared":
-            variables.extend((o, (i,)) for o in c[2])
+    ops = [o for _, o in _singles(choice)]
     for (_, o), groups in zip(pool_keys, grouping, strict=True):
-        variables.extend((o, members) for members in groups)
-    n = len(variables)
-    energy = np.asarray([float(table.energy_j[o]) for o, _ in variables])
-    cost = energy * np.asarray([float(weight[o]) for o, _ in variables])
-    if objective != "edp":
-        cost = energy
-    a_eq = np.zeros((len(table.units), n))
-    for j, (o, _) in enumerate(variables):
+        ops.extend(o for _ in groups)
+    cost = np.asarray([float(marginal[o]) for o in ops])
+    constant = sum(float(fixed[o]) for j, o in enumerate(ops) if j not in idle)
+    a_eq = np.zeros((len(table.units), len(ops)))
+    for j, o in enumerate(ops):
         a_eq[int(table.unit[o]), j] = 1.0
     b_eq = np.asarray([u.rate_rps for u in table.units])
-    rows: list[np.ndarray] = []
-    rhs: list[float] = []
-    gpu_rows = np.zeros((len(gpus), n))
-    for j, (o, members) in enumerate(variables):
-        for i in members:
-            gpu_rows[i, j] = float(table.energy_j[o]) / len(members)
-    for i, c in enumerate(choice):
-        if c is not None:
-            rows.append(gpu_rows[i])
-            rhs.append(caps[i] - static[i])
-    for node in problem.instance.cluster.nodes:
-        if node.power_budget_w is not None:
-            idx = [i for i, g in enumerate(gpus) if g.node == node.name]
-            rows.append(gpu_rows[idx].sum(axis=0))
-            rhs.append(node.power_budget_w - sum(static[i] for i in idx))
-    budget = problem.instance.cluster.power_budget_w
-    if budget is not None:
-        rows.append(gpu_rows.sum(axis=0))
-        rhs.append(budget - sum(static))
-    if any(r < -1e-9 for r in rhs):
-        return None
-    bounds = [(0.0, float(table.capacity_rps[o])) for o, _ in variables]
-    least = lp_minimum(cost, rows, rhs, a_eq, b_eq, bounds)
+    bounds = [(0.0, 0.0 if j in idle else float(table.capacity_rps[o])) for j, o in enumerate(ops)]
+    least = lp_minimum(cost, [], [], a_eq, b_eq, bounds)
     if least is None:
         return None
-    return float(sum(static)) + least
+    return float(static) + constant + least
 
 
 SMALL_MODELS = ("Llama-3.1-8B", "Mistral-7B", "Qwen2.5-14B")

@@ -23,11 +23,13 @@ def tiny_instance(
     shares: list[int] = [50, 100],  # noqa: B006 - read only
     cap_w: float | None = None,
     node_budget_w: float | None = None,
+    cluster_budget_w: float | None = None,
 ) -> Problem:
     """GPUs of the given types in one node; workloads (model, rate, ttft, tbt)."""
     data: dict[str, Any] = {
         "name": "tiny",
         "cluster": {
+            **({"power_budget_w": cluster_budget_w} if cluster_budget_w else {}),
             "nodes": [
                 {
                     "name": "n0",
@@ -57,6 +59,12 @@ def tiny_instance(
 def brute_force_power(problem: Problem) -> float | None:
     """Least total power over every per-GPU choice (off, or a clock and a set of
     single-GPU placements), with rates by LP. None if nothing is feasible.
+
+    A placement costs its power line, fixed_w + marginal_j * rate; the caps and the
+    node budget hold the worst-case draw, on-power + the peak power of each
+    placement (its steady power at SLO capacity), whatever the rates. Every
+    placement of a choice is charged its fixed part: one that would carry no rate
+    is the same choice without it, also enumerated.
 
     Independent of the formulations: it reads only the operating-point table.
     """
@@ -92,29 +100,32 @@ def brute_force_power(problem: Problem) -> float | None:
     budget = problem.instance.cluster.nodes[0].power_budget_w
     best: float | None = None
     for choice in itertools.product(*options):
-        static = sum(table.on_power[(gpus[i].type, c[0])] for i, c in enumerate(choice) if c)
         var: list[tuple[int, int]] = [(i, o) for i, c in enumerate(choice) if c for o in c[1]]
         served = {int(table.unit[o]) for _, o in var}
         if served != set(range(len(table.units))):
             continue
-        cost = np.asarray([table.energy_j[o] for _, o in var])
+        worst = {
+            i: table.on_power[(gpus[i].type, c[0])]
+            + sum(float(table.peak_power_w[o]) for o in c[1])
+            for i, c in enumerate(choice)
+            if c
+        }
+        if any(w > caps[i] for i, w in worst.items()):
+            continue
+        if budget is not None and sum(worst.values()) > budget:
+            continue
+        static = sum(table.on_power[(gpus[i].type, c[0])] for i, c in enumerate(choice) if c)
+        fixed = sum(float(table.fixed_w[o]) for _, o in var)
+        cost = np.asarray([table.marginal_j[o] for _, o in var])
         a_eq = np.asarray(
             [[1.0 if table.unit[o] == u else 0.0 for _, o in var] for u in range(len(table.units))]
         )
         b_eq = np.asarray([u.rate_rps for u in table.units])
-        a_ub, b_ub = [], []
-        for i, c in enumerate(choice):
-            if c:
-                a_ub.append([table.energy_j[o] if j == i else 0.0 for j, o in var])
-                b_ub.append(caps[i] - table.on_power[(gpus[i].type, c[0])])
-        if budget is not None:
-            a_ub.append(list(cost))
-            b_ub.append(budget - static)
         bounds = [(0.0, float(table.capacity_rps[o])) for _, o in var]
-        least = lp_minimum(cost, a_ub, b_ub, a_eq, b_eq, bounds)
+        least = lp_minimum(cost, [], [], a_eq, b_eq, bounds)
         if least is None:
             continue
-        total = static + least
+        total = static + fixed + least
         if best is None or total < best:
             best = total
     return best
@@ -134,13 +145,17 @@ CANONICAL = {
     "heterogeneous-pair": dict(
         gpus=[H100, A100, A100], workloads=[("Llama-3.1-8B", 6.0, 800.0, 80.0)]
     ),
+    # The cap and the budget bind: without them the optimum is another plan
+    # (test_brute_force_sees_the_cap_and_the_budget). Caps and budgets hold the
+    # worst-case draw, so the load is high enough that the cheapest plan's draw at
+    # capacity is above them while another plan's is not.
     "power-capped": dict(
-        gpus=[H100, H100], workloads=[("Llama-3.1-8B", 9.0, 800.0, 80.0)], cap_w=260.0
+        gpus=[H100, H100], workloads=[("Llama-3.1-8B", 16.0, 800.0, 80.0)], cap_w=260.0
     ),
     "node-budget": dict(
         gpus=[H100, H100, H100],
-        workloads=[("Llama-3.1-8B", 8.0, 800.0, 80.0), ("Mistral-7B", 3.0, 600.0, 60.0)],
-        node_budget_w=700.0,
+        workloads=[("Llama-3.1-8B", 16.0, 800.0, 80.0), ("Mistral-7B", 3.0, 600.0, 60.0)],
+        node_budget_w=560.0,
     ),
     "too-much-load": dict(gpus=[A100], workloads=[("Qwen2.5-14B", 40.0, 800.0, 80.0)]),
 }

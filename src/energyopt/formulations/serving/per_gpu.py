@@ -22,8 +22,8 @@ from energyopt.perf.oppoints import OpTable
 from energyopt.spec.cluster import Gpu
 
 ON = 0.5
-POOLED = -1
-"""Slot index of the TP key of interchangeable GPUs (one cap): its w counts groups."""
+TOP_MARGIN = 1e-6
+"""Relative margin above a unit's rate in the bound of a placement's rate."""
 
 
 @dataclass
@@ -37,10 +37,14 @@ class PerGpuModel:
     gpus: list[Gpu]
     x_keys: list[tuple[int, int]] = field(default_factory=list)  # (gpu, op)
     y_keys: list[tuple[int, int]] = field(default_factory=list)  # (gpu, clock)
-    tp_keys: list[tuple[str, int, int]] = field(default_factory=list)  # (node, op, slot)
-    z_keys: list[tuple[int, int, int]] = field(default_factory=list)  # (gpu, tp op, slot)
-    slot_members: dict[tuple[str, int, int], list[int]] = field(default_factory=dict)
-    """GPUs that may join each TP group slot (node, op, slot)."""
+    tp_keys: list[tuple[str, int]] = field(default_factory=list)  # (node, TP op)
+    z_keys: list[tuple[int, int]] = field(default_factory=list)  # (gpu, TP op)
+    idle_keys: list[tuple[int, int]] = field(default_factory=list)
+    """(gpu, op) of a unit placed on the GPU now, under a migration penalty: the
+    placement may stay at rate 0 (no fixed part) to avoid the penalty."""
+    tp_members: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    """GPUs that may join a group of each TP key (node, op): those of the node and
+    type whose cap holds a member's worst-case draw."""
     unservable: list[str] = field(default_factory=list)
     """Units no variable of the model can serve (the instance is infeasible)."""
     constant: float = 0.0
@@ -56,15 +60,15 @@ class PerGpuModel:
             if pyo.value(m.x[g, o]) > ON:
                 rate = max(0.0, float(pyo.value(m.r[g, o])))
                 out[self.gpus[g].id].ops.append((o, rate))
-        for node, o, j in self.tp_keys:
-            groups = round(float(pyo.value(m.w[node, o, j])))
+        for node, o in self.tp_keys:
+            groups = round(float(pyo.value(m.w[node, o])))
             if groups <= 0:
                 continue
-            rate = max(0.0, float(pyo.value(m.r_tp[node, o, j]))) / groups
-            chosen = [g for g in self.slot_members[(node, o, j)] if pyo.value(m.z[g, o, j]) > ON]
+            rate = max(0.0, float(pyo.value(m.r_tp[node, o]))) / groups
+            chosen = [g for g in self.tp_members[(node, o)] if pyo.value(m.z[g, o]) > ON]
             k = int(self.table.tp[o])
             for i in range(groups):
-                gid = f"{node}:tp{o}.{j if j != POOLED else i}"
+                gid = f"{node}:tp{o}.{i}"
                 for g in chosen[i * k : (i + 1) * k]:
                     out[self.gpus[g].id].tp_ops.append((o, rate, gid))
         return out
@@ -86,57 +90,91 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
         (by_type if table.tp[o] == 1 else tp_by_type)[int(table.gpu_type[o])].append(o)
     type_index = {name: t for t, name in enumerate(table.type_names)}
 
+    # An op whose worst-case draw on GPU g (on-power at its clock + its peak power,
+    # a TP member's 1/k of its group's) exceeds g's cap can never be placed there:
+    # it gets no variable.
+    def fits(g: int, o: int) -> bool:
+        gpu = gpus[g]
+        worst = table.on_power[(gpu.type, int(table.clock_mhz[o]))] + float(
+            table.peak_power_w[o]
+        ) / int(table.tp[o])
+        return worst <= power_cap_w(problem, gpu)
+
     for g, gpu in enumerate(gpus):
         t = type_index[gpu.type]
         pm.y_keys.extend((g, f) for f in table.clocks[gpu.type])
-        pm.x_keys.extend((g, o) for o in by_type[t])
-    # TP groups are formed of GPUs of one node and type, whatever their power caps.
-    # Where those GPUs share one cap they are interchangeable: one POOLED key whose
-    # integer w counts the groups. Otherwise each possible group of an op is a slot
-    # j (binary w), each GPU may join one slot, and each member's cap limits it.
+        pm.x_keys.extend((g, o) for o in by_type[t] if fits(g, o))
+    # TP groups are formed of GPUs of one node and type. A member holds nothing
+    # else, so its worst-case draw is on-power + peak / k whatever the group's rate:
+    # it fits its cap or not. The members that fit are interchangeable; one key per
+    # (node, op) whose integer w counts the groups.
     nodes_types: dict[tuple[str, int], list[int]] = defaultdict(list)
-    slot_members = pm.slot_members
     for g, gpu in enumerate(gpus):
         nodes_types[(gpu.node, type_index[gpu.type])].append(g)
     for (node, t), members in nodes_types.items():
-        pooled = len({power_cap_w(problem, gpus[g]) for g in members}) == 1
         for o in tp_by_type[t]:
-            k = int(table.tp[o])
-            slots = [POOLED] if pooled and len(members) >= k else range(len(members) // k)
-            for j in slots:
-                pm.tp_keys.append((node, o, j))
-                pm.z_keys.extend((g, o, j) for g in members)
-                slot_members[(node, o, j)] = members
+            able = [g for g in members if fits(g, o)]
+            if len(able) < int(table.tp[o]):
+                continue
+            pm.tp_keys.append((node, o))
+            pm.z_keys.extend((g, o) for g in able)
+            pm.tp_members[(node, o)] = able
+    if costs.migration_penalty > 0:
+        for g, o in pm.x_keys:
+            state = gpus[g].state
+            unit = table.units[int(table.unit[o])]
+            if state is not None and any(
+                (p.workload, p.phase) == (unit.workload, unit.phase) for p in state.placements
+            ):
+                pm.idle_keys.append((g, o))
 
     capacity = {o: float(table.capacity_rps[o]) for o in range(len(table))}
+    # The most a placement carries: its capacity, or its unit's rate where less, so
+    # that the LP relaxation charges at least fixed * r / top of a fixed part. The
+    # rate gets a margin of TOP_MARGIN: a grid of rates (CP-SAT's) may hold no
+    # point at exactly the unit's rate, and a placement that must carry it all
+    # then finds none within that bound.
+    top = {
+        o: min(capacity[o], table.units[int(table.unit[o])].rate_rps * (1.0 + TOP_MARGIN))
+        for o in range(len(table))
+    }
     m.y = pyo.Var(pm.y_keys, domain=pyo.Binary)
     m.x = pyo.Var(pm.x_keys, domain=pyo.Binary)
     m.r = pyo.Var(pm.x_keys, domain=pyo.NonNegativeReals, bounds=lambda _, g, o: (0, capacity[o]))
+    # carry[g, o]: the placement carries rate (and costs its fixed part); only where
+    # it may stay at rate 0 (idle_keys); elsewhere x itself.
+    m.carry = pyo.Var(pm.idle_keys, domain=pyo.Binary)
     m.z = pyo.Var(pm.z_keys, domain=pyo.Binary)
 
-    def most_groups(n: str, o: int, j: int) -> int:
-        return 1 if j != POOLED else len(slot_members[(n, o, j)]) // int(table.tp[o])
+    def most_groups(n: str, o: int) -> int:
+        return len(pm.tp_members[(n, o)]) // int(table.tp[o])
 
     m.w = pyo.Var(
         pm.tp_keys,
         domain=pyo.NonNegativeIntegers,
-        bounds=lambda _, n, o, j: (0, most_groups(n, o, j)),
+        bounds=lambda _, n, o: (0, most_groups(n, o)),
     )
     m.r_tp = pyo.Var(
         pm.tp_keys,
         domain=pyo.NonNegativeReals,
-        bounds=lambda _, n, o, j: (0, capacity[o] * most_groups(n, o, j)),
+        bounds=lambda _, n, o: (0, capacity[o] * most_groups(n, o)),
     )
+    idle = set(pm.idle_keys)
+
+    def carrying(g: int, o: int) -> Any:
+        """The binary whose 1 lets (g, o) carry rate and charges its fixed part."""
+        return m.carry[g, o] if (g, o) in idle else m.x[g, o]
 
     x_of_gpu: dict[int, list[int]] = defaultdict(list)
     for g, o in pm.x_keys:
         x_of_gpu[g].append(o)
-    z_of_gpu: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    for g, o, j in pm.z_keys:
-        z_of_gpu[g].append((o, j))
+    z_of_gpu: dict[int, list[int]] = defaultdict(list)
+    for g, o in pm.z_keys:
+        z_of_gpu[g].append(o)
 
     m.cons = pyo.ConstraintList()
     add = m.cons.add
+    power: dict[int, Any] = {}  # worst-case draw of each GPU (W)
     usable_frac = 1.0 - opts.memory_reserve_fraction
     for g, gpu in enumerate(gpus):
         gtype = problem.gpu_type(gpu.type)
@@ -147,24 +185,25 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
             share_terms = [
                 int(table.share[o]) * m.x[g, o] for o in x_of_gpu[g] if table.clock_mhz[o] == f
             ]
-            share_terms += [
-                cap_units * m.z[g, o, j] for o, j in z_of_gpu[g] if table.clock_mhz[o] == f
-            ]
+            share_terms += [cap_units * m.z[g, o] for o in z_of_gpu[g] if table.clock_mhz[o] == f]
             if share_terms:
                 add(sum(share_terms) <= cap_units * m.y[g, f])
+        for o in x_of_gpu[g]:
+            if (g, o) in idle:
+                add(m.carry[g, o] <= m.x[g, o])
         if strengthen:
             for o in x_of_gpu[g]:
                 add(m.x[g, o] <= m.y[g, int(table.clock_mhz[o])])
-                add(m.r[g, o] <= float(table.capacity_rps[o]) * m.x[g, o])
-            for o, j in z_of_gpu[g]:
-                add(m.z[g, o, j] <= m.y[g, int(table.clock_mhz[o])])
+                add(m.r[g, o] <= top[o] * carrying(g, o))
+            for o in z_of_gpu[g]:
+                add(m.z[g, o] <= m.y[g, int(table.clock_mhz[o])])
         else:
             for o in x_of_gpu[g]:
                 big_m = table.units[int(table.unit[o])].rate_rps
-                add(m.r[g, o] <= big_m * m.x[g, o])
+                add(m.r[g, o] <= big_m * carrying(g, o))
                 add(m.r[g, o] <= float(table.capacity_rps[o]))
-            for o, j in z_of_gpu[g]:
-                add(m.z[g, o, j] <= sum(m.y[g, f] for f in clocks))
+            for o in z_of_gpu[g]:
+                add(m.z[g, o] <= sum(m.y[g, f] for f in clocks))
         per_unit: dict[int, list[int]] = defaultdict(list)
         for o in x_of_gpu[g]:
             per_unit[int(table.unit[o])].append(o)
@@ -175,7 +214,7 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
         if not (mig and gtype.mig_profiles) and x_of_gpu[g]:
             add(
                 sum(float(table.memory_gb[o]) * m.x[g, o] for o in x_of_gpu[g])
-                + sum(usable * m.z[g, o, j] for o, j in z_of_gpu[g])
+                + sum(usable * m.z[g, o] for o in z_of_gpu[g])
                 <= usable * sum(m.y[g, f] for f in clocks)
             )
         if mig:
@@ -187,31 +226,18 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
             for name, ops in by_profile.items():
                 limit = gtype.mig_profile(name).max_instances
                 add(sum(m.x[g, o] for o in ops) <= limit)
-        add(gpu_power(pm, g) <= power_cap_w(problem, gpu))
+        power[g] = gpu_power(pm, g, x_of_gpu[g], z_of_gpu[g])
+        add(power[g] <= power_cap_w(problem, gpu))
 
-    for node, o, j in pm.tp_keys:
-        members = slot_members[(node, o, j)]
+    for node, o in pm.tp_keys:
+        members = pm.tp_members[(node, o)]
         k = int(table.tp[o])
-        add(sum(m.z[g, o, j] for g in members) == k * m.w[node, o, j])
-        if j == POOLED:
-            # One cap for every member: each group's rate within it.
-            per_group = min(capacity[o], tp_rate_limit(problem, table, o, gpus[members[0]]))
-            add(m.r_tp[node, o, j] <= per_group * m.w[node, o, j])
-            continue
-        add(m.r_tp[node, o, j] <= capacity[o] * m.w[node, o, j])
-        if j > 0 and strengthen:
-            add(m.w[node, o, j] <= m.w[node, o, j - 1])
-        for g in members:
-            # A member's power (on-power + its 1/k of the group's dynamic power) stays
-            # within its own cap: the group is limited by its tightest member.
-            rate_limit = tp_rate_limit(problem, table, o, gpus[g])
-            if rate_limit < capacity[o]:
-                slack = capacity[o] - rate_limit
-                add(m.r_tp[node, o, j] <= capacity[o] - slack * m.z[g, o, j])
+        add(sum(m.z[g, o] for g in members) == k * m.w[node, o])
+        add(m.r_tp[node, o] <= (top[o] if strengthen else capacity[o]) * m.w[node, o])
 
     for u, unit in enumerate(table.units):
         served = [m.r[g, o] for g, o in pm.x_keys if table.unit[o] == u]
-        served += [m.r_tp[n, o, j] for n, o, j in pm.tp_keys if table.unit[o] == u]
+        served += [m.r_tp[n, o] for n, o in pm.tp_keys if table.unit[o] == u]
         if not served:
             pm.unservable.append(f"{unit.workload}:{unit.phase}")
             continue
@@ -219,17 +245,22 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
 
     for spec_node in inst.cluster.nodes:
         if spec_node.power_budget_w is not None:
-            add(node_power(pm, spec_node.name) <= spec_node.power_budget_w)
+            add(
+                sum(power[g] for g, gpu in enumerate(gpus) if gpu.node == spec_node.name)
+                <= spec_node.power_budget_w
+            )
     if inst.cluster.power_budget_w is not None:
-        add(sum(node_power(pm, n.name) for n in inst.cluster.nodes) <= inst.cluster.power_budget_w)
+        add(sum(power.values()) <= inst.cluster.power_budget_w)
 
     if strengthen:
         _break_symmetry(pm)
 
     objective = (
         sum(costs.on_cost[(gpus[g].type, f)] * m.y[g, f] for g, f in pm.y_keys)
+        + sum(float(costs.op_fixed[o]) * carrying(g, o) for g, o in pm.x_keys)
         + sum(float(costs.op_cost[o]) * m.r[g, o] for g, o in pm.x_keys)
-        + sum(float(costs.op_cost[o]) * m.r_tp[n, o, j] for n, o, j in pm.tp_keys)
+        + sum(float(costs.op_fixed[o]) * m.w[n, o] for n, o in pm.tp_keys)
+        + sum(float(costs.op_cost[o]) * m.r_tp[n, o] for n, o in pm.tp_keys)
     )
     if costs.migration_penalty > 0:
         objective = objective + _migration_terms(pm)
@@ -237,31 +268,16 @@ def build_per_gpu(problem: Problem, table: OpTable, *, strengthen: bool = True) 
     return pm
 
 
-def gpu_power(pm: PerGpuModel, g: int) -> Any:
-    """Predicted power of GPU g from shared placements (TP members: see tp_capacity)."""
+def gpu_power(pm: PerGpuModel, g: int, ops: list[int], tp_ops: list[int]) -> Any:
+    """Worst-case draw of GPU g (W): on-power at its clock, plus the peak power of
+    each op placed on it (``ops``, its x keys) and 1/k of each TP op's peak for a
+    TP group it joins (``tp_ops``, its z keys), whatever the rates; the figure the
+    verifier checks caps and budgets on."""
     m, table, gpu = pm.model, pm.table, pm.gpus[g]
     on = sum(table.on_power[(gpu.type, f)] * m.y[g, f] for f in table.clocks[gpu.type])
-    dyn = sum(float(table.energy_j[o]) * m.r[g, o] for gg, o in pm.x_keys if gg == g)
-    return on + dyn
-
-
-def node_power(pm: PerGpuModel, node: str) -> Any:
-    """Predicted power of all GPUs of a node, TP groups included (W)."""
-    m, table = pm.model, pm.table
-    terms = [gpu_power(pm, g) for g, gpu in enumerate(pm.gpus) if gpu.node == node]
-    terms += [float(table.energy_j[o]) * m.r_tp[n, o, j] for n, o, j in pm.tp_keys if n == node]
-    return sum(terms)
-
-
-def tp_rate_limit(problem: Problem, table: OpTable, o: int, gpu: Gpu) -> float:
-    """Largest group rate of TP op ``o`` (req/s) at which member ``gpu`` stays within
-    its power cap: on-power + energy * rate / k <= cap. Never negative."""
-    energy = float(table.energy_j[o])
-    if energy <= 0:
-        return float(table.capacity_rps[o])
-    on = table.on_power[(gpu.type, int(table.clock_mhz[o]))]
-    k = int(table.tp[o])
-    return max(0.0, (power_cap_w(problem, gpu) - on) * k / energy)
+    peak = sum(float(table.peak_power_w[o]) * m.x[g, o] for o in ops)
+    tp = sum(float(table.peak_power_w[o]) / int(table.tp[o]) * m.z[g, o] for o in tp_ops)
+    return on + peak + tp
 
 
 def _break_symmetry(pm: PerGpuModel) -> None:
