@@ -7,12 +7,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from energyopt.catalog import Problem, load_problem
+from energyopt.perf.oppoints import build_op_table
+from energyopt.solvers.diagnose import _minimum_power_w
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.result import INFEASIBLE, OPTIMAL
 from energyopt.solvers.serving import solve
 from energyopt.verify import evaluate_plan, verify_plan
 
 from .conftest import INSTANCES
+from .serving_exhaustive import exhaustive_optimum, shared_random_problems
 from .serving_helpers import (
     A100,
     CANONICAL,
@@ -57,14 +60,16 @@ def test_canonical_instances_match_brute_force(canonical, case: str, name: str) 
     check(problem, name, expected)
 
 
-def test_brute_force_sees_the_budget(canonical) -> None:
-    """The node budget case must be constrained by its budget, or it tests nothing."""
-    _, with_budget = canonical["node-budget"]
-    kw = CANONICAL["node-budget"]
+@pytest.mark.parametrize("case", ["power-capped", "node-budget"])
+def test_brute_force_sees_the_cap_and_the_budget(canonical, case: str) -> None:
+    """The capped and the budget cases must be constrained by their cap or budget
+    (on the worst-case draw), or they test nothing."""
+    _, limited = canonical[case]
+    kw = CANONICAL[case]
     free = tiny_instance(kw["gpus"], kw["workloads"], clocks=CLOCKS)
-    assert with_budget is not None
+    assert limited is not None
     unconstrained = brute_force_power(free)
-    assert unconstrained is not None and unconstrained <= with_budget
+    assert unconstrained is not None and unconstrained < limited * (1 - 1e-3)
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -93,6 +98,110 @@ def test_budget_bound_infeasibility_names_the_budget() -> None:
     result = solve(problem, load_preset("highs-exact"))
     assert result.status == INFEASIBLE
     assert any("budget" in line for line in result.diagnosis)
+
+
+def test_the_diagnosis_power_floor_is_below_every_optimum(canonical) -> None:
+    """The power floor the diagnosis holds a cluster budget against (on-power share,
+    fixed part and part per request of each unit's cheapest op) never exceeds the
+    optimum, so a budget it names as too low is too low."""
+    for case, (problem, expected) in canonical.items():
+        if expected is not None:
+            floor = _minimum_power_w(problem, build_op_table(problem))
+            assert 0 < floor <= expected * (1 + 1e-9), case
+
+
+def test_a_cluster_budget_below_the_power_floor_is_named() -> None:
+    kw = CANONICAL["two-workloads-share-or-split"]
+    free = tiny_instance(kw["gpus"], kw["workloads"], clocks=CLOCKS)
+    floor = _minimum_power_w(free, build_op_table(free))
+    problem = tiny_instance(
+        kw["gpus"], kw["workloads"], clocks=CLOCKS, cluster_budget_w=round(0.9 * floor)
+    )
+    result = solve(problem, load_preset("highs-per-gpu"))
+    assert result.status == INFEASIBLE
+    assert any("cluster power budget" in line for line in result.diagnosis), result.diagnosis
+
+
+IDLE_KEPT = {
+    "name": "idle-kept",
+    "cluster": {
+        "nodes": [
+            {
+                "name": "n0",
+                "gpus": [
+                    {
+                        "type": "L40S",
+                        "ids": ["g0"],
+                        "state": {"clock_mhz": 1995, "placements": [{"workload": "w0"}]},
+                    },
+                    {"type": "H200-SXM-141GB", "ids": ["g1"]},
+                ],
+            }
+        ]
+    },
+    "workloads": [
+        {
+            "name": "w0",
+            "model": "Qwen2.5-14B",
+            "rate_rps": 5.32,
+            "prompt_tokens": {"mean": 256},
+            "output_tokens": {"mean": 128},
+            "slo": {"ttft_ms": 600.0, "tbt_ms": 150.0},
+        }
+    ],
+    "options": {
+        "clocks_mhz": {"H200-SXM-141GB": [1365, 1740], "L40S": [1950, 1995]},
+        "objective": "power_migration",
+        "sharing": {"mode": "mps", "levels_pct": [25, 50]},
+        "migration_penalty_w": 80.0,
+    },
+}
+"""w0 runs on g0 now; serving it on g1 is cheaper, and keeping an idle w0 slot on g0
+(its on-power, no placement power at rate 0) costs less than the penalty."""
+
+
+@pytest.mark.parametrize(
+    ("name", "formulation"),
+    [("highs-per-gpu", None), ("highs-plain", None), ("cpsat", None), ("cpsat", "per_gpu")],
+)
+def test_an_idle_current_placement_avoids_the_migration_penalty(
+    name: str, formulation: str | None
+) -> None:
+    """A placement at rate 0 costs no fixed part (the verifier prices its power line,
+    0 at rate 0) yet keeps the unit on its GPU: the exact presets reach the
+    exhaustive optimum, which keeps it."""
+    from energyopt.catalog import resolve
+    from energyopt.spec import Instance
+
+    problem = resolve(Instance.model_validate(IDLE_KEPT), "idle-kept")
+    best = exhaustive_optimum(problem).value
+    assert best is not None
+    preset = load_preset(name)
+    if formulation is not None:
+        preset = preset.model_copy(update={"formulation": formulation})
+    result = solve(problem, preset, time_limit_s=60)
+    assert result.status == OPTIMAL and result.plan is not None
+    assert result.objective == pytest.approx(best, rel=preset.rel_gap)
+    assert result.bound is not None and result.bound <= best * (1 + 1e-6)
+    g0 = next(g for g in result.plan.gpus if g.gpu == "g0")
+    assert [(p.workload, p.rate_rps) for p in g0.placements] == [("w0", 0.0)]
+    assert evaluate_plan(problem, result.plan).moved == 0
+
+
+def test_cpsat_on_the_per_gpu_model_agrees_with_the_exhaustive_optimum() -> None:
+    """The cpsat preset takes the pattern formulation where it applies; here CP-SAT
+    solves the per-GPU model (fixed parts, worst-case caps, TP groups, MIG, state)
+    of random tiny instances: the plan's cost within the gap of the optimum, the
+    bound below it, infeasibility proven."""
+    preset = load_preset("cpsat").model_copy(update={"formulation": "per_gpu"})
+    for k, (_, problem, opt) in enumerate(shared_random_problems(20, 12)):
+        result = solve(problem, preset, time_limit_s=60)
+        if opt.value is None:
+            assert result.status == INFEASIBLE, k
+            continue
+        assert result.status == OPTIMAL, (k, result.status)
+        assert result.objective == pytest.approx(opt.value, rel=preset.rel_gap), k
+        assert result.bound is not None and result.bound <= opt.value * (1 + 1e-9), k
 
 
 def test_per_gpu_and_pattern_agree_with_migration_costs() -> None:

@@ -105,8 +105,9 @@ def diagnose_infeasible(problem: Problem, table: OpTable) -> list[str]:
     inst = problem.instance
     if inst.cluster.power_budget_w is not None and floor_w > inst.cluster.power_budget_w:
         lines.append(
-            f"cluster power budget {inst.cluster.power_budget_w:g} W is below the dynamic power "
-            f"alone of serving the load at its most efficient ({floor_w:.0f} W)"
+            f"cluster power budget {inst.cluster.power_budget_w:g} W is below the power of "
+            f"serving the load at its most efficient operating points ({floor_w:.0f} W, "
+            "on-power share and dynamic power)"
         )
     if not lines:
         budgets = [n.name for n in inst.cluster.nodes if n.power_budget_w is not None]
@@ -126,12 +127,36 @@ def diagnose_infeasible(problem: Problem, table: OpTable) -> list[str]:
 
 
 def _minimum_power_w(problem: Problem, table: OpTable) -> float:
-    """A lower bound on power: each unit at its cheapest energy per request, no static power."""
+    """A lower bound on the fleet's power (W): each unit's rate at its cheapest power
+    per req/s over its ops, counting on-power and the fixed part.
+
+    A placement of op o at rate r <= top_o (its capacity, or its unit's rate if
+    less) draws fixed_o + marginal_o * r >= r * (fixed_o / top_o + marginal_o), and
+    takes a share frac_o of a GPU (s_o / S_t, or k_o whole GPUs for TP) whose
+    on-power is at least the sum of its placements' frac_o * on_o * r / c_o. The
+    plan's power, and so its worst-case draw that budgets hold, is at least the sum
+    of these per-request figures times the rates."""
     total = 0.0
     for unit in table.units:
         ops = table.ops_of(unit.index)
-        if len(ops) > 0:
-            total += unit.rate_rps * float(table.energy_j[ops].min())
+        if len(ops) == 0 or unit.rate_rps <= 0:
+            continue
+        per_rps = []
+        for o in ops:
+            type_name = table.type_names[int(table.gpu_type[o])]
+            frac = (
+                float(table.tp[o])
+                if table.tp[o] > 1
+                else int(table.share[o]) / table.share_capacity[type_name]
+            )
+            on = table.on_power[(type_name, int(table.clock_mhz[o]))]
+            capacity = float(table.capacity_rps[o])
+            per_rps.append(
+                float(table.marginal_j[o])
+                + float(table.fixed_w[o]) / table.top_rps(int(o))
+                + frac * on / capacity
+            )
+        total += unit.rate_rps * min(per_rps)
     return total
 
 
