@@ -116,6 +116,38 @@ def test_budget_violation_fails(solved) -> None:
     assert "node-budget" in kinds(resolve(tight), plan)
 
 
+def test_a_cap_below_the_worst_case_draw_fails(solved) -> None:
+    """Caps hold the worst-case draw (every placement at its SLO capacity), not the
+    predicted power at the planned rates: a cap between the two is broken."""
+    from energyopt.catalog import resolve
+    from energyopt.verify import evaluate_plan
+
+    problem, plan = solved
+    ev = evaluate_plan(problem, plan)
+    gid = max(ev.gpu_worst_w, key=lambda g: ev.gpu_worst_w[g] - ev.gpu_power_w[g])
+    predicted, worst = ev.gpu_power_w[gid], ev.gpu_worst_w[gid]
+    assert worst > predicted + 1.0
+    cap = (predicted + worst) / 2
+    node = problem.instance.cluster.nodes[0]
+    (entry,) = node.gpus
+    entries = tuple(
+        entry.model_copy(
+            update={"count": 1, "ids": [g.id], "power_cap_w": cap if g.id == gid else None}
+        )
+        for g in problem.gpus
+    )
+    capped = problem.instance.model_copy(
+        update={
+            "cluster": problem.instance.cluster.model_copy(
+                update={"nodes": (node.model_copy(update={"gpus": entries}),)}
+            )
+        }
+    )
+    violations = verify_plan(resolve(capped), plan)
+    assert [v.where for v in violations if v.kind == "power-cap"] == [gid]
+    assert "worst-case" in next(v.message for v in violations if v.kind == "power-cap")
+
+
 def test_cli_solve_then_verify_round_trip(tmp_path: Path, capsys) -> None:
     out = tmp_path / "plan.json"
     assert main(["solve", str(QUICKSTART), "-q", "-o", str(out)]) == 0
