@@ -107,6 +107,19 @@ def test_the_yardstick_plans_every_window_at_its_true_rates_and_its_plans_verify
     assert run.result.energy_j > 0
 
 
+def test_a_plan_made_with_a_latency_margin_is_priced_at_the_arrivals_on_its_own_model(
+    tmp_path: Path,
+) -> None:
+    # a margin lowers every op's capacity and so moves its power line; the plans'
+    # power at the arrivals must be priced on the model they were planned on, or a
+    # plan with no forecast error would show one
+    res = _result(tmp_path, 30.0)
+    spec = EXACT.model_copy(update={"name": "margin", "latency_margin": 0.3})
+    run = run_clairvoyant(res, spec)
+    assert run.tally.rejected_plans == 0
+    assert run.tally.predicted_arrivals_j == pytest.approx(run.tally.predicted_j, rel=1e-6)
+
+
 def test_the_yardstick_replans_with_no_headroom_every_window() -> None:
     spec = Path(__file__).resolve().parents[1] / "instances/evaluate/quickstart-bursty.yaml"
     ev = load_evaluation(spec)

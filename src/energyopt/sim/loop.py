@@ -17,7 +17,7 @@ from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.engine import SimResult, Simulator
 from energyopt.sim.forecast import peak_rates_rps, planned_rates_rps, raw_rates_rps
 from energyopt.sim.passes import PassTables
-from energyopt.sim.planners import Planner, make_planner
+from energyopt.sim.planners import Planner, SolverPlanner, make_planner
 from energyopt.sim.remap import plan_rates_rps, problem_at_plan_rates, stabilize
 from energyopt.sim.synthetic import synthetic_arrivals
 from energyopt.sim.trace import trace_arrivals
@@ -172,7 +172,7 @@ def run_planner(
     window = ev.duration_s
     run = Tally()
     current: list[Plan | None] = [None]
-    current_at: list[Problem] = [problem]  # the problem ``current`` was planned for
+    current_at: list[Problem] = [problem]  # the problem ``current`` was priced on
     since = [0.0]
     online = planner.spec.online and not planner.static
     policy: OnlinePolicy | None = None
@@ -222,7 +222,11 @@ def run_planner(
                     else "more is infeasible)"
                 )
             )
-        at = problem_at_plan_rates(problem, planned.plan)
+        # checked, kept in place and priced on the problem the planner solved: a
+        # latency margin lowers every op's capacity, so its power line and its
+        # worst-case draw (the power limit the plan sets)
+        own = planner.problem if isinstance(planner, SolverPlanner) else problem
+        at = problem_at_plan_rates(own, planned.plan)
         if verify_plan(at, planned.plan):
             run.rejected_plans += 1
         plan = stabilize(at, planned.plan, current[0])
