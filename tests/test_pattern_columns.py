@@ -3,7 +3,8 @@ configuration that fits is listed (not only the maximal ones), a column pays eac
 placement's fixed part and puts its worst-case draw in the budget rows, a
 configuration over its class's cap is no column, the knapsack pricing's bound is
 never above the least enumerated reduced cost, its repair keeps the worst case
-within the cap, and the plan a solve returns costs what the solver says."""
+within the cap, the plan a solve returns costs what the solver says, and a current
+placement is kept without a rate where that is cheapest."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energyopt.catalog import Problem
+from energyopt.catalog import Problem, resolve
 from energyopt.formulations.serving import pattern as pat
 from energyopt.formulations.serving.columns import Duals, price_configs, shared_column
 from energyopt.formulations.serving.configs import ConfigSet, enumerate_configs
@@ -30,8 +31,10 @@ from energyopt.formulations.serving.master import build_master
 from energyopt.perf.oppoints import build_op_table
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.serving import solve
+from energyopt.spec import Instance
 from energyopt.verify import evaluate_plan
 
+from .serving_exhaustive import exhaustive_optimum
 from .serving_helpers import CLOCKS, H100, tiny_instance
 
 WORKLOADS = [
@@ -241,3 +244,53 @@ def test_the_solver_reports_what_its_plan_costs(solver: str) -> None:
     assert result.objective == pytest.approx(ev.objective, rel=1e-9)
     assert result.bound is not None and math.isfinite(result.bound)
     assert result.bound <= ev.objective * (1 + 1e-9)
+
+
+def kept_idle_problem() -> Problem:
+    """Two H100s; the first holds a and b at 50 % each now, migration costs 80 W.
+    a needs a whole GPU: the cheapest plan keeps it on the first GPU without a rate
+    (no decode loop, no penalty) and serves it on the second."""
+    load = {"prompt_tokens": {"mean": 512}, "output_tokens": {"mean": 128}}
+    slo = {"ttft_ms": 800.0, "tbt_ms": 80.0}
+    state = {
+        "clock_mhz": 1980,
+        "placements": [{"workload": w, "phase": "both", "share_pct": 50} for w in ("a", "b")],
+    }
+    data = {
+        "name": "kept-idle",
+        "cluster": {
+            "nodes": [{"name": "n0", "gpus": [{"type": H100, "state": state}, {"type": H100}]}]
+        },
+        "workloads": [
+            {
+                "name": w,
+                "model": "Llama-3.1-8B",
+                "rate_rps": r,
+                **load,
+                "slo": slo,
+                "tensor_parallel": [1],
+            }
+            for w, r in (("a", 20.0), ("b", 2.0))
+        ],
+        "options": {
+            "clocks_mhz": {H100: [1200, 1980]},
+            "sharing": {"mode": "mps", "levels_pct": [50, 100]},
+            "objective": "power_migration",
+            "migration_penalty_w": 80.0,
+        },
+    }
+    return resolve(Instance.model_validate(data), "kept-idle")
+
+
+@pytest.mark.parametrize("solver", ["highs-pattern", "bnp"])
+def test_a_current_placement_is_kept_without_a_rate_where_that_is_cheapest(solver: str) -> None:
+    problem = kept_idle_problem()
+    optimum = exhaustive_optimum(problem, build_op_table(problem)).value
+    assert optimum is not None
+    result = solve(problem, load_preset(solver), time_limit_s=60)
+    assert result.formulation in ("pattern", "branch_price") and result.plan is not None
+    assert not any("solver failure" in line for line in result.log), result.log[-3:]
+    assert result.objective == pytest.approx(optimum, rel=1e-6)
+    assert result.bound is not None and result.bound <= optimum * (1 + 1e-9)
+    idle = [(g.gpu, p.workload) for g in result.plan.gpus for p in g.placements if p.rate_rps == 0]
+    assert idle == [("n0/0", "a")]
