@@ -58,6 +58,10 @@ columns some node LP used. Where the tree runs, its main gain is that last solve
 fleet-64 (before the clock-pool MILP closed its gap ahead of the tree) its columns
 gave a better plan than any column set column generation alone reaches.
 
+The fleet-64 figures above were measured under the per-request power model, before
+a placement paid its decode loop's fixed part (perf/energy.py ``power_line``); the
+choices they support stand, the numbers are not today's.
+
 Limits: the search stops when the gap is closed, after ``preset.nodes`` nodes, or at
 the time limit. Every effort in it is counted (cut rounds, nodes, column generation
 rounds per node, HiGHS branch-and-bound nodes for the integer master and the clock-pool
@@ -140,9 +144,10 @@ MIP_TIME_SHARE = 0.25
 """Share of the time left that one integer master solve may take (safety net)."""
 EXACT_FINISH_CONFIGS = 5_000
 """Listed configurations up to which a gap the tree leaves goes to the exact
-configuration solve (on the bundled 4-GPU disaggregated instance, 65 of them: the
-tree ends 200 nodes at 2.06 %, the exact solve proves the optimum in 1 s; fleet-64's
-24,005 are past it: that solve stalls at 7,143 W there)."""
+configuration solve (on the bundled 4-GPU disaggregated instance, 135 of them: after
+the clock-pool MILP (1,045.9 W) and 200 nodes the gap to the 1,048.4 W plan is
+0.24 %, and the exact solve proves that plan optimal in under 1 s; fleet-64's 30,484
+are past it)."""
 POOL_MILP_SHARE = 0.75
 """The clock-pool MILP (``pool_milp``) stops at this share of the time limit (a safety
 net; on fleet-64 it starts at 12 s and takes 23-28 s on a quiet 2-core machine)."""
