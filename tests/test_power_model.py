@@ -141,7 +141,7 @@ def test_plan_power_is_the_simulated_draw(name: str, op: int) -> None:
     assert table.top_rps(op) == pytest.approx(cap)
     for load in (LINE_LOW_ANCHOR, 0.7, 0.95):
         rate = load * cap
-        drawn, on = simulated_draw_w(problem, table, op, rate, seconds=max(300.0, 400 / rate))
+        drawn, on = simulated_draw_w(problem, table, op, rate, seconds=max(320.0, 400 / rate))
         predicted = on + table.power_w(op, rate)
         assert abs(predicted - drawn) <= TOLERANCE * drawn, (name, op, load, predicted, drawn)
 
@@ -193,3 +193,75 @@ def test_line_is_drawn_at_the_workloads_rate_when_below_capacity() -> None:
     curve = float(steady_power_w(p, np.asarray([0.5]))[0])
     assert table.power_w(op, 0.5) == pytest.approx(curve, rel=1e-9)
     assert table.peak_power_w[op] > table.power_w(op, 0.5)
+
+
+def test_simulated_draw_stays_under_the_caps_at_capacity() -> None:
+    """Item 3 of the power model: a plan made under tight per-GPU caps, run with
+    every placement at its SLO capacity (the most the router may send it), draws no
+    more than each cap, in every 10-s bin of the simulated power meter."""
+    from energyopt.catalog.problem import load_problem
+    from energyopt.solvers.presets import load_preset
+    from energyopt.solvers.serving import solve
+    from energyopt.verify.serving import evaluate_plan
+
+    base = load_problem(_instance_path("quickstart.yaml"))
+    data = base.instance.model_dump(mode="json", exclude_none=True)
+    for node in data["cluster"]["nodes"]:
+        node.pop("power_budget_w", None)
+        for entry in node["gpus"]:
+            entry["power_cap_w"] = 320.0
+    problem = resolve(Instance.model_validate(data))
+    plan = solve(problem, load_preset("highs-exact"), time_limit_s=60).plan
+    assert plan is not None
+    ev = evaluate_plan(problem, plan)
+    assert not ev.violations
+    assert max(ev.gpu_worst_w.values()) <= 320.0 * (1 + 1e-6)
+    table = build_op_table(problem)
+    at_capacity = []
+    for gp in plan.gpus:
+        placements = []
+        for pl in gp.placements:
+            ops = [
+                o
+                for o in range(len(table))
+                if table.units[int(table.unit[o])].workload == pl.workload
+                and table.type_names[int(table.gpu_type[o])] == gp.type
+                and int(table.clock_mhz[o]) == gp.clock_mhz
+                and int(table.share[o]) == pl.share_pct
+                and int(table.tp[o]) == pl.tp_size
+            ]
+            assert len(ops) == 1
+            placements.append(pl.model_copy(update={"rate_rps": float(table.capacity_rps[ops[0]])}))
+        at_capacity.append(gp.model_copy(update={"placements": tuple(placements)}))
+    full = plan.model_copy(update={"gpus": tuple(at_capacity)})
+    rates: dict[str, float] = {}
+    for gp in full.gpus:
+        for pl in gp.placements:
+            rates[pl.workload] = rates.get(pl.workload, 0.0) + pl.rate_rps
+    workloads = [
+        wl.model_copy(update={"rate_rps": rates[wl.name]}) for wl in problem.instance.workloads
+    ]
+    seconds = 320.0
+    rng = np.random.default_rng(7)
+    arrivals = poisson_arrivals(workloads, lambda t: np.ones_like(t), 1.0, seconds, 0.0, rng)
+    sim = Simulator(problem, arrivals, window_s=seconds, record=True)
+    res = sim.run(full)
+    for gp in full.gpus:
+        if not gp.on:
+            continue
+        bins = np.zeros(int(seconds // 10))
+        for gpu, t0, t1, watts in res.meter.segments:
+            if gpu != gp.gpu or t0 >= seconds:
+                continue
+            for b in range(int(t0 // 10), min(int(t1 // 10), len(bins) - 1) + 1):
+                lo, hi = max(t0, 10.0 * b), min(t1, 10.0 * (b + 1), seconds)
+                if hi > lo:
+                    bins[b] += watts * (hi - lo) / 10.0
+        # the first bin is the warm-up (an empty batch filling)
+        assert bins[1:].max() <= ev.gpu_worst_w[gp.gpu] <= 320.0 * (1 + 1e-6), gp.gpu
+
+
+def _instance_path(name: str) -> str:
+    from pathlib import Path
+
+    return str(Path(__file__).resolve().parents[1] / "instances" / name)

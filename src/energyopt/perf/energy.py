@@ -103,6 +103,32 @@ def steady_power_w(p: OpParams, rate_rps: FloatArray) -> FloatArray:
     return np.asarray(np.where(rate > 0, rate * per_request, 0.0))
 
 
+PEAK_WINDOW_S = 10.0
+"""Window over which a power cap is held (s): a GPU's power limit acts on its
+averaged draw, and the simulator's power meter bins by 10 s."""
+PEAK_SIGMAS = 3.0
+"""Poisson arrivals put up to this many standard deviations more requests into a
+window than the mean rate does."""
+STEADY_POWER_ERROR = 0.02
+"""Largest error of ``steady_power_w`` against the simulated draw from a fifth of
+the capacity up (1.7 % on the grid of docs/performance-model.md §5), added to the
+worst case."""
+
+
+def worst_case_power_w(p: OpParams, capacity_rps: FloatArray) -> FloatArray:
+    """Most a placement draws (W, whole TP group) over a ``PEAK_WINDOW_S`` window
+    while the router sends it at most its SLO capacity on average: the steady power
+    at capacity plus, at the power's slope there, the arrivals a Poisson count puts
+    ``PEAK_SIGMAS`` standard deviations above the mean in one window, and the steady
+    model's own error (``STEADY_POWER_ERROR``). Caps, budgets and power limits hold
+    this figure."""
+    cap = np.asarray(capacity_rps, dtype=np.float64)
+    line = power_line(p, cap)
+    burst = PEAK_SIGMAS * np.sqrt(np.maximum(cap, 0.0) / PEAK_WINDOW_S)
+    peak = (line.at(cap) + line.marginal_j * burst) * (1.0 + STEADY_POWER_ERROR)
+    return np.asarray(np.where(cap > 0, peak, 0.0))
+
+
 @dataclass(frozen=True)
 class PowerLine:
     """A placement's dynamic power as priced by the formulations (whole TP group):

@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 from energyopt.catalog import mig
 from energyopt.catalog.problem import Problem
 from energyopt.perf.clocks import candidate_clocks_mhz
-from energyopt.perf.energy import power_line, service_latency_ms, steady_power_w
+from energyopt.perf.energy import power_line, service_latency_ms, worst_case_power_w
 from energyopt.perf.memo import capacity_and_design_batch
 from energyopt.perf.params import FloatArray, OpParams, OpSpec, build_params
 from energyopt.perf.power import gpu_on_power_w
@@ -159,7 +159,7 @@ class OpTable:
     memory_gb: FloatArray  # per GPU at capacity
     latency_ms: FloatArray  # unloaded service latency at the design batch
     ref_latency_ms: FloatArray  # same at max clock and the full GPU
-    peak_power_w: FloatArray  # steady dynamic W at its SLO capacity, whole TP group (worst case)
+    peak_power_w: FloatArray  # worst-case dynamic W at its SLO capacity, whole TP group
     on_power: dict[tuple[str, int], float]  # W of an on GPU at a clock, nothing running
 
     def __len__(self) -> int:
@@ -196,7 +196,7 @@ def _power_figures(
     tops = np.where(uniq[:, 1] > 1e-9, uniq[:, 1], 0.0)
     caps = np.where(uniq[:, 2] > 1e-9, uniq[:, 2], 0.0)
     line = power_line(rows, tops)
-    peak = steady_power_w(rows, caps)
+    peak = worst_case_power_w(rows, caps)
     return (
         np.asarray(line.fixed_w[back]),
         np.asarray(line.marginal_j[back]),

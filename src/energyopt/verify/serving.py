@@ -14,7 +14,12 @@ import numpy as np
 
 from energyopt.catalog.problem import Problem
 from energyopt.formulations.serving.assemble import power_cap_w
-from energyopt.perf.energy import design_batches, power_line, service_latency_ms, steady_power_w
+from energyopt.perf.energy import (
+    design_batches,
+    power_line,
+    service_latency_ms,
+    worst_case_power_w,
+)
 from energyopt.perf.oppoints import op_spec, share_options
 from energyopt.perf.params import FloatArray, OpParams, OpSpec, build_params
 from energyopt.perf.power import gpu_on_power_w
@@ -416,7 +421,7 @@ def _placement_power(
 ) -> tuple[FloatArray, FloatArray]:
     """Each placement's dynamic power at its rate (its power line through the steady
     power at its top rate: its SLO capacity, or its workload's rate if less) and its
-    steady power at capacity (W, whole TP group), recomputed from the model."""
+    worst-case draw at capacity (W, whole TP group), recomputed from the model."""
     first, inverse = params.distinct()
     rows = params.take(first)
     capacity = slo_capacity(rows)[inverse]
@@ -427,7 +432,7 @@ def _placement_power(
     top = np.where(unit_rate > 0, np.minimum(capacity, unit_rate), capacity)
     top = np.where(capacity > 1e-9, top, 0.0)
     dynamic = power_line(params, top).at(rates)
-    peak = steady_power_w(params, np.where(capacity > 1e-9, capacity, rates))
+    peak = worst_case_power_w(params, np.where(capacity > 1e-9, capacity, rates))
     return dynamic, np.maximum(peak, dynamic)
 
 
