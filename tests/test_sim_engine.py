@@ -224,9 +224,10 @@ def test_power_limits_sit_above_the_simulated_draw_at_the_planned_load(
     rate_a: float, rate_b: float
 ) -> None:
     # The executor sets each GPU's power limit from the plan; one below what the GPU
-    # draws would throttle its locked clock. Below capacity a decode loop's batch is
-    # smaller than the model's design batch, so the draw exceeds the predicted power
-    # (here by 60-80 %, both workloads sharing one GPU).
+    # draws would throttle its locked clock. The limit comes from the worst-case draw
+    # (every placement at capacity), and the predicted power at the planned load is
+    # the draw (each slice's decode loop charged whatever its rate; the former
+    # per-request form put the draw 60-80 % above the prediction here).
     problem = two_workloads(rate_a=rate_a, rate_b=rate_b, gpus=2)
     plan = solved(problem)
     duration = 300.0
@@ -236,7 +237,7 @@ def test_power_limits_sit_above_the_simulated_draw_at_the_planned_load(
     for g in on:
         draw_w = res.meter.gpus[g.gpu].window_j / duration
         assert g.power_limit_w is not None and draw_w <= g.power_limit_w, (g.gpu, draw_w)
-    assert any(res.meter.gpus[g.gpu].window_j / duration > g.predicted_power_w for g in on)
+        assert abs(draw_w - g.predicted_power_w) <= 0.03 * draw_w, (g.gpu, draw_w)
 
 
 def scaled_plan(plan: Plan, factor: float) -> Plan:
