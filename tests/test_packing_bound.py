@@ -21,7 +21,9 @@ from .serving_exhaustive import shared_random_problems
 
 TOL = 1e-6
 RANDOM = shared_random_problems(5, 40)
-"""40 random tiny instances, 23 feasible, 21 of them without migration costs."""
+"""40 random tiny instances, 21 feasible, 19 of them without migration costs (two
+fewer than when caps and budgets held on the power at the planned rates: on the
+worst-case draw, every placement at its capacity, they have no plan)."""
 
 
 def bound_of(problem: Problem, **kw: int) -> pb.PoolBound | None:
@@ -58,7 +60,7 @@ def test_the_pool_bound_never_exceeds_the_exhaustive_optimum(k: int) -> None:
 def test_column_generation_lifts_the_seeded_bound_to_the_optimum_on_most_instances() -> None:
     """The seeds alone (the unit bound's share charges) are far below the optimum
     on about half the instances; the search converges everywhere and closes most
-    of them (15 of 21 exactly when written)."""
+    of them (17 of 19 exactly, 9 lifted above their seed, when written)."""
     lifted = tight = feasible = 0
     for _, problem, opt in RANDOM:
         if opt.value is None:
@@ -71,7 +73,7 @@ def test_column_generation_lifts_the_seeded_bound_to_the_optimum_on_most_instanc
         feasible += 1
         lifted += full.bound > seed.bound + 1e-6 * max(1.0, abs(seed.bound))
         tight += full.bound >= opt.value * (1 - 1e-6) - TOL
-    assert feasible == 21
+    assert feasible == 19
     assert lifted >= 8
     assert tight >= 12
 

@@ -4,31 +4,38 @@
 every unit covering its rate with whole uses of its placements, the uses of a pool
 fitting its GPUs in aggregate) and bounds it by Lagrangian relaxation of the pool
 rows. That bound is at most the relaxation's Lagrangian dual: on fleet-64,
-7,102.16 W, against a best plan of 7,117.86 W. The same relaxation with its integer
+7,739.4 W, against a best plan of 7,887.6 W. The same relaxation with its integer
 variables kept (uses n_i and pool GPU counts g_k integer) is a small MILP: 2P + K
 columns for P placements and K pools. Every plan of the configuration formulation
-gives one of its points (n_i its uses of placement i, r_i their rates, g_k its GPUs
-on in pool k), so its optimum, and HiGHS' dual bound on it at any time, is a valid
-lower bound on the plan's objective.
+gives one of its points (n_i its uses of placement i that carry a rate, r_i their
+rates, g_k its GPUs on in pool k) of the same objective, so its optimum, and
+HiGHS' dual bound on it at any time, is a valid lower bound on the plan's
+objective.
 
 Columns: n_i (integer, at most the class size), r_i >= 0 (req/s), g_k (integer).
 Rows, as in ``packing_bound``: the rate of each unit (sum of its r_i >= its rate),
-r_i <= cap_i n_i, the pools' share, threshold, memory and power rows, a unit at
-most once per GPU, and the GPUs of a class. Objective: sum_k on_cost_k g_k +
-sum_i op_cost_i r_i, in the instance's objective units (W for power).
+r_i <= cap_i n_i, the pools' share, threshold, memory and power rows (the power
+row on the worst-case draw: peak_i per use, whatever its rate), a unit at most
+once per GPU, and the GPUs of a class. Objective: sum_k on_cost_k g_k +
+sum_i (op_fixed_i n_i + op_cost_i r_i), in the instance's objective units (W for
+power): n_i counts the placements that carry a rate, each paying its decode
+loop's fixed part, so a unit pays the fixed parts of at least as many
+placements as its rate needs.
 
-Cover rows. Its LP relaxation is weak (6,729 W on fleet-64: fractional uses), so
+Cover rows. Its LP relaxation is weak (6,779 W on fleet-64: fractional uses, each
+paying a fraction of its fixed part), so
 each unit's cover also gets the Chvatal-Gomory rounding of sum_i cap_i n_i >= rate
 with multiplier 1/c for each capacity c < rate of its placements:
 sum_i min(ceil(cap_i / c), ceil(rate / c)) n_i >= ceil(rate / c), valid for
-integer n >= 0. On fleet-64 they raise the root LP to 6,958 W and cut the solve
-from 44 s to 28 s.
+integer n >= 0. On fleet-64 they raise the root LP to 7,586 W; the relaxation's
+optimum is 7,746.8 W (proved in 150 s on two shared cores).
 
 Target. The bound is needed only up to the value that closes the gap, so HiGHS
 gets that value as its objective cut-off: nodes whose bound reaches it are pruned,
-and a finished search proves that no point of the relaxation lies below it. On
-fleet-64 with the target 0.0999 % under 7,117.86 W this takes 28 s and 2,000-9,000
-nodes; without it, 90 s end at a dual bound of 7,100.4 W.
+and a finished search proves that no point of the relaxation lies below it. Where
+the relaxation's optimum lies below the target, as on fleet-64 (7,746.8 W against
+a target 0.1 % under a plan of 7,887.6 W), the cut-off prunes nothing and the
+bound is HiGHS' dual bound when the time is up (7,741.1 W after 65 s in bnp).
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from energyopt.backends.highs import MipStatus, mixed_lp, solve_mip
 from energyopt.solvers.packing_bound import FloatArray, IntArray, Pools
 
 NODES = 50_000
-"""HiGHS branch-and-bound nodes at most (the effort limit; fleet-64 takes 2,000-9,000)."""
+"""HiGHS branch-and-bound nodes at most (the effort limit)."""
 REL_GAP = 1e-7
 """Relative gap at which HiGHS stops; the bound it reports is lowered by it."""
 ABS_TOL = 1e-6
@@ -125,8 +132,8 @@ def build_model(p: Pools) -> tuple[csc_matrix, FloatArray, FloatArray, FloatArra
                 0.0,
             )
         add(
-            np.concatenate([r_of[members], g]),
-            np.append(p.energy[members], -float(p.pool_room_w[k])),
+            np.concatenate([n_of[members], g]),
+            np.append(p.peak[members], -float(p.pool_room_w[k])),
             -math.inf,
             0.0,
         )
@@ -145,7 +152,7 @@ def build_model(p: Pools) -> tuple[csc_matrix, FloatArray, FloatArray, FloatArra
     for members, coef, right in _cover_rows(p):
         add(n_of[members], coef, right, math.inf)
     matrix = csc_matrix((vals, (rows, cols)), shape=(len(lo), 2 * n_p + n_k))
-    cost = np.concatenate([np.zeros(n_p), p.op_cost, p.pool_on_cost])
+    cost = np.concatenate([p.op_fixed, p.op_cost, p.pool_on_cost])
     return matrix, np.asarray(lo), np.asarray(hi), cost
 
 
