@@ -21,9 +21,18 @@ from energyopt.formulations.serving.columns import Duals
 from energyopt.formulations.serving.costs import objective_costs
 from energyopt.formulations.serving.unit_bound import UnitCover, undominated, unit_relaxation
 from energyopt.perf.oppoints import build_op_table
-from energyopt.solvers.unit_bound import best_unit_bound, cover_bound, grid_cover_bound
+from energyopt.solvers.unit_bound import (
+    best_unit_bound,
+    cover_bound,
+    grid_cover_bound,
+    unit_decomposition_bound,
+)
+
+from .serving_exhaustive import shared_random_problems
 
 ROOT = Path(__file__).resolve().parents[1]
+RANDOM = shared_random_problems(5, 40)
+"""The random tiny instances of test_packing_bound (21 feasible)."""
 
 values = st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.5])
 placements = st.lists(st.tuples(values, values, st.sampled_from([0.5, 1.0, 2.0])), max_size=12)
@@ -159,3 +168,46 @@ def test_a_past_deadline_still_gives_a_valid_bound() -> None:
     )
     assert alpha == 1.0 and late <= full + 1e-9
     assert late > 0.0
+
+
+@pytest.mark.parametrize("k", range(len(RANDOM)))
+def test_the_unit_bound_never_exceeds_the_exhaustive_optimum(k: int) -> None:
+    """At zero prices and at random ones (GPU counts, node and cluster budgets on
+    the worst-case draw), with HiGHS' covers and with the grid DP: every placement
+    that carries rate pays its op's fixed part in the plans the brute force prices,
+    and so in every cover; the bound stays at or below the optimum."""
+    data, problem, opt = RANDOM[k]
+    if opt.value is None:
+        return  # infeasible: any bound is valid
+    table = build_op_table(problem)
+    classes, costs = gpu_classes(problem, table), objective_costs(problem, table)
+    cluster = problem.instance.cluster
+    rng = np.random.default_rng(k)
+    for trial in range(3):
+        scale = 0.0 if trial == 0 else float(trial)
+        count = -scale * rng.uniform(0.0, 30.0, len(classes))
+        budgets_w: list[float] = []
+        budget_duals: list[float] = []
+        power = np.zeros(len(classes))
+        for node in cluster.nodes:
+            if node.power_budget_w is not None:
+                y = -scale * float(rng.uniform(0.0, 0.3))
+                budgets_w.append(node.power_budget_w)
+                budget_duals.append(y)
+                power += np.asarray([y if c.node == node.name else 0.0 for c in classes])
+        if cluster.power_budget_w is not None:
+            y = -scale * float(rng.uniform(0.0, 0.3))
+            budgets_w.append(cluster.power_budget_w)
+            budget_duals.append(y)
+            power += y
+        duals = Duals(np.zeros(len(table.units)), count, power)
+        args = (table, costs, classes, duals, budgets_w, budget_duals)
+        for alpha in (1.0, 0.0):
+            exact = unit_decomposition_bound(*args, alpha=alpha)
+            grid = unit_decomposition_bound(*args, alpha=alpha, exact=False)
+            assert exact <= opt.value * (1 + 1e-6) + 1e-6, (data, trial, alpha)
+            assert grid <= opt.value * (1 + 1e-6) + 1e-6, (data, trial, alpha)
+    zero = Duals(np.zeros(len(table.units)), np.zeros(len(classes)), np.zeros(len(classes)))
+    best, _ = best_unit_bound(table, costs, classes, zero, [], [])
+    assert best <= opt.value * (1 + 1e-6) + 1e-6, data
+    assert best > 0.0  # every instance serves some rate: GPUs on, placements paid
