@@ -23,8 +23,9 @@ BIG_STEPS = 10
 GRID_WORK = 256_000
 """Grid steps summed over the units of one bound evaluation: a fleet with few units
 gets a finer grid (up to 16 times GRID_STEPS), so a tighter bound, at the cost of
-16 units at 1,000 steps (fleet-64: 7,090.4 W at 1,000 steps, 7,096.8 W at 16,000 in
-0.34 s per evaluation; HiGHS' exact covers give 7,098.2 W in 1.7 s)."""
+16 units at 1,000 steps (fleet-64 at the root LP's prices: 7,734.3 W at 1,000 steps,
+7,736.1 W at 16,000; HiGHS' exact covers give 7,736.2 W, at about 4 times the
+16,000-step grid's time)."""
 
 
 def grid_steps(units: int) -> int:
