@@ -393,7 +393,7 @@ def _priced_columns(prog: pat.PatternProgram, run: PriceRun) -> list[Any]:
                 _, chosen = greedy_configuration(ks, left)
                 if not chosen:
                     break
-                ops_found = repair_and_fill(ks, values, chosen, order)
+                ops_found = repair_and_fill(ks, values, chosen, order, cls.power_cap_w)
                 columns.append(shared_column(cls, table, prog.costs, clock, ops_found))
                 left[np.isin(ks.units, ks.units[chosen])] = 0.0
     return columns
