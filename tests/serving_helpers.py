@@ -155,7 +155,7 @@ CANONICAL = {
     "node-budget": dict(
         gpus=[H100, H100, H100],
         workloads=[("Llama-3.1-8B", 16.0, 800.0, 80.0), ("Mistral-7B", 3.0, 600.0, 60.0)],
-        node_budget_w=560.0,
+        node_budget_w=610.0,
     ),
     "too-much-load": dict(gpus=[A100], workloads=[("Qwen2.5-14B", 40.0, 800.0, 80.0)]),
 }

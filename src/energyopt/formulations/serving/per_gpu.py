@@ -16,7 +16,7 @@ from typing import Any
 import pyomo.environ as pyo
 
 from energyopt.catalog.problem import Problem
-from energyopt.formulations.serving.assemble import GpuDecision, power_cap_w
+from energyopt.formulations.serving.assemble import MIN_RATE_RPS, GpuDecision, power_cap_w
 from energyopt.formulations.serving.costs import Costs, objective_costs
 from energyopt.perf.oppoints import OpTable
 from energyopt.spec.cluster import Gpu
@@ -48,6 +48,23 @@ class PerGpuModel:
     unservable: list[str] = field(default_factory=list)
     """Units no variable of the model can serve (the instance is infeasible)."""
     constant: float = 0.0
+
+    def idle_fixed_cost(self) -> float:
+        """Fixed costs (objective units) the loaded solution pays for placements that
+        carry no rate (``MIN_RATE_RPS`` or less; a TP group counted once): the plan
+        drops them, or keeps a current one idle, and pays nothing for them."""
+        m, fixed = self.model, self.costs.op_fixed
+        idle = set(self.idle_keys)
+        total = 0.0
+        for g, o in self.x_keys:
+            paying = m.carry[g, o] if (g, o) in idle else m.x[g, o]
+            if pyo.value(paying) > ON and float(pyo.value(m.r[g, o])) <= MIN_RATE_RPS:
+                total += float(fixed[o])
+        for node, o in self.tp_keys:
+            groups = round(float(pyo.value(m.w[node, o])))
+            if groups > 0 and float(pyo.value(m.r_tp[node, o])) / groups <= MIN_RATE_RPS:
+                total += groups * float(fixed[o])
+        return total
 
     def decisions(self) -> dict[str, GpuDecision]:
         """Per-GPU decisions from the loaded solution."""
