@@ -94,6 +94,7 @@ class Pools:
 
     units: int
     rate: FloatArray  # per unit, req/s
+    op: IntArray  # per placement: its op in the table
     unit: IntArray  # per placement
     pool: IntArray  # per placement
     share: FloatArray  # share units (TP: tp * capacity)
@@ -161,6 +162,7 @@ def build_pools(problem: Problem, table: OpTable, costs: Costs, classes: list[Gp
     return Pools(
         units=len(table.units),
         rate=np.asarray([u.rate_rps for u in table.units], dtype=np.float64),
+        op=ops,
         unit=table.unit[ops].astype(np.int64),
         pool=pool,
         share=np.where(whole, tp * capacity, table.share[ops].astype(np.float64)),
