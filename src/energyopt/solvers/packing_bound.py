@@ -41,7 +41,8 @@ here y is improved by Dantzig-Wolfe column generation over per-unit covers, with
 the master LP's duals smoothed towards the best y so far (Wentges), so every
 pool gets its own prices. On fleet-64 (16 units, 16 pools) it gives 7,739.4 W
 (converged in 39 rounds) against the unit bound's 7,736.1 W; the relaxation's
-integer optimum (``pool_milp``) is 7,746.8 W and the best plan bnp finds 7,887.6 W.
+integer optimum (``pool_milp``) is 7,746.8 W, and packed GPU by GPU it is a plan
+of that value: the problem's optimum.
 Values in the instance's objective units (W for power).
 """
 

@@ -4,7 +4,7 @@
 every unit covering its rate with whole uses of its placements, the uses of a pool
 fitting its GPUs in aggregate) and bounds it by Lagrangian relaxation of the pool
 rows. That bound is at most the relaxation's Lagrangian dual: on fleet-64,
-7,739.4 W, against a best plan of 7,887.6 W. The same relaxation with its integer
+7,739.4 W, against an optimum of 7,746.85 W (below). The same relaxation with its integer
 variables kept (uses n_i and pool GPU counts g_k integer) is a small MILP: 2P + K
 columns for P placements and K pools. Every plan of the configuration formulation
 gives one of its points (n_i its uses of placement i that carry a rate, r_i their
@@ -34,7 +34,7 @@ Target. The bound is needed only up to the value that closes the gap, so HiGHS
 gets that value as its objective cut-off: nodes whose bound reaches it are pruned,
 and a finished search proves that no point of the relaxation lies below it. Where
 the relaxation's optimum lies below the target, as on fleet-64 (7,746.8 W against
-a target 0.1 % under a plan of 7,887.6 W), the cut-off prunes nothing and the
+a target 0.1 % under bnp's plan of 7,887.6 W), the cut-off prunes nothing and the
 bound is HiGHS' dual bound when the time is up (7,741.1 W after 65 s in bnp).
 
 Plans. The relaxation drops which GPU of a pool holds which use (and node
