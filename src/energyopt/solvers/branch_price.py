@@ -338,26 +338,65 @@ def _pool_milp(
     gap: float,
     deadline: float,
     note: Progress,
-) -> tuple[float, bool, bool]:
+) -> tuple[float, bool, bool, tuple[float, Plan] | None]:
     """The clock-pool relaxation as a MILP (``pool_milp``) with the value that closes
     the gap as its target, where it applies; else -inf. Returns the bound, whether the
-    search finished and whether the time limit cut it."""
+    search finished, whether the time limit cut it, and the plan its best point
+    packs into (cost, plan; verified), if any."""
     if not packing_bound.applies(problem, prog.table, prog.costs):
-        return -math.inf, False, False
+        return -math.inf, False, False, None
     pools = packing_bound.build_pools(problem, prog.table, prog.costs, prog.classes)
     if len(pools.unit) > POOL_MILP_PLACEMENTS:
-        return -math.inf, False, False
+        return -math.inf, False, False, None
     target = incumbent - (1.0 - TARGET_MARGIN) * gap * abs(incumbent)
     left = deadline - time.perf_counter()
     if left <= 0:
-        return -math.inf, False, True
+        return -math.inf, False, True, None
     note(
         f"branch-and-price: clock-pool MILP ({len(pools.unit)} placements, "
         f"{pools.n_pools} pools), target {target:,.3f}"
     )
     found = pool_milp.pool_milp_bound(pools, target, time_limit_s=left)
     note(f"branch-and-price: clock-pool MILP bound {found.bound:,.3f} ({found.status})")
-    return found.bound, found.finished, found.time_cut
+    packed = None
+    if found.point is not None:
+        packed = _packed_pool_plan(problem, prog, pools, found.point, found.bound, gap)
+        if packed is not None:
+            note(f"branch-and-price: the clock-pool point packs into a plan of {packed[0]:,.3f}")
+    return found.bound, found.finished, found.time_cut, packed
+
+
+def _packed_pool_plan(
+    problem: Problem,
+    prog: pat.PatternProgram,
+    pools: packing_bound.Pools,
+    point: pool_milp.PoolPoint,
+    bound: float,
+    gap: float,
+) -> tuple[float, Plan] | None:
+    """The pool MILP's point placed GPU by GPU (``pool_milp.pack_point``), as a
+    verified plan with its own cost; None where it does not pack or verify."""
+    from energyopt.solvers.serving import finish_plan
+    from energyopt.verify.serving import evaluate_plan
+
+    decisions = pool_milp.pack_point(problem, prog.table, pools, prog.classes, point)
+    if decisions is None:
+        return None
+    plan = finish_plan(problem, prog.table, decisions, FEASIBLE, math.inf, None, "")
+    ev = evaluate_plan(problem, plan)
+    if ev.violations:
+        return None
+    known = min(bound, ev.objective)
+    status = status_at(ev.objective, known, gap) if math.isfinite(known) else FEASIBLE
+    plan = plan.model_copy(
+        update={
+            "objective": ev.objective,
+            "bound": known if math.isfinite(known) else None,
+            "gap": relative_gap(ev.objective, known) if math.isfinite(known) else None,
+            "status": str(status),
+        }
+    )
+    return ev.objective, plan
 
 
 def _exact_finish(
@@ -450,11 +489,16 @@ def solve_branch_price(
         only=set(used) if large else None,
     )
     pool_done = pool_cut = False
+    pool_plan: tuple[float, Plan] | None = None
     if inc.values is not None and relative_gap(inc.objective, max(lower, unit_bound)) > gap:
-        pooled, pool_done, pool_cut = _pool_milp(
+        pooled, pool_done, pool_cut, pool_plan = _pool_milp(
             problem, prog, inc.objective, gap, t0 + POOL_MILP_SHARE * limit, note
         )
         unit_bound = max(unit_bound, pooled)
+        if pool_plan is not None and pool_plan[0] < inc.objective - 1e-9 * abs(inc.objective):
+            bound = min(max(lower, unit_bound), pool_plan[0])
+            if relative_gap(pool_plan[0], bound) <= gap:
+                return _pool_result(pool_plan, bound, gap, t0, preset, note, Termination.CONVERGED)
     heap: list[Node] = [Node(root_bound, 0, 0, {})]
     leaves: list[float] = []
     seq, nodes = 1, 0
@@ -568,6 +612,8 @@ def solve_branch_price(
         if time_cut:
             termination = Termination.TIME_LIMIT
     bound = max(tree_bound, unit_bound, root_bound)
+    if pool_plan is not None and pool_plan[0] < best_value - 1e-9 * abs(best_value):
+        return _pool_result(pool_plan, min(bound, pool_plan[0]), gap, t0, preset, note, termination)
     wall = time.perf_counter() - t0
     if better is not None and better.plan is not None and better.objective is not None:
         bound = min(bound, better.objective)
@@ -609,3 +655,32 @@ def solve_branch_price(
     return Result(
         status, inc.objective, bound, wall, plan, preset.name, [], termination=termination
     )
+
+
+def _pool_result(
+    pool_plan: tuple[float, Plan],
+    bound: float,
+    gap: float,
+    t0: float,
+    preset: SolverPreset,
+    note: Progress,
+    termination: Termination,
+) -> Result[Plan]:
+    """The packed clock-pool plan as the search's result, at ``bound``."""
+    objective, plan = pool_plan
+    status = status_at(objective, bound, gap) if math.isfinite(bound) else FEASIBLE
+    known = bound if math.isfinite(bound) else None
+    note(
+        f"branch-and-price: best plan {objective:,.3f} (packed clock-pool point), "
+        f"bound {bound:,.3f}"
+    )
+    plan = plan.model_copy(
+        update={
+            "bound": known,
+            "gap": relative_gap(objective, bound) if known is not None else None,
+            "status": str(status),
+            "solver": preset.name,
+        }
+    )
+    wall = time.perf_counter() - t0
+    return Result(status, objective, known, wall, plan, preset.name, [], termination=termination)
