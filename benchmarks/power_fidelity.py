@@ -38,7 +38,7 @@ No plan table ships with the evaluation specs, so there is no table planner
 here. The last line counts the planners whose prediction is within 3 % of the
 simulation, over every load (the yardstick is printed but not counted).
 
-    python benchmarks/power_fidelity.py                  # 600 s per load
+    python benchmarks/power_fidelity.py                  # 480 s per load
     python benchmarks/power_fidelity.py --duration 300   # shorter
     python benchmarks/power_fidelity.py --only bursty
 """
@@ -181,7 +181,7 @@ def run_load(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--duration", type=float, default=600.0, help="simulated s per load")
+    parser.add_argument("--duration", type=float, default=480.0, help="simulated s per load")
     parser.add_argument(
         "--window", type=float, default=CLAIRVOYANT_WINDOW_S, help="yardstick re-plan period, s"
     )
