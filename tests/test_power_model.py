@@ -265,3 +265,17 @@ def _instance_path(name: str) -> str:
     from pathlib import Path
 
     return str(Path(__file__).resolve().parents[1] / "instances" / name)
+
+
+def test_latency_margin_hedges_the_slos_not_the_power() -> None:
+    """A latency margin plans as if passes were slower (lower capacities); the power
+    at a rate is that of the modelled passes the GPU runs, with or without it."""
+    problem = problem_of(CASES["8B-H100"])
+    table = build_op_table(problem)
+    op = int(np.argmax(table.clock_mhz))
+    plain = op_params(problem, table, op)
+    hedged = plain.replace(latency_margin=np.full_like(plain.latency_margin, 0.15))
+    rates = np.asarray([0.5, 3.0, 8.0])
+    both = OpParams.concat([plain, plain, plain])
+    hedged3 = OpParams.concat([hedged, hedged, hedged])
+    np.testing.assert_allclose(steady_power_w(hedged3, rates), steady_power_w(both, rates))

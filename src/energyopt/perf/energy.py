@@ -79,10 +79,12 @@ def steady_power_w(p: OpParams, rate_rps: FloatArray) -> FloatArray:
     queueing model and Poisson occupancy, a step runs while something decodes
     (probability 1 - e^-n) at batch n_a = n / (1 - e^-n), so the decode loop runs
     lambda (O - 1) / n_a steps per second, each of energy E_step(n_a). Unstable
-    points are charged the max batch.
+    points are charged the max batch. A latency margin (``Options.latency_margin``)
+    hedges the SLOs against pass times the model may understate; the power is that
+    of the modelled passes, so the batch here is the one without it.
     """
     rate = np.asarray(rate_rps, dtype=np.float64)
-    met = metrics_at(p, rate)
+    met = metrics_at(p.replace(latency_margin=np.zeros_like(p.latency_margin)), rate)
     n = np.where(np.isfinite(met.batch), met.batch, p.max_batch)
     chunk = p.chunk_tokens
     prompt = p.prompt_tokens
