@@ -357,7 +357,10 @@ def test_mig_profile_in_an_mps_plan_is_refused(
     plan_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def to_mig(data: dict[str, Any]) -> None:
-        data["gpus"][0]["placements"][0].update(mig_profile="3g.40gb", share_pct=100)
+        # one placement, so that the plan file itself is well formed (no MIG next to MPS)
+        first = data["gpus"][0]["placements"][0]
+        first.update(mig_profile="3g.40gb", share_pct=100)
+        data["gpus"][0]["placements"] = [first]
 
     path = _edited_plan(plan_file, tmp_path, to_mig)
     code, _, err = run(capsys, "verify", str(QUICKSTART), str(path))

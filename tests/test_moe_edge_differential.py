@@ -114,7 +114,7 @@ def test_the_single_feasible_plan_is_found() -> None:
         assert opt.plan is not None and res.plan.placement == opt.plan.placement
         assert res.objective == pytest.approx(opt.value, rel=1e-9)
     tighter = copy.deepcopy(doc)
-    tighter["slo"]["tbt_ms"] = 2.79
+    tighter["slo"]["tbt_ms"] = 2.68
     assert exhaustive_optimum(MoeEdgeFile.model_validate(tighter), CATALOG).value is None
     assert _solve(tighter).status == INFEASIBLE
 
