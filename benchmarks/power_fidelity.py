@@ -6,16 +6,20 @@ process runs every planner of instances/evaluate/fleet16-azure.yaml
 (performance-first, consolidation-only, frequency-only, sharing-only and
 energyopt's presets) on the same requests and prints, per planner:
 
-* predicted kWh: the plans' own power figures (on-power of each GPU on, plus
+* planned-rate kWh: the plans' own power figures (on-power of each GPU on, plus
   each placement's power line at its planned rate) times the time each plan
-  was in force, over the window;
+  was in force, over the window; the planned rates are a capacity forecast (the
+  history's peak or trend, with 10 % headroom, rounded up);
+* predicted kWh: the same plans priced at the load each epoch was expected to
+  carry (the forecast's mean rate, ``sim.forecast.expected_rates_rps``; the
+  static performance-first plan: the horizon's mean), the figure the target is on;
 * at arrivals kWh: the same plans on the same model at the rates that arrived
   while each was in force (each placement's rate scaled by its workload's
   arrivals over its planned rate): no forecast error left;
 * simulated kWh: the simulator's fleet energy over the same window;
 * predicted / simulated and whether it is within 3 %; then the two factors it
-  splits into: predicted / at arrivals (the forecast's part: headroom,
-  rounding, trend) and at arrivals / simulated (the model's part: steady state
+  splits into: predicted / at arrivals (the forecast's part: the mean forecast
+  against what came) and at arrivals / simulated (the model's part: steady state
   against the replayed batches, transitions, standby);
 * the saving against performance-first and the SLO attainment.
 
@@ -68,8 +72,9 @@ TARGET = 0.03
 REFERENCE = "performance-first"
 
 HEADER = (
-    "| load | planner | predicted kWh | at arrivals kWh | simulated kWh | pred/sim | "
-    "within 3 % | pred/arrivals (forecast) | arrivals/sim (model) | saving | SLO att. |"
+    "| load | planner | planned-rate kWh | predicted kWh | at arrivals kWh | simulated kWh | "
+    "pred/sim | within 3 % | pred/arrivals (forecast) | arrivals/sim (model) | saving | "
+    "SLO att. |"
 )
 
 
@@ -85,7 +90,8 @@ def row(load: str, run: PlannerRun, ref_j: float | None) -> tuple[str, bool, boo
     """One table line for ``run``, whether its prediction is within TARGET of the
     simulation, and whether the model at the arrivals is."""
     sim_j = run.result.energy_j
-    pred_j = run.tally.predicted_j
+    own_j = run.tally.predicted_j
+    pred_j = run.tally.predicted_expected_j
     true_j = run.tally.predicted_arrivals_j
     ratio = _ratio(pred_j, sim_j)
     ok = abs(1.0 - ratio) <= TARGET
@@ -93,7 +99,8 @@ def row(load: str, run: PlannerRun, ref_j: float | None) -> tuple[str, bool, boo
     saving = "-" if not ref_j else f"{100 * (1 - sim_j / ref_j):.1f} %"
     slo = run.result.attainment[2]
     line = (
-        f"| {load} | {run.name} | {_kwh(pred_j):.3f} | {_kwh(true_j):.3f} | {_kwh(sim_j):.3f} | "
+        f"| {load} | {run.name} | {_kwh(own_j):.3f} | {_kwh(pred_j):.3f} | {_kwh(true_j):.3f} | "
+        f"{_kwh(sim_j):.3f} | "
         f"{ratio:.3f} | {'yes' if ok else 'NO'} | {_ratio(pred_j, true_j):.3f} | "
         f"{_ratio(true_j, sim_j):.3f} | {saving} | {100 * slo:.2f} % |"
     )
@@ -103,7 +110,7 @@ def row(load: str, run: PlannerRun, ref_j: float | None) -> tuple[str, bool, boo
 def diagnosis(run: PlannerRun) -> str:
     """Why a prediction misses: the larger of its two factors, in words."""
     sim_j = run.result.energy_j
-    pred_j = run.tally.predicted_j
+    pred_j = run.tally.predicted_expected_j
     true_j = run.tally.predicted_arrivals_j
     forecast = _ratio(pred_j, true_j) - 1.0
     model = _ratio(true_j, sim_j) - 1.0
@@ -112,7 +119,7 @@ def diagnosis(run: PlannerRun) -> str:
     which = "forecast" if abs(forecast) >= abs(model) else "model"
     return (
         f"{run.name}: predicted/simulated {_ratio(pred_j, sim_j):.3f}: forecast error "
-        f"{100 * forecast:+.1f} % (planned rates against arrivals), model error "
+        f"{100 * forecast:+.1f} % (expected load against arrivals), model error "
         f"{100 * model:+.1f} % (model at arrivals against simulated); static part: "
         f"simulated {static_sim:.3f} kWh, model {static_model:.3f} kWh; "
         f"mostly the {which}"

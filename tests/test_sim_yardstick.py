@@ -210,3 +210,30 @@ def test_evaluate_yardstick_refuses_a_planner_of_its_name(
     assert main(["evaluate", str(path), "-q", "--no-plots", "--yardstick"]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and "planners" in err and "clairvoyant" in err
+
+
+def test_expected_load_is_the_mean_not_the_capacity_forecast() -> None:
+    """A plan is sized on a capacity forecast (the history's peak window, or its
+    trend at the epoch's end) and its expected draw priced at the mean: on a load
+    rising linearly from 2 to 6 req/s the mean forecast for the next epoch is its
+    middle's rate, below the capacity forecast."""
+    from energyopt.sim.arrivals import Arrivals
+    from energyopt.sim.forecast import expected_rates_rps, raw_rates_rps
+    from energyopt.spec.evaluation import Forecast
+
+    rng = np.random.default_rng(3)
+    # inhomogeneous Poisson arrivals with rate 2 + t / 100 req/s over 400 s
+    grid = np.sort(rng.uniform(0.0, 400.0, 40_000))
+    keep = rng.uniform(0.0, 1.0, grid.size) < (2.0 + grid / 100.0) / 100.0  # of 100 req/s
+    times = grid[keep]
+    n = times.size
+    ones = np.ones(n, dtype=np.int64)
+    arrivals = Arrivals(times, np.zeros(n, dtype=np.int64), ones, ones, ("w",))
+    trend = Forecast(method="trend", window_s=10.0, history_s=200.0)
+    expected = expected_rates_rps(arrivals, 200.0, 100.0, trend, 400.0)[0]
+    capacity = raw_rates_rps(arrivals, 200.0, 100.0, trend, 400.0)[0]
+    assert expected == pytest.approx(4.5, rel=0.08)  # the rate at t = 250 s
+    assert capacity > expected
+    last = Forecast(method="last", window_s=10.0, history_s=200.0)
+    mean = expected_rates_rps(arrivals, 200.0, 100.0, last, 400.0)[0]
+    assert mean == pytest.approx(3.0, rel=0.08)  # the mean over [0, 200) s

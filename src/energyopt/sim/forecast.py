@@ -47,6 +47,33 @@ def raw_rates_rps(
     return np.asarray(np.maximum(peak, ahead))
 
 
+def expected_rates_rps(
+    arrivals: Arrivals, now_s: float, epoch_s: float, fc: Forecast, horizon_s: float
+) -> FloatArray:
+    """Mean rate per workload (req/s) the coming epoch is expected to carry, from the
+    history ``raw_rates_rps`` reads: its mean, or for ``trend`` its linear fit at the
+    middle of the coming epoch (never below 0). ``raw_rates_rps`` is a capacity
+    forecast (the history's peak, or the trend at the epoch's end if above it) that,
+    with headroom, sizes a plan; a plan's expected draw is priced at this rate."""
+    history = fc.history_s or epoch_s
+    if fc.method == "oracle":
+        start, end = now_s, min(now_s + epoch_s, horizon_s)
+    elif now_s <= 0:
+        start, end = 0.0, min(history, horizon_s)
+    else:
+        start, end = max(0.0, now_s - history), now_s
+    mean = arrivals.count_between(start, end).astype(np.float64) / max(end - start, 1e-9)
+    if fc.method != "trend":
+        return np.asarray(mean)
+    rates = arrivals.window_rates_rps(start, end, fc.window_s)
+    if rates.shape[0] < 2:
+        return np.asarray(mean)
+    centers = start + (np.arange(rates.shape[0]) + 0.5) * fc.window_s
+    slope, intercept = np.polyfit(centers, rates, 1)
+    middle = max(now_s, end) + 0.5 * min(epoch_s, max(horizon_s - max(now_s, end), 0.0))
+    return np.asarray(np.maximum(intercept + slope * middle, 0.0))
+
+
 def planned_rates_rps(raw: FloatArray, base_rps: FloatArray, fc: Forecast) -> FloatArray:
     """Headroom, floor and rounding up to the quantum (see module docs)."""
     scaled = np.maximum(raw * fc.headroom, fc.floor * base_rps)

@@ -15,7 +15,12 @@ from energyopt.online.local_scheduler import LocalConfig
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.engine import SimResult, Simulator
-from energyopt.sim.forecast import peak_rates_rps, planned_rates_rps, raw_rates_rps
+from energyopt.sim.forecast import (
+    expected_rates_rps,
+    peak_rates_rps,
+    planned_rates_rps,
+    raw_rates_rps,
+)
 from energyopt.sim.passes import PassTables
 from energyopt.sim.planners import Planner, SolverPlanner, make_planner
 from energyopt.sim.remap import plan_rates_rps, problem_at_plan_rates, stabilize
@@ -54,6 +59,10 @@ class Tally:
     # the same plans' power on the model at the rates that arrived while each was in
     # force (no forecast error): predicted_j - this is the forecast's part of the gap
     predicted_arrivals_j: float = 0.0
+    # the same plans' power at the load each epoch was expected to carry (the
+    # forecast's mean rate, forecast.expected_rates_rps; a static plan: the
+    # horizon's mean), not the peak with headroom the plans are sized for
+    predicted_expected_j: float = 0.0
     headroom: list[list[float]] = field(default_factory=list)  # per epoch, per workload
     planned_rps: list[list[float]] = field(default_factory=list)  # per plan asked, per workload
 
@@ -190,6 +199,8 @@ def run_planner(
             min_headroom=ev.online.min_headroom,
         )
     unit = fc.model_copy(update={"headroom": 1.0})
+    expected_now: list[dict[str, float]] = [{}]  # the load the epoch's plan should carry
+    expected_at: list[dict[str, float]] = [{}]  # that of the plan in force
 
     def decide(now: float, raw: np.ndarray) -> Plan | None:
         if errors is not None:
@@ -233,6 +244,7 @@ def run_planner(
         close(now)
         current[0] = plan
         current_at[0] = at
+        expected_at[0] = expected_now[0]
         since[0] = now
         return plan
 
@@ -247,11 +259,16 @@ def run_planner(
         came = arrivals.count_between(since[0], now) / span
         true = dict(zip(names, came.tolist(), strict=True))
         run.predicted_arrivals_j += plan_power_at_rates_w(current_at[0], plan, true) * span
+        expected = expected_at[0]
+        run.predicted_expected_j += plan_power_at_rates_w(current_at[0], plan, expected) * span
 
     if planner.static:
         first_raw = peak_rates_rps(arrivals, window, fc)
+        mean = arrivals.count_between(0.0, window).astype(np.float64) / window
     else:
         first_raw = raw_rates_rps(arrivals, 0.0, ev.epoch_s, fc, window)
+        mean = expected_rates_rps(arrivals, 0.0, ev.epoch_s, fc, window)
+    expected_now[0] = dict(zip(names, mean.tolist(), strict=True))
     first = decide(0.0, first_raw)
     if first is None:
         raise PlanningError(f"{planner.name}: no plan for the initial load")
@@ -270,6 +287,8 @@ def run_planner(
 
     def replan(now: float) -> Plan | None:
         say(f"{planner.name}: re-planning at t={now:.0f} s")
+        mean = expected_rates_rps(arrivals, now, ev.epoch_s, fc, window)
+        expected_now[0] = dict(zip(names, mean.tolist(), strict=True))
         return decide(now, raw_rates_rps(arrivals, now, ev.epoch_s, fc, window))
 
     result = sim.run(first, None if planner.static else ev.epoch_s, replan)
