@@ -21,17 +21,24 @@ from energyopt.sim.arrivals import Arrivals, FloatArray
 from energyopt.spec.evaluation import Forecast
 
 
+def _looked_at(
+    now_s: float, epoch_s: float, fc: Forecast, horizon_s: float
+) -> tuple[float, float]:
+    """The interval of arrivals (s) a forecast at ``now_s`` reads: the coming epoch
+    for ``oracle``; else the history before now (at time 0, the first one ahead)."""
+    history = fc.history_s or epoch_s
+    if fc.method == "oracle":
+        return now_s, min(now_s + epoch_s, horizon_s)
+    if now_s <= 0:
+        return 0.0, min(history, horizon_s)
+    return max(0.0, now_s - history), now_s
+
+
 def raw_rates_rps(
     arrivals: Arrivals, now_s: float, epoch_s: float, fc: Forecast, horizon_s: float
 ) -> FloatArray:
     """Forecast rate per workload (req/s) before headroom and rounding."""
-    history = fc.history_s or epoch_s
-    if fc.method == "oracle":
-        start, end = now_s, min(now_s + epoch_s, horizon_s)
-    elif now_s <= 0:
-        start, end = 0.0, min(history, horizon_s)
-    else:
-        start, end = max(0.0, now_s - history), now_s
+    start, end = _looked_at(now_s, epoch_s, fc, horizon_s)
     if fc.method == "last":
         counts = arrivals.count_between(start, end).astype(np.float64)
         return counts / max(end - start, 1e-9)
@@ -55,13 +62,7 @@ def expected_rates_rps(
     middle of the coming epoch (never below 0). ``raw_rates_rps`` is a capacity
     forecast (the history's peak, or the trend at the epoch's end if above it) that,
     with headroom, sizes a plan; a plan's expected draw is priced at this rate."""
-    history = fc.history_s or epoch_s
-    if fc.method == "oracle":
-        start, end = now_s, min(now_s + epoch_s, horizon_s)
-    elif now_s <= 0:
-        start, end = 0.0, min(history, horizon_s)
-    else:
-        start, end = max(0.0, now_s - history), now_s
+    start, end = _looked_at(now_s, epoch_s, fc, horizon_s)
     mean = arrivals.count_between(start, end).astype(np.float64) / max(end - start, 1e-9)
     if fc.method != "trend":
         return np.asarray(mean)
