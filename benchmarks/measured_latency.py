@@ -4,7 +4,7 @@ Usage: python benchmarks/measured_latency.py [--data DIR]
 
 DIR (default: the checkout's data/, else ../shared/data) holds the public tables:
 profiles/splitwise, profiles/vidur, network/vidur; the share-axis section needs
-sharing/parvagpu-a100 (ParvaGPU, only in ../shared/data; skipped with a note when absent).
+sharing/parvagpu-a100 (ParvaGPU; data/sharing/parvagpu-a100, or ../shared/data).
 
 Sections (docs/performance-model.md, section 10):
 1. NCCL all-reduce (Vidur all_reduce.csv, one DGX node) against the model's collective,
@@ -275,7 +275,7 @@ def section_sharing(root: Path, gpus: dict[str, GpuType]) -> None:
     if not folder.is_dir():
         folder = ROOT.parent / "shared" / "data" / "sharing" / "parvagpu-a100"
     if not folder.is_dir():
-        print("== 6. share axis: ParvaGPU data not found (needs ../shared/data/sharing/"
+        print("== 6. share axis: ParvaGPU data not found (needs data/sharing/"
               "parvagpu-a100); skipped")
         return
     frac = mig_fractions(gpus[A100])

@@ -28,8 +28,8 @@ from energyopt.perf.forward import decode_pass, prefill_pass
 
 H100 = "H100-SXM5-80GB"
 A100 = "A100-SXM4-80GB"
-PARVAGPU = Path(__file__).resolve().parents[2] / "shared" / "data" / "sharing" / "parvagpu-a100"
-"""ParvaGPU's A100 sharing tables (only in the reference collection beside the checkout)."""
+PARVAGPU = Path(__file__).resolve().parents[1] / "data" / "sharing" / "parvagpu-a100"
+"""ParvaGPU's A100 sharing tables (data/README.md)."""
 
 
 @pytest.mark.parametrize("gpu", [H100, A100])
