@@ -117,15 +117,29 @@ the capacity up (1.7 % on the grid of docs/performance-model.md §5), added to t
 worst case."""
 
 
-def worst_case_power_w(p: OpParams, capacity_rps: FloatArray) -> FloatArray:
-    """Most a placement draws (W, whole TP group) over a ``PEAK_WINDOW_S`` window
-    while the router sends it at most its SLO capacity on average: the steady power
-    at capacity plus, at the power's slope there, the arrivals a Poisson count puts
-    ``PEAK_SIGMAS`` standard deviations above the mean in one window, and the steady
-    model's own error (``STEADY_POWER_ERROR``). Caps, budgets and power limits hold
-    this figure."""
+def line_and_worst_case(
+    p: OpParams, top_rps: FloatArray, capacity_rps: FloatArray
+) -> tuple[PowerLine, FloatArray]:
+    """``power_line`` at ``top_rps``, and the worst case at ``capacity_rps``, from one
+    run of the queueing model over both.
+
+    The worst case is the most a placement draws (W, whole TP group) over a
+    ``PEAK_WINDOW_S`` window while the router sends it at most its SLO capacity on
+    average: the steady power at capacity plus, at the power's slope there, the
+    arrivals a Poisson count puts ``PEAK_SIGMAS`` standard deviations above the mean
+    in one window, and the steady model's own error (``STEADY_POWER_ERROR``). Caps,
+    budgets and power limits hold this figure."""
+    n = len(p)
+    top = np.asarray(top_rps, dtype=np.float64)
     cap = np.asarray(capacity_rps, dtype=np.float64)
-    line = power_line(p, cap)
+    both = power_line(OpParams.concat([p, p]), np.concatenate([top, cap]))
+    at_top = PowerLine(both.fixed_w[:n], both.marginal_j[:n])
+    at_cap = PowerLine(both.fixed_w[n:], both.marginal_j[n:])
+    return at_top, _worst_case(at_cap, cap)
+
+
+def _worst_case(line: PowerLine, cap: FloatArray) -> FloatArray:
+    """The worst case (``line_and_worst_case``) from the line anchored at ``cap``."""
     burst = PEAK_SIGMAS * np.sqrt(np.maximum(cap, 0.0) / PEAK_WINDOW_S)
     peak = (line.at(cap) + line.marginal_j * burst) * (1.0 + STEADY_POWER_ERROR)
     return np.asarray(np.where(cap > 0, peak, 0.0))

@@ -13,7 +13,7 @@ from numpy.typing import NDArray
 from energyopt.catalog import mig
 from energyopt.catalog.problem import Problem
 from energyopt.perf.clocks import candidate_clocks_mhz
-from energyopt.perf.energy import power_line, service_latency_ms, worst_case_power_w
+from energyopt.perf.energy import line_and_worst_case, service_latency_ms
 from energyopt.perf.memo import capacity_and_design_batch
 from energyopt.perf.params import FloatArray, OpParams, OpSpec, build_params
 from energyopt.perf.power import gpu_on_power_w
@@ -187,16 +187,15 @@ def _power_figures(
     params: OpParams, inverse: IntArray, capacity: FloatArray, top: FloatArray
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """Power line (fixed W, marginal J per request) at each op's top rate and its
-    steady power at capacity (W), from one model run over the distinct
-    (point, rate) pairs; ops of distinct points are given by ``inverse``."""
+    worst-case draw at capacity (W), from one model run over the distinct
+    (point, top, capacity) triples; ops of distinct points are given by ``inverse``."""
     keys = np.stack([inverse.astype(np.float64), top, capacity], axis=1)
     uniq, back = np.unique(keys, axis=0, return_inverse=True)
     back = back.reshape(-1)
     rows = params.take(uniq[:, 0].astype(np.int64))
     tops = np.where(uniq[:, 1] > 1e-9, uniq[:, 1], 0.0)
     caps = np.where(uniq[:, 2] > 1e-9, uniq[:, 2], 0.0)
-    line = power_line(rows, tops)
-    peak = worst_case_power_w(rows, caps)
+    line, peak = line_and_worst_case(rows, tops, caps)
     return (
         np.asarray(line.fixed_w[back]),
         np.asarray(line.marginal_j[back]),

@@ -14,12 +14,7 @@ import numpy as np
 
 from energyopt.catalog.problem import Problem
 from energyopt.formulations.serving.assemble import power_cap_w
-from energyopt.perf.energy import (
-    design_batches,
-    power_line,
-    service_latency_ms,
-    worst_case_power_w,
-)
+from energyopt.perf.energy import design_batches, line_and_worst_case, service_latency_ms
 from energyopt.perf.oppoints import op_spec, share_options
 from energyopt.perf.params import FloatArray, OpParams, OpSpec, build_params
 from energyopt.perf.power import gpu_on_power_w
@@ -431,8 +426,8 @@ def _placement_power(
     )
     top = np.where(unit_rate > 0, np.minimum(capacity, unit_rate), capacity)
     top = np.where(capacity > 1e-9, top, 0.0)
-    dynamic = power_line(params, top).at(rates)
-    peak = worst_case_power_w(params, np.where(capacity > 1e-9, capacity, rates))
+    line, peak = line_and_worst_case(params, top, np.where(capacity > 1e-9, capacity, rates))
+    dynamic = line.at(rates)
     return dynamic, np.maximum(peak, dynamic)
 
 
