@@ -137,8 +137,7 @@ def test_busy_power_at_splitwise_level(shared_data: Path, hw: str, gpu: str) -> 
 
 
 def _parvagpu() -> list[dict[tuple[int, int, int], tuple[float, float]]]:
-    if not PARVAGPU.is_dir():
-        pytest.skip(f"ParvaGPU data not found at {PARVAGPU}")
+    assert PARVAGPU.is_dir(), f"ParvaGPU data ships in {PARVAGPU} (data/README.md)"
     return [read_parvagpu(p) for p in sorted(PARVAGPU.glob("*.csv"))]
 
 
