@@ -57,8 +57,13 @@ def tiny_instance(
 
 
 def brute_force_power(problem: Problem) -> float | None:
-    """Least total power over every per-GPU choice (off, or a clock and a set of
-    single-GPU placements), with rates by LP. None if nothing is feasible.
+    """Least total power over every per-GPU choice (off, a clock and a set of
+    single-GPU placements, or membership of a tensor-parallel group of one TP
+    operating point), with rates by LP. None if nothing is feasible.
+
+    The GPUs that choose the same TP operating point form groups of its TP size
+    (identical groups, so which GPUs pair up does not matter); a group takes its
+    GPUs whole and carries one rate.
 
     A placement costs its power line, fixed_w + marginal_j * rate; the caps and the
     node budget hold the worst-case draw, on-power + the peak power of each
@@ -70,13 +75,22 @@ def brute_force_power(problem: Problem) -> float | None:
     """
     table: OpTable = build_op_table(problem)
     single = [o for o in range(len(table)) if table.tp[o] == 1]
+    grouped = [o for o in range(len(table)) if table.tp[o] > 1]
     gpus = problem.gpus
-    options: list[list[tuple[int, tuple[int, ...]] | None]] = []
+    # A choice is None (off), (clock, single-GPU ops) or (clock, (), TP op).
+    Choice = tuple[int, tuple[int, ...]] | tuple[int, tuple[int, ...], int] | None
+    options: list[list[Choice]] = []
     for gpu in gpus:
         gtype = problem.gpu_type(gpu.type)
         usable = gtype.memory_gb * (1 - problem.instance.options.memory_reserve_fraction)
         mine = [o for o in single if table.type_names[table.gpu_type[o]] == gpu.type]
-        opts: list[tuple[int, tuple[int, ...]] | None] = [None]
+        opts: list[Choice] = [None]
+        opts += [
+            (int(table.clock_mhz[o]), (), o)
+            for o in grouped
+            if table.type_names[table.gpu_type[o]] == gpu.type
+            and float(table.memory_gb[o]) <= usable
+        ]
         for clock in table.clocks[gpu.type]:
             at = [o for o in mine if table.clock_mhz[o] == clock]
             for size in range(1, len(table.units) + 1):
@@ -100,13 +114,21 @@ def brute_force_power(problem: Problem) -> float | None:
     budget = problem.instance.cluster.nodes[0].power_budget_w
     best: float | None = None
     for choice in itertools.product(*options):
-        var: list[tuple[int, int]] = [(i, o) for i, c in enumerate(choice) if c for o in c[1]]
-        served = {int(table.unit[o]) for _, o in var}
+        var: list[int] = [o for c in choice if c for o in c[1]]
+        members: dict[int, int] = {}
+        for c in choice:
+            if c and len(c) == 3:
+                members[c[2]] = members.get(c[2], 0) + 1
+        if any(n % int(table.tp[o]) for o, n in members.items()):
+            continue  # a TP group needs exactly its TP size of GPUs
+        var += [o for o, n in members.items() for _ in range(n // int(table.tp[o]))]
+        served = {int(table.unit[o]) for o in var}
         if served != set(range(len(table.units))):
             continue
         worst = {
             i: table.on_power[(gpus[i].type, c[0])]
             + sum(float(table.peak_power_w[o]) for o in c[1])
+            + (float(table.peak_power_w[c[2]]) / int(table.tp[c[2]]) if len(c) == 3 else 0.0)
             for i, c in enumerate(choice)
             if c
         }
@@ -115,13 +137,13 @@ def brute_force_power(problem: Problem) -> float | None:
         if budget is not None and sum(worst.values()) > budget:
             continue
         static = sum(table.on_power[(gpus[i].type, c[0])] for i, c in enumerate(choice) if c)
-        fixed = sum(float(table.fixed_w[o]) for _, o in var)
-        cost = np.asarray([table.marginal_j[o] for _, o in var])
+        fixed = sum(float(table.fixed_w[o]) for o in var)
+        cost = np.asarray([table.marginal_j[o] for o in var])
         a_eq = np.asarray(
-            [[1.0 if table.unit[o] == u else 0.0 for _, o in var] for u in range(len(table.units))]
+            [[1.0 if table.unit[o] == u else 0.0 for o in var] for u in range(len(table.units))]
         )
         b_eq = np.asarray([u.rate_rps for u in table.units])
-        bounds = [(0.0, float(table.capacity_rps[o])) for _, o in var]
+        bounds = [(0.0, float(table.capacity_rps[o])) for o in var]
         least = lp_minimum(cost, [], [], a_eq, b_eq, bounds)
         if least is None:
             continue
