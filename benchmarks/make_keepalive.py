@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import csv
 import sys
-from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
-from statistics import mean
 
 import yaml
+
+from energyopt.sim import llm_functions
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "instances" / "keepalive" / "azure-llm-2nodes.yaml"
@@ -45,22 +45,8 @@ OUT_HISTOGRAM = ROOT / "instances" / "keepalive" / "azure-llm-2nodes-histogram.y
 HISTOGRAM_BIN_S = 1.0
 WINDOW_S = 300.0
 WINDOWS = 12
-GPU_IDLE_W = 75.0  # Splitwise power_model_constant.yaml, h100-80gb idle
-TOKEN_W = 380.0  # Splitwise power_model_constant.yaml, h100-80gb token phase
-HOST_LOAD_W = 100.0  # assumption: host CPU and NVMe while loading
-DRAM_W_PER_GB = 0.125  # assumption: DRAM holding tepid weights
-KV_GB = 8.0  # assumption: KV cache and runtime next to the weights
-HOST_GB = 2.0  # assumption: container runtime in host memory
-PCIE_GB_S = 25.0  # assumption: GPU -> host copy when pausing
-GPU_GB = 80.0
-
-MODELS = {
-    # function: (ServerlessLLM result set and model, parameters in billions)
-    "qwen3-32b": ("h100_2025", "Qwen/Qwen3-32B", 32.8),
-    "deepseek-r1-distill-32b": ("h100_2025", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", 32.8),
-    "llama-3.1-8b": ("h100_2025", "meta-llama/Llama-3.1-8B-Instruct", 8.03),
-    "opt-6.7b": ("a5000_2024", "facebook/opt-6.7b", 6.7),
-}
+GPU_GB = llm_functions.GPU_GB
+MODELS = llm_functions.MODELS  # constants and assumptions: energyopt.sim.llm_functions
 
 
 def split(context: int, generated: int, index: int) -> str | None:
@@ -75,20 +61,7 @@ def split(context: int, generated: int, index: int) -> str | None:
 
 
 def main(data: Path) -> None:
-    loads: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
-    e2e: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
-    with open(data / "serverless" / "serverlessllm" / "load_times.csv") as fh:
-        for row in csv.DictReader(fh):
-            key = (row["result_set"], row["model"], row["format"], row["scenario"])
-            loads[key].append(float(row["loading_time_s"]))
-            e2e[key].append(float(row["end_to_end_time_s"]))
-    ratios = [
-        mean(loads[(rs, m, "safetensors", "cached")])
-        / mean(loads[(rs, m, "safetensors", "random")])
-        for rs, m, _ in MODELS.values()
-        if (rs, m, "safetensors", "cached") in loads
-    ]
-    cached_ratio = mean(ratios)
+    model_loads = llm_functions.read_model_loads(llm_functions.load_times_path(data))
     counts: dict[str, list[int]] = {name: [0] * WINDOWS for name in MODELS}
     times: dict[str, list[float]] = {name: [] for name in MODELS}
     with open(data / "traces" / "azure-llm-2023-conv.csv") as fh:
@@ -103,40 +76,14 @@ def main(data: Path) -> None:
         if w < WINDOWS:
             counts[name][w] += 1
             times[name].append(t)
-    load_w = GPU_IDLE_W + HOST_LOAD_W
-    functions = []
-    for name, (rs, model, params_b) in MODELS.items():
-        weights = 2.0 * params_b
-        cold_s = mean(loads[(rs, model, "safetensors", "random")])
-        cached = loads.get((rs, model, "safetensors", "cached"))
-        resume_s = mean(cached) if cached else cold_s * cached_ratio
-        enter_s = weights / PCIE_GB_S
-        warm_gb = weights + KV_GB
-        functions.append(
-            {
-                "name": name,
-                "warm": {
-                    "gpu_memory_gb": round(warm_gb, 2),
-                    "host_memory_gb": HOST_GB,
-                    "power_w": round(GPU_IDLE_W * warm_gb / GPU_GB, 2),
-                },
-                "tepid": {
-                    "gpu_memory_gb": 0.5,
-                    "host_memory_gb": round(weights + HOST_GB, 2),
-                    "power_w": round(DRAM_W_PER_GB * weights, 2),
-                    "enter_s": round(enter_s, 3),
-                    "enter_j": round(enter_s * load_w, 1),
-                    "resume_s": round(resume_s, 3),
-                    "resume_j": round(resume_s * load_w, 1),
-                },
-                "cold_start": {"time_s": round(cold_s, 3), "energy_j": round(cold_s * load_w, 1)},
-                "service": {
-                    "time_s": round(mean(e2e[(rs, model, "safetensors", "random")]), 3),
-                    "power_w": TOKEN_W,
-                },
-                "arrivals": counts[name],
-            }
-        )
+    functions = [
+        {
+            "name": name,
+            **llm_functions.llm_function_states(model_loads[name]),
+            "arrivals": counts[name],
+        }
+        for name in MODELS
+    ]
     doc = {
         "kind": "keepalive",
         "name": "azure-llm-2nodes",
