@@ -6,10 +6,12 @@ model) is a bug and is never caught by a fallback.
 
 from __future__ import annotations
 
+from energyopt.spec.errors import SolverError
+
 
 class FormulationNotApplicable(ValueError):
     """The instance is outside what a formulation states exactly (reason in the message)."""
 
 
-class BackendFailure(RuntimeError):
+class BackendFailure(SolverError):
     """A solver backend did not return a usable answer (status in the message)."""

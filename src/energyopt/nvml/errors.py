@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from energyopt.spec.errors import NvmlError
 
-class ExecutorError(Exception):
+
+class ExecutorError(NvmlError):
     """Base of every executor error; ``str(exc)`` is a message for the user."""
 
 

@@ -37,6 +37,7 @@ from pyomo.repn import generate_standard_repn
 
 from energyopt.progress import Progress
 from energyopt.solvers.highs_backend import MilpOutcome, solve_milp
+from energyopt.spec.errors import SolverError
 
 ROW_SCALE = 1e6
 MAX_COEF = 1e12
@@ -287,7 +288,7 @@ class _Discretized:
             var.set_value(solver.Value(self.ints[key]) * self.step[key], skip_validation=True)
 
 
-class CpSatModelError(RuntimeError):
+class CpSatModelError(SolverError):
     """The model handed to CP-SAT is malformed (a bug in the formulation, not a
     property of the instance); never reported as "no solution"."""
 

@@ -46,6 +46,7 @@ from energyopt.solvers.result import (
     status_at,
     stop_reason,
 )
+from energyopt.spec.errors import SolverError
 from energyopt.spec.plan import Plan
 from energyopt.verify.serving import evaluate_plan
 
@@ -64,7 +65,7 @@ ServingResult = Result[Plan]
 (W for power), a valid lower bound and the gap."""
 
 
-class PlanVerificationError(RuntimeError):
+class PlanVerificationError(SolverError):
     """A solver produced a plan the independent verifier rejects (a bug)."""
 
 
