@@ -62,8 +62,9 @@ class Arrivals:
         lo, hi = np.searchsorted(self.time_s, [start_s, end_s], side="left")
         times = self.time_s[lo:hi]
         which = np.clip(np.searchsorted(edges, times, side="right") - 1, 0, len(widths) - 1)
-        counts = np.zeros((len(widths), len(self.names)))
-        np.add.at(counts, (which, self.workload[lo:hi]), 1.0)
+        k = len(self.names)
+        flat = np.bincount(which * k + self.workload[lo:hi], minlength=len(widths) * k)
+        counts = flat.reshape(len(widths), k).astype(np.float64)
         rates = counts / widths[:, None].clip(min=1e-9)
         return np.asarray(rates[keep])
 

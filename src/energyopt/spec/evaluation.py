@@ -111,20 +111,31 @@ Load = Annotated[TraceLoad | DiurnalLoad | BurstyLoad, Field(discriminator="kind
 
 
 class Forecast(Spec):
-    """How a planner predicts the next epoch's load from the recent past."""
+    """How a planner predicts the next epoch's load from the recent past
+    (sim/forecast.py, docs/forecasting.md)."""
 
-    method: Literal["last", "peak", "trend", "oracle"] = Field(
-        default="trend",
-        description="last: mean rate of the history; peak: highest window rate of the "
-        "history; trend: peak or the history's linear trend at the end of the coming "
-        "epoch, whichever is higher; oracle: highest window rate of the coming epoch "
-        "(an upper reference)",
+    method: Literal["last", "peak", "trend", "holt", "seasonal", "quantile", "auto", "oracle"] = (
+        Field(
+            default="trend",
+            description="last: mean rate of the history; peak: highest window rate of the "
+            "history; trend: peak or the history's linear trend at the end of the coming "
+            "epoch, whichever is higher; holt: exponential smoothing with a damped trend; "
+            "seasonal: Holt-Winters with a season of season_s; quantile: the quantile of "
+            "the history's window rates; auto: per workload, the method whose past "
+            "forecasts needed the least capacity, scaled to cover error_quantile of the "
+            "past epochs' peaks; oracle: highest window rate of the coming epoch (an upper "
+            "reference)",
+        )
     )
     window_s: float = Field(
         default=30.0, ge=0.001, le=1e7, description="rate measurement window, s"
     )
     history_s: float | None = Field(
-        default=None, gt=0, le=1e7, description="how far back to look, s (default: one epoch)"
+        default=None,
+        gt=0,
+        le=1e7,
+        description="how far back to look, s (default: one epoch; holt and seasonal: "
+        "everything since time 0)",
     )
     headroom: float = Field(default=1.1, ge=1, le=100, description="forecast multiplier")
     quantum: float = Field(
@@ -137,6 +148,37 @@ class Forecast(Spec):
     floor: float = Field(
         default=0.02, gt=0, le=1, description="smallest forecast, as a fraction of the base rate"
     )
+    season_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e10,
+        description="length of the load's season (e.g. a day), s: seasonal needs it; auto "
+        "considers seasonal only when it is given",
+    )
+    quantile: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="quantile: which quantile of the history's window rates (1: the peak)",
+    )
+    error_quantile: float = Field(
+        default=0.9,
+        gt=0,
+        lt=1,
+        description="auto: quantile of (an epoch's highest window rate / its capacity "
+        "forecast) that a method's score uses",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Forecast:
+        if self.method == "seasonal" and self.season_s is None:
+            raise ValueError("season_s: method seasonal needs season_s (the season's length, s)")
+        if self.season_s is not None and self.season_s < 2 * self.window_s - 1e-9:
+            raise ValueError(
+                f"season_s: {self.season_s:g} s is shorter than two windows "
+                f"(window_s {self.window_s:g} s)"
+            )
+        return self
 
 
 class Transitions(Spec):
