@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import stat
 import tempfile
 import tomllib
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import tomli_w
@@ -162,10 +166,32 @@ def read_text(path: str | Path, limit: int = MAX_FILE_BYTES) -> str:
         raise SpecError([f"{p}: cannot read as UTF-8 text: {exc}"]) from None
 
 
+_IN_MEMORY: ContextVar[Mapping[str, Mapping[str, Any]]] = ContextVar(
+    "energyopt_documents_in_memory", default=MappingProxyType({})
+)
+
+
+@contextlib.contextmanager
+def in_memory(name: str, data: Mapping[str, Any]) -> Iterator[None]:
+    """Within the block, ``read_data(name)`` returns a copy of ``data`` (a document
+    already parsed, e.g. ``<dict>``) checked as a file's contents are, instead of reading
+    a file: every loader then takes the mapping as it takes a file, and its errors name
+    ``name``. Paths the document names are relative to the current directory."""
+    token = _IN_MEMORY.set({**_IN_MEMORY.get(), name: data})
+    try:
+        yield
+    finally:
+        _IN_MEMORY.reset(token)
+
+
 def read_data(path: str | Path, fmt: str | None = None) -> dict[str, Any]:
     """Parse a file into a mapping; SpecError naming the file for any problem.
 
-    ``fmt`` ('yaml', 'json' or 'toml') overrides the format the suffix names."""
+    ``fmt`` ('yaml', 'json' or 'toml') overrides the format the suffix names. Within
+    ``in_memory(name, data)``, ``read_data(name)`` is a checked copy of ``data``."""
+    held = _IN_MEMORY.get().get(str(path))
+    if held is not None:
+        return _checked_mapping(copy.deepcopy(held), str(path), "document")
     p = Path(path)
     fmt = fmt or file_format(p)
     text = read_text(p)
@@ -188,15 +214,22 @@ def read_data(path: str | Path, fmt: str | None = None) -> dict[str, Any]:
         raise SpecError([f"{p}: malformed TOML: {exc}"]) from None
     except RecursionError:
         raise SpecError([f"{p}: malformed {fmt.upper()}: nested too deeply"]) from None
+    return _checked_mapping(data, str(p), f"malformed {fmt.upper()}")
+
+
+def _checked_mapping(data: Any, source: str, malformed: str) -> dict[str, Any]:
+    """``data`` when it is a mapping with settings, neither too deep nor too large
+    through aliases; SpecError naming ``source`` otherwise (``malformed``: how a shape
+    problem is introduced, e.g. 'malformed YAML')."""
     if data is None:
-        raise SpecError([f"{p}: file is empty"])
+        raise SpecError([f"{source}: file is empty"])
     if not isinstance(data, dict):
-        raise SpecError([f"{p}: top level must be a mapping, got {type(data).__name__}"])
+        raise SpecError([f"{source}: top level must be a mapping, got {type(data).__name__}"])
     if not data:
-        raise SpecError([f"{p}: file has no settings (an empty mapping)"])
+        raise SpecError([f"{source}: file has no settings (an empty mapping)"])
     shape = _shape_problem(data)
     if shape:
-        raise SpecError([f"{p}: malformed {fmt.upper()}: {shape}"])
+        raise SpecError([f"{source}: {malformed}: {shape}"])
     return data
 
 
