@@ -25,7 +25,8 @@ from statistics import mean
 
 from energyopt.formulations.taskgraph.generators import cholesky, layered, lu, platform, stencil
 from energyopt.formulations.taskgraph.heft import heft_max_clock
-from energyopt.formulations.taskgraph.model import TaskGraph, build_taskgraph
+from energyopt.formulations.taskgraph.loading import build_taskgraph
+from energyopt.formulations.taskgraph.model import TaskGraph
 from energyopt.formulations.taskgraph.schedule import Schedule, totals
 from energyopt.solvers.taskgraph_cpsat import solve_cpsat
 from energyopt.solvers.taskgraph_heuristic import solve_heuristic

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from energyopt.formulations.taskgraph.generators import cholesky, lu, platform, stencil
-from energyopt.formulations.taskgraph.model import build_taskgraph, load_taskgraph
+from energyopt.formulations.taskgraph.loading import build_taskgraph, load_taskgraph
 from energyopt.perf.forward import CLOCK_RESPONSE
 from energyopt.spec.errors import SpecError
 from tests.conftest import INSTANCES

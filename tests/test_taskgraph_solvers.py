@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from energyopt.formulations.taskgraph.bounds import lower_bounds
 from energyopt.formulations.taskgraph.generators import layered, platform, stencil, taskgraph_file
 from energyopt.formulations.taskgraph.heft import heft_max_clock
-from energyopt.formulations.taskgraph.model import TaskGraph, build_taskgraph, load_taskgraph
+from energyopt.formulations.taskgraph.loading import build_taskgraph, load_taskgraph
+from energyopt.formulations.taskgraph.model import TaskGraph
 from energyopt.formulations.taskgraph.schedule import Schedule, earliest_starts, totals
 from energyopt.solvers.result import OPTIMAL, relative_gap
 from energyopt.solvers.taskgraph_cpsat import solve_cpsat

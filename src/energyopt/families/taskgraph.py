@@ -9,7 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from energyopt.families.contract import NotExportable, SolverEntry, Stated
-from energyopt.formulations.taskgraph.model import TaskGraph, load_taskgraph
+from energyopt.formulations.taskgraph.loading import load_taskgraph
+from energyopt.formulations.taskgraph.model import TaskGraph
 from energyopt.formulations.taskgraph.schedule import Schedule, totals
 from energyopt.progress import Progress
 from energyopt.solvers.result import Result

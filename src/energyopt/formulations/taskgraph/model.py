@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import networkx as nx
 import numpy as np
 
-from energyopt.catalog.loader import Catalog, bind_catalog, builtin_catalog
+from energyopt.catalog.loader import Catalog, builtin_catalog
 from energyopt.formulations.taskgraph.costs import default_clocks_mhz, kernel_costs
 from energyopt.perf.params import PCIE_GBPS
 from energyopt.spec.errors import SpecError
 from energyopt.spec.hardware import GpuType
-from energyopt.spec.io import parse, read_data
 from energyopt.spec.taskgraph import MAX_TIME_MS, ObjectiveKind, TaskGraphFile, TopologyLink
 
 HOST_NODE = "host"
@@ -129,23 +126,12 @@ def to_units(ms: float, unit_ms: float) -> int:
     return max(0, math.ceil(ms / unit_ms - 1e-9))
 
 
-def load_taskgraph(path: str | Path, extra_catalogs: Sequence[str | Path] = ()) -> TaskGraph:
-    """Read, validate and bind a task-graph file; SpecError naming file and field."""
-    p = Path(path)
-    data = read_data(p)
-    spec = parse(TaskGraphFile, data, str(p))
-    catalog, problems = bind_catalog(extra=extra_catalogs)
-    if problems:
-        raise SpecError(problems)
-    return build_taskgraph(spec, str(p), catalog)
-
-
-def build_taskgraph(
+def bind_taskgraph(
     spec: TaskGraphFile, source: str = "<taskgraph>", catalog: Catalog | None = None
 ) -> TaskGraph:
-    """Bind a parsed file to the catalog; SpecError lists every problem found."""
-    from energyopt.formulations.taskgraph.heft import heft_max_clock
-
+    """Bind a parsed file to the catalog; SpecError lists every problem found. An
+    ``energy_within`` objective without a reference makespan is left without its
+    deadline: ``loading.build_taskgraph`` derives it from HEFT's schedule."""
     cat = catalog or builtin_catalog()
     problems = spec.cross_problems(source)
     type_names: list[str] = []
@@ -215,12 +201,15 @@ def build_taskgraph(
     if spec.objective.kind != "energy_within":
         return tg
     ref_ms = spec.objective.reference_makespan_ms
-    reference = to_units(ref_ms, unit) if ref_ms is not None else heft_max_clock(tg).makespan(tg)
-    deadline = math.floor(reference * (1.0 + spec.objective.epsilon) + 1e-9)
-    return _with_deadline(tg, reference, deadline)
+    return tg if ref_ms is None else with_deadline(tg, to_units(ref_ms, unit))
 
 
-def _with_deadline(tg: TaskGraph, reference: int, deadline: int) -> TaskGraph:
+def with_deadline(tg: TaskGraph, reference: int) -> TaskGraph:
+    """``tg`` with the ``energy_within`` deadline: the reference makespan (time
+    units) times 1 + epsilon, rounded down."""
+    objective = tg.spec.objective
+    assert objective.kind == "energy_within"
+    deadline = math.floor(reference * (1.0 + objective.epsilon) + 1e-9)
     return replace(tg, reference_makespan=reference, deadline=deadline)
 
 
