@@ -29,14 +29,9 @@ from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, main
 from energyopt.families import certify, family
 from energyopt.formulations.keepalive.milp import MAX_COLUMNS, build_milp, milp_columns
 from energyopt.formulations.keepalive.model import build_problem
-from energyopt.solvers.keepalive_lagrangian import (
-    OutOfTime,
-    Prices,
-    _one_function,
-    _priced,
-    solve_lagrangian,
-)
+from energyopt.solvers.keepalive_lagrangian import solve_lagrangian
 from energyopt.solvers.keepalive_milp import solve_milp, solve_rolling
+from energyopt.solvers.keepalive_programmes import OutOfTime, Prices, one_function, priced_costs
 from energyopt.solvers.result import NO_SOLUTION, OPTIMAL, Termination
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import parse
@@ -134,10 +129,10 @@ def test_the_solvers_stop_at_the_time_limit_on_a_long_horizon() -> None:
     to its end), the Lagrangian says why it has no plan and keeps its bound, and
     rolling names how far it got instead of starting one MILP per step."""
     p = build_problem(KeepAliveFile.model_validate(_long(10_080)))
-    cost, factor = _priced(p, Prices.zero(p))
+    cost, factor = priced_costs(p, Prices.zero(p))
     room = np.full((p.n_nodes, p.n_windows), np.inf)
     with pytest.raises(OutOfTime):
-        _one_function(p, 0, cost[0], factor, room, room, room, 1e9, time.perf_counter())
+        one_function(p, 0, cost[0], factor, room, room, room, 1e9, time.perf_counter())
     lag = solve_lagrangian(p, time_limit_s=1e-9)
     assert lag.plan is None and lag.status == NO_SOLUTION
     assert lag.termination == Termination.TIME_LIMIT and lag.bound is not None

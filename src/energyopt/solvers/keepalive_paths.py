@@ -27,16 +27,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import sparse
 
 from energyopt.backends.highs import LpValues, WarmLp, binary_lp, mixed_lp, solve_mip
 from energyopt.formulations.keepalive.model import FloatArray, IntArray, KeepAliveProblem
-
-if TYPE_CHECKING:
-    from energyopt.solvers.keepalive_lagrangian import Prices
+from energyopt.solvers.keepalive_programmes import OutOfTime, Prices, one_function, priced_costs
 
 PATHS_PER_FUNCTION = 32
 """Distinct paths per function taken from the subgradient and the repairs (the
@@ -216,7 +213,6 @@ class PathLp:
     def price_out(self, deadline: float, rounds: int) -> tuple[LpValues | None, int]:
         """Column generation for the functions not fixed, up to ``rounds`` rounds:
         the last LP solution (None if HiGHS gave none) and the rounds run."""
-        from energyopt.solvers.keepalive_lagrangian import OutOfTime, Prices
 
         p = self.p
         first, k = p.n_functions, p.n_nodes * p.n_windows
@@ -276,11 +272,10 @@ def cheapest_paths(
     programme over late requests, no budget enforced), goes through the states
     ``forced`` on it and avoids those ``banned``; functions with no such path are
     left out. OutOfTime when ``deadline`` (perf_counter s) passes first."""
-    from energyopt.solvers.keepalive_lagrangian import _one_function, _priced
 
     open_gb = np.full((p.n_nodes, p.n_windows), np.inf)
     late_penalty = float(np.max(p.state_j)) + 1.0
-    cost, factor = _priced(p, y)
+    cost, factor = priced_costs(p, y)
     for (f, t), state in (forced or {}).items():
         keep = cost[f, t, state]
         cost[f, t, :] = np.inf
@@ -289,7 +284,7 @@ def cheapest_paths(
         cost[f, t, state] = np.inf
     out = []
     for f in range(p.n_functions):
-        path = _one_function(
+        path = one_function(
             p, f, cost[f], factor, open_gb, open_gb, open_gb, late_penalty, deadline
         )
         if path is not None:
@@ -301,7 +296,6 @@ def price_paths(p: KeepAliveProblem, pool: PathPool, deadline: float) -> PathLp 
     """Column generation on the master's LP (None when a function has no path that
     keeps its SLO). Every function first gets its cheapest SLO-keeping path at zero
     prices, so that it has a column."""
-    from energyopt.solvers.keepalive_lagrangian import OutOfTime, Prices
 
     try:
         cheapest = cheapest_paths(p, Prices.zero(p), deadline=deadline)
