@@ -5,17 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from energyopt.catalog.loader import bind_catalog
 from energyopt.cli.common import EXIT_OK, err, output_path
-from energyopt.perf.clockfit import (
-    catalog_entry,
-    fit_at_bounds,
-    fit_clock_constants,
-    ratio_errors,
-    read_sweep,
-)
 from energyopt.spec.errors import SpecError
-from energyopt.spec.io import dump_data, file_format
 
 
 def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,6 +40,16 @@ def configure(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read the sweep, fit, print the errors before and after, write the catalog."""
+    from energyopt.catalog.loader import bind_catalog
+    from energyopt.perf.clockfit import (
+        catalog_entry,
+        fit_at_bounds,
+        fit_clock_constants,
+        ratio_errors,
+        read_sweep,
+    )
+    from energyopt.spec.io import dump_data, file_format
+
     output = output_path(args.output)
     file_format(output)  # the catalog is written in the format its suffix names
     catalog, problems = bind_catalog(extra=args.catalog)

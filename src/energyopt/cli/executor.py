@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from energyopt.catalog.loader import Catalog
 from energyopt.cli.common import EXIT_BAD_INPUT, EXIT_DEVICE, EXIT_OK, EXIT_SIGNAL, err
 from energyopt.spec.errors import SpecError
-from energyopt.spec.plan import Plan
+
+if TYPE_CHECKING:
+    from energyopt.catalog.loader import Catalog
+    from energyopt.spec.plan import Plan
 
 
 def _nvml_errors(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -51,8 +51,11 @@ def _say_where(where: str) -> None:
 def _serving_plan(path: str) -> Plan:
     """The serving plan in ``path``; a plan of another family, or a file with no ``gpus``,
     is refused naming the plans ``apply`` takes instead of listing every field."""
+    from pydantic import ValidationError
+
     from energyopt.families import families
     from energyopt.spec.io import parse, read_data
+    from energyopt.spec.plan import Plan
 
     data = read_data(path)
     try:

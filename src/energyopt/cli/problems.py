@@ -1,12 +1,13 @@
 """Verbs on problem files of every family: validate, show, solve, verify, export,
-schema, solvers, catalog. Each dispatches through the family registry."""
+schema, solvers, catalog. Each dispatches through the family registry, and imports
+a family (its formulations and solvers) only when it runs."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from energyopt.cli.common import (
     EXIT_BAD_INPUT,
@@ -21,17 +22,11 @@ from energyopt.cli.common import (
     relative_gap,
 )
 from energyopt.cli.documents import DOCUMENTS, catalog_shape, not_a_problem
-from energyopt.families import (
-    AnyFamily,
-    NotExportable,
-    certify,
-    check_stated,
-    families,
-    family,
-    solver_entry,
-)
-from energyopt.solvers.result import INFEASIBLE
+from energyopt.families import families, family, kinds
 from energyopt.spec.errors import SpecError
+
+if TYPE_CHECKING:
+    from energyopt.families import AnyFamily
 
 FAMILY_SIGNS: tuple[tuple[str, str], ...] = (
     ("tasks", "taskgraph"),
@@ -66,7 +61,7 @@ def kind_of(path: str) -> str:
         likely = likely_kind(data)
         if likely is not None:
             other, keys = likely
-            known = ", ".join(f.kind for f in families())
+            known = ", ".join(kinds())
             shown = ", ".join(f"{k}:" for k in keys)
             raise SpecError(
                 [
@@ -120,7 +115,7 @@ def problem_family(path: str, catalogs: list[str], kind: str | None = None) -> A
     try:
         return family(kind)
     except SpecError as exc:
-        known = ", ".join([*(f.kind for f in families()), *DOCUMENTS])
+        known = ", ".join([*kinds(), *DOCUMENTS])
         raise SpecError([f"{path}: kind: unknown problem family {kind!r}; known: {known}"]) from exc
 
 
@@ -150,6 +145,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
+    from energyopt.families import certify, solver_entry
+    from energyopt.solvers.result import INFEASIBLE
     from energyopt.spec.io import dump
 
     fam = problem_family(args.file, args.catalog)
@@ -185,6 +182,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from energyopt.families import check_stated
     from energyopt.spec.io import read_data
 
     fam = problem_family(args.instance, args.catalog)
@@ -216,6 +214,7 @@ def figure(value: float) -> str:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from energyopt.families import NotExportable
     from energyopt.solvers.export import write_program
 
     suffix = output_path(args.output).suffix.lstrip(".").lower()
@@ -266,11 +265,11 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def schema_kinds() -> list[str]:
-    """Names ``energyopt schema`` accepts."""
-    kinds = ["instance", "plan", "gpu", "model"]
-    for fam in families():
-        kinds += [fam.kind, f"{fam.kind}-plan"]
-    return kinds
+    """Names ``energyopt schema`` accepts (imports no family)."""
+    names = ["instance", "plan", "gpu", "model"]
+    for kind in kinds():
+        names += [kind, f"{kind}-plan"]
+    return names
 
 
 def cmd_solvers(args: argparse.Namespace) -> int:

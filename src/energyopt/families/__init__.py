@@ -5,64 +5,82 @@ Every command reaches a family through ``family_of_file`` / ``family`` and the
 hold every family's results to the same rule: the reported objective is the
 plan's own cost, recomputed by the family's verifier. docs/families.md shows how
 to add a family.
+
+The built-in families are listed by name (``BUILTIN``) and each is imported on the
+first use of its kind: importing this module imports no family, formulation or
+solver, so ``energyopt --help`` and a command on one kind stay quick.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from energyopt.families.collective import CollectiveFamily
-from energyopt.families.colocation import ColocationFamily
-from energyopt.families.contract import Family, NotExportable, SolverEntry, Stated
-from energyopt.families.keepalive import KeepAliveFamily
-from energyopt.families.moe_edge import MoeEdgeFamily
-from energyopt.families.serverless import ServerlessFamily
-from energyopt.families.serving import ServingFamily
-from energyopt.families.taskgraph import TaskGraphFamily
-from energyopt.solvers.result import OBJECTIVE_REL_TOL, Result, objective_tolerance, settle
-from energyopt.solvers.serving import PlanVerificationError
 from energyopt.spec.errors import SpecError
-from energyopt.verify.violation import Violation
 
-AnyFamily = Family[Any, Any]
+if TYPE_CHECKING:
+    from energyopt.families.contract import Family, NotExportable, SolverEntry, Stated
+    from energyopt.solvers.result import Result
+    from energyopt.solvers.serving import PlanVerificationError
+    from energyopt.verify.violation import Violation
+
+    AnyFamily = Family[Any, Any]
+
+BUILTIN: dict[str, str] = {
+    "serving": "energyopt.families.serving:ServingFamily",
+    "taskgraph": "energyopt.families.taskgraph:TaskGraphFamily",
+    "colocation": "energyopt.families.colocation:ColocationFamily",
+    "keepalive": "energyopt.families.keepalive:KeepAliveFamily",
+    "moe-edge": "energyopt.families.moe_edge:MoeEdgeFamily",
+    "serverless": "energyopt.families.serverless:ServerlessFamily",
+    "collective": "energyopt.families.collective:CollectiveFamily",
+}
+"""The families that ship: ``kind`` -> ``module:class``. A family's module (and the
+formulations and solvers it imports) is imported on the first use of its kind, so a
+command on one kind, or one that needs no family, does not import the others."""
 
 _REGISTRY: dict[str, AnyFamily] = {}
+"""The families in use: the built-in ones imported so far and every registered one."""
 
 
 def register(family: AnyFamily) -> None:
     """Make ``family`` reachable by its ``kind`` from every command."""
-    if family.kind in _REGISTRY:
+    if family.kind in _REGISTRY or family.kind in BUILTIN:
         raise ValueError(f"problem family {family.kind!r} is registered twice")
     _REGISTRY[family.kind] = family
 
 
-for _f in (
-    ServingFamily(),
-    TaskGraphFamily(),
-    ColocationFamily(),
-    KeepAliveFamily(),
-    MoeEdgeFamily(),
-):
-    register(_f)
-register(ServerlessFamily())
-register(CollectiveFamily())
+def _load(kind: str) -> AnyFamily:
+    """The family of a known ``kind``, its module imported on first use."""
+    found = _REGISTRY.get(kind)
+    if found is not None:
+        return found
+    module, _, name = BUILTIN[kind].partition(":")
+    made: AnyFamily = getattr(importlib.import_module(module), name)()
+    return _REGISTRY.setdefault(kind, made)  # one instance per kind, even under threads
+
+
+def kinds() -> list[str]:
+    """Every family's ``kind``, in the order of ``families()``; imports no family."""
+    return [*BUILTIN, *(k for k in _REGISTRY if k not in BUILTIN)]
 
 
 def families() -> list[AnyFamily]:
-    """Every registered family, serving first."""
-    return list(_REGISTRY.values())
+    """Every registered family, serving first (imports every built-in family)."""
+    return [_load(kind) for kind in kinds()]
 
 
 def family(kind: str) -> AnyFamily:
     """The family of ``kind``; SpecError listing the known kinds otherwise."""
-    found = _REGISTRY.get(kind)
-    if found is None:
-        raise SpecError([f"kind: unknown problem family {kind!r}; known: {', '.join(_REGISTRY)}"])
-    return found
+    if kind not in BUILTIN and kind not in _REGISTRY:
+        raise SpecError([f"kind: unknown problem family {kind!r}; known: {', '.join(kinds())}"])
+    return _load(kind)
 
 
 def solver_entry(fam: AnyFamily, name: str | None) -> SolverEntry:
     """The family's solver called ``name`` (None: its default, the first listed)."""
+    from energyopt.families.contract import SolverEntry
+
     entries = fam.solvers()
     if name is None:
         return entries[0]
@@ -78,10 +96,14 @@ def solver_entry(fam: AnyFamily, name: str | None) -> SolverEntry:
 def certify(fam: AnyFamily, problem: Any, result: Result[Any], rel_gap: float, note: Any) -> None:
     """Hold ``result`` to the contract (nothing to do once its solver has): the plan
     passes the family's verifier and the reported figures are its own (``settle``)."""
+    from energyopt.solvers.result import settle
+
     if result.plan is None or result.certified:
         return
     violations = fam.verify(problem, result.plan)
     if violations:
+        from energyopt.solvers.serving import PlanVerificationError
+
         raise PlanVerificationError(
             f"{result.solver}: plan fails verification:\n" + "\n".join(str(v) for v in violations)
         )
@@ -99,6 +121,9 @@ def check_stated(
     """Disagreements between the objective, bound and gap a plan file states and
     the plan's own cost (``cost``: ``fam.cost(problem, plan)`` where the caller has
     it already; computed here otherwise)."""
+    from energyopt.solvers.result import OBJECTIVE_REL_TOL, objective_tolerance
+    from energyopt.verify.violation import Violation
+
     if cost is None:
         cost = fam.cost(problem, plan)
     tol = objective_tolerance(cost)
@@ -135,7 +160,32 @@ def check_stated(
     return out
 
 
+_LAZY: dict[str, str] = {
+    "Family": "energyopt.families.contract",
+    "NotExportable": "energyopt.families.contract",
+    "SolverEntry": "energyopt.families.contract",
+    "Stated": "energyopt.families.contract",
+    "PlanVerificationError": "energyopt.solvers.serving",
+}
+"""Names this module exports from others, imported on first use."""
+
+
+def __getattr__(name: str) -> Any:
+    """The names of ``_LAZY`` and ``AnyFamily``, imported on first use (PEP 562)."""
+    if name == "AnyFamily":
+        from energyopt.families.contract import Family
+
+        value: Any = Family[Any, Any]
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
 __all__ = [
+    "BUILTIN",
     "AnyFamily",
     "Family",
     "NotExportable",
@@ -146,6 +196,7 @@ __all__ = [
     "check_stated",
     "families",
     "family",
+    "kinds",
     "register",
     "solver_entry",
 ]

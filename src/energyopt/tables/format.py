@@ -16,7 +16,6 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from energyopt.spec.errors import SpecError
-from energyopt.spec.io import write_bytes_atomic
 from energyopt.tables.rowlookup import (
     IN_GRID,
     Source,
@@ -74,6 +73,8 @@ def write_table(
     meta: Mapping[str, Any] | None = None,
 ) -> None:
     """Write a table file atomically (temporary file, then rename)."""
+    from energyopt.spec.io import write_bytes_atomic  # file I/O a reader does not need
+
     by_name = {a.name: a for a in axes}
     col_headers: list[dict[str, Any]] = []
     blobs: list[tuple[int, bytes]] = []
