@@ -155,6 +155,19 @@ def test_dict_loads_as_the_file_does(kind: str, problems: dict[str, Any]) -> Non
         assert fam.summary(again) == fam.summary(problems[kind])
 
 
+def test_kind_argument_names_the_kind_of_a_file_without_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    document = yaml.safe_load((ROOT / INSTANCES["keepalive"]).read_text())
+    del document["kind"]
+    (tmp_path / "functions.yaml").write_text(yaml.safe_dump(document))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(energyopt.InputError, match=r"kind: missing"):
+        energyopt.load("./functions.yaml")
+    problem = energyopt.load("./functions.yaml", kind="keepalive")
+    assert energyopt.verify(problem, energyopt.solve(problem, time_limit=1)).ok
+
+
 def test_kind_argument_that_disagrees_names_kind() -> None:
     document = yaml.safe_load((ROOT / INSTANCES["keepalive"]).read_text())
     with pytest.raises(energyopt.InputError, match=r"<dict>: kind: .*'keepalive'.*'taskgraph'"):

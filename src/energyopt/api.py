@@ -172,7 +172,7 @@ def load(
             return _load(DICT_SOURCE, kind, cats)
     if not isinstance(source, str | os.PathLike):
         raise InputError([f"source: expected a file name or a dict, got {type(source).__name__}"])
-    path = os.fspath(source)
+    path = str(Path(os.fspath(source)))  # as the loaders name it: ./x.yaml is x.yaml
     _require_file(path)
     return _load(path, kind, cats)
 
