@@ -43,12 +43,11 @@ DAY_S = 86_400.0
 
 SHARE_AT_MOST_HOURLY = 0.45
 """Share of applications invoked once per hour or less on average (24 a day or
-fewer). Shahrad et al., USENIX ATC 2020, Fig. 5(a) and Section 3.3. Applied here per
-function (assumption: one function per application, as for 54% of applications,
-Fig. 1)."""
+fewer). Shahrad et al., USENIX ATC 2020, Fig. 5(a). Applied here per function
+(assumption: one function per application, as for 54% of applications, Fig. 1)."""
 SHARE_AT_MOST_PER_MINUTE = 0.81
 """Share of applications invoked once per minute or less on average (1,440 a day or
-fewer). Shahrad et al., USENIX ATC 2020, Fig. 5(a) and Section 3.3."""
+fewer). Shahrad et al., USENIX ATC 2020, Fig. 5(a)."""
 DAILY_SPAN_DECADES = 8.0
 """Orders of magnitude between the least and the most invoked functions. Shahrad et
 al., USENIX ATC 2020, abstract and Fig. 5(a) ("8-order-of-magnitude range of
@@ -117,9 +116,9 @@ of a log-normal with the function's mean (assumption)."""
 
 MEMORY_MEDIAN_MB = 170.0
 """Median allocated memory of an application, MB. Shahrad et al., USENIX ATC 2020,
-Fig. 8 and Section 3.5 (50% of applications allocate at most 170 MB)."""
+Fig. 8 (50% of applications allocate at most 170 MB)."""
 MEMORY_P90_MB = 400.0
-"""90th percentile of allocated memory, MB. Shahrad et al., Fig. 8 and Section 3.5
+"""90th percentile of allocated memory, MB. Shahrad et al., USENIX ATC 2020, Fig. 8
 (90% of applications never consume more than 400 MB)."""
 MEMORY_LN_SIGMA = math.log(MEMORY_P90_MB / MEMORY_MEDIAN_MB) / _Z.inv_cdf(0.9)
 """ln-standard deviation of memory: the log-normal through the two published
