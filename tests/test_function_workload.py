@@ -144,7 +144,7 @@ def test_seed_determinism() -> None:
 
 @pytest.mark.parametrize("suffix", [".csv", ".csv.xz", ".csv.gz"])
 def test_trace_round_trip(tmp_path: Path, suffix: str) -> None:
-    profiles, trace = fw.generate(60, 2 * 3600.0, seed=11)
+    profiles, trace = fw.generate(40, 1800.0, seed=11)
     path = tmp_path / f"trace{suffix}"
     rows = write_trace(trace, path)
     assert rows == trace.invocations

@@ -337,6 +337,8 @@ def _arrivals(
     op = rate * _cumulative_multiplier(grid, start_hour)
     total = float(op[-1])
     warm = 10.0
+    # Draws for six standard deviations of the count (CV 1 or the bursty 2.24); more
+    # are drawn in the rare case they fall short.
     cv = 1.0 if profile.arrival == "poisson" else 2.3
     size = int(total + warm + 6.0 * cv * math.sqrt(total + warm) + 20)
     epochs = -warm + np.cumsum(_unit_gaps(rng, profile.arrival, size))
