@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 from energyopt.cli.common import EXIT_OK
-from energyopt.cli.executor import _nvml_catalog, _nvml_errors
+from energyopt.cli.executor import nvml_catalog, nvml_errors
 from energyopt.spec.errors import SpecError
 
 DEFAULT_STATE_DIR = "/var/lib/energyopt/agent"
@@ -27,7 +27,7 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-@_nvml_errors
+@nvml_errors
 def cmd_agent(args: argparse.Namespace) -> int:
     from energyopt.agent.policy import group_id, load_policy
     from energyopt.agent.server import AgentServer, TlsAgentServer
@@ -37,7 +37,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from energyopt.nvml.session import open_session
 
     policy = load_policy(args.policy)
-    catalog = _nvml_catalog(args.catalog)
+    catalog = nvml_catalog(args.catalog)
     metrics_at = _metrics_address(args.metrics) if args.metrics else None
     if args.heartbeat_timeout is not None and not args.heartbeat_timeout > 0:
         raise SpecError(["--heartbeat-timeout: expected a positive number of seconds"])

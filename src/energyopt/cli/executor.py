@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from energyopt.spec.plan import Plan
 
 
-def _nvml_errors(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+def nvml_errors(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Executor errors become a message and exit status 5 (130 if interrupted; 2 for a
     checkpoint file that is missing or malformed, which is bad input)."""
 
@@ -33,7 +33,7 @@ def _nvml_errors(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
     return run
 
 
-def _nvml_catalog(files: list[str]) -> Catalog:
+def nvml_catalog(files: list[str]) -> Catalog:
     from energyopt.catalog.loader import bind_catalog
 
     catalog, problems = bind_catalog(extra=files)
@@ -80,7 +80,7 @@ def _serving_plan(path: str) -> Plan:
         raise
 
 
-@_nvml_errors
+@nvml_errors
 def cmd_apply(args: argparse.Namespace) -> int:
     from energyopt.nvml.errors import DeviceMapError, ExecutorError
     from energyopt.nvml.planner import (
@@ -95,7 +95,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from energyopt.spec.io import write_text_atomic
 
     plan = _serving_plan(args.plan)
-    catalog = _nvml_catalog(args.catalog)
+    catalog = nvml_catalog(args.catalog)
     problems = plan_problems(plan, catalog.gpus, args.plan)
     if problems:
         raise SpecError(problems)
@@ -156,7 +156,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_nvml_errors
+@nvml_errors
 def cmd_restore(args: argparse.Namespace) -> int:
     from energyopt.nvml.errors import CheckpointError
     from energyopt.nvml.session import open_session
@@ -183,7 +183,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_nvml_errors
+@nvml_errors
 def cmd_status(args: argparse.Namespace) -> int:
     from energyopt.nvml.measure import format_status, gpu_status
     from energyopt.nvml.session import open_session
@@ -196,7 +196,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_nvml_errors
+@nvml_errors
 def cmd_measure(args: argparse.Namespace) -> int:
     from energyopt.nvml.measure import format_windows, measure
     from energyopt.nvml.session import open_session

@@ -172,13 +172,13 @@ class SimRunner:
 
     def run(self, kernel: Kernel) -> float:
         """Advance simulated time by the kernel's modelled duration (s)."""
-        from energyopt.perf.calibration import _clock_params
+        from energyopt.perf.calibration import clock_params
         from energyopt.perf.forward import kernel_pass
         from energyopt.perf.power import memory_power_w
 
         gpu = self.sim.gpu_type(self.index)
         clock = self.sim.get_sm_clock(self.index)
-        p = _clock_params(gpu, np.asarray([float(clock)]), 0.0)
+        p = clock_params(gpu, np.asarray([float(clock)]), 0.0)
         out = kernel_pass(p, np.asarray([kernel.flops]), np.asarray([kernel.bytes]))
         seconds = float(out.ms[0]) / 1e3
         activity = 1.0 if kernel.flops > 0 else gpu.power.memory_bound_sm_activity

@@ -292,8 +292,11 @@ def read_parvagpu(path: Path) -> dict[tuple[int, int, int], tuple[float, float]]
         for row in csv.DictReader(fh):
             thr = float(row["Throughput"])
             if thr > 0:
-                key = (int(row["Mig instance"]), int(row["Batch size"]),
-                       int(row["Workload Number"]))
+                key = (
+                    int(row["Mig instance"]),
+                    int(row["Batch size"]),
+                    int(row["Workload Number"]),
+                )
                 out[key] = (thr, float(row["Latency"]))
     return out
 
@@ -432,7 +435,7 @@ def _ratios(
     return np.asarray(t), np.asarray(p), np.asarray(t * p)
 
 
-def _clock_params(gpu: GpuType, clocks_mhz: FloatArray, overhead_ms: float) -> OpParams:
+def clock_params(gpu: GpuType, clocks_mhz: FloatArray, overhead_ms: float) -> OpParams:
     """Whole-GPU parameters of ``gpu`` at every clock, with the per-pass overhead
     ``overhead_ms`` at the max clock; the model fields are Llama-2-7B's (LLaMA-7B has
     the same architecture; a Perseus kernel pass does not read them)."""
@@ -472,16 +475,16 @@ def predict_perseus(
         2.0 * PERSEUS_TOKENS * hidden * stage_layers * PERSEUS_ACTIVATION_PASSES / PERSEUS_TP
     ) * factor
     clocks = sweep.sweep.clock_mhz
-    p = _clock_params(gpu, clocks, gpu.efficiency.step_overhead_ms)
+    p = clock_params(gpu, clocks, gpu.efficiency.step_overhead_ms)
     n = len(clocks)
     out = kernel_pass(
         p, np.full(n, fwd_flops * factor), np.full(n, weight_bytes + act_bytes), clock
     )
-    board = _on_power(gpu, p.clock_ratio) + out.power_w
+    board = on_power_curve_w(gpu, p.clock_ratio) + out.power_w
     return _ratios(out.ms, board, int(np.argmax(clocks)))
 
 
-def _on_power(gpu: GpuType, clock_ratio: FloatArray) -> FloatArray:
+def on_power_curve_w(gpu: GpuType, clock_ratio: FloatArray) -> FloatArray:
     """``gpu_on_power_w`` for many clock ratios (W)."""
     v0 = np.full_like(clock_ratio, gpu.power.voltage_floor)
     knee = np.full_like(clock_ratio, gpu.power.knee_fraction)
@@ -588,11 +591,11 @@ def predict_h100nvl(
     overhead) exceeds the host's. The mean power over the window is the on-power of the
     locked clock plus the run's dynamic energy spread over the window.
     """
-    p = _clock_params(gpu, sweep.clock_mhz, run.gpu_overhead_ms)
+    p = clock_params(gpu, sweep.clock_mhz, run.gpu_overhead_ms)
     n = len(sweep.clock_mhz)
     step = decode_pass(p, np.ones(n), np.full(n, H100NVL_CONTEXT), clock)
     step_ms = np.maximum(run.host_ms, step.ms)
     total_s = H100NVL_STEPS * step_ms / 1e3
     dyn_j = H100NVL_STEPS * step.energy_j
-    power = _on_power(gpu, p.clock_ratio) + dyn_j / max(run.window_s, 1e-9)
+    power = on_power_curve_w(gpu, p.clock_ratio) + dyn_j / max(run.window_s, 1e-9)
     return _ratios(total_s, power, int(np.argmax(sweep.clock_mhz)))

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from energyopt.perf.calibration import _clock_params, _on_power
+from energyopt.perf.calibration import clock_params, on_power_curve_w
 from energyopt.perf.forward import ClockResponse, kernel_pass
 from energyopt.perf.params import FloatArray
 from energyopt.spec.errors import SpecError
@@ -204,10 +204,10 @@ def fit_at_bounds(fitted: GpuType) -> list[str]:
 
 def predict(gpu: GpuType, sweep: KernelSweep) -> tuple[FloatArray, FloatArray]:
     """Model (time s, board power W) of each run of ``sweep`` on ``gpu``."""
-    p = _clock_params(gpu, sweep.clock_mhz, 0.0)
+    p = clock_params(gpu, sweep.clock_mhz, 0.0)
     clock = ClockResponse(gpu.efficiency.compute_clock_fixed, gpu.efficiency.overhead_clock_fixed)
     out = kernel_pass(p, sweep.flops, sweep.bytes, clock)
-    board = _on_power(gpu, p.clock_ratio) + out.power_w
+    board = on_power_curve_w(gpu, p.clock_ratio) + out.power_w
     return np.asarray(out.ms / 1e3), np.asarray(board)
 
 

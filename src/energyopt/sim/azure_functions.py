@@ -34,7 +34,7 @@ from energyopt.sim.function_workload import (
     FunctionProfile,
     FunctionTrace,
     InvocationTrace,
-    _start_order,
+    start_order,
 )
 from energyopt.sim.llm_functions import MODELS
 from energyopt.spec.errors import SpecError
@@ -167,7 +167,7 @@ def read_trace(path: str | Path, horizon_s: float | None = None) -> InvocationTr
     for key in ends:
         end_s = np.asarray(ends[key])
         dur_s = np.asarray(durs[key])
-        order = _start_order(end_s, dur_s)
+        order = start_order(end_s, dur_s)
         functions.append(FunctionTrace(key[0], key[1], end_s[order], dur_s[order]))
         latest = max(latest, float(end_s.max()))
     return InvocationTrace(tuple(functions), latest if horizon_s is None else horizon_s)

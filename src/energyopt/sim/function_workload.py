@@ -366,7 +366,7 @@ def _durations(
     return np.asarray(np.round(np.clip(d, EXEC_MIN_S, EXEC_MAX_S), 3))
 
 
-def _start_order(end_s: np.ndarray, duration_s: np.ndarray) -> np.ndarray:
+def start_order(end_s: np.ndarray, duration_s: np.ndarray) -> np.ndarray:
     """Indices that order invocations by start (end - duration), then by end."""
     return np.lexsort((end_s, end_s - duration_s))
 
@@ -391,7 +391,7 @@ def generate_trace(
         start = _arrivals(p, horizon_s, rng, start_hour)
         dur = _durations(p, len(start), rng, model_loads)
         end = np.round(start + dur, 3)
-        order = _start_order(end, dur)
+        order = start_order(end, dur)
         out.append(FunctionTrace(p.app, p.func, end[order], dur[order]))
     return InvocationTrace(tuple(out), horizon_s)
 

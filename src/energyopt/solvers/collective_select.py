@@ -280,7 +280,9 @@ class Evaluator:
                 w.offer(True, s, pr, f, np.where(ok, t, np.inf), np.where(ok, e, np.inf), choice)
 
 
-def _key(p: CollectiveProblem, s: Scored) -> tuple[float, float]:
+def objective_key(p: CollectiveProblem, s: Scored) -> tuple[float, float]:
+    """Sort key of a scored schedule: (energy J, time us) when the objective is
+    energy, else (time us, energy J); smaller is better."""
     return (s.energy_j, s.time_us) if p.spec.objective.kind == "energy" else (s.time_us, s.energy_j)
 
 

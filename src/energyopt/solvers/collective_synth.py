@@ -22,8 +22,8 @@ from energyopt.solvers.collective_select import (
     Evaluator,
     Scored,
     Structure,
-    _key,
     collective_bound,
+    objective_key,
     plan_result,
     root_key,
     select_all,
@@ -43,7 +43,7 @@ def synthesized_best(ev: Evaluator, c: Collective, name: str, syn: Synthesis) ->
     best: Scored | None = None
     for ch in CHANNELS:
         x = ev.best(c, Structure("synthesized", ch, 1, None, 0), name, syn.choice)
-        if best is None or _key(ev.p, x) < _key(ev.p, best):
+        if best is None or objective_key(ev.p, x) < objective_key(ev.p, best):
             best = x
     assert best is not None
     return best
@@ -151,7 +151,7 @@ def solve_synthesis(
             progress(log[-1])
             continue
         s = synthesized_best(ev, c, name, syn)
-        kept = not keep_better or _key(p, s) < _key(p, scored[idx[0]])
+        kept = not keep_better or objective_key(p, s) < objective_key(p, scored[idx[0]])
         log.append(
             synthesis_line(p, c, syn, s)
             + ("" if kept else f"; selection's schedule kept ({scored[idx[0]].time_us:,.2f} us)")

@@ -49,7 +49,7 @@ from energyopt.formulations.moe_edge.model import (
     ConfigCosts,
     IntArray,
     MoeEdgeProblem,
-    _config_costs,
+    config_costs,
 )
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.progress import Progress, quiet
@@ -118,7 +118,7 @@ def floor_bound(p: MoeEdgeProblem, dense: int) -> float:
     dense_ms = dense_dyn = np.inf
     ok = None
     for config in configs:
-        c = _config_costs(p, config)
+        c = config_costs(p, config)
         if c.gpu_free_gb[dense] < 0:
             return np.inf
         dyn = c.energy_j - c.static_w * c.time_ms / 1e3

@@ -245,7 +245,7 @@ class MoeEdgeProblem:
         configurations, too many to keep)."""
         found = self._costs.pop(config, None)
         if found is None:
-            found = _config_costs(self, config)
+            found = config_costs(self, config)
         self._costs[config] = found
         while len(self._costs) > COSTS_KEPT:
             del self._costs[next(iter(self._costs))]
@@ -427,7 +427,7 @@ def _hits(freq: FloatArray, tokens: int) -> tuple[FloatArray, FloatArray]:
     return hit, served
 
 
-def _config_costs(p: MoeEdgeProblem, c: Config) -> ConfigCosts:
+def config_costs(p: MoeEdgeProblem, c: Config) -> ConfigCosts:
     spec, model = p.spec, p.model
     server = spec.server
     n_i = p.n_items
