@@ -64,6 +64,7 @@ from energyopt.formulations.serverless.model import (
     ServerlessProblem,
     instance_memory_gb,
     instance_op_spec,
+    option_name,
     perf_options,
 )
 from energyopt.perf.forward import decode_pass, prefill_pass
@@ -398,8 +399,6 @@ class _Sim:
         got = self.figures.get(m)
         if got is None:
             if self.rate_table is not None:
-                from energyopt.tables.serverless import option_name
-
                 names = tuple(option_name(o) for o in self.p.options)
                 if self.rate_table.option_names() != names:
                     raise ValueError(

@@ -27,7 +27,12 @@ import numpy as np
 
 from energyopt.families import certify, family
 from energyopt.formulations.serverless.merge import DecodeFigures, Snapshot
-from energyopt.formulations.serverless.model import LINKS, Option, ServerlessProblem, build_problem
+from energyopt.formulations.serverless.model import (
+    LINKS,
+    ServerlessProblem,
+    build_problem,
+    option_name,
+)
 from energyopt.perf.kvtransfer import Link
 from energyopt.progress import Progress, quiet
 from energyopt.sim.serverless import MergePolicy, decode_figures
@@ -49,11 +54,6 @@ def pool_names(p: ServerlessProblem) -> list[str]:
                     f"{node.name}/{phase}/{link}/{opt.share_pct}%/tp{opt.tp}/{opt.clock_mhz}MHz"
                 )
     return out
-
-
-def option_name(opt: Option) -> str:
-    """``share%/tpN/clockMHz``: an option's name on the table's ``option`` axis."""
-    return f"{opt.share_pct}%/tp{opt.tp}/{opt.clock_mhz}MHz"
 
 
 def _pool_of(pool: object) -> str:

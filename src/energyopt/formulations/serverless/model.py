@@ -61,6 +61,11 @@ class Option:
         return self.share_pct / 100.0 * self.tp
 
 
+def option_name(opt: Option) -> str:
+    """``share%/tpN/clockMHz``: an option's name (the rate table's ``option`` axis)."""
+    return f"{opt.share_pct}%/tp{opt.tp}/{opt.clock_mhz}MHz"
+
+
 @dataclass(frozen=True)
 class ServerlessProblem:
     """A bound serverless instance: M models, N nodes, T epochs, O options."""
