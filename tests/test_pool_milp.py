@@ -16,7 +16,7 @@ from energyopt.formulations.serving.costs import objective_costs
 from energyopt.perf.oppoints import build_op_table
 from energyopt.solvers import packing_bound as pb
 from energyopt.solvers.pool_milp import pack_point, pool_milp_bound
-from energyopt.solvers.serving import finish_plan
+from energyopt.solvers.serving_backend import finish_plan
 from energyopt.verify import evaluate_plan, verify_plan
 
 from .serving_exhaustive import shared_random_problems

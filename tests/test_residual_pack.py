@@ -15,13 +15,13 @@ from energyopt.formulations.errors import FormulationNotApplicable
 from energyopt.formulations.serving import pattern as pat
 from energyopt.perf.oppoints import build_op_table
 from energyopt.solvers import residual_pack as rp
-from energyopt.solvers import serving
+from energyopt.solvers import serving, serving_configurations
 from energyopt.solvers.master_lp import LpSession
 from energyopt.solvers.pattern_root import Root, solve_root
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.residual_pack import residual_pack
 from energyopt.solvers.result import FEASIBLE, relative_gap
-from energyopt.solvers.serving import finish_plan
+from energyopt.solvers.serving_backend import finish_plan
 from energyopt.verify import evaluate_plan, verify_plan
 
 from .serving_exhaustive import shared_random_problems
@@ -176,8 +176,8 @@ def test_the_restricted_integer_master_gives_a_verified_plan(
     reduced-cost filter after it (whose solves are never restricted, and which would
     run to the time limit here) is switched off: the plan and bound checked are the
     restricted solve's."""
-    monkeypatch.setattr(serving, "RESTRICTED_MASTER_COLUMNS", 0)
-    monkeypatch.setattr(serving, "SLACK_STEPS", ())
+    monkeypatch.setattr(serving_configurations, "RESTRICTED_MASTER_COLUMNS", 0)
+    monkeypatch.setattr(serving_configurations, "SLACK_STEPS", ())
     problem = load_problem(ROOT / "instances" / "fleet-64.yaml")
     result = serving.solve(problem, load_preset("colgen"), time_limit_s=20)
     assert result.plan is not None and result.objective is not None
@@ -197,7 +197,7 @@ def test_the_restricted_master_never_certifies_a_bound_above_the_optimum(
     runs its reduced-cost filter to the full column set; the bound it reports then
     comes from an integer solve over every column within the slack, never from the
     restricted one: bound <= brute-force optimum <= plan."""
-    monkeypatch.setattr(serving, "RESTRICTED_MASTER_COLUMNS", 0)
+    monkeypatch.setattr(serving_configurations, "RESTRICTED_MASTER_COLUMNS", 0)
     _, problem, optimum = RANDOM[case]
     result = serving.solve(problem, load_preset("colgen"), time_limit_s=60, rel_gap=1e-9)
     if optimum.value is None:

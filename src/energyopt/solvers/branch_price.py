@@ -112,7 +112,10 @@ from energyopt.solvers.result import (
     relative_gap,
     status_at,
 )
+from energyopt.solvers.serving_backend import finish_plan
+from energyopt.solvers.serving_configurations import solve_configurations
 from energyopt.spec.plan import Plan
+from energyopt.verify.serving import evaluate_plan
 
 NODE_ROUNDS = 40
 """Column generation rounds per node at most (the node's bound stays valid below it)."""
@@ -376,8 +379,6 @@ def _packed_pool_plan(
 ) -> tuple[float, Plan] | None:
     """The pool MILP's point placed GPU by GPU (``pool_milp.pack_point``), as a
     verified plan with its own cost; None where it does not pack or verify."""
-    from energyopt.solvers.serving import finish_plan
-    from energyopt.verify.serving import evaluate_plan
 
     decisions = pool_milp.pack_point(problem, prog.table, pools, prog.classes, point)
     if decisions is None:
@@ -412,7 +413,6 @@ def _exact_finish(
     filtering over the listed configurations, as ``highs-pattern``). Returns its
     result, the bound it proves for the whole problem (-inf when none) and whether
     the time limit cut it short."""
-    from energyopt.solvers.serving import solve_configurations
 
     def prefixed(line: str) -> None:
         note(f"exact finish: {line}")
@@ -434,8 +434,6 @@ def solve_branch_price(
 ) -> Result[Plan]:
     """Branch-and-price over the configuration formulation (module docstring):
     the best plan found and the global bound, in objective units (W for power)."""
-    from energyopt.solvers.serving import finish_plan
-
     t0 = time.perf_counter()
     limit = deadline - t0
     root = solve_root(

@@ -63,6 +63,8 @@ from energyopt.solvers.highs_direct import solve_master_mip
 from energyopt.solvers.presets import SolverPreset
 from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, Result, status_at, stop_reason
 from energyopt.solvers.result import relative_gap as rel_gap_of
+from energyopt.solvers.serving_backend import finish_plan
+from energyopt.solvers.serving_configurations import solve_configurations
 from energyopt.solvers.subgradient import PolyakControl, projected_step
 from energyopt.solvers.unit_bound import best_unit_bound
 from energyopt.spec.plan import Plan
@@ -329,8 +331,6 @@ def solve_shadow_price(
         # The packed columns cannot serve the demand together (this proves nothing
         # about the problem): complete by column generation, keeping the bound.
         note("repair: no plan over the packed columns; completing by column generation")
-        from energyopt.solvers.serving import solve_configurations
-
         res = solve_configurations(problem, table, preset, deadline, gap, note, exact=False)
         if res.status == INFEASIBLE:
             return res
@@ -349,8 +349,6 @@ def solve_shadow_price(
     objective = pat.integer_objective(prog, values)
     bound = min(bound, objective)
     status = status_at(objective, bound, gap)
-    from energyopt.solvers.serving import finish_plan
-
     plan = finish_plan(
         problem, table, pat.decisions(prog, im), status, objective, bound, preset.name
     )
