@@ -99,9 +99,7 @@ def steady_power_w(p: OpParams, rate_rps: FloatArray) -> FloatArray:
     n_active = np.maximum(n / active, 1.0)
     step_j = decode_pass(p, n_active, decode_context(p)).energy_j * p.tp
     decode = np.maximum(p.output_tokens - 1.0, 0.0) * step_j / n_active
-    per_request = np.where(
-        p.phase == 1, prefill, np.where(p.phase == 2, decode, prefill + decode)
-    )
+    per_request = np.where(p.phase == 1, prefill, np.where(p.phase == 2, decode, prefill + decode))
     return np.asarray(np.where(rate > 0, rate * per_request, 0.0))
 
 
