@@ -77,20 +77,15 @@ def family(kind: str) -> AnyFamily:
     return _load(kind)
 
 
-def solver_entry(fam: AnyFamily, name: str | None) -> SolverEntry:
-    """The family's solver called ``name`` (None: its default, the first listed)."""
-    from energyopt.families.contract import SolverEntry
+def solver_entry(fam: AnyFamily, name: str | None) -> SolverEntry[Any, Any]:
+    """The family's solver called ``name`` (None: its default, the first listed);
+    SpecError naming ``--solver`` and listing the family's solvers otherwise. A
+    family built on ``TableFamily`` looks it up itself (``entry``)."""
+    from energyopt.families.contract import TableFamily, find_solver
 
-    entries = fam.solvers()
-    if name is None:
-        return entries[0]
-    for entry in entries:
-        if entry.name == name:
-            return entry
-    if fam.kind == "serving":  # presets may also be given as a TOML file path
-        return SolverEntry(name, fam.kind, "exact", f"preset file {name}")
-    names = ", ".join(e.name for e in entries)
-    raise SpecError([f"--solver: no solver {name!r} for {fam.kind} problems; available: {names}"])
+    if isinstance(fam, TableFamily):
+        return fam.entry(name)
+    return find_solver(fam.kind, fam.solvers(), name)
 
 
 def certify(fam: AnyFamily, problem: Any, result: Result[Any], rel_gap: float, note: Any) -> None:

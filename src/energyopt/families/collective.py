@@ -5,35 +5,73 @@ time or energy on a topology with degraded links and stragglers."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel
 
-from energyopt.families.contract import NotExportable, SolverEntry, Stated, stamped
+from energyopt.families.contract import NotExportable, SolverEntry, TableFamily
 from energyopt.formulations.collective.model import CollectiveProblem, load_collective
 from energyopt.progress import Progress
 from energyopt.solvers.result import Result, relative_gap
 from energyopt.spec.collective import CollectiveFile, CollectivePlan
-from energyopt.spec.errors import SpecError
-from energyopt.spec.io import parse
 from energyopt.verify.violation import Violation
 
 DEFAULT_TIME_LIMIT_S = 60.0
 
 
-class CollectiveFamily:
+def _auto(
+    p: CollectiveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
+) -> Result[CollectivePlan]:
+    from energyopt.solvers.collective_synth import solve_synthesis
+
+    limit = time_limit_s or DEFAULT_TIME_LIMIT_S
+    return solve_synthesis(p, time_limit_s=limit, keep_better=True, progress=progress)
+
+
+def _select(
+    p: CollectiveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
+) -> Result[CollectivePlan]:
+    from energyopt.solvers.collective_select import solve_select
+
+    return solve_select(p, time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S, progress=progress)
+
+
+def _milp(
+    p: CollectiveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
+) -> Result[CollectivePlan]:
+    from energyopt.solvers.collective_synth import solve_synthesis
+
+    limit = time_limit_s or DEFAULT_TIME_LIMIT_S
+    return solve_synthesis(p, time_limit_s=limit, progress=progress)
+
+
+def _nccl(
+    p: CollectiveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
+) -> Result[CollectivePlan]:
+    from energyopt.solvers.collective_select import solve_nccl
+
+    return solve_nccl(p, progress=progress)
+
+
+def _ring(
+    p: CollectiveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
+) -> Result[CollectivePlan]:
+    from energyopt.solvers.collective_select import solve_ring
+
+    return solve_ring(p, progress=progress)
+
+
+class CollectiveFamily(TableFamily[CollectiveProblem, CollectivePlan]):
     """Collective-communication schedules chosen by the cluster's state."""
 
     kind = "collective"
     title = "collectives: communication schedules by topology, link health and stragglers"
     problem_model: type[BaseModel] = CollectiveFile
     plan_model: type[BaseModel] = CollectivePlan
+    instances = ("instances/collective/*.yaml",)
 
     def load(self, path: str, catalogs: Sequence[str]) -> CollectiveProblem:
         return load_collective(path, catalogs)
-
-    def load_for_plan(self, path: str, catalogs: Sequence[str]) -> CollectiveProblem:
-        return self.load(path, catalogs)
 
     def summary(self, p: CollectiveProblem) -> str:
         h = p.spec.health
@@ -62,7 +100,7 @@ class CollectiveFamily:
             lines.append(f"{p.name_of(i):<20} {c.op:<15} {c.bytes:>13,} {c.count:>7,}")
         return lines
 
-    def solvers(self) -> list[SolverEntry]:
+    def solvers(self) -> list[SolverEntry[CollectiveProblem, CollectivePlan]]:
         return [
             SolverEntry(
                 "auto",
@@ -70,6 +108,7 @@ class CollectiveFamily:
                 "certified bound",
                 "selection among candidate schedules, and MILP synthesis up to 8 ranks; the better",
                 ("time limit",),
+                run=_auto,
             ),
             SolverEntry(
                 "select",
@@ -78,6 +117,7 @@ class CollectiveFamily:
                 "ring, tree, halving-doubling, hierarchical (rings or all-pairs inside nodes), "
                 "direct x protocol x chunks x "
                 "channels x clock on the cost model",
+                run=_select,
             ),
             SolverEntry(
                 "milp",
@@ -85,49 +125,26 @@ class CollectiveFamily:
                 "certified bound",
                 "time-expanded MILP synthesis with HiGHS (up to 8 ranks), else selection",
                 ("time limit", "export"),
+                run=_milp,
             ),
             SolverEntry(
                 "nccl",
                 self.kind,
                 "certified bound",
                 "NCCL 2.30.7's tuning model's algorithm, protocol and channels (Ring, Tree)",
+                run=_nccl,
             ),
             SolverEntry(
                 "ring",
                 self.kind,
                 "certified bound",
                 "a fixed ring, Simple protocol, NCCL's channel count",
+                run=_ring,
             ),
         ]
 
-    def solve(
-        self,
-        p: CollectiveProblem,
-        solver: str,
-        *,
-        time_limit_s: float | None,
-        rel_gap: float | None,
-        progress: Progress,
-    ) -> Result[CollectivePlan]:
-        from energyopt.solvers.collective_select import solve_nccl, solve_ring, solve_select
-        from energyopt.solvers.collective_synth import solve_synthesis
-
-        limit = time_limit_s or DEFAULT_TIME_LIMIT_S
-        progress(f"solving {p.source} (collective, {p.n} ranks) with {solver}")
-        if solver == "auto":
-            result = solve_synthesis(p, time_limit_s=limit, keep_better=True, progress=progress)
-        elif solver == "select":
-            result = solve_select(p, time_limit_s=limit, progress=progress)
-        elif solver == "milp":
-            result = solve_synthesis(p, time_limit_s=limit, progress=progress)
-        elif solver == "nccl":
-            result = solve_nccl(p, progress=progress)
-        elif solver == "ring":
-            result = solve_ring(p, progress=progress)
-        else:
-            raise SpecError([f"--solver: no solver {solver!r} for collective problems"])
-        result.solver = solver
-        return result
+    def headline(self, p: CollectiveProblem) -> str:
+        return f"{p.source} (collective, {p.n} ranks)"
 
     def verify(self, p: CollectiveProblem, plan: CollectivePlan) -> list[Violation]:
         from energyopt.verify.collective import evaluate_collective
@@ -138,9 +155,6 @@ class CollectiveFamily:
         from energyopt.verify.collective import plan_cost
 
         return plan_cost(p, plan)
-
-    def sense(self, p: CollectiveProblem) -> Literal["min", "max"]:
-        return "min"
 
     def objective_unit(self, p: CollectiveProblem) -> str:
         """The unit of the objective ``cost`` and ``solve`` report."""
@@ -184,16 +198,6 @@ class CollectiveFamily:
         lines.extend(result.log)
         lines.append(f"solver {result.solver} ({result.algorithm}), {result.wall_s:.2f} s")
         return lines
-
-    def to_file(self, p: CollectiveProblem, result: Result[CollectivePlan]) -> BaseModel:
-        assert result.plan is not None
-        return stamped(result.plan, result)
-
-    def from_file(
-        self, p: CollectiveProblem, data: Any, source: str
-    ) -> tuple[CollectivePlan, Stated]:
-        plan = parse(CollectivePlan, data, source)
-        return plan, Stated(plan.objective, plan.bound, plan.gap)
 
     def exports(self, p: CollectiveProblem) -> Mapping[str, Callable[[str], None]]:
         """``csv``: the NCCL example tuner plugin's config for the file's topology,

@@ -3,36 +3,53 @@ GPUs by MPS share, clock and start time, for mean JCT or throughput."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel
 
-from energyopt.families.contract import SolverEntry, Stated, stamped
+from energyopt.families.contract import SolverEntry, SolverRun, TableFamily
 from energyopt.formulations.colocation.problem import ColocationProblem, load_colocation
 from energyopt.progress import Progress
 from energyopt.solvers.result import Result
 from energyopt.spec.colocation import ColocationInstance, ColocationPlan, PlanUnit, TrainingJob
-from energyopt.spec.io import parse
 from energyopt.verify.violation import Violation
 
 ColocationResult = Result[ColocationPlan]
 
 
-class ColocationFamily:
+def _runs(name: str) -> SolverRun[ColocationProblem, ColocationPlan]:
+    """What runs the co-location solver ``name`` (``solve_colocation`` holds the
+    ``auto`` rule and its portfolio, and each solver's default gap)."""
+
+    def run(
+        problem: ColocationProblem,
+        time_limit_s: float | None,
+        rel_gap: float | None,
+        progress: Progress,
+    ) -> ColocationResult:
+        from energyopt.solvers.colocation_solve import solve_colocation
+
+        return solve_colocation(
+            problem, name, time_limit_s=time_limit_s, rel_gap=rel_gap, progress=progress
+        )[1]
+
+    return run
+
+
+class ColocationFamily(TableFamily[ColocationProblem, ColocationPlan]):
     """Jobs as families of resource-performance configurations (ElastiCo)."""
 
     kind = "colocation"
     title = "co-location: training and inference jobs sharing GPUs, mean JCT or throughput"
     problem_model: type[BaseModel] = ColocationInstance
     plan_model: type[BaseModel] = ColocationPlan
+    instances = ("instances/colocation/*.yaml",)
+    names_result_by_request = False
 
     def load(self, path: str, catalogs: Sequence[str]) -> ColocationProblem:
         return load_colocation(path, catalogs)
-
-    def load_for_plan(self, path: str, catalogs: Sequence[str]) -> ColocationProblem:
-        return self.load(path, catalogs)
 
     def summary(self, problem: ColocationProblem) -> str:
         inst = problem.instance
@@ -55,7 +72,7 @@ class ColocationFamily:
             lines.append(f"{job.name:<24} {kind:<10} {job.model:<16} {job.min_gpus}-{job.max_gpus}")
         return lines
 
-    def solvers(self) -> list[SolverEntry]:
+    def solvers(self) -> list[SolverEntry[ColocationProblem, ColocationPlan]]:
         from energyopt.solvers.colocation_solve import EXACT_MAX_COLUMNS, PORTFOLIO_MAX_COLUMNS
 
         return [
@@ -66,6 +83,7 @@ class ColocationFamily:
                 f"exact up to {EXACT_MAX_COLUMNS:,} MILP columns; up to "
                 f"{PORTFOLIO_MAX_COLUMNS:,}, shadow-price and then exact in the time left "
                 "(the better plan and bound); else shadow-price",
+                run=_runs("auto"),
             ),
             SolverEntry(
                 "exact",
@@ -73,6 +91,7 @@ class ColocationFamily:
                 "exact",
                 "time-indexed unit MILP with HiGHS; optimal or best plan and bound at the limit",
                 ("time limit", "gap", "export"),
+                run=_runs("exact"),
             ),
             SolverEntry(
                 "shadow-price",
@@ -80,32 +99,19 @@ class ColocationFamily:
                 "certified bound",
                 "elastic shadow prices per job with a repair; Lagrangian bound and gap",
                 ("time limit", "gap"),
+                run=_runs("shadow-price"),
             ),
             SolverEntry(
                 "isolated",
                 self.kind,
                 "heuristic",
                 "static isolated allocation baseline (whole GPUs, FIFO); no bound",
+                run=_runs("isolated"),
             ),
         ]
 
-    def solve(
-        self,
-        problem: ColocationProblem,
-        solver: str,
-        *,
-        time_limit_s: float | None,
-        rel_gap: float | None,
-        progress: Progress,
-    ) -> ColocationResult:
-        from energyopt.solvers.colocation_solve import solve_colocation
-
-        objective = problem.instance.options.objective
-        progress(f"solving {problem.source} (co-location, objective {objective})")
-        _, result = solve_colocation(
-            problem, solver, time_limit_s=time_limit_s, rel_gap=rel_gap, progress=progress
-        )
-        return result
+    def headline(self, problem: ColocationProblem) -> str:
+        return f"{problem.source} (co-location, objective {problem.instance.options.objective})"
 
     def verify(self, problem: ColocationProblem, plan: ColocationPlan) -> list[Violation]:
         from energyopt.verify.colocation import evaluate_colocation
@@ -178,20 +184,6 @@ class ColocationFamily:
         how = f" ({result.algorithm})" if result.algorithm else ""
         lines.append(f"solver {result.solver}{how}, {result.wall_s:.2f} s; {problem.source}")
         return lines
-
-    def to_file(self, problem: ColocationProblem, result: ColocationResult) -> BaseModel:
-        assert result.plan is not None
-        return stamped(result.plan, result)
-
-    def from_file(
-        self, problem: ColocationProblem, data: Any, source: str
-    ) -> tuple[ColocationPlan, Stated]:
-        plan = parse(ColocationPlan, data, source)
-        return plan, Stated(plan.objective, plan.bound, plan.gap)
-
-    def exports(self, problem: ColocationProblem) -> Mapping[str, Callable[[str], None]]:
-        """No files besides the program."""
-        return {}
 
     def program(self, problem: ColocationProblem) -> Any:
         """The exact solver's time-indexed unit MILP (a HiGHS model)."""

@@ -8,14 +8,17 @@ family only through this contract (docs/families.md shows how to add one).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar, cast
 
 from pydantic import BaseModel
 
 from energyopt.progress import Progress
 from energyopt.solvers.result import Result
+from energyopt.spec.errors import SpecError
+from energyopt.spec.io import parse
 from energyopt.verify.violation import Violation
 
 Guarantee = Literal["exact", "certified bound", "heuristic"]
@@ -27,9 +30,17 @@ ProblemT = TypeVar("ProblemT")
 PlanT = TypeVar("PlanT")
 
 
+SolverRun = Callable[[ProblemT, float | None, float | None, Progress], Result[PlanT]]
+"""What runs one solver: (problem, time limit in s, relative gap, progress) -> its
+result; a time limit or gap of None is the solver's own default."""
+
+
 @dataclass(frozen=True)
-class SolverEntry:
-    """One solver of one family, as ``--solver NAME`` selects it."""
+class SolverEntry(Generic[ProblemT, PlanT]):
+    """One solver of one family, as ``--solver NAME`` selects it: its name, its
+    guarantee and what runs it. ``run`` is the callable that solves; an entry
+    with ``pick`` instead (``auto``) names, for a problem, the entry that runs.
+    An entry with neither is solved by its family's own ``solve``."""
 
     name: str
     family: str
@@ -37,6 +48,22 @@ class SolverEntry:
     description: str
     features: tuple[str, ...] = ()
     available: Callable[[], bool] = field(default=lambda: True, compare=False)
+    run: SolverRun[ProblemT, PlanT] | None = field(default=None, compare=False)
+    pick: Callable[[ProblemT], str] | None = field(default=None, compare=False)
+
+
+def find_solver(
+    kind: str, entries: Sequence[SolverEntry[ProblemT, PlanT]], name: str | None
+) -> SolverEntry[ProblemT, PlanT]:
+    """The entry called ``name`` (None: the default, the first listed); SpecError
+    naming ``--solver`` and listing the family's solvers otherwise."""
+    if name is None:
+        return entries[0]
+    for entry in entries:
+        if entry.name == name:
+            return entry
+    names = ", ".join(e.name for e in entries)
+    raise SpecError([f"--solver: no solver {name!r} for {kind} problems; available: {names}"])
 
 
 class NotExportable(Exception):
@@ -53,6 +80,9 @@ class Family(Protocol[ProblemT, PlanT]):
     """The problem file's schema (``energyopt schema KIND``)."""
     plan_model: type[BaseModel]
     """The plan file's schema (``energyopt schema KIND-plan``)."""
+    instances: tuple[str, ...]
+    """The family's bundled problem files, as globs relative to the repository root
+    (tests/test_family_contract.py runs every family's contract on them)."""
 
     def load(self, path: str, catalogs: Sequence[str]) -> ProblemT:
         """Read, validate and bind a file to its catalog; SpecError naming file and field."""
@@ -71,7 +101,7 @@ class Family(Protocol[ProblemT, PlanT]):
         """The problem as ``show`` prints it."""
         ...
 
-    def solvers(self) -> list[SolverEntry]:
+    def solvers(self) -> list[SolverEntry[ProblemT, PlanT]]:
         """Every solver of the family, the default first."""
         ...
 
@@ -149,3 +179,99 @@ def stamped(plan: PlanFileT, result: Result[Any]) -> PlanFileT:
             "solver": result.solver,
         }
     )
+
+
+def given(value: float | None, default: float) -> float:
+    """``value``, or ``default`` where it is None (a time limit in s, a gap)."""
+    return default if value is None else value
+
+
+class TableFamily(ABC, Generic[ProblemT, PlanT]):
+    """The part of a family that is the same for every family: its solvers are a
+    table of ``SolverEntry`` (``solvers()``), ``solve`` looks the name up there and
+    runs the entry (``auto``: the entry its ``pick`` names for the problem), and
+    its plan file is its plan model stamped with the result's figures.
+
+    A subclass gives ``kind``, ``title``, the two models, ``instances``,
+    ``solvers()`` (each entry with ``run`` or ``pick``), ``headline`` and the
+    problem-specific members of ``Family``; it overrides what differs."""
+
+    kind: str
+    title: str
+    problem_model: type[BaseModel]
+    plan_model: type[BaseModel]
+    instances: tuple[str, ...] = ()
+    names_result_by_request: bool = True
+    """True: a result's ``solver`` is the name asked for (``auto`` stays ``auto``);
+    False: the one its solver gave it (the entry that ran, or a preset's name)."""
+    plan_states_unit: bool = False
+    """True: the plan file has an ``objective_unit`` field, set to ``objective_unit``."""
+
+    @abstractmethod
+    def solvers(self) -> list[SolverEntry[ProblemT, PlanT]]:
+        """Every solver of the family, the default first."""
+
+    def entry(self, name: str | None) -> SolverEntry[ProblemT, PlanT]:
+        """The solver ``--solver NAME`` selects (None: the default); SpecError naming
+        ``--solver`` and the family's solvers when it has none of that name."""
+        return find_solver(self.kind, self.solvers(), name)
+
+    @abstractmethod
+    def headline(self, problem: ProblemT) -> str:
+        """The problem in a few words for the progress line (its file first)."""
+
+    @abstractmethod
+    def load(self, path: str, catalogs: Sequence[str]) -> ProblemT:
+        """Read, validate and bind a file to its catalog; SpecError naming file and field."""
+
+    def load_for_plan(self, path: str, catalogs: Sequence[str]) -> ProblemT:
+        """The problem a plan file is checked against: the one ``load`` reads."""
+        return self.load(path, catalogs)
+
+    def solve(
+        self,
+        problem: ProblemT,
+        solver: str,
+        *,
+        time_limit_s: float | None,
+        rel_gap: float | None,
+        progress: Progress,
+    ) -> Result[PlanT]:
+        """Run the entry called ``solver`` (``time_limit_s`` in s and ``rel_gap``: None
+        for the solver's default); SpecError when the family has no such solver."""
+        asked = self.entry(solver)
+        chosen = asked if asked.pick is None else self.entry(asked.pick(problem))
+        if chosen.run is None:
+            raise TypeError(f"{self.kind} solver {chosen.name!r} has nothing to run")
+        progress(f"solving {self.headline(problem)} with {chosen.name}")
+        result = chosen.run(problem, time_limit_s, rel_gap, progress)
+        if chosen is not asked:
+            result.algorithm = result.algorithm or chosen.name
+        if self.names_result_by_request:
+            result.solver = asked.name
+        return result
+
+    def sense(self, problem: ProblemT) -> Literal["min", "max"]:
+        """Whether the objective is minimised (the default) or maximised."""
+        return "min"
+
+    @abstractmethod
+    def objective_unit(self, problem: ProblemT) -> str:
+        """The unit of the objective ``cost`` and ``solve`` report."""
+
+    def to_file(self, problem: ProblemT, result: Result[PlanT]) -> BaseModel:
+        """The plan (a plan-file model) stamped with the result's figures."""
+        assert isinstance(result.plan, BaseModel)
+        plan = stamped(result.plan, result)
+        if self.plan_states_unit:
+            plan = plan.model_copy(update={"objective_unit": self.objective_unit(problem)})
+        return plan
+
+    def from_file(self, problem: ProblemT, data: Any, source: str) -> tuple[PlanT, Stated]:
+        """A plan file read as the plan model, and the figures it states."""
+        plan: Any = parse(self.plan_model, data, source)
+        return cast(PlanT, plan), Stated(plan.objective, plan.bound, plan.gap)
+
+    def exports(self, problem: ProblemT) -> Mapping[str, Callable[[str], None]]:
+        """Files other than the program that ``export`` writes: none by default."""
+        return {}

@@ -5,17 +5,16 @@ SLO's limit per second (then least energy)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from energyopt.families.contract import SolverEntry, Stated, stamped
+from energyopt.families.contract import SolverEntry, TableFamily, given
 from energyopt.formulations.keepalive.model import KeepAliveProblem, load_keepalive
 from energyopt.progress import Progress
 from energyopt.solvers.result import Result
 from energyopt.spec.errors import SpecError
-from energyopt.spec.io import parse
 from energyopt.spec.keepalive import KeepAliveFile, KeepAlivePlan
 from energyopt.verify.violation import Violation
 
@@ -25,19 +24,90 @@ DEFAULT_TIME_LIMIT_S = 60.0
 DEFAULT_GAP = 1e-4
 
 
-class KeepAliveFamily:
+def auto_solver(p: KeepAliveProblem) -> str:
+    """The solver ``auto`` runs on ``p``: milp for the throughput objective and up to
+    ``AUTO_MILP_COLUMNS`` columns, else lagrangian."""
+    from energyopt.formulations.keepalive.milp import milp_columns
+
+    small = p.maximises_throughput or milp_columns(p) <= AUTO_MILP_COLUMNS
+    return "milp" if small else "lagrangian"
+
+
+def _refuse(p: KeepAliveProblem, solver: str) -> None:
+    """SpecError naming ``--solver`` where ``solver`` cannot take ``p``: an energy-only
+    solver on the throughput objective, or a MILP larger than it builds."""
+    from energyopt.formulations.keepalive.milp import MAX_COLUMNS, milp_columns
+    from energyopt.solvers.keepalive_milp import LOOKAHEAD
+
+    if p.maximises_throughput and solver in ("lagrangian", "rolling"):
+        raise SpecError(
+            [
+                f"--solver: {solver} minimises energy only; the throughput objective "
+                f"of {p.source} is solved by milp (or auto)"
+            ]
+        )
+    if solver == "lagrangian":
+        return
+    windows = p.n_windows if solver == "milp" else min(p.n_windows, LOOKAHEAD)
+    columns = milp_columns(p, 0, windows)
+    if columns > MAX_COLUMNS:
+        raise SpecError(
+            [
+                f"--solver: {solver} would build a MILP of {columns:,} columns for "
+                f"{p.source}, more than the {MAX_COLUMNS:,} it builds (HiGHS could not "
+                "keep the time limit); "
+                + (
+                    "the throughput objective is solved by milp only: plan fewer "
+                    "windows, nodes or functions at a time"
+                    if p.maximises_throughput
+                    else "use lagrangian or auto"
+                )
+            ]
+        )
+
+
+def _milp(
+    p: KeepAliveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
+) -> Result[KeepAlivePlan]:
+    from energyopt.solvers.keepalive_milp import solve_milp
+
+    _refuse(p, "milp")
+    limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
+    return solve_milp(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+
+
+def _lagrangian(
+    p: KeepAliveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
+) -> Result[KeepAlivePlan]:
+    from energyopt.solvers.keepalive_lagrangian import solve_lagrangian
+
+    _refuse(p, "lagrangian")
+    limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
+    return solve_lagrangian(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+
+
+def _rolling(
+    p: KeepAliveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
+) -> Result[KeepAlivePlan]:
+    from energyopt.solvers.keepalive_milp import solve_rolling
+
+    _refuse(p, "rolling")
+    limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
+    return solve_rolling(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+
+
+class KeepAliveFamily(TableFamily[KeepAliveProblem, KeepAlivePlan]):
     """Tepid-aware keep-alive and placement of serverless containers."""
 
     kind = "keepalive"
     title = "keep-alive: serverless functions warm, tepid or cold per window, on nodes"
     problem_model: type[BaseModel] = KeepAliveFile
     plan_model: type[BaseModel] = KeepAlivePlan
+    instances = ("instances/keepalive/*.yaml",)
+    plan_states_unit = True
 
     def load(self, path: str, catalogs: Sequence[str]) -> KeepAliveProblem:
         return load_keepalive(path)
-
-    def load_for_plan(self, path: str, catalogs: Sequence[str]) -> KeepAliveProblem:
-        return self.load(path, catalogs)
 
     def summary(self, p: KeepAliveProblem) -> str:
         cap = p.spec.objective.max_cold_start_rate
@@ -76,13 +146,14 @@ class KeepAliveFamily:
             )
         return lines
 
-    def solvers(self) -> list[SolverEntry]:
+    def solvers(self) -> list[SolverEntry[KeepAliveProblem, KeepAlivePlan]]:
         return [
             SolverEntry(
                 "auto",
                 self.kind,
                 "certified bound",
                 f"milp up to {AUTO_MILP_COLUMNS:,} columns, else lagrangian",
+                pick=auto_solver,
             ),
             SolverEntry(
                 "milp",
@@ -90,6 +161,7 @@ class KeepAliveFamily:
                 "exact",
                 "whole-horizon arc-flow MILP with HiGHS; best plan and bound at the limit",
                 ("time limit", "gap", "export"),
+                run=_milp,
             ),
             SolverEntry(
                 "lagrangian",
@@ -97,6 +169,7 @@ class KeepAliveFamily:
                 "certified bound",
                 "Lagrangian on node budgets, SLOs and cap: per-function shortest paths, repair",
                 ("time limit", "gap"),
+                run=_lagrangian,
             ),
             SolverEntry(
                 "rolling",
@@ -104,63 +177,12 @@ class KeepAliveFamily:
                 "heuristic",
                 "rolling-horizon MILP (15 windows ahead, 5 kept per step); no bound",
                 ("time limit",),
+                run=_rolling,
             ),
         ]
 
-    def solve(
-        self,
-        p: KeepAliveProblem,
-        solver: str,
-        *,
-        time_limit_s: float | None,
-        rel_gap: float | None,
-        progress: Progress,
-    ) -> Result[KeepAlivePlan]:
-        from energyopt.formulations.keepalive.milp import MAX_COLUMNS, milp_columns
-        from energyopt.solvers.keepalive_lagrangian import solve_lagrangian
-        from energyopt.solvers.keepalive_milp import LOOKAHEAD, solve_milp, solve_rolling
-
-        limit = time_limit_s or DEFAULT_TIME_LIMIT_S
-        gap = rel_gap if rel_gap is not None else DEFAULT_GAP
-        chosen = solver
-        columns = milp_columns(p)
-        if solver == "auto":
-            small = p.maximises_throughput or columns <= AUTO_MILP_COLUMNS
-            chosen = "milp" if small else "lagrangian"
-        if p.maximises_throughput and chosen in ("lagrangian", "rolling"):
-            raise SpecError(
-                [
-                    f"--solver: {chosen} minimises energy only; the throughput objective "
-                    f"of {p.source} is solved by milp (or auto)"
-                ]
-            )
-        if chosen == "rolling":
-            columns = milp_columns(p, 0, min(p.n_windows, LOOKAHEAD))
-        if chosen in ("milp", "rolling") and columns > MAX_COLUMNS:
-            raise SpecError(
-                [
-                    f"--solver: {chosen} would build a MILP of {columns:,} columns for "
-                    f"{p.source}, more than the {MAX_COLUMNS:,} it builds (HiGHS could not "
-                    "keep the time limit); "
-                    + (
-                        "the throughput objective is solved by milp only: plan fewer "
-                        "windows, nodes or functions at a time"
-                        if p.maximises_throughput
-                        else "use lagrangian or auto"
-                    )
-                ]
-            )
-        progress(f"solving {p.source} (keep-alive, {p.n_functions} functions) with {chosen}")
-        if chosen == "milp":
-            result = solve_milp(p, time_limit_s=limit, rel_gap=gap, progress=progress)
-        elif chosen == "lagrangian":
-            result = solve_lagrangian(p, time_limit_s=limit, rel_gap=gap, progress=progress)
-        elif chosen == "rolling":
-            result = solve_rolling(p, time_limit_s=limit, rel_gap=gap, progress=progress)
-        else:
-            raise SpecError([f"--solver: no solver {solver!r} for keepalive problems"])
-        result.solver = solver
-        return result
+    def headline(self, p: KeepAliveProblem) -> str:
+        return f"{p.source} (keep-alive, {p.n_functions} functions)"
 
     def verify(self, p: KeepAliveProblem, plan: KeepAlivePlan) -> list[Violation]:
         from energyopt.verify.keepalive import evaluate_keepalive
@@ -218,21 +240,6 @@ class KeepAliveFamily:
         )
         lines.append(f"solver {result.solver} ({result.algorithm}), {result.wall_s:.2f} s")
         return lines
-
-    def to_file(self, p: KeepAliveProblem, result: Result[KeepAlivePlan]) -> BaseModel:
-        assert result.plan is not None
-        unit = "requests/s" if p.maximises_throughput else "J"
-        return stamped(result.plan, result).model_copy(update={"objective_unit": unit})
-
-    def from_file(
-        self, p: KeepAliveProblem, data: Any, source: str
-    ) -> tuple[KeepAlivePlan, Stated]:
-        plan = parse(KeepAlivePlan, data, source)
-        return plan, Stated(plan.objective, plan.bound, plan.gap)
-
-    def exports(self, p: KeepAliveProblem) -> Mapping[str, Callable[[str], None]]:
-        """No files besides the program."""
-        return {}
 
     def program(self, p: KeepAliveProblem) -> Any:
         """The whole-horizon MILP the ``milp`` solver solves (a HiGHS model; for the

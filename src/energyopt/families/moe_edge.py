@@ -5,18 +5,16 @@ within memory and the TBT/TTFT SLOs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel
 
 from energyopt.catalog.loader import bind_catalog
-from energyopt.families.contract import NotExportable, SolverEntry, Stated, stamped
+from energyopt.families.contract import NotExportable, SolverEntry, TableFamily, given
 from energyopt.formulations.moe_edge.model import MoeEdgeProblem, load_moe_edge, objective_unit
 from energyopt.progress import Progress
 from energyopt.solvers.result import Result
-from energyopt.spec.errors import SpecError
-from energyopt.spec.io import parse
 from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan
 from energyopt.verify.moe_edge import MoeEvaluation, evaluate_moe_edge
 from energyopt.verify.violation import Violation
@@ -27,19 +25,42 @@ DEFAULT_TIME_LIMIT_S = 60.0
 DEFAULT_GAP = 1e-4
 
 
-class MoeEdgeFamily:
+def auto_solver(p: MoeEdgeProblem) -> str:
+    """The solver ``auto`` runs on ``p``: milp while configurations x columns stay
+    below ``AUTO_MILP_COLUMNS``, else lagrangian."""
+    size = p.n_canonical_configs() * p.n_items * p.n_options
+    return "milp" if size < AUTO_MILP_COLUMNS else "lagrangian"
+
+
+def _milp(
+    p: MoeEdgeProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
+) -> Result[MoeEdgePlan]:
+    from energyopt.solvers.moe_edge_milp import solve_milp
+
+    limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
+    return solve_milp(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+
+
+def _lagrangian(
+    p: MoeEdgeProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
+) -> Result[MoeEdgePlan]:
+    from energyopt.solvers.moe_edge_lagrangian import solve_lagrangian
+
+    limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
+    return solve_lagrangian(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+
+
+class MoeEdgeFamily(TableFamily[MoeEdgeProblem, MoeEdgePlan]):
     """Sparsity-aware expert placement, offloading and clocks on an edge server."""
 
     kind = "moe-edge"
     title = "moe-edge: MoE experts on GPUs, fetched from host or on the CPU; clocks"
     problem_model: type[BaseModel] = MoeEdgeFile
     plan_model: type[BaseModel] = MoeEdgePlan
+    instances = ("instances/moe-edge/*.yaml",)
 
     def load(self, path: str, catalogs: Sequence[str]) -> MoeEdgeProblem:
         return load_moe_edge(path, catalogs)
-
-    def load_for_plan(self, path: str, catalogs: Sequence[str]) -> MoeEdgeProblem:
-        return self.load(path, catalogs)
 
     def _eval(self, p: MoeEdgeProblem, plan: MoeEdgePlan) -> MoeEvaluation:
         catalog, _ = bind_catalog()
@@ -75,13 +96,14 @@ class MoeEdgeFamily:
         )
         return lines
 
-    def solvers(self) -> list[SolverEntry]:
+    def solvers(self) -> list[SolverEntry[MoeEdgeProblem, MoeEdgePlan]]:
         return [
             SolverEntry(
                 "auto",
                 self.kind,
                 "certified bound",
                 f"milp while configurations x columns < {AUTO_MILP_COLUMNS:,}, else lagrangian",
+                pick=auto_solver,
             ),
             SolverEntry(
                 "milp",
@@ -89,6 +111,7 @@ class MoeEdgeFamily:
                 "exact",
                 "placement MILP per configuration (dense GPU, clocks) with HiGHS",
                 ("time limit", "gap", "export"),
+                run=_milp,
             ),
             SolverEntry(
                 "lagrangian",
@@ -96,45 +119,18 @@ class MoeEdgeFamily:
                 "certified bound",
                 "Lagrangian bound (memory and SLO priced) + transportation repair",
                 ("time limit", "gap"),
+                run=_lagrangian,
             ),
         ]
 
-    def solve(
-        self,
-        p: MoeEdgeProblem,
-        solver: str,
-        *,
-        time_limit_s: float | None,
-        rel_gap: float | None,
-        progress: Progress,
-    ) -> Result[MoeEdgePlan]:
-        from energyopt.solvers.moe_edge_lagrangian import solve_lagrangian
-        from energyopt.solvers.moe_edge_milp import solve_milp
-
-        limit = time_limit_s or DEFAULT_TIME_LIMIT_S
-        gap = rel_gap if rel_gap is not None else DEFAULT_GAP
-        chosen = solver
-        if solver == "auto":
-            size = p.n_canonical_configs() * p.n_items * p.n_options
-            chosen = "milp" if size < AUTO_MILP_COLUMNS else "lagrangian"
-        progress(f"solving {p.source} (moe-edge, {p.n_items} experts) with {chosen}")
-        if chosen == "milp":
-            result = solve_milp(p, time_limit_s=limit, rel_gap=gap, progress=progress)
-        elif chosen == "lagrangian":
-            result = solve_lagrangian(p, time_limit_s=limit, rel_gap=gap, progress=progress)
-        else:
-            raise SpecError([f"--solver: no solver {solver!r} for moe-edge problems"])
-        result.solver = solver
-        return result
+    def headline(self, p: MoeEdgeProblem) -> str:
+        return f"{p.source} (moe-edge, {p.n_items} experts)"
 
     def verify(self, p: MoeEdgeProblem, plan: MoeEdgePlan) -> list[Violation]:
         return self._eval(p, plan).violations
 
     def cost(self, p: MoeEdgeProblem, plan: MoeEdgePlan) -> float:
         return self._eval(p, plan).cost
-
-    def sense(self, p: MoeEdgeProblem) -> Literal["min", "max"]:
-        return "min"
 
     def objective_unit(self, p: MoeEdgeProblem) -> str:
         """The unit of the objective ``cost`` and ``solve`` report."""
@@ -168,18 +164,6 @@ class MoeEdgeFamily:
         )
         lines.append(f"solver {result.solver} ({result.algorithm}), {result.wall_s:.2f} s")
         return lines
-
-    def to_file(self, p: MoeEdgeProblem, result: Result[MoeEdgePlan]) -> BaseModel:
-        assert result.plan is not None
-        return stamped(result.plan, result)
-
-    def from_file(self, p: MoeEdgeProblem, data: Any, source: str) -> tuple[MoeEdgePlan, Stated]:
-        plan = parse(MoeEdgePlan, data, source)
-        return plan, Stated(plan.objective, plan.bound, plan.gap)
-
-    def exports(self, p: MoeEdgeProblem) -> Mapping[str, Callable[[str], None]]:
-        """No files besides the program."""
-        return {}
 
     def program(self, p: MoeEdgeProblem) -> Any:
         """The relaxed (secant) placement MILP of the max-clock configuration with the

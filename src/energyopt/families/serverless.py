@@ -5,17 +5,15 @@ between them, at least GPU-seconds, energy or a weighted sum."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel
 
-from energyopt.families.contract import SolverEntry, Stated, stamped
+from energyopt.families.contract import SolverEntry, TableFamily, given
 from energyopt.formulations.serverless.model import ServerlessProblem, load_serverless
 from energyopt.progress import Progress
 from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, Result, Termination
-from energyopt.spec.errors import SpecError
-from energyopt.spec.io import parse
 from energyopt.spec.serverless import ServerlessFile, ServerlessPlan
 from energyopt.verify.serverless import ServerlessEvaluation, evaluate_serverless
 from energyopt.verify.violation import Violation
@@ -36,13 +34,31 @@ DEFAULT_GAP = 1e-4
 EVALUATIONS_KEPT = 8
 
 
-class ServerlessFamily:
+def auto_solver(p: ServerlessProblem) -> str:
+    """The solver ``auto`` runs on ``p``: milp up to ``AUTO_MILP_POOLS`` pools, else lp."""
+    from energyopt.formulations.serverless.milp import program_size
+
+    return "milp" if program_size(p)[0] <= AUTO_MILP_POOLS else "lp"
+
+
+def _rolling(
+    p: ServerlessProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
+) -> Result[ServerlessPlan]:
+    from energyopt.solvers.serverless_milp import solve_rolling
+
+    limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
+    return solve_rolling(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+
+
+class ServerlessFamily(TableFamily[ServerlessProblem, ServerlessPlan]):
     """Joint prefill/decode provisioning of serverless LLM functions."""
 
     kind = "serverless"
     title = "serverless: prefill and decode instances per epoch, KV transfer, cold starts"
     problem_model: type[BaseModel] = ServerlessFile
     plan_model: type[BaseModel] = ServerlessPlan
+    instances = ("instances/serverless/*.yaml",)
+    plan_states_unit = True
 
     def __init__(self) -> None:
         self._seen: dict[
@@ -51,9 +67,6 @@ class ServerlessFamily:
 
     def load(self, path: str, catalogs: Sequence[str]) -> ServerlessProblem:
         return load_serverless(path, list(catalogs))
-
-    def load_for_plan(self, path: str, catalogs: Sequence[str]) -> ServerlessProblem:
-        return self.load(path, catalogs)
 
     def summary(self, p: ServerlessProblem) -> str:
         return (
@@ -89,13 +102,14 @@ class ServerlessFamily:
             lines.append(f"{f'{opt.share_pct}%/{opt.tp}/{opt.clock_mhz}':<20} {cells}")
         return lines
 
-    def solvers(self) -> list[SolverEntry]:
+    def solvers(self) -> list[SolverEntry[ServerlessProblem, ServerlessPlan]]:
         return [
             SolverEntry(
                 "auto",
                 self.kind,
                 "certified bound",
                 f"milp up to {AUTO_MILP_POOLS:,} pools, else lp",
+                pick=auto_solver,
             ),
             SolverEntry(
                 "milp",
@@ -104,6 +118,7 @@ class ServerlessFamily:
                 "whole-horizon joint prefill/decode MILP with HiGHS; at a time limit, "
                 "its plan or the fast plan, whichever costs less",
                 ("time limit", "gap", "export"),
+                run=self._milp,
             ),
             SolverEntry(
                 "lp",
@@ -112,12 +127,14 @@ class ServerlessFamily:
                 "LP relaxation bound; plan: its counts rounded up or the fast plan, "
                 "whichever costs less",
                 ("time limit",),
+                run=self._lp,
             ),
             SolverEntry(
                 "fast",
                 self.kind,
                 "heuristic",
                 "per-phase SLO-capacity provisioning, then coupling on nodes; no bound",
+                run=self._fast,
             ),
             SolverEntry(
                 "rolling",
@@ -125,100 +142,120 @@ class ServerlessFamily:
                 "heuristic",
                 "one epoch's MILP at a time from the instances kept; no bound",
                 ("time limit",),
+                run=_rolling,
             ),
         ]
 
-    def solve(
+    def headline(self, p: ServerlessProblem) -> str:
+        return f"{p.source} (serverless, {p.n_models} models)"
+
+    def _milp(
         self,
         p: ServerlessProblem,
-        solver: str,
-        *,
         time_limit_s: float | None,
         rel_gap: float | None,
         progress: Progress,
     ) -> Result[ServerlessPlan]:
+        return self._program(p, "milp", time_limit_s, rel_gap, progress)
+
+    def _lp(
+        self,
+        p: ServerlessProblem,
+        time_limit_s: float | None,
+        rel_gap: float | None,
+        progress: Progress,
+    ) -> Result[ServerlessPlan]:
+        return self._program(p, "lp", time_limit_s, rel_gap, progress)
+
+    def _fast(
+        self,
+        p: ServerlessProblem,
+        time_limit_s: float | None,
+        rel_gap: float | None,
+        progress: Progress,
+    ) -> Result[ServerlessPlan]:
+        from energyopt.solvers.serverless_fast import solve_fast
+
+        limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
+        return self._checked(p, solve_fast(p, time_limit_s=limit, rel_gap=gap, progress=progress))
+
+    def _program(
+        self,
+        p: ServerlessProblem,
+        chosen: str,
+        time_limit_s: float | None,
+        rel_gap: float | None,
+        progress: Progress,
+    ) -> Result[ServerlessPlan]:
+        """The whole-horizon MILP (``chosen`` milp) or its LP relaxation (lp), built
+        only where it fits the time left; the fast plan kept where it costs less."""
         from energyopt.formulations.serverless.milp import program_size
         from energyopt.solvers.serverless_fast import solve_fast
-        from energyopt.solvers.serverless_milp import solve_milp, solve_relaxation, solve_rolling
+        from energyopt.solvers.serverless_milp import solve_milp, solve_relaxation
         from energyopt.solvers.serverless_result import serverless_result
 
         t0 = time.perf_counter()
-        limit = time_limit_s or DEFAULT_TIME_LIMIT_S
-        gap = rel_gap if rel_gap is not None else DEFAULT_GAP
+        limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
 
         def left() -> float:
             """Seconds of the time limit still to spend."""
             return limit - (time.perf_counter() - t0)
 
-        chosen = solver
-        pools, columns = program_size(p) if solver in ("auto", "milp", "lp") else (0, 0)
-        if solver == "auto":
-            chosen = "milp" if pools <= AUTO_MILP_POOLS else "lp"
-        progress(f"solving {p.source} (serverless, {p.n_models} models) with {chosen}")
-        if chosen in ("milp", "lp"):
-            # The fast plan (milliseconds) is kept where it costs less than the
-            # program's: HiGHS' incumbent at a time limit, or the LP's counts rounded up.
-            fast = solve_fast(p, time_limit_s=left(), rel_gap=gap, progress=progress)
-            checking = time.perf_counter()
-            fast = self._checked(p, fast)
-            # what reading back and checking the program's plan will take
-            reserve = max(RESERVE_FRACTION * limit, 2.0 * (time.perf_counter() - checking))
-            budget = left() - reserve
-            if columns > MAX_PROGRAM_COLUMNS or columns / BUILD_COLUMNS_PER_S > budget / 2:
-                result = serverless_result(
-                    NO_SOLUTION,
-                    chosen,
-                    time.perf_counter() - t0,
-                    log=[
-                        f"the {chosen} program would have {columns:,} columns: not built "
-                        f"({budget:.1f} s of the time limit left, at most "
-                        f"{MAX_PROGRAM_COLUMNS:,} columns); no bound"
-                    ],
-                    termination=Termination.TIME_LIMIT,
-                    algorithm="none: the program is too large for the time limit",
-                )
-            elif chosen == "milp":
-                # an exact plan that the verifier rejects is the solver's failure: the
-                # family contract reports it (no silent substitution)
-                result = solve_milp(p, time_limit_s=budget, rel_gap=gap, progress=progress)
-            else:
-                result = self._checked(
-                    p, solve_relaxation(p, time_limit_s=budget, rel_gap=gap, progress=progress)
-                )
-            if (
-                fast.plan is not None
-                and result.status is not INFEASIBLE
-                and (
-                    result.plan is None
-                    or (
-                        not self.verify(p, result.plan)
-                        and self.cost(p, fast.plan) < self.cost(p, result.plan)
-                    )
-                )
-            ):
-                what = "HiGHS branch and cut" if chosen == "milp" else "LP relaxation"
-                if result.algorithm.startswith("none"):
-                    what = "no"
-                had = "no plan" if result.plan is None else f"{self.cost(p, result.plan):,.3f}"
-                result.log.append(
-                    f"the fast algorithm's plan ({self.cost(p, fast.plan):,.3f}) costs less "
-                    f"than the {chosen} plan ({had}): kept, with the {chosen} bound"
-                )
-                progress(result.log[-1])
-                result.plan, result.objective, result.status = fast.plan, fast.objective, FEASIBLE
-                result.algorithm = f"{what} bound; plan from the fast algorithm"
-            elif result.plan is None and fast.plan is None:
-                result.log.extend(fast.log)
-            result.wall_s = time.perf_counter() - t0
-        elif chosen == "fast":
-            result = self._checked(
-                p, solve_fast(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+        columns = program_size(p)[1]
+        # The fast plan (milliseconds) is kept where it costs less than the
+        # program's: HiGHS' incumbent at a time limit, or the LP's counts rounded up.
+        fast = solve_fast(p, time_limit_s=left(), rel_gap=gap, progress=progress)
+        checking = time.perf_counter()
+        fast = self._checked(p, fast)
+        # what reading back and checking the program's plan will take
+        reserve = max(RESERVE_FRACTION * limit, 2.0 * (time.perf_counter() - checking))
+        budget = left() - reserve
+        if columns > MAX_PROGRAM_COLUMNS or columns / BUILD_COLUMNS_PER_S > budget / 2:
+            result = serverless_result(
+                NO_SOLUTION,
+                chosen,
+                time.perf_counter() - t0,
+                log=[
+                    f"the {chosen} program would have {columns:,} columns: not built "
+                    f"({budget:.1f} s of the time limit left, at most "
+                    f"{MAX_PROGRAM_COLUMNS:,} columns); no bound"
+                ],
+                termination=Termination.TIME_LIMIT,
+                algorithm="none: the program is too large for the time limit",
             )
-        elif chosen == "rolling":
-            result = solve_rolling(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+        elif chosen == "milp":
+            # an exact plan that the verifier rejects is the solver's failure: the
+            # family contract reports it (no silent substitution)
+            result = solve_milp(p, time_limit_s=budget, rel_gap=gap, progress=progress)
         else:
-            raise SpecError([f"--solver: no solver {solver!r} for serverless problems"])
-        result.solver = solver
+            result = self._checked(
+                p, solve_relaxation(p, time_limit_s=budget, rel_gap=gap, progress=progress)
+            )
+        if (
+            fast.plan is not None
+            and result.status is not INFEASIBLE
+            and (
+                result.plan is None
+                or (
+                    not self.verify(p, result.plan)
+                    and self.cost(p, fast.plan) < self.cost(p, result.plan)
+                )
+            )
+        ):
+            what = "HiGHS branch and cut" if chosen == "milp" else "LP relaxation"
+            if result.algorithm.startswith("none"):
+                what = "no"
+            had = "no plan" if result.plan is None else f"{self.cost(p, result.plan):,.3f}"
+            result.log.append(
+                f"the fast algorithm's plan ({self.cost(p, fast.plan):,.3f}) costs less "
+                f"than the {chosen} plan ({had}): kept, with the {chosen} bound"
+            )
+            progress(result.log[-1])
+            result.plan, result.objective, result.status = fast.plan, fast.objective, FEASIBLE
+            result.algorithm = f"{what} bound; plan from the fast algorithm"
+        elif result.plan is None and fast.plan is None:
+            result.log.extend(fast.log)
+        result.wall_s = time.perf_counter() - t0
         return result
 
     def _checked(
@@ -261,9 +298,6 @@ class ServerlessFamily:
         )
         return evaluate_serverless(p.spec, catalog, plan)
 
-    def sense(self, p: ServerlessProblem) -> Literal["min", "max"]:
-        return "min"
-
     def objective_unit(self, p: ServerlessProblem) -> str:
         """The unit of the objective ``cost`` and ``solve`` report."""
         return p.unit
@@ -299,20 +333,6 @@ class ServerlessFamily:
         )
         lines.append(f"solver {result.solver} ({result.algorithm}), {result.wall_s:.2f} s")
         return lines
-
-    def to_file(self, p: ServerlessProblem, result: Result[ServerlessPlan]) -> BaseModel:
-        assert result.plan is not None
-        return stamped(result.plan.model_copy(update={"objective_unit": p.unit}), result)
-
-    def from_file(
-        self, p: ServerlessProblem, data: Any, source: str
-    ) -> tuple[ServerlessPlan, Stated]:
-        plan = parse(ServerlessPlan, data, source)
-        return plan, Stated(plan.objective, plan.bound, plan.gap)
-
-    def exports(self, p: ServerlessProblem) -> Mapping[str, Callable[[str], None]]:
-        """No files besides the program."""
-        return {}
 
     def program(self, p: ServerlessProblem) -> Any:
         """The whole-horizon MILP the ``milp`` solver solves (a HiGHS model)."""

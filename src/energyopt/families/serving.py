@@ -3,19 +3,18 @@ power (or another objective of ``options.objective``) under TTFT/TBT SLOs and ca
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
 from energyopt.catalog.problem import Problem, load_problem
-from energyopt.families.contract import SolverEntry, Stated, stamped
+from energyopt.families.contract import SolverEntry, SolverRun, TableFamily
 from energyopt.progress import Progress
 from energyopt.solvers.result import Result
 from energyopt.spec.errors import SpecError
 from energyopt.spec.instance import Instance
-from energyopt.spec.io import parse
 from energyopt.spec.plan import Plan
 from energyopt.verify.violation import Violation
 
@@ -46,13 +45,56 @@ def load_instance(
     return problem
 
 
-class ServingFamily:
+def preset_entry(name: str) -> SolverEntry[Problem, Plan]:
+    """The solver entry of the preset called ``name``: exact where its formulation
+    is one of ``EXACT_FORMULATIONS``, a certified bound otherwise."""
+    from energyopt.solvers.presets import load_preset
+
+    p = load_preset(name)
+    exact = p.formulation in EXACT_FORMULATIONS
+    guarantee: Literal["exact", "certified bound"] = "exact" if exact else "certified bound"
+    features = (f"backend {p.backend}", f"formulation {p.formulation}")
+    return SolverEntry(name, "serving", guarantee, p.description, features, run=_runs(name))
+
+
+def _runs(preset: str) -> SolverRun[Problem, Plan]:
+    """What runs the preset ``preset`` (a name or a TOML file's path), read when it
+    runs; a time limit or gap of None is the preset's."""
+
+    def run(
+        problem: Problem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
+    ) -> Result[Plan]:
+        from energyopt.solvers.presets import load_preset
+        from energyopt.solvers.serving import solve
+
+        return solve(
+            problem,
+            load_preset(preset),
+            time_limit_s=time_limit_s,
+            rel_gap=rel_gap,
+            progress=progress,
+        )
+
+    return run
+
+
+class ServingFamily(TableFamily[Problem, Plan]):
     """Serving instances; solvers are the presets in ``solvers/*.toml``."""
 
     kind = "serving"
     title = "LLM serving: placement, SM shares and clocks under TTFT/TBT SLOs"
     problem_model: type[BaseModel] = Instance
     plan_model: type[BaseModel] = Plan
+    instances = (
+        "instances/quickstart.yaml",
+        "instances/fleet-*.yaml",
+        "instances/disaggregated.yaml",
+        "instances/hetero-migration.yaml",
+        "instances/mig-a100.yaml",
+        "instances/tensor-parallel.yaml",
+    )
+    """Every bundled serving file but ``infeasible.yaml`` (the diagnosis example)."""
+    names_result_by_request = False
 
     def load(self, path: str, catalogs: Sequence[str]) -> Problem:
         return load_instance(path, catalogs)
@@ -72,41 +114,23 @@ class ServingFamily:
 
         return format_problem(problem, build_op_table(problem))
 
-    def solvers(self) -> list[SolverEntry]:
-        from energyopt.solvers.presets import available_presets, load_preset
+    def solvers(self) -> list[SolverEntry[Problem, Plan]]:
+        """One entry per preset in ``solvers/*.toml``, ``highs-exact`` first."""
+        from energyopt.solvers.presets import available_presets
 
         names = sorted(available_presets(), key=lambda n: (n != DEFAULT_SOLVER, n))
-        out = []
-        for name in names:
-            p = load_preset(name)
-            exact = p.formulation in EXACT_FORMULATIONS
-            guarantee: Literal["exact", "certified bound"] = "exact" if exact else "certified bound"
-            out.append(
-                SolverEntry(
-                    name,
-                    self.kind,
-                    guarantee,
-                    p.description,
-                    (f"backend {p.backend}", f"formulation {p.formulation}"),
-                )
-            )
-        return out
+        return [preset_entry(name) for name in names]
 
-    def solve(
-        self,
-        problem: Problem,
-        solver: str,
-        *,
-        time_limit_s: float | None,
-        rel_gap: float | None,
-        progress: Progress,
-    ) -> Result[Plan]:
-        from energyopt.solvers.presets import load_preset
-        from energyopt.solvers.serving import solve
+    def entry(self, name: str | None) -> SolverEntry[Problem, Plan]:
+        """A preset by name, or a preset file's path (read when it runs)."""
+        from energyopt.solvers.presets import available_presets
 
-        preset = load_preset(solver)
-        progress(f"solving {problem.source} with {preset.name}")
-        return solve(problem, preset, time_limit_s=time_limit_s, rel_gap=rel_gap, progress=progress)
+        if name is None or name in available_presets():
+            return super().entry(name)
+        return SolverEntry(name, self.kind, "exact", f"preset file {name}", run=_runs(name))
+
+    def headline(self, problem: Problem) -> str:
+        return str(problem.source)
 
     def verify(self, problem: Problem, plan: Plan) -> list[Violation]:
         from energyopt.spec.checks import plan_problems
@@ -123,9 +147,6 @@ class ServingFamily:
 
         return evaluate_plan(problem, plan).objective
 
-    def sense(self, problem: Problem) -> Literal["min", "max"]:
-        return "min"
-
     def objective_unit(self, problem: Problem) -> str:
         """The unit of the objective ``cost`` and ``solve`` report."""
         return SERVING_UNITS[problem.instance.options.objective]
@@ -140,18 +161,6 @@ class ServingFamily:
         lines += format_plan(problem, result.plan, ev)
         lines += format_totals(problem, result.plan, ev, result)
         return lines
-
-    def to_file(self, problem: Problem, result: Result[Plan]) -> BaseModel:
-        assert result.plan is not None
-        return stamped(result.plan, result)
-
-    def from_file(self, problem: Problem, data: Any, source: str) -> tuple[Plan, Stated]:
-        plan = parse(Plan, data, source)
-        return plan, Stated(plan.objective, plan.bound, plan.gap)
-
-    def exports(self, problem: Problem) -> Mapping[str, Callable[[str], None]]:
-        """No files besides the program."""
-        return {}
 
     def program(self, problem: Problem) -> Any:
         from energyopt.formulations.serving.per_gpu import build_per_gpu

@@ -3,12 +3,12 @@ makespan, EDP, ED²P or energy within (1+ε) of the fastest schedule."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel
 
-from energyopt.families.contract import NotExportable, SolverEntry, Stated
+from energyopt.families.contract import NotExportable, SolverEntry, Stated, TableFamily, given
 from energyopt.formulations.taskgraph.loading import load_taskgraph
 from energyopt.formulations.taskgraph.model import TaskGraph
 from energyopt.formulations.taskgraph.schedule import Schedule, totals
@@ -26,13 +26,41 @@ DEFAULT_TIME_LIMIT_S = 60.0
 DEFAULT_GAP = 1e-4
 
 
-class TaskGraphFamily:
+def auto_solver(tg: TaskGraph) -> str:
+    """The solver ``auto`` runs on ``tg``: cpsat up to ``AUTO_CPSAT_TASKS`` tasks."""
+    return "cpsat" if tg.n_tasks <= AUTO_CPSAT_TASKS else "heuristic"
+
+
+def _cpsat(
+    tg: TaskGraph, time_limit_s: float | None, rel_gap: float | None, progress: Progress
+) -> Result[Schedule]:
+    from energyopt.solvers.taskgraph_cpsat import solve_cpsat
+
+    return solve_cpsat(
+        tg,
+        time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S,
+        rel_gap=given(rel_gap, DEFAULT_GAP),
+        progress=progress,
+    )
+
+
+def _heuristic(
+    tg: TaskGraph, time_limit_s: float | None, rel_gap: float | None, progress: Progress
+) -> Result[Schedule]:
+    from energyopt.solvers.taskgraph_heuristic import solve_heuristic
+
+    return solve_heuristic(tg, progress=progress)
+
+
+class TaskGraphFamily(TableFamily[TaskGraph, Schedule]):
     """Task-based multi-GPU applications with per-GPU DVFS."""
 
     kind = "taskgraph"
     title = "task graphs: placement and per-task clocks with transfers and DVFS costs"
     problem_model: type[BaseModel] = TaskGraphFile
     plan_model: type[BaseModel] = TaskGraphSchedule
+    instances = ("instances/taskgraph/*.yaml",)
+    names_result_by_request = False
 
     def load(self, path: str, catalogs: Sequence[str]) -> TaskGraph:
         tg = load_taskgraph(path, catalogs)
@@ -40,9 +68,6 @@ class TaskGraphFamily:
         if problems:
             raise SpecError(problems)
         return tg
-
-    def load_for_plan(self, path: str, catalogs: Sequence[str]) -> TaskGraph:
-        return self.load(path, catalogs)
 
     def summary(self, tg: TaskGraph) -> str:
         types = ", ".join(t.name for t in tg.types)
@@ -73,13 +98,14 @@ class TaskGraphFamily:
                 )
         return lines
 
-    def solvers(self) -> list[SolverEntry]:
+    def solvers(self) -> list[SolverEntry[TaskGraph, Schedule]]:
         return [
             SolverEntry(
                 "auto",
                 self.kind,
                 "certified bound",
                 f"cpsat up to {AUTO_CPSAT_TASKS} tasks, else heuristic (with its bound)",
+                pick=auto_solver,
             ),
             SolverEntry(
                 "cpsat",
@@ -87,46 +113,19 @@ class TaskGraphFamily:
                 "exact",
                 "OR-Tools CP-SAT with intervals, warm-started by the list scheduler",
                 ("time limit", "gap"),
+                run=_cpsat,
             ),
             SolverEntry(
                 "heuristic",
                 self.kind,
                 "certified bound",
                 "HEFT placement, slack reclaiming and local search; bound from task minima",
+                run=_heuristic,
             ),
         ]
 
-    def pick(self, solver: str, tg: TaskGraph) -> str:
-        """The solver ``auto`` means for ``tg``."""
-        if solver == "auto":
-            return "cpsat" if tg.n_tasks <= AUTO_CPSAT_TASKS else "heuristic"
-        return solver
-
-    def solve(
-        self,
-        tg: TaskGraph,
-        solver: str,
-        *,
-        time_limit_s: float | None,
-        rel_gap: float | None,
-        progress: Progress,
-    ) -> Result[Schedule]:
-        from energyopt.solvers.taskgraph_cpsat import solve_cpsat
-        from energyopt.solvers.taskgraph_heuristic import solve_heuristic
-
-        chosen = self.pick(solver, tg)
-        progress(f"solving {tg.source} ({tg.n_tasks} tasks, {tg.n_gpus} GPUs) with {chosen}")
-        if chosen == "cpsat":
-            result = solve_cpsat(
-                tg,
-                time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S,
-                rel_gap=rel_gap if rel_gap is not None else DEFAULT_GAP,
-                progress=progress,
-            )
-        else:
-            result = solve_heuristic(tg, progress=progress)
-        result.algorithm = result.algorithm or chosen
-        return result
+    def headline(self, tg: TaskGraph) -> str:
+        return f"{tg.source} ({tg.n_tasks} tasks, {tg.n_gpus} GPUs)"
 
     def verify(self, tg: TaskGraph, plan: Schedule) -> list[Violation]:
         from energyopt.verify.taskgraph import check_schedule
@@ -137,9 +136,6 @@ class TaskGraphFamily:
         from energyopt.verify.taskgraph import check_schedule
 
         return check_schedule(tg, plan).objective
-
-    def sense(self, tg: TaskGraph) -> Literal["min", "max"]:
-        return "min"
 
     def objective_unit(self, tg: TaskGraph) -> str:
         """The unit of the objective ``cost`` and ``solve`` report."""
@@ -246,10 +242,6 @@ class TaskGraphFamily:
             raise SpecError(problems)
         schedule = Schedule(tuple(gpu), tuple(option), tuple(start))
         return schedule, Stated(f.objective_value, f.bound, f.gap)
-
-    def exports(self, tg: TaskGraph) -> Mapping[str, Callable[[str], None]]:
-        """No files besides the program."""
-        return {}
 
     def program(self, tg: TaskGraph) -> Any:
         raise NotExportable(
