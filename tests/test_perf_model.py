@@ -8,7 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from energyopt.catalog import builtin_catalog
-from energyopt.perf.energy import energy_per_request_j, steady_power_w
+from energyopt.perf.energy import energy_per_request_j, line_and_worst_case, steady_power_w
 from energyopt.perf.forward import decode_pass, prefill_pass
 from energyopt.perf.params import OpSpec, build_params
 from energyopt.perf.power import gpu_on_power_w
@@ -127,10 +127,15 @@ def test_rates_below_capacity_meet_the_slo(case: dict, fraction: float) -> None:
 
 @settings(max_examples=20, deadline=None)
 @given(cases, st.floats(0.02, 0.95), st.floats(1.05, 3.0))
-def test_power_is_monotone_in_clock_and_rate(case: dict, load: float, more: float) -> None:
-    """At one rate a lower clock never draws more (on-power + steady dynamic power),
-    and at one clock a higher rate never draws less: the two directions every
-    clock and routing decision relies on."""
+def test_power_is_monotone_in_clock_and_covered_in_rate(
+    case: dict, load: float, more: float
+) -> None:
+    """At one rate a lower clock never draws more (on-power + steady dynamic power):
+    the direction every clock decision relies on. Along the rate the draw need not
+    rise (at a low clock a larger decode batch turns a step compute-bound and the
+    draw can fall), so what caps and routing rely on is checked instead: the worst
+    case a cap holds is at least the draw at every rate up to capacity, and the
+    power line never charges a negative price per request."""
     hi = build_params([spec(case)])
     lo = build_params([spec(case, clock_frac=lower_clock(case))])
     cap = float(slo_capacity(lo)[0])
@@ -143,8 +148,36 @@ def test_power_is_monotone_in_clock_and_rate(case: dict, load: float, more: floa
     power_lo = gpu_on_power_w(gpu, f_lo) + steady_power_w(lo, rate)[0]
     assert power_lo <= power_hi * (1 + 1e-6)
     more_rate = np.asarray([min(load * more, 0.99) * cap])
-    assert steady_power_w(lo, more_rate)[0] >= steady_power_w(lo, rate)[0] * (1 - 1e-6)
+    line, worst = line_and_worst_case(lo, np.asarray([cap]), np.asarray([cap]))
+    for r in (rate, more_rate):
+        assert worst[0] >= steady_power_w(lo, r)[0] * (1 - 1e-6)
+    assert line.marginal_j[0] >= 0 and line.fixed_w[0] >= 0
     assert steady_power_w(hi, rate)[0] > 0
+
+
+def test_worst_case_covers_a_draw_that_falls_before_capacity() -> None:
+    """A decode placement at 30 % of the max clock: its draw peaks well below
+    capacity and then falls (a compute-bound step spreads the weight streaming over
+    more time); the worst case a cap holds is above the draw at every rate."""
+    case = {
+        "gpu": "H200-SXM-141GB",
+        "model": "Qwen2.5-14B",
+        "prompt": 822,
+        "output": 400,
+        "ttft": 4841.0,
+        "tbt": 192.4,
+        "pct": 99.0,
+        "phase": "decode",
+        "clock_frac": 0.3063,
+        "share": 0.5,
+    }
+    p = build_params([spec(case)])
+    cap = float(slo_capacity(p)[0])
+    fractions = np.linspace(0.01, 1.0, 100)
+    curve = steady_power_w(build_params([spec(case)] * len(fractions)), fractions * cap)
+    assert curve.max() > 1.05 * curve[-1]  # the draw falls before capacity
+    _, worst = line_and_worst_case(p, np.asarray([cap]), np.asarray([cap]))
+    assert worst[0] >= curve.max()
 
 
 def test_memory_bound_decode_barely_moves_with_clock() -> None:

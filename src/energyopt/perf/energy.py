@@ -115,32 +115,41 @@ the capacity up (1.7 % on the grid of docs/performance-model.md §5), added to t
 worst case."""
 
 
+WORST_CASE_GRID = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875)
+"""Fractions of the capacity, besides 1, at which ``line_and_worst_case`` takes the
+steady power for the worst case. The draw is not always highest at capacity: at a
+low clock a larger decode batch makes a step compute-bound and longer, so the
+weight streaming spreads over more time and the draw can fall as the rate rises
+(by up to 14 % from its peak on the random points of tests/test_perf_model.py,
+at 30-40 % of the max clock). Between grid points the curve moves by less than
+``STEADY_POWER_ERROR``."""
+
+
 def line_and_worst_case(
     p: OpParams, top_rps: FloatArray, capacity_rps: FloatArray
 ) -> tuple[PowerLine, FloatArray]:
-    """``power_line`` at ``top_rps``, and the worst case at ``capacity_rps``, from one
-    run of the queueing model over both.
+    """``power_line`` at ``top_rps``, and the worst case at up to ``capacity_rps``,
+    from one run of the queueing model over every rate both need.
 
     The worst case is the most a placement draws (W, whole TP group) over a
     ``PEAK_WINDOW_S`` window while the router sends it at most its SLO capacity on
-    average: the steady power at capacity plus, at the power's slope there, the
-    arrivals a Poisson count puts ``PEAK_SIGMAS`` standard deviations above the mean
-    in one window, and the steady model's own error (``STEADY_POWER_ERROR``). Caps,
-    budgets and power limits hold this figure."""
+    average: the highest steady power over the rates up to capacity (taken at
+    capacity and at the fractions ``WORST_CASE_GRID`` of it), plus, at the power
+    line's slope at capacity, the arrivals a Poisson count puts ``PEAK_SIGMAS``
+    standard deviations above the mean in one window, and the steady model's own
+    error (``STEADY_POWER_ERROR``). Caps, budgets and power limits hold this figure."""
     n = len(p)
     top = np.asarray(top_rps, dtype=np.float64)
     cap = np.asarray(capacity_rps, dtype=np.float64)
-    both = power_line(OpParams.concat([p, p]), np.concatenate([top, cap]))
-    at_top = PowerLine(both.fixed_w[:n], both.marginal_j[:n])
-    at_cap = PowerLine(both.fixed_w[n:], both.marginal_j[n:])
-    return at_top, _worst_case(at_cap, cap)
-
-
-def _worst_case(line: PowerLine, cap: FloatArray) -> FloatArray:
-    """The worst case (``line_and_worst_case``) from the line anchored at ``cap``."""
+    rates = [top, LINE_LOW_ANCHOR * top, cap, LINE_LOW_ANCHOR * cap]
+    rates += [f * cap for f in WORST_CASE_GRID if f != LINE_LOW_ANCHOR]
+    power = steady_power_w(OpParams.concat([p] * len(rates)), np.concatenate(rates))
+    curve = power.reshape(len(rates), n)
+    at_top = _line_through(top, curve[0], curve[1])
+    at_cap = _line_through(cap, curve[2], curve[3])
     burst = PEAK_SIGMAS * np.sqrt(np.maximum(cap, 0.0) / PEAK_WINDOW_S)
-    peak = (line.at(cap) + line.marginal_j * burst) * (1.0 + STEADY_POWER_ERROR)
-    return np.asarray(np.where(cap > 0, peak, 0.0))
+    peak = (curve[2:].max(axis=0) + at_cap.marginal_j * burst) * (1.0 + STEADY_POWER_ERROR)
+    return at_top, np.asarray(np.where(cap > 0, peak, 0.0))
 
 
 @dataclass(frozen=True)
@@ -159,17 +168,22 @@ class PowerLine:
 
 def power_line(p: OpParams, top_rps: FloatArray) -> PowerLine:
     """The line through ``steady_power_w`` at ``top_rps`` and ``LINE_LOW_ANCHOR`` times
-    it. ``steady_power_w`` is concave in the rate (it starts at 0), so the fixed part
-    is never negative and the line lies above the curve below its low anchor: a
-    placement run far below its top rate is over-, never under-charged.
+    it (its slope at least 0). ``steady_power_w`` is concave in the rate where it
+    rises (it starts at 0), so the fixed part is never negative and the line lies
+    above the curve below its low anchor: a placement run far below its top rate is
+    over-, never under-charged. Where the draw falls between the anchors (a low
+    clock, ``WORST_CASE_GRID``) the line is flat at the draw at the top rate.
     ``top_rps`` is the most the placement can carry: its capacity, or its
     workload's rate where that is less."""
     top = np.asarray(top_rps, dtype=np.float64)
-    both = OpParams.concat([p, p])
-    low = LINE_LOW_ANCHOR * top
-    power = steady_power_w(both, np.concatenate([top, low]))
-    hi, lo = power[: len(p)], power[len(p) :]
-    span = np.maximum(top - low, 1e-300)
+    power = steady_power_w(OpParams.concat([p, p]), np.concatenate([top, LINE_LOW_ANCHOR * top]))
+    return _line_through(top, power[: len(p)], power[len(p) :])
+
+
+def _line_through(top: FloatArray, hi: FloatArray, lo: FloatArray) -> PowerLine:
+    """The power line through ``hi`` W at ``top`` req/s and ``lo`` W at
+    ``LINE_LOW_ANCHOR`` x ``top`` (slope clipped at 0, fixed part at 0)."""
+    span = np.maximum(top - LINE_LOW_ANCHOR * top, 1e-300)
     slope = np.where(top > 0, np.maximum(hi - lo, 0.0) / span, 0.0)
     fixed = np.where(top > 0, np.maximum(hi - slope * top, 0.0), 0.0)
     return PowerLine(np.asarray(fixed), np.asarray(slope))
