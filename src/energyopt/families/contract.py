@@ -186,6 +186,45 @@ def given(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
+ProblemC = TypeVar("ProblemC", contravariant=True)
+
+
+class LimitedSolver(Protocol[ProblemC, PlanT]):
+    """A solver function that takes a time limit (s) and a relative gap."""
+
+    def __call__(
+        self, problem: ProblemC, /, *, time_limit_s: float, rel_gap: float, progress: Progress
+    ) -> Result[PlanT]: ...
+
+
+def limited(
+    solvers: Callable[[], Mapping[str, LimitedSolver[ProblemT, PlanT]]],
+    name: str,
+    time_limit_s: float,
+    rel_gap: float,
+    check: Callable[[ProblemT, str], None] | None = None,
+) -> SolverRun[ProblemT, PlanT]:
+    """What runs the solver function ``solvers()[name]`` (``solvers`` imports the
+    solver modules when a solve starts), with ``time_limit_s`` s and ``rel_gap``
+    where the call gives None, after ``check(problem, name)`` (which raises
+    SpecError where that solver cannot take the problem)."""
+
+    def run(
+        problem: ProblemT, limit_s: float | None, gap: float | None, progress: Progress
+    ) -> Result[PlanT]:
+        solve = solvers()[name]
+        if check is not None:
+            check(problem, name)
+        return solve(
+            problem,
+            time_limit_s=limit_s or time_limit_s,
+            rel_gap=given(gap, rel_gap),
+            progress=progress,
+        )
+
+    return run
+
+
 class TableFamily(ABC, Generic[ProblemT, PlanT]):
     """The part of a family that is the same for every family: its solvers are a
     table of ``SolverEntry`` (``solvers()``), ``solve`` looks the name up there and

@@ -10,9 +10,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from energyopt.families.contract import SolverEntry, TableFamily, given
+from energyopt.families.contract import (
+    LimitedSolver,
+    SolverEntry,
+    SolverRun,
+    TableFamily,
+    limited,
+)
 from energyopt.formulations.keepalive.model import KeepAliveProblem, load_keepalive
-from energyopt.progress import Progress
 from energyopt.solvers.result import Result
 from energyopt.spec.errors import SpecError
 from energyopt.spec.keepalive import KeepAliveFile, KeepAlivePlan
@@ -66,34 +71,20 @@ def _refuse(p: KeepAliveProblem, solver: str) -> None:
         )
 
 
-def _milp(
-    p: KeepAliveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
-) -> Result[KeepAlivePlan]:
-    from energyopt.solvers.keepalive_milp import solve_milp
+def _solvers() -> dict[str, LimitedSolver[KeepAliveProblem, KeepAlivePlan]]:
+    """The keep-alive solver functions by entry name (imported on first use)."""
+    from energyopt.solvers import keepalive_lagrangian, keepalive_milp
 
-    _refuse(p, "milp")
-    limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
-    return solve_milp(p, time_limit_s=limit, rel_gap=gap, progress=progress)
-
-
-def _lagrangian(
-    p: KeepAliveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
-) -> Result[KeepAlivePlan]:
-    from energyopt.solvers.keepalive_lagrangian import solve_lagrangian
-
-    _refuse(p, "lagrangian")
-    limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
-    return solve_lagrangian(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+    return {
+        "milp": keepalive_milp.solve_milp,
+        "lagrangian": keepalive_lagrangian.solve_lagrangian,
+        "rolling": keepalive_milp.solve_rolling,
+    }
 
 
-def _rolling(
-    p: KeepAliveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
-) -> Result[KeepAlivePlan]:
-    from energyopt.solvers.keepalive_milp import solve_rolling
-
-    _refuse(p, "rolling")
-    limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
-    return solve_rolling(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+def _runs(solver: str) -> SolverRun[KeepAliveProblem, KeepAlivePlan]:
+    """What runs the keep-alive solver ``solver`` once ``_refuse`` lets it."""
+    return limited(_solvers, solver, DEFAULT_TIME_LIMIT_S, DEFAULT_GAP, _refuse)
 
 
 class KeepAliveFamily(TableFamily[KeepAliveProblem, KeepAlivePlan]):
@@ -161,7 +152,7 @@ class KeepAliveFamily(TableFamily[KeepAliveProblem, KeepAlivePlan]):
                 "exact",
                 "whole-horizon arc-flow MILP with HiGHS; best plan and bound at the limit",
                 ("time limit", "gap", "export"),
-                run=_milp,
+                run=_runs("milp"),
             ),
             SolverEntry(
                 "lagrangian",
@@ -169,7 +160,7 @@ class KeepAliveFamily(TableFamily[KeepAliveProblem, KeepAlivePlan]):
                 "certified bound",
                 "Lagrangian on node budgets, SLOs and cap: per-function shortest paths, repair",
                 ("time limit", "gap"),
-                run=_lagrangian,
+                run=_runs("lagrangian"),
             ),
             SolverEntry(
                 "rolling",
@@ -177,7 +168,7 @@ class KeepAliveFamily(TableFamily[KeepAliveProblem, KeepAlivePlan]):
                 "heuristic",
                 "rolling-horizon MILP (15 windows ahead, 5 kept per step); no bound",
                 ("time limit",),
-                run=_rolling,
+                run=_runs("rolling"),
             ),
         ]
 

@@ -11,9 +11,14 @@ from typing import Any
 from pydantic import BaseModel
 
 from energyopt.catalog.loader import bind_catalog
-from energyopt.families.contract import NotExportable, SolverEntry, TableFamily, given
+from energyopt.families.contract import (
+    LimitedSolver,
+    NotExportable,
+    SolverEntry,
+    TableFamily,
+    limited,
+)
 from energyopt.formulations.moe_edge.model import MoeEdgeProblem, load_moe_edge, objective_unit
-from energyopt.progress import Progress
 from energyopt.solvers.result import Result
 from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan
 from energyopt.verify.moe_edge import MoeEvaluation, evaluate_moe_edge
@@ -32,22 +37,11 @@ def auto_solver(p: MoeEdgeProblem) -> str:
     return "milp" if size < AUTO_MILP_COLUMNS else "lagrangian"
 
 
-def _milp(
-    p: MoeEdgeProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
-) -> Result[MoeEdgePlan]:
-    from energyopt.solvers.moe_edge_milp import solve_milp
+def _solvers() -> dict[str, LimitedSolver[MoeEdgeProblem, MoeEdgePlan]]:
+    """The moe-edge solver functions by entry name (imported on first use)."""
+    from energyopt.solvers import moe_edge_lagrangian, moe_edge_milp
 
-    limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
-    return solve_milp(p, time_limit_s=limit, rel_gap=gap, progress=progress)
-
-
-def _lagrangian(
-    p: MoeEdgeProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
-) -> Result[MoeEdgePlan]:
-    from energyopt.solvers.moe_edge_lagrangian import solve_lagrangian
-
-    limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
-    return solve_lagrangian(p, time_limit_s=limit, rel_gap=gap, progress=progress)
+    return {"milp": moe_edge_milp.solve_milp, "lagrangian": moe_edge_lagrangian.solve_lagrangian}
 
 
 class MoeEdgeFamily(TableFamily[MoeEdgeProblem, MoeEdgePlan]):
@@ -111,7 +105,7 @@ class MoeEdgeFamily(TableFamily[MoeEdgeProblem, MoeEdgePlan]):
                 "exact",
                 "placement MILP per configuration (dense GPU, clocks) with HiGHS",
                 ("time limit", "gap", "export"),
-                run=_milp,
+                run=limited(_solvers, "milp", DEFAULT_TIME_LIMIT_S, DEFAULT_GAP),
             ),
             SolverEntry(
                 "lagrangian",
@@ -119,7 +113,7 @@ class MoeEdgeFamily(TableFamily[MoeEdgeProblem, MoeEdgePlan]):
                 "certified bound",
                 "Lagrangian bound (memory and SLO priced) + transportation repair",
                 ("time limit", "gap"),
-                run=_lagrangian,
+                run=limited(_solvers, "lagrangian", DEFAULT_TIME_LIMIT_S, DEFAULT_GAP),
             ),
         ]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from energyopt.families.contract import SolverEntry, TableFamily, given
+from energyopt.families.contract import SolverEntry, SolverRun, TableFamily, given
 from energyopt.formulations.serverless.model import ServerlessProblem, load_serverless
 from energyopt.progress import Progress
 from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, Result, Termination
@@ -118,7 +118,7 @@ class ServerlessFamily(TableFamily[ServerlessProblem, ServerlessPlan]):
                 "whole-horizon joint prefill/decode MILP with HiGHS; at a time limit, "
                 "its plan or the fast plan, whichever costs less",
                 ("time limit", "gap", "export"),
-                run=self._milp,
+                run=self._program("milp"),
             ),
             SolverEntry(
                 "lp",
@@ -127,7 +127,7 @@ class ServerlessFamily(TableFamily[ServerlessProblem, ServerlessPlan]):
                 "LP relaxation bound; plan: its counts rounded up or the fast plan, "
                 "whichever costs less",
                 ("time limit",),
-                run=self._lp,
+                run=self._program("lp"),
             ),
             SolverEntry(
                 "fast",
@@ -149,24 +149,6 @@ class ServerlessFamily(TableFamily[ServerlessProblem, ServerlessPlan]):
     def headline(self, p: ServerlessProblem) -> str:
         return f"{p.source} (serverless, {p.n_models} models)"
 
-    def _milp(
-        self,
-        p: ServerlessProblem,
-        time_limit_s: float | None,
-        rel_gap: float | None,
-        progress: Progress,
-    ) -> Result[ServerlessPlan]:
-        return self._program(p, "milp", time_limit_s, rel_gap, progress)
-
-    def _lp(
-        self,
-        p: ServerlessProblem,
-        time_limit_s: float | None,
-        rel_gap: float | None,
-        progress: Progress,
-    ) -> Result[ServerlessPlan]:
-        return self._program(p, "lp", time_limit_s, rel_gap, progress)
-
     def _fast(
         self,
         p: ServerlessProblem,
@@ -179,7 +161,20 @@ class ServerlessFamily(TableFamily[ServerlessProblem, ServerlessPlan]):
         limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
         return self._checked(p, solve_fast(p, time_limit_s=limit, rel_gap=gap, progress=progress))
 
-    def _program(
+    def _program(self, chosen: str) -> SolverRun[ServerlessProblem, ServerlessPlan]:
+        """What runs ``chosen``: milp or lp."""
+
+        def run(
+            p: ServerlessProblem,
+            time_limit_s: float | None,
+            rel_gap: float | None,
+            progress: Progress,
+        ) -> Result[ServerlessPlan]:
+            return self._solve_program(p, chosen, time_limit_s, rel_gap, progress)
+
+        return run
+
+    def _solve_program(
         self,
         p: ServerlessProblem,
         chosen: str,
