@@ -115,34 +115,28 @@ def _number(path: Path, line: int, column: str, text: str, *, lowest: float) -> 
     return value
 
 
-def _header(path: Path, reader: Iterator[list[str]], columns: tuple[str, ...]) -> dict[str, int]:
-    try:
-        header = [h.strip() for h in next(reader)]
-    except StopIteration:
-        raise SpecError(
-            [f"{path}: line 1: empty file, expected the header {','.join(columns)}"]
-        ) from None
-    missing = [c for c in columns if c not in header]
-    if missing:
-        raise SpecError(
-            [
-                f"{path}: line 1: header lacks column {', '.join(missing)} "
-                f"(expected {','.join(columns)}, found {','.join(header)})"
-            ]
-        )
-    return {c: header.index(c) for c in columns}
-
-
-def read_trace(path: str | Path, horizon_s: float | None = None) -> InvocationTrace:
-    """Read an invocation trace; ``horizon_s`` defaults to the latest end timestamp.
-    Raises SpecError naming the file, line and column of a bad row."""
-    path = Path(path)
-    ends: dict[tuple[str, str], list[float]] = defaultdict(list)
-    durs: dict[tuple[str, str], list[float]] = defaultdict(list)
+def _rows(path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, the named columns stripped) of every non-empty row of a CSV file
+    with a header holding ``columns``; SpecError names the file and line of a missing
+    column, a short row or an empty ``app`` or ``func`` id."""
     try:
         with io.StringIO(_read_text(path), newline="") as fh:
             reader = csv.reader(fh)
-            col = _header(path, reader, TRACE_COLUMNS)
+            try:
+                header = [h.strip() for h in next(reader)]
+            except StopIteration:
+                raise SpecError(
+                    [f"{path}: line 1: empty file, expected the header {','.join(columns)}"]
+                ) from None
+            missing = [c for c in columns if c not in header]
+            if missing:
+                raise SpecError(
+                    [
+                        f"{path}: line 1: header lacks column {', '.join(missing)} "
+                        f"(expected {','.join(columns)}, found {','.join(header)})"
+                    ]
+                )
+            col = {c: header.index(c) for c in columns}
             width = max(col.values()) + 1
             for row in reader:
                 line = reader.line_num
@@ -152,16 +146,26 @@ def read_trace(path: str | Path, horizon_s: float | None = None) -> InvocationTr
                     raise SpecError(
                         [f"{path}: line {line}: {len(row)} fields, the header has {width}"]
                     )
-                app, func = row[col["app"]].strip(), row[col["func"]].strip()
-                for name, value in (("app", app), ("func", func)):
-                    if not value:
+                fields = {c: row[k].strip() for c, k in col.items()}
+                for name in ("app", "func"):
+                    if not fields[name]:
                         raise SpecError([f"{path}: line {line}: {name}: empty id"])
-                end = _number(path, line, "end_timestamp", row[col["end_timestamp"]], lowest=0.0)
-                dur = _number(path, line, "duration", row[col["duration"]], lowest=0.0)
-                ends[(app, func)].append(end)
-                durs[(app, func)].append(dur)
+                yield line, fields
     except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise SpecError([f"{path}: cannot be read: {exc}"]) from None
+
+
+def read_trace(path: str | Path, horizon_s: float | None = None) -> InvocationTrace:
+    """Read an invocation trace; ``horizon_s`` defaults to the latest end timestamp.
+    Raises SpecError naming the file, line and column of a bad row."""
+    path = Path(path)
+    ends: dict[tuple[str, str], list[float]] = defaultdict(list)
+    durs: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for line, get in _rows(path, TRACE_COLUMNS):
+        end = _number(path, line, "end_timestamp", get["end_timestamp"], lowest=0.0)
+        dur = _number(path, line, "duration", get["duration"], lowest=0.0)
+        ends[(get["app"], get["func"])].append(end)
+        durs[(get["app"], get["func"])].append(dur)
     functions = []
     latest = 0.0
     for key in ends:
@@ -199,65 +203,45 @@ def read_profiles(path: str | Path) -> list[FunctionProfile]:
     path = Path(path)
     out: list[FunctionProfile] = []
     seen: set[tuple[str, str]] = set()
-    try:
-        with io.StringIO(_read_text(path), newline="") as fh:
-            reader = csv.reader(fh)
-            col = _header(path, reader, PROFILE_COLUMNS)
-            width = max(col.values()) + 1
-            for row in reader:
-                line = reader.line_num
-                if not row:
-                    continue
-                if len(row) < width:
-                    raise SpecError(
-                        [f"{path}: line {line}: {len(row)} fields, the header has {width}"]
-                    )
-                get = {c: row[i].strip() for c, i in col.items()}
-                for name in ("app", "func"):
-                    if not get[name]:
-                        raise SpecError([f"{path}: line {line}: {name}: empty id"])
-                if (get["app"], get["func"]) in seen:
-                    raise SpecError(
-                        [f"{path}: line {line}: app, func: {get['app']},{get['func']} twice"]
-                    )
-                seen.add((get["app"], get["func"]))
-                kind = get["kind"]
-                if kind not in ("cpu", "gpu"):
-                    raise SpecError([f"{path}: line {line}: kind: cpu or gpu, not {kind!r}"])
-                arrival = get["arrival"]
-                if arrival not in ARRIVAL_CLASSES:
-                    raise SpecError(
-                        [
-                            f"{path}: line {line}: arrival: one of {', '.join(ARRIVAL_CLASSES)}, "
-                            f"not {arrival!r}"
-                        ]
-                    )
-                arrival_class = next(c for c in ARRIVAL_CLASSES if c == arrival)
-                model = get["model"]
-                if kind == "gpu" and model not in MODELS:
-                    raise SpecError(
-                        [
-                            f"{path}: line {line}: model: a GPU function's model is one of "
-                            f"{', '.join(MODELS)}, not {model!r}"
-                        ]
-                    )
-                if kind == "cpu" and model:
-                    raise SpecError([f"{path}: line {line}: model: a CPU function has none"])
-                daily = _number(path, line, "daily_invocations", get["daily_invocations"], lowest=0)
-                mean_s = _number(path, line, "mean_duration_s", get["mean_duration_s"], lowest=0)
-                memory = _number(path, line, "memory_mb", get["memory_mb"], lowest=0)
-                out.append(
-                    FunctionProfile(
-                        get["app"],
-                        get["func"],
-                        "gpu" if kind == "gpu" else "cpu",
-                        arrival_class,
-                        daily,
-                        mean_s,
-                        memory,
-                        model,
-                    )
-                )
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise SpecError([f"{path}: cannot be read: {exc}"]) from None
+    for line, get in _rows(path, PROFILE_COLUMNS):
+        if (get["app"], get["func"]) in seen:
+            raise SpecError([f"{path}: line {line}: app, func: {get['app']},{get['func']} twice"])
+        seen.add((get["app"], get["func"]))
+        kind = get["kind"]
+        if kind not in ("cpu", "gpu"):
+            raise SpecError([f"{path}: line {line}: kind: cpu or gpu, not {kind!r}"])
+        arrival = get["arrival"]
+        if arrival not in ARRIVAL_CLASSES:
+            raise SpecError(
+                [
+                    f"{path}: line {line}: arrival: one of {', '.join(ARRIVAL_CLASSES)}, "
+                    f"not {arrival!r}"
+                ]
+            )
+        arrival_class = next(c for c in ARRIVAL_CLASSES if c == arrival)
+        model = get["model"]
+        if kind == "gpu" and model not in MODELS:
+            raise SpecError(
+                [
+                    f"{path}: line {line}: model: a GPU function's model is one of "
+                    f"{', '.join(MODELS)}, not {model!r}"
+                ]
+            )
+        if kind == "cpu" and model:
+            raise SpecError([f"{path}: line {line}: model: a CPU function has none"])
+        daily = _number(path, line, "daily_invocations", get["daily_invocations"], lowest=0)
+        mean_s = _number(path, line, "mean_duration_s", get["mean_duration_s"], lowest=0)
+        memory = _number(path, line, "memory_mb", get["memory_mb"], lowest=0)
+        out.append(
+            FunctionProfile(
+                get["app"],
+                get["func"],
+                "gpu" if kind == "gpu" else "cpu",
+                arrival_class,
+                daily,
+                mean_s,
+                memory,
+                model,
+            )
+        )
     return out
