@@ -21,6 +21,8 @@ from energyopt.sim.forecast import (
 from energyopt.spec.errors import SpecError
 from energyopt.spec.evaluation import Forecast, load_evaluation
 
+from .test_sim_evaluate import BASE
+
 
 def arrivals_at(rates: list[list[float]], window_s: float) -> Arrivals:
     """Deterministic arrivals: in window i, rates[i][k] x window_s requests of
@@ -197,25 +199,8 @@ def test_bad_forecast_fields_are_named(fields: dict[str, object], name: str) -> 
         Forecast.model_validate(fields)
 
 
-TINY = {
-    "name": "fc-tiny",
-    "cluster": {"nodes": [{"name": "n0", "gpus": [{"type": "H100-SXM5-80GB", "count": 2}]}]},
-    "workloads": [
-        {
-            "name": "chat",
-            "model": "Llama-3.1-8B",
-            "rate_rps": 6.0,
-            "prompt_tokens": {"mean": 512},
-            "output_tokens": {"mean": 128},
-            "slo": {"ttft_ms": 500, "tbt_ms": 60},
-        }
-    ],
-    "options": {"clocks_mhz": {"H100-SXM5-80GB": [990, 1410, 1980]}},
-}
-
-
 def write_eval(tmp_path: Path, forecast: dict[str, object]) -> Path:
-    (tmp_path / "base.yaml").write_text(yaml.safe_dump(TINY))
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({**BASE, "name": "fc-tiny"}))
     spec = {
         "kind": "evaluate",
         "name": "tiny",
