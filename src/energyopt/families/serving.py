@@ -46,8 +46,9 @@ def load_instance(
 
 
 def preset_entry(name: str) -> SolverEntry[Problem, Plan]:
-    """The solver entry of the preset called ``name``: exact where its formulation
-    is one of ``EXACT_FORMULATIONS``, a certified bound otherwise."""
+    """The solver entry of the preset called ``name`` (or in the TOML file of that
+    path): exact where its formulation is one of ``EXACT_FORMULATIONS``, a
+    certified bound otherwise."""
     from energyopt.solvers.presets import load_preset
 
     p = load_preset(name)
@@ -122,12 +123,13 @@ class ServingFamily(TableFamily[Problem, Plan]):
         return [preset_entry(name) for name in names]
 
     def entry(self, name: str | None) -> SolverEntry[Problem, Plan]:
-        """A preset by name, or a preset file's path (read when it runs)."""
+        """A preset by name, or a preset file's path; SpecError listing the presets
+        where ``name`` is neither."""
         from energyopt.solvers.presets import available_presets
 
         if name is None or name in available_presets():
             return super().entry(name)
-        return SolverEntry(name, self.kind, "exact", f"preset file {name}", run=_runs(name))
+        return preset_entry(name)
 
     def headline(self, problem: Problem) -> str:
         return str(problem.source)
