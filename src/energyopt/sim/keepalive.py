@@ -34,6 +34,8 @@ from energyopt.formulations.keepalive.policy import IdleHistogram, Phase
 from energyopt.spec.keepalive import Function
 
 Policy = Callable[[IdleHistogram], list[Phase]]
+TimedPolicy = Callable[[float, IdleHistogram], list[Phase]]
+"""A policy given the idle period's start, s, and the idle times so far."""
 
 _DONE, _ARRIVE, _PHASE = 0, 1, 2
 """Event kinds in the order they run at one instant: a container that finishes
@@ -90,6 +92,9 @@ class Tenant:
     policy: Policy
     demote_to_tepid: bool = False
     """When evicted, a warm container of this policy goes tepid (if it fits), not cold."""
+    timed: TimedPolicy | None = None
+    """A policy that also sees when the idle period starts (s): a plan's states by
+    time window; it replaces ``policy`` where given."""
 
 
 def _sweep_integral(segments: list[tuple[float, float, float]]) -> float:
@@ -154,10 +159,20 @@ def _move(fn: Function, old: str, new: str) -> tuple[float, float]:
 
 
 @dataclass
+class _Tally:
+    """GPU and host memory (GB) the node's containers hold, kept up to date on every
+    state change so that a look-up does not sum over all containers."""
+
+    gpu_gb: float = 0.0
+    host_gb: float = 0.0
+
+
+@dataclass
 class _Box:
     """One function's container and its bookkeeping."""
 
     tenant: Tenant
+    tally: _Tally = field(default_factory=_Tally)
     sim: KeepAliveSim = field(default_factory=KeepAliveSim)
     hist: IdleHistogram = field(default_factory=IdleHistogram.empty)
     state: str = "cold"
@@ -211,7 +226,15 @@ class _Box:
         j, s = _move(self.fn, self.state, state)
         self.impulse(t, j, s)
         self.close(t)
+        self.set_state(state)
+
+    def set_state(self, state: str) -> None:
+        """Hold ``state`` from now, moving the node's memory tally with it."""
+        gpu, host = self.held()
         self.state = state
+        new_gpu, new_host = self.held()
+        self.tally.gpu_gb += new_gpu - gpu
+        self.tally.host_gb += new_host - host
 
 
 def simulate_node(
@@ -226,7 +249,8 @@ def simulate_node(
         warm = tenant.fn.warm
         if warm.gpu_memory_gb > cap.gpu_memory_gb or warm.host_memory_gb > cap.host_memory_gb:
             raise ValueError(f"{tenant.fn.name}: its warm container does not fit in the node")
-    boxes = [_Box(t) for t in tenants]
+    tally = _Tally()
+    boxes = [_Box(t, tally) for t in tenants]
     queue: list[tuple[float, int, int, int, int]] = []
     seq = 0
 
@@ -241,9 +265,7 @@ def simulate_node(
     waitlist: list[int] = []
 
     def used() -> tuple[float, float]:
-        gpu = sum(x.held()[0] for x in boxes)
-        host = sum(x.held()[1] for x in boxes)
-        return gpu, host
+        return tally.gpu_gb, tally.host_gb
 
     def make_room(b: int, t: float, gpu_need: float, host_need: float) -> bool:
         """Free ``gpu_need`` / ``host_need`` GB beyond what is free, evicting idle
@@ -304,7 +326,7 @@ def simulate_node(
             box.sim.cold_starts += 1
         box.sim.warm_starts += len(box.waiting) - 1
         box.close(t)
-        box.state = "warm"
+        box.set_state("warm")
         box.busy = True
         box.down = False
         box.generation += 1
@@ -378,7 +400,8 @@ def simulate_node(
                 continue
             box.busy = False
             box.idle_since = t
-            box.phases = box.tenant.policy(box.hist)
+            timed = box.tenant.timed
+            box.phases = timed(t, box.hist) if timed is not None else box.tenant.policy(box.hist)
             if t < horizon_s:
                 enter_phase(b, t, 0)
             retry(t)

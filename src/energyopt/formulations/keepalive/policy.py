@@ -271,11 +271,15 @@ def compile_tepid(
     cold, and, with ``reference_keep_alive_s``, no more start cold than under a
     fixed keep-alive of that length on the same distribution. Where no thresholds
     meet the limits, those that exceed them least (late plus cold share over the
-    limits), cheapest among them."""
-    prices = price_thresholds(fn, h, late_limit_s)
+    limits), cheapest among them. A function without a tepid state has no tepid
+    phase, so only the K + 1 pairs with equal thresholds are priced: the same
+    choice as over the whole grid, in O(K) rather than O(K^2)."""
     cold_limit = cold_share
     if reference_keep_alive_s is not None:
         cold_limit = min(cold_limit, fixed_cold_share(h, reference_keep_alive_s))
+    if fn.tepid is None:
+        return _compile_warm_only(fn, h, late_limit_s, late_share, cold_limit)
+    prices = price_thresholds(fn, h, late_limit_s)
     excess = np.maximum(prices.late - late_share, 0.0) + np.maximum(prices.cold - cold_limit, 0.0)
     excess = np.where(prices.usable, excess, np.inf)
     candidates = prices.usable & (excess <= float(excess.min()) + 1e-12)
@@ -284,12 +288,31 @@ def compile_tepid(
     return _table(float(prices.edges[i]), float(prices.edges[max(i, j)]), h)
 
 
+def _compile_warm_only(
+    fn: Function, h: IdleHistogram, late_limit_s: float, late_share: float, cold_limit: float
+) -> TepidTable:
+    """:func:`compile_tepid` for a function without a tepid state: the keep-alive
+    on the bin grid of least expected energy per idle period (warm W x min(x, w)
+    plus a load for x >= w, J) within the late and cold limits, else exceeding them
+    least, cheapest among those (the shortest on a tie, as over the whole grid)."""
+    idle, prob = idle_distribution(h)
+    k = RANGE_BINS
+    edges = np.arange(k + 1) * BIN_S
+    survival = np.cumsum(prob[::-1])[::-1]
+    first = np.concatenate([[0.0], np.cumsum(prob * idle)[:k]])
+    energy = fn.warm.power_w * (first + edges * survival) + fn.cold_start.energy_j * survival
+    late = survival * (fn.cold_start.time_s > late_limit_s)
+    excess = np.maximum(late - late_share, 0.0) + np.maximum(survival - cold_limit, 0.0)
+    pick = np.where(excess <= float(excess.min()) + 1e-12, energy, np.inf)
+    i = int(np.argmin(pick))
+    return _table(float(edges[i]), float(edges[i]), h)
+
+
 def _table(warm_until: float, tepid_until: float, h: IdleHistogram) -> TepidTable:
     n = RANGE_BINS + 1
     grid = np.arange(n) * BIN_S
-    states: tuple[Literal["warm", "tepid", "cold"], ...] = tuple(
-        "warm" if g < warm_until else ("tepid" if g < tepid_until else "cold") for g in grid
-    )
+    kinds = np.where(grid < warm_until, "warm", np.where(grid < tepid_until, "tepid", "cold"))
+    states: tuple[Literal["warm", "tepid", "cold"], ...] = tuple(kinds.tolist())
     total = max(1, h.samples)
     cum = np.concatenate([[0], np.cumsum(h.counts)])
     wb = min(int(warm_until // BIN_S), RANGE_BINS)
