@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import csv
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from energyopt.formulations.keepalive.model import load_keepalive
 from energyopt.formulations.keepalive.policy import (
@@ -103,7 +105,7 @@ def policies(fn: Function) -> dict[str, tuple[Policy, bool]]:
     }
 
 
-def clairvoyant_j(fn: Function, times: list[float]) -> float:
+def clairvoyant_j(fn: Function, times: Sequence[float]) -> float:
     """Energy of a reference that knows every idle time in advance, J: the
     always-warm timing (one cold start, then every request starts at once) with
     each idle period held in its cheapest way (warm, tepid, or evicted and loaded
@@ -132,20 +134,29 @@ def clairvoyant_j(fn: Function, times: list[float]) -> float:
     return energy + fn.warm.power_w * (busy_until - busy_from)
 
 
+Contenders = Callable[[Function], dict[str, tuple[Any, ...]]]
+"""Each contender's ``Tenant`` fields after the arrivals (policy, demote to tepid,
+and optionally a timed policy) for one function, by contender name."""
+
+
 def run(
-    streams: dict[str, list[float]],
+    streams: Mapping[str, Sequence[float]],
     functions: tuple[Function, ...],
     groups: list[list[Function]],
     budget: NodeBudget | None,
+    contenders: Contenders = policies,
 ) -> dict[str, dict[str, float]]:
     """Totals per policy of replaying ``streams`` with the functions of each group
-    sharing one node within ``budget``."""
+    sharing one node within ``budget``: energy J, requests, cold starts, GPU and
+    host memory-time GB s (``gb_s``, ``host_gb_s``), requests within the SLO,
+    evictions, waits and the p99 start latency s."""
     totals: dict[str, dict[str, float]] = {}
-    for name in policies(functions[0]):
-        t = dict.fromkeys(("energy", "requests", "cold", "gb_s", "slo", "evict", "wait"), 0.0)
+    keys = ("energy", "requests", "cold", "gb_s", "host_gb_s", "slo", "evict", "wait")
+    for name in contenders(functions[0]):
+        t = dict.fromkeys(keys, 0.0)
         latencies: list[float] = []
         for group in groups:
-            tenants = [Tenant(fn, streams.get(fn.name, []), *policies(fn)[name]) for fn in group]
+            tenants = [Tenant(fn, streams.get(fn.name, []), *contenders(fn)[name]) for fn in group]
             sims = simulate_node(tenants, HORIZON_S, budget)
             if budget is not None:
                 gpu, host = peak_memory_gb(sims)
@@ -156,6 +167,7 @@ def run(
                 t["requests"] += sim.requests
                 t["cold"] += sim.cold_starts
                 t["gb_s"] += sim.gpu_gb_s
+                t["host_gb_s"] += sum((t1 - t0) * host for t0, t1, _, host in sim.memory)
                 t["slo"] += sim.within(SLO_S)
                 t["evict"] += sim.evictions
                 t["wait"] += sim.waits
