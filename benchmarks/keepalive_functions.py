@@ -34,10 +34,10 @@ Run: python benchmarks/keepalive_functions.py [--quick] [--functions N] [--seed 
 [--nodes N] [--rolling-max F] [--data DATA_DIR]. The Lagrangian gets 30 s on
 functions-200 and 60 s on the generated load; the rolling MILP (lookahead 4
 windows, step 2) runs on loads of at most --rolling-max functions (300: on
-functions-200, not on 1,000). --quick: no rolling MILP, no Azure LLM loads, the
-Lagrangian 20 and 40 s. About 6.5 min on a loaded 2-core machine (3 min with
---quick). ``--lagrangian-only N`` only solves a generated load of N functions by
-the Lagrangian (120 s) and prints its certified gap.
+functions-200, not on 1,000). --quick: 300 generated functions, no rolling MILP, no
+Azure LLM loads, the Lagrangian 20 and 40 s. About 6.5 min on a loaded 2-core
+machine (2.5 min with --quick). ``--lagrangian-only N`` only solves a generated
+load of N functions by the Lagrangian (120 s) and prints its certified gap.
 """
 
 from __future__ import annotations
@@ -377,7 +377,12 @@ def generated_load(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer solves, no Azure LLM loads")
-    ap.add_argument("--functions", type=int, default=1000, help="functions of the generated load")
+    ap.add_argument(
+        "--functions",
+        type=int,
+        default=None,
+        help="functions of the generated load (default 1,000; 300 with --quick)",
+    )
     ap.add_argument("--seed", type=int, default=4901)
     ap.add_argument("--nodes", type=int, default=None, help="nodes (default: keepalive_instance's)")
     ap.add_argument("--data", type=Path, default=ROOT / "data", help="data/ for the LLM trace")
@@ -395,6 +400,8 @@ def main() -> None:
         "(4x the generated load's time limit) and print its gap",
     )
     args = ap.parse_args()
+    if args.functions is None:
+        args.functions = 300 if args.quick else 1000
     lagrangian_s = 20.0 if args.quick else 30.0
     started = time.perf_counter()
     lines: list[str] = []
