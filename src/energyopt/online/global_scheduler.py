@@ -9,16 +9,10 @@ Per request of workload w (``route``), in order:
    The one with the smaller expected backlog ``(queued + 1) / capacity`` wins.
 2. *Risk*: the instance is at risk when its observed rate (an exponentially
    weighted meter, ``rate_tau_s``) exceeds both its planned rate (which the
-   plan was verified at, for Poisson arrivals) plus ``noise_sigmas`` standard
-   deviations of the meter's reading at that rate (sqrt(rate / (2 tau)): a
-   steady load at the planned rate is not an error), and either
-   ``risk_utilization`` x its SLO capacity at the GPU's current clock and
-   share or its queue is above ``backlog_fraction`` x capacity x TTFT SLO (the
-   requests it can start within that part of the SLO). At the planned rate
-   only a queue above ``tail_backlog`` x that level is a risk: the plan was
-   verified for Poisson arrivals at that rate (its SLO percentile allows the
-   queue's tail), and boosting on the tail spends energy the plan does not
-   need.
+   plan was verified at) and ``risk_utilization`` x its SLO capacity at the
+   GPU's current clock and share, or its queue exceeds
+   ``backlog_fraction`` x capacity x TTFT SLO (the requests it can start
+   within that part of the SLO).
 3. *Reactions*, cheapest first, while at risk:
    a. **clock boost**: ``raise_to`` gives the lowest clock at or above the
       current one at which the slice covers the load plus the backlog's drain
@@ -47,10 +41,9 @@ Per request of workload w (``route``), in order:
 decision), at most once per ``hold_s`` per GPU, lowers a boosted GPU back to the
 plan's clock and shares once ``hold_s`` has passed since its last change and
 every instance on it is calm at
-the plan's settings: its observed rate at most its planned rate or within
-``calm_utilization / risk_utilization`` of the larger of its planned rate and
-``risk_utilization`` x its capacity at the plan's clock and share (hysteresis:
-the risk needs the noise band above the planned rate), and its queue below its
+the plan's settings: its observed rate within ``calm_utilization /
+risk_utilization`` of the larger of its planned rate and ``risk_utilization`` x
+its capacity at the plan's clock and share (hysteresis), and its queue below its
 risk level. On a GPU that is not boosted it **trims**: with ``raise_to`` from the
 type's lowest clock it finds the lowest clock at which every slice covers its
 observed rate / ``calm_utilization`` and lowers the clock to it when that is
@@ -96,8 +89,6 @@ class OnlineConfig:
     shift: bool = True
     wake: bool = True
     trim: bool = True
-    noise_sigmas: float = 3.0  # meter readings this many std devs above the planned rate are noise
-    tail_backlog: float = 2.0  # at the planned rate, backlogs up to this x risk level are tail
 
 
 @dataclass
@@ -330,15 +321,10 @@ class GlobalScheduler:
     def _at_risk(self, s: Slot, now_s: float) -> bool:
         cap = s.capacity_rps
         load = s.rate.read(now_s)
-        planned = s.info.planned_rps
-        # The plan was verified for Poisson arrivals at its planned rate: a reading
-        # within noise_sigmas of the meter's noise above it is that rate, not an error.
-        expected = planned + self.cfg.noise_sigmas * s.rate.noise_rps(planned)
-        backlog = self.cfg.backlog_fraction * cap * s.ttft_s
-        if load <= expected:
-            # a backlog at the planned rate is in the plan's tail up to tail_backlog x
-            return s.info.view.queued > self.cfg.tail_backlog * backlog
-        return load > self.cfg.risk_utilization * cap or s.info.view.queued > backlog
+        return (
+            load > max(self.cfg.risk_utilization * cap, s.info.planned_rps)
+            or s.info.view.queued > self.cfg.backlog_fraction * cap * s.ttft_s
+        )
 
     def _need_rps(self, s: Slot, now_s: float) -> float:
         """Load the slice must cover: the observed rate plus draining the backlog."""
@@ -555,7 +541,7 @@ class GlobalScheduler:
         for o in g.slots:
             load = o.rate.read(now_s)
             safe = max(cfg.risk_utilization * o.plan_capacity_rps, o.info.planned_rps)
-            if load > max(calm * safe, o.info.planned_rps) or o.info.view.queued > (
+            if load > calm * safe or o.info.view.queued > (
                 cfg.backlog_fraction * o.plan_capacity_rps * o.ttft_s
             ):
                 g.changed_s = now_s  # look again after another hold

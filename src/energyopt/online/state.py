@@ -67,11 +67,6 @@ class RateMeter:
             return self.value
         return self.value * math.exp((self.at_s - now_s) / self.tau_s)
 
-    def noise_rps(self, rate_rps: float) -> float:
-        """Standard deviation of the reading around a steady Poisson rate ``rate_rps``
-        (requests/s): sqrt(rate / (2 tau)), the exponential kernel's variance."""
-        return math.sqrt(max(rate_rps, 0.0) / (2.0 * self.tau_s))
-
     def add(self, now_s: float) -> float:
         """Count one arrival at ``now_s``; returns the new rate."""
         self.value = self.read(now_s) + 1.0 / self.tau_s

@@ -153,8 +153,6 @@ def online_policy(ev: Evaluation, lookups: OpLookups) -> OnlinePolicy:
         hold_s=o.hold_s,
         rate_tau_s=o.rate_tau_s,
         backlog_fraction=o.backlog_fraction,
-        noise_sigmas=o.noise_sigmas,
-        tail_backlog=o.tail_backlog,
         queue_factor=o.queue_factor,
         wake_after_s=o.wake_after_s,
         shift=o.shift,
@@ -311,13 +309,16 @@ def plan_power_at_rates_w(problem: Problem, plan: Plan, rates_rps: dict[str, flo
     plus each placement's line at its scaled rate, 0 at rate 0)."""
     planned = plan_rates_rps(plan)
     factor = {
-        name: rates_rps.get(name, 0.0) / rate if rate > 0 else 0.0 for name, rate in planned.items()
+        name: rates_rps.get(name, 0.0) / rate if rate > 0 else 0.0
+        for name, rate in planned.items()
     }
     gpus = tuple(
         gp.model_copy(
             update={
                 "placements": tuple(
-                    pl.model_copy(update={"rate_rps": pl.rate_rps * factor.get(pl.workload, 0.0)})
+                    pl.model_copy(
+                        update={"rate_rps": pl.rate_rps * factor.get(pl.workload, 0.0)}
+                    )
                     for pl in gp.placements
                 )
             }

@@ -227,20 +227,6 @@ class OnlineOptions(Spec):
     backlog_fraction: float = Field(
         default=1.0, gt=0, le=1_000, description="queue (in TTFT SLOs of capacity) that is at risk"
     )
-    noise_sigmas: float = Field(
-        default=3.0,
-        ge=0,
-        le=100,
-        description="observed rates within this many standard deviations of the rate "
-        "meter's noise above the planned rate are the planned rate, not an error",
-    )
-    tail_backlog: float = Field(
-        default=2.0,
-        ge=1,
-        le=1_000,
-        description="at the planned rate, a queue up to this many times the risk level "
-        "(backlog_fraction) is the plan's tail, not a risk",
-    )
     queue_factor: float = Field(
         default=2.0, gt=0, le=1_000, description="queue bound in TTFT SLOs of work at max clock"
     )
