@@ -34,8 +34,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from energyopt.formulations.keepalive.model import load_keepalive
-from energyopt.formulations.keepalive.policy import (
+from energyopt.families.keepalive.formulations.model import load_keepalive
+from energyopt.families.keepalive.formulations.policy import (
     FIXED_KEEP_ALIVE_S,
     IdleHistogram,
     Phase,
@@ -45,7 +45,7 @@ from energyopt.formulations.keepalive.policy import (
     fixed,
     hybrid_histogram,
 )
-from energyopt.sim.keepalive import (
+from energyopt.families.keepalive.sim import (
     NodeBudget,
     Policy,
     Tenant,
@@ -53,7 +53,7 @@ from energyopt.sim.keepalive import (
     percentile,
     simulate_node,
 )
-from energyopt.spec.keepalive import Function, Node
+from energyopt.families.keepalive.spec import Function, Node
 from make_keepalive import split
 
 ROOT = Path(__file__).resolve().parents[1]

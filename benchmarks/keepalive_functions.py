@@ -7,7 +7,7 @@ Loads (one hour each, 5-minute windows for the plans):
   20 LLMs, 110,853 invocations from 12:00; busy functions split into replicas that
   take a busy function's invocations in turn within each window);
 - a generated load of ``--functions`` functions (default 1,000, seed 4901, from
-  12:00), made here by energyopt.sim.function_workload with the published Azure
+  12:00), made here by energyopt.families.keepalive.function_workload with the published Azure
   Functions statistics, on the one-H100 nodes keepalive_instance sizes for it;
 - the four Azure LLM loads of benchmarks/keepalive.py (the streams and the
   streams thinned to every 20th request, each alone and on the two nodes).
@@ -54,14 +54,18 @@ from typing import Any
 import numpy as np
 
 import keepalive as ka
-from energyopt.formulations.keepalive.model import KeepAliveProblem, build_problem, load_keepalive
-from energyopt.formulations.keepalive.policy import IdleHistogram, Phase
-from energyopt.sim import function_workload as fw
-from energyopt.sim.azure_functions import read_profiles, read_trace
-from energyopt.sim.keepalive import NodeBudget, TimedPolicy
-from energyopt.solvers.keepalive_lagrangian import solve_lagrangian
-from energyopt.solvers.keepalive_milp import solve_rolling
-from energyopt.spec.keepalive import Function, KeepAliveFile, KeepAlivePlan
+from energyopt.families.keepalive import function_workload as fw
+from energyopt.families.keepalive.azure_functions import read_profiles, read_trace
+from energyopt.families.keepalive.formulations.model import (
+    KeepAliveProblem,
+    build_problem,
+    load_keepalive,
+)
+from energyopt.families.keepalive.formulations.policy import IdleHistogram, Phase
+from energyopt.families.keepalive.sim import NodeBudget, TimedPolicy
+from energyopt.families.keepalive.solvers.lagrangian import solve_lagrangian
+from energyopt.families.keepalive.solvers.milp import solve_rolling
+from energyopt.families.keepalive.spec import Function, KeepAliveFile, KeepAlivePlan
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "instances" / "keepalive" / "functions-200.yaml"

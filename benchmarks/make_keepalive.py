@@ -37,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-from energyopt.sim import llm_functions
+from energyopt.families.keepalive import llm_functions
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "instances" / "keepalive" / "azure-llm-2nodes.yaml"
@@ -46,7 +46,7 @@ HISTOGRAM_BIN_S = 1.0
 WINDOW_S = 300.0
 WINDOWS = 12
 GPU_GB = llm_functions.GPU_GB
-MODELS = llm_functions.MODELS  # constants and assumptions: energyopt.sim.llm_functions
+MODELS = llm_functions.MODELS  # constants, assumptions: families.keepalive.llm_functions
 
 
 def split(context: int, generated: int, index: int) -> str | None:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from energyopt.spec.keepalive import KeepAliveFile
+from energyopt.families.keepalive.spec import KeepAliveFile
 
 MAX_COMBINATIONS = 200_000
 """Instances whose enumeration (product of every function's paths) is larger are redrawn."""

@@ -1,6 +1,6 @@
-"""The function-workload generator (energyopt.sim.function_workload) against the
+"""The function-workload generator (energyopt.families.keepalive.function_workload) against the
 published statistics it targets, the Azure Functions 2021 trace format
-(energyopt.sim.azure_functions), and the keep-alive instances built from a trace.
+(energyopt.families.keepalive.azure_functions), and the keep-alive instances built from a trace.
 
 Tolerances: daily counts, execution times and memory are drawn by Latin hypercube
 sampling, so 300 functions follow the target quantiles to within 1/300; what is
@@ -21,16 +21,16 @@ import pytest
 import yaml
 
 from energyopt.cli import EXIT_OK, main
-from energyopt.sim import function_workload as fw
-from energyopt.sim import llm_functions
-from energyopt.sim.azure_functions import (
+from energyopt.families.keepalive import function_workload as fw
+from energyopt.families.keepalive import llm_functions
+from energyopt.families.keepalive.azure_functions import (
     read_profiles,
     read_trace,
     write_profiles,
     write_trace,
 )
+from energyopt.families.keepalive.spec import KeepAliveFile
 from energyopt.spec.errors import SpecError
-from energyopt.spec.keepalive import KeepAliveFile
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = ROOT / "instances" / "keepalive" / "functions-200.yaml"

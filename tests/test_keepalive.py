@@ -16,13 +16,13 @@ import yaml
 
 from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_VIOLATION, main
 from energyopt.families import certify, family
-from energyopt.formulations.keepalive.model import build_problem, load_keepalive
-from energyopt.solvers.keepalive_lagrangian import solve_lagrangian
-from energyopt.solvers.keepalive_milp import solve_milp, solve_rolling
+from energyopt.families.keepalive.formulations.model import build_problem, load_keepalive
+from energyopt.families.keepalive.solvers.lagrangian import solve_lagrangian
+from energyopt.families.keepalive.solvers.milp import solve_milp, solve_rolling
+from energyopt.families.keepalive.spec import FunctionSchedule, KeepAliveFile, KeepAlivePlan
+from energyopt.families.keepalive.verify import evaluate_keepalive
 from energyopt.solvers.result import INFEASIBLE, OPTIMAL
 from energyopt.spec.errors import SpecError
-from energyopt.spec.keepalive import FunctionSchedule, KeepAliveFile, KeepAlivePlan
-from energyopt.verify.keepalive import evaluate_keepalive
 
 from .cli_helpers import read_exported
 
@@ -349,7 +349,7 @@ def test_the_lagrangian_finds_a_plan_where_no_greedy_order_does() -> None:
     and the greedy repair finds no plan in any of the 24 orders. The path master
     (column generation over the functions' paths, then a 0/1 choice) finds one that
     verifies, no cheaper than the optimum and within 2 % of it."""
-    from energyopt.solvers.keepalive_lagrangian import Prices, _place
+    from energyopt.families.keepalive.solvers.lagrangian import Prices, _place
 
     data = yaml.safe_load((ROOT / "instances/keepalive/azure-llm-2nodes.yaml").read_text())
     for f, t, count in ((0, 10, 15), (1, 9, 132), (3, 7, 14)):
@@ -374,7 +374,7 @@ def test_the_lagrangian_falls_back_on_the_rolling_milp_when_the_path_master_fail
     """Same tight instance, with the path master and its dive finding nothing: the
     rolling-horizon MILP's plan is taken (its states read back from its plan file),
     it verifies, and the bound is still the Lagrangian's."""
-    from energyopt.solvers import keepalive_lagrangian as kl
+    from energyopt.families.keepalive.solvers import lagrangian as kl
 
     data = yaml.safe_load((ROOT / "instances/keepalive/azure-llm-2nodes.yaml").read_text())
     for f, t, count in ((0, 10, 15), (1, 9, 132), (3, 7, 14)):

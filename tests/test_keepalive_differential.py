@@ -28,12 +28,12 @@ from typing import Any
 import pytest
 
 from energyopt.families import certify, family
-from energyopt.formulations.keepalive.model import build_problem
-from energyopt.solvers.keepalive_milp import solve_milp
+from energyopt.families.keepalive.formulations.model import build_problem
+from energyopt.families.keepalive.solvers.milp import solve_milp
+from energyopt.families.keepalive.spec import KeepAliveFile
+from energyopt.families.keepalive.verify import evaluate_keepalive
 from energyopt.solvers.result import INFEASIBLE, OPTIMAL
 from energyopt.spec.errors import SpecError
-from energyopt.spec.keepalive import KeepAliveFile
-from energyopt.verify.keepalive import evaluate_keepalive
 from tests.keepalive_exhaustive import Optimum, exhaustive, random_docs
 
 SEED = 17

@@ -12,13 +12,13 @@ import pytest
 import yaml
 
 from energyopt.cli import EXIT_BAD_INPUT, main
-from energyopt.formulations.keepalive.model import build_problem, load_keepalive
-from energyopt.solvers.keepalive_lagrangian import solve_lagrangian
-from energyopt.solvers.keepalive_milp import solve_milp, solve_rolling
+from energyopt.families.keepalive.formulations.model import build_problem, load_keepalive
+from energyopt.families.keepalive.solvers.lagrangian import solve_lagrangian
+from energyopt.families.keepalive.solvers.milp import solve_milp, solve_rolling
+from energyopt.families.keepalive.spec import KeepAliveFile
+from energyopt.families.keepalive.verify import evaluate_keepalive
 from energyopt.solvers.result import INFEASIBLE, OPTIMAL
 from energyopt.spec.errors import SpecError
-from energyopt.spec.keepalive import KeepAliveFile
-from energyopt.verify.keepalive import evaluate_keepalive
 
 from .test_keepalive import _brute_force, _random_instance, _small
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from energyopt.formulations.keepalive import policy as P
-from energyopt.spec.keepalive import Function
+from energyopt.families.keepalive.formulations import policy as P
+from energyopt.families.keepalive.spec import Function
 
 
 def _cpu_function(warm_w: float, load_j: float, load_s: float) -> Function:

@@ -27,17 +27,22 @@ import yaml
 
 from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, main
 from energyopt.families import certify, family
-from energyopt.formulations.keepalive.milp import MAX_COLUMNS, build_milp, milp_columns
-from energyopt.formulations.keepalive.model import build_problem
-from energyopt.solvers.keepalive_lagrangian import solve_lagrangian
-from energyopt.solvers.keepalive_milp import solve_milp, solve_rolling
-from energyopt.solvers.keepalive_programmes import OutOfTime, Prices, one_function, priced_costs
+from energyopt.families.keepalive.formulations.milp import MAX_COLUMNS, build_milp, milp_columns
+from energyopt.families.keepalive.formulations.model import build_problem
+from energyopt.families.keepalive.solvers.lagrangian import solve_lagrangian
+from energyopt.families.keepalive.solvers.milp import solve_milp, solve_rolling
+from energyopt.families.keepalive.solvers.programmes import (
+    OutOfTime,
+    Prices,
+    one_function,
+    priced_costs,
+)
+from energyopt.families.keepalive.spec import KeepAliveFile
+from energyopt.families.keepalive.verify import evaluate_keepalive
 from energyopt.solvers.result import NO_SOLUTION, OPTIMAL, Termination
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import parse
-from energyopt.spec.keepalive import KeepAliveFile
 from energyopt.spec.limits import Limits, using
-from energyopt.verify.keepalive import evaluate_keepalive
 from tests.keepalive_exhaustive import random_doc
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from energyopt.formulations.keepalive.policy import (
+from energyopt.families.keepalive.formulations.policy import (
     BIN_S,
     IdleHistogram,
     always_cold,
@@ -22,8 +22,14 @@ from energyopt.formulations.keepalive.policy import (
     idle_distribution,
     price_thresholds,
 )
-from energyopt.sim.keepalive import NodeBudget, Tenant, peak_memory_gb, simulate, simulate_node
-from energyopt.spec.keepalive import Function
+from energyopt.families.keepalive.sim import (
+    NodeBudget,
+    Tenant,
+    peak_memory_gb,
+    simulate,
+    simulate_node,
+)
+from energyopt.families.keepalive.spec import Function
 
 FN = Function.model_validate(
     {

@@ -14,11 +14,11 @@ import yaml
 
 from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, main
 from energyopt.families import certify, family
-from energyopt.formulations.keepalive.model import build_problem
-from energyopt.solvers.keepalive_milp import solve_milp
+from energyopt.families.keepalive.formulations.model import build_problem
+from energyopt.families.keepalive.solvers.milp import solve_milp
+from energyopt.families.keepalive.spec import KeepAliveFile
+from energyopt.families.keepalive.verify import evaluate_keepalive
 from energyopt.solvers.result import INFEASIBLE, OPTIMAL
-from energyopt.spec.keepalive import KeepAliveFile
-from energyopt.verify.keepalive import evaluate_keepalive
 
 from .test_keepalive import _plan, _random_instance, _small
 

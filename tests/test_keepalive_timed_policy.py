@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from energyopt.formulations.keepalive.policy import IdleHistogram, Phase, always_cold
-from energyopt.sim.keepalive import Tenant, simulate_node
-from energyopt.spec.keepalive import Function
+from energyopt.families.keepalive.formulations.policy import IdleHistogram, Phase, always_cold
+from energyopt.families.keepalive.sim import Tenant, simulate_node
+from energyopt.families.keepalive.spec import Function
 
 FN = Function.model_validate(
     {

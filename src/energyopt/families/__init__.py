@@ -30,7 +30,7 @@ BUILTIN: dict[str, str] = {
     "serving": "energyopt.families.serving:ServingFamily",
     "taskgraph": "energyopt.families.taskgraph:TaskGraphFamily",
     "colocation": "energyopt.families.colocation:ColocationFamily",
-    "keepalive": "energyopt.families.keepalive:KeepAliveFamily",
+    "keepalive": "energyopt.families.keepalive.family:KeepAliveFamily",
     "moe-edge": "energyopt.families.moe_edge:MoeEdgeFamily",
     "serverless": "energyopt.families.serverless:ServerlessFamily",
     "collective": "energyopt.families.collective:CollectiveFamily",

@@ -15,7 +15,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from energyopt.spec.keepalive import Function
+from energyopt.families.keepalive.spec import Function
 
 Phase = tuple[Literal["warm", "tepid", "cold"], float]
 

@@ -17,10 +17,10 @@ from energyopt.families.contract import (
     TableFamily,
     limited,
 )
-from energyopt.formulations.keepalive.model import KeepAliveProblem, load_keepalive
+from energyopt.families.keepalive.formulations.model import KeepAliveProblem, load_keepalive
+from energyopt.families.keepalive.spec import KeepAliveFile, KeepAlivePlan
 from energyopt.solvers.result import Result
 from energyopt.spec.errors import SpecError
-from energyopt.spec.keepalive import KeepAliveFile, KeepAlivePlan
 from energyopt.verify.violation import Violation
 
 AUTO_MILP_COLUMNS = 200_000
@@ -32,7 +32,7 @@ DEFAULT_GAP = 1e-4
 def auto_solver(p: KeepAliveProblem) -> str:
     """The solver ``auto`` runs on ``p``: milp for the throughput objective and up to
     ``AUTO_MILP_COLUMNS`` columns, else lagrangian."""
-    from energyopt.formulations.keepalive.milp import milp_columns
+    from energyopt.families.keepalive.formulations.milp import milp_columns
 
     small = p.maximises_throughput or milp_columns(p) <= AUTO_MILP_COLUMNS
     return "milp" if small else "lagrangian"
@@ -41,8 +41,8 @@ def auto_solver(p: KeepAliveProblem) -> str:
 def _refuse(p: KeepAliveProblem, solver: str) -> None:
     """SpecError naming ``--solver`` where ``solver`` cannot take ``p``: an energy-only
     solver on the throughput objective, or a MILP larger than it builds."""
-    from energyopt.formulations.keepalive.milp import MAX_COLUMNS, milp_columns
-    from energyopt.solvers.keepalive_milp import LOOKAHEAD
+    from energyopt.families.keepalive.formulations.milp import MAX_COLUMNS, milp_columns
+    from energyopt.families.keepalive.solvers.milp import LOOKAHEAD
 
     if p.maximises_throughput and solver in ("lagrangian", "rolling"):
         raise SpecError(
@@ -73,12 +73,12 @@ def _refuse(p: KeepAliveProblem, solver: str) -> None:
 
 def _solvers() -> dict[str, LimitedSolver[KeepAliveProblem, KeepAlivePlan]]:
     """The keep-alive solver functions by entry name (imported on first use)."""
-    from energyopt.solvers import keepalive_lagrangian, keepalive_milp
+    from energyopt.families.keepalive.solvers import lagrangian, milp
 
     return {
-        "milp": keepalive_milp.solve_milp,
-        "lagrangian": keepalive_lagrangian.solve_lagrangian,
-        "rolling": keepalive_milp.solve_rolling,
+        "milp": milp.solve_milp,
+        "lagrangian": lagrangian.solve_lagrangian,
+        "rolling": milp.solve_rolling,
     }
 
 
@@ -176,12 +176,12 @@ class KeepAliveFamily(TableFamily[KeepAliveProblem, KeepAlivePlan]):
         return f"{p.source} (keep-alive, {p.n_functions} functions)"
 
     def verify(self, p: KeepAliveProblem, plan: KeepAlivePlan) -> list[Violation]:
-        from energyopt.verify.keepalive import evaluate_keepalive
+        from energyopt.families.keepalive.verify import evaluate_keepalive
 
         return evaluate_keepalive(p.spec, plan).violations
 
     def cost(self, p: KeepAliveProblem, plan: KeepAlivePlan) -> float:
-        from energyopt.verify.keepalive import evaluate_keepalive
+        from energyopt.families.keepalive.verify import evaluate_keepalive
 
         ev = evaluate_keepalive(p.spec, plan)
         return ev.throughput_rps if p.maximises_throughput else ev.energy_j
@@ -194,7 +194,7 @@ class KeepAliveFamily(TableFamily[KeepAliveProblem, KeepAlivePlan]):
         return "requests/s" if p.maximises_throughput else "J"
 
     def report(self, p: KeepAliveProblem, result: Result[KeepAlivePlan]) -> list[str]:
-        from energyopt.verify.keepalive import evaluate_keepalive
+        from energyopt.families.keepalive.verify import evaluate_keepalive
 
         plan = result.plan
         assert plan is not None
@@ -235,6 +235,6 @@ class KeepAliveFamily(TableFamily[KeepAliveProblem, KeepAlivePlan]):
     def program(self, p: KeepAliveProblem) -> Any:
         """The whole-horizon MILP the ``milp`` solver solves (a HiGHS model; for the
         throughput objective its first stage, fewest late requests)."""
-        from energyopt.formulations.keepalive.milp import build_milp, highs_lp
+        from energyopt.families.keepalive.formulations.milp import build_milp, highs_lp
 
         return highs_lp(build_milp(p, minimise="late" if p.maximises_throughput else "energy"))

@@ -8,14 +8,15 @@ import time
 import numpy as np
 
 from energyopt.backends.highs import MipRun, solve_mip
-from energyopt.formulations.keepalive.milp import (
+from energyopt.families.keepalive.formulations.milp import (
     FORMULATION_NAME,
     Milp,
     build_milp,
     highs_lp,
     states_of,
 )
-from energyopt.formulations.keepalive.model import IntArray, KeepAliveProblem
+from energyopt.families.keepalive.formulations.model import IntArray, KeepAliveProblem
+from energyopt.families.keepalive.spec import KeepAlivePlan
 from energyopt.progress import Progress, quiet
 from energyopt.solvers.mip_outcome import mip_outcome
 from energyopt.solvers.result import (
@@ -26,7 +27,6 @@ from energyopt.solvers.result import (
     Status,
     Termination,
 )
-from energyopt.spec.keepalive import KeepAlivePlan
 
 FORMULATION = FORMULATION_NAME
 LOOKAHEAD = 15

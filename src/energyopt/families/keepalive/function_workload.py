@@ -9,7 +9,7 @@ function (an LLM with measured ServerlessLLM load times) or a CPU function.
 modulation of every non-timer function's rate. ``workload_statistics`` measures
 on a trace what the module's constants target; ``keepalive_instance`` builds a
 ``kind: keepalive`` file from a trace. The trace format (Azure Functions
-invocation trace 2021) is read and written by ``energyopt.sim.azure_functions``.
+invocation trace 2021) is read and written by ``energyopt.families.keepalive.azure_functions``.
 
 Sources of the targets (each constant names its figure):
 
@@ -17,7 +17,7 @@ Sources of the targets (each constant names its figure):
   Serverless Workload at a Large Cloud Provider", USENIX ATC 2020 (Azure Functions,
   July 2019, two weeks of the whole platform);
 - ServerlessLLM (data/serverless/serverlessllm/load_times.csv) and the
-  assumptions of ``energyopt.sim.llm_functions`` for the LLM functions.
+  assumptions of ``energyopt.families.keepalive.llm_functions`` for the LLM functions.
 
 Everything the sources do not give is marked "assumption" here and in
 docs/formulations/keepalive.md. Times s, memory MB (functions) or GB (instances),
@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from energyopt.sim import llm_functions
+from energyopt.families.keepalive import llm_functions
 
 ArrivalClass = Literal["timer", "poisson", "bursty"]
 ARRIVAL_CLASSES: tuple[ArrivalClass, ...] = ("timer", "poisson", "bursty")

@@ -3,7 +3,7 @@ pricing: the prices of the coupling rows, each function's priced state costs, th
 cheapest moves between states, and one function's cheapest feasible path within
 free budgets (docs/formulations/keepalive.md).
 
-Shared by ``keepalive_lagrangian`` (dual points and repairs) and ``keepalive_paths``
+Shared by ``solvers.lagrangian`` (dual points and repairs) and ``solvers.paths``
 (column pricing); imports neither.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from energyopt.formulations.keepalive.model import FloatArray, IntArray, KeepAliveProblem
+from energyopt.families.keepalive.formulations.model import FloatArray, IntArray, KeepAliveProblem
 
 TOL = 1e-9
 """Relative slack of the repair's budget checks (float rounding only)."""

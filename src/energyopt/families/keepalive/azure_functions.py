@@ -10,7 +10,7 @@ at ``end_timestamp - duration``. Files ending in ``.gz`` are gzip-compressed, in
 ``.xz`` xz-compressed.
 
 The trace has no memory or trigger columns, so the generated functions' profiles
-(``energyopt.sim.function_workload.FunctionProfile``) travel in a second CSV, header
+(``energyopt.families.keepalive.function_workload.FunctionProfile``) travel in a second CSV, header
 ``app,func,kind,arrival,daily_invocations,mean_duration_s,memory_mb,model``.
 
 Bad input raises ``SpecError`` naming the file, the line and the column.
@@ -29,14 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from energyopt.sim.function_workload import (
+from energyopt.families.keepalive.function_workload import (
     ARRIVAL_CLASSES,
     FunctionProfile,
     FunctionTrace,
     InvocationTrace,
     start_order,
 )
-from energyopt.sim.llm_functions import MODELS
+from energyopt.families.keepalive.llm_functions import MODELS
 from energyopt.spec.errors import SpecError
 
 TRACE_COLUMNS = ("app", "func", "end_timestamp", "duration")

@@ -32,8 +32,13 @@ import numpy as np
 from scipy import sparse
 
 from energyopt.backends.highs import LpValues, WarmLp, binary_lp, mixed_lp, solve_mip
-from energyopt.formulations.keepalive.model import FloatArray, IntArray, KeepAliveProblem
-from energyopt.solvers.keepalive_programmes import OutOfTime, Prices, one_function, priced_costs
+from energyopt.families.keepalive.formulations.model import FloatArray, IntArray, KeepAliveProblem
+from energyopt.families.keepalive.solvers.programmes import (
+    OutOfTime,
+    Prices,
+    one_function,
+    priced_costs,
+)
 
 PATHS_PER_FUNCTION = 32
 """Distinct paths per function taken from the subgradient and the repairs (the

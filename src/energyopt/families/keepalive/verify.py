@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from energyopt.spec.keepalive import Function, KeepAliveFile, KeepAlivePlan
+from energyopt.families.keepalive.spec import Function, KeepAliveFile, KeepAlivePlan
 from energyopt.verify.violation import Violation
 
 REL_TOL = 1e-9

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from energyopt.formulations.keepalive.policy import IdleHistogram, Phase
-from energyopt.spec.keepalive import Function
+from energyopt.families.keepalive.formulations.policy import IdleHistogram, Phase
+from energyopt.families.keepalive.spec import Function
 
 Policy = Callable[[IdleHistogram], list[Phase]]
 TimedPolicy = Callable[[float, IdleHistogram], list[Phase]]

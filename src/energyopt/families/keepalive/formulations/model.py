@@ -14,15 +14,15 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from energyopt.spec.errors import SpecError
-from energyopt.spec.io import parse, read_data
-from energyopt.spec.keepalive import (
+from energyopt.families.keepalive.spec import (
     MAX_REQUESTS_PER_WINDOW,
     STATES,
     FunctionSchedule,
     KeepAliveFile,
     KeepAlivePlan,
 )
+from energyopt.spec.errors import SpecError
+from energyopt.spec.io import parse, read_data
 
 FloatArray = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]

@@ -18,7 +18,7 @@ in what the functions before them left of every node budget, with their SLO kept
 exactly by a dynamic programme over late requests; costs are the true energies,
 or the energies at the current prices (to leave room where it is scarce); a
 cold-start cap is met by a growing penalty on cold requests. Where no repair fits,
-the functions' paths are chosen jointly by the path master (keepalive_paths.py).
+the functions' paths are chosen jointly by the path master (solvers/paths.py).
 """
 
 from __future__ import annotations
@@ -27,11 +27,15 @@ import time
 
 import numpy as np
 
-from energyopt.formulations.keepalive.milp import FORMULATION_NAME
-from energyopt.formulations.keepalive.model import FloatArray, IntArray, KeepAliveProblem
-from energyopt.progress import Progress, quiet
-from energyopt.solvers.keepalive_paths import PathPool, dive, price_paths, solve_path_master
-from energyopt.solvers.keepalive_programmes import (
+from energyopt.families.keepalive.formulations.milp import FORMULATION_NAME
+from energyopt.families.keepalive.formulations.model import FloatArray, IntArray, KeepAliveProblem
+from energyopt.families.keepalive.solvers.paths import (
+    PathPool,
+    dive,
+    price_paths,
+    solve_path_master,
+)
+from energyopt.families.keepalive.solvers.programmes import (
     DENSE_CELLS,
     TOL,
     OutOfTime,
@@ -41,9 +45,10 @@ from energyopt.solvers.keepalive_programmes import (
     one_function,
     priced_costs,
 )
+from energyopt.families.keepalive.spec import KeepAlivePlan
+from energyopt.progress import Progress, quiet
 from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, Result, Termination, relative_gap
 from energyopt.solvers.subgradient import PolyakControl, projected_step
-from energyopt.spec.keepalive import KeepAlivePlan
 
 REPAIR_EVERY = 10
 """Subgradient iterations between repairs."""
@@ -264,8 +269,8 @@ def best_repair(p: KeepAliveProblem, y: Prices, deadline: float | None = None) -
 
 def _rolling_plan(p: KeepAliveProblem, deadline: float) -> tuple[IntArray | None, str]:
     """The rolling-horizon MILP's plan as states (None without one) and a log line."""
-    from energyopt.formulations.keepalive.milp import MAX_COLUMNS, milp_columns
-    from energyopt.solvers.keepalive_milp import LOOKAHEAD, solve_rolling
+    from energyopt.families.keepalive.formulations.milp import MAX_COLUMNS, milp_columns
+    from energyopt.families.keepalive.solvers.milp import LOOKAHEAD, solve_rolling
 
     left = deadline - time.perf_counter()
     if left < 0.5:

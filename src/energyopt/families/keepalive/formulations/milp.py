@@ -38,7 +38,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from energyopt.backends.highs import binary_lp
-from energyopt.formulations.keepalive.model import (
+from energyopt.families.keepalive.formulations.model import (
     WARM,
     FloatArray,
     IntArray,

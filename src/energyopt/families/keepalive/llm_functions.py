@@ -31,8 +31,8 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[3]
-"""The checkout's root (src/energyopt/sim/ is three levels below it)."""
+ROOT = Path(__file__).resolve().parents[4]
+"""The checkout's root (src/energyopt/families/keepalive/ is four levels below it)."""
 
 GPU_IDLE_W = 75.0
 """H100-80GB idle power, W (Splitwise power_model_constant.yaml)."""
