@@ -3,7 +3,7 @@
 Usage: python benchmarks/make_taskgraphs.py [OUT_DIR]
 
 Larger graphs are not stored: benchmarks/taskgraph.py builds them in memory with
-energyopt.formulations.taskgraph.generators.
+energyopt.families.taskgraph.formulations.generators.
 """
 
 from __future__ import annotations
@@ -11,7 +11,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from energyopt.formulations.taskgraph.generators import cholesky, layered, lu, platform, stencil
+from energyopt.families.taskgraph.formulations.generators import (
+    cholesky,
+    layered,
+    lu,
+    platform,
+    stencil,
+)
 from energyopt.spec.io import dump
 
 

@@ -23,15 +23,21 @@ import time
 from collections.abc import Callable
 from statistics import mean
 
-from energyopt.formulations.taskgraph.generators import cholesky, layered, lu, platform, stencil
-from energyopt.formulations.taskgraph.heft import heft_max_clock
-from energyopt.formulations.taskgraph.loading import build_taskgraph
-from energyopt.formulations.taskgraph.model import TaskGraph
-from energyopt.formulations.taskgraph.schedule import Schedule, totals
-from energyopt.solvers.taskgraph_cpsat import solve_cpsat
-from energyopt.solvers.taskgraph_heuristic import solve_heuristic
-from energyopt.spec.taskgraph import OBJECTIVE_KINDS, ObjectiveKind, TaskGraphFile
-from energyopt.verify.taskgraph import check_schedule
+from energyopt.families.taskgraph.formulations.generators import (
+    cholesky,
+    layered,
+    lu,
+    platform,
+    stencil,
+)
+from energyopt.families.taskgraph.formulations.heft import heft_max_clock
+from energyopt.families.taskgraph.formulations.loading import build_taskgraph
+from energyopt.families.taskgraph.formulations.model import TaskGraph
+from energyopt.families.taskgraph.formulations.schedule import Schedule, totals
+from energyopt.families.taskgraph.solvers.cpsat import solve_cpsat
+from energyopt.families.taskgraph.solvers.heuristic import solve_heuristic
+from energyopt.families.taskgraph.spec import OBJECTIVE_KINDS, ObjectiveKind, TaskGraphFile
+from energyopt.families.taskgraph.verify import check_schedule
 
 Family = Callable[[str, int], TaskGraphFile]
 

@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from energyopt.catalog.loader import Catalog, builtin_catalog
-from energyopt.formulations.taskgraph.costs import kernel_costs
+from energyopt.perf.kernels import kernel_costs
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.spec.io import read_data
 from energyopt.spec.llm import LlmModel

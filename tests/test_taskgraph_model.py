@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from energyopt.formulations.taskgraph.generators import cholesky, lu, platform, stencil
-from energyopt.formulations.taskgraph.loading import build_taskgraph, load_taskgraph
+from energyopt.families.taskgraph.formulations.generators import cholesky, lu, platform, stencil
+from energyopt.families.taskgraph.formulations.loading import build_taskgraph, load_taskgraph
 from energyopt.perf.forward import CLOCK_RESPONSE
 from energyopt.spec.errors import SpecError
 from tests.conftest import INSTANCES

@@ -11,17 +11,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from energyopt.formulations.taskgraph.bounds import lower_bounds
-from energyopt.formulations.taskgraph.generators import layered, platform, stencil, taskgraph_file
-from energyopt.formulations.taskgraph.heft import heft_max_clock
-from energyopt.formulations.taskgraph.loading import build_taskgraph, load_taskgraph
-from energyopt.formulations.taskgraph.model import TaskGraph
-from energyopt.formulations.taskgraph.schedule import Schedule, earliest_starts, totals
+from energyopt.families.taskgraph.formulations.bounds import lower_bounds
+from energyopt.families.taskgraph.formulations.generators import (
+    layered,
+    platform,
+    stencil,
+    taskgraph_file,
+)
+from energyopt.families.taskgraph.formulations.heft import heft_max_clock
+from energyopt.families.taskgraph.formulations.loading import build_taskgraph, load_taskgraph
+from energyopt.families.taskgraph.formulations.model import TaskGraph
+from energyopt.families.taskgraph.formulations.schedule import Schedule, earliest_starts, totals
+from energyopt.families.taskgraph.solvers.cpsat import solve_cpsat
+from energyopt.families.taskgraph.solvers.heuristic import solve_heuristic
+from energyopt.families.taskgraph.spec import OBJECTIVE_KINDS, ObjectiveKind
+from energyopt.families.taskgraph.verify import check_schedule
 from energyopt.solvers.result import OPTIMAL, relative_gap
-from energyopt.solvers.taskgraph_cpsat import solve_cpsat
-from energyopt.solvers.taskgraph_heuristic import solve_heuristic
-from energyopt.spec.taskgraph import OBJECTIVE_KINDS, ObjectiveKind
-from energyopt.verify.taskgraph import check_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 BUILTIN: dict[str, str] = {
     "serving": "energyopt.families.serving:ServingFamily",
-    "taskgraph": "energyopt.families.taskgraph:TaskGraphFamily",
+    "taskgraph": "energyopt.families.taskgraph.family:TaskGraphFamily",
     "colocation": "energyopt.families.colocation:ColocationFamily",
     "keepalive": "energyopt.families.keepalive.family:KeepAliveFamily",
     "moe-edge": "energyopt.families.moe_edge:MoeEdgeFamily",

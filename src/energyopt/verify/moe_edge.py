@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from energyopt.catalog.loader import Catalog
-from energyopt.formulations.taskgraph.costs import kernel_costs
+from energyopt.perf.kernels import kernel_costs
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.spec.hardware import GpuType
 from energyopt.spec.llm import LlmModel

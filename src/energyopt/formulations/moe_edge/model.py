@@ -23,8 +23,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from energyopt.catalog.loader import Catalog, bind_catalog, builtin_catalog
-from energyopt.formulations.taskgraph.costs import kernel_costs
 from energyopt.perf.clocks import candidate_clocks_mhz
+from energyopt.perf.kernels import kernel_costs
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.spec.errors import SpecError
 from energyopt.spec.hardware import GpuType

@@ -23,8 +23,8 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
-from energyopt.formulations.taskgraph.model import TaskGraph
-from energyopt.formulations.taskgraph.schedule import Schedule
+from energyopt.families.taskgraph.formulations.model import TaskGraph
+from energyopt.families.taskgraph.formulations.schedule import Schedule
 
 LINEAR_IDLE_STEPS = 1000  # energy units per time unit of idle power (linear objectives)
 PRODUCT_IDLE_STEPS = 16  # the same for EDP / ED^2P (keeps the products inside int64)

@@ -15,11 +15,16 @@ import networkx as nx
 import numpy as np
 
 from energyopt.catalog.loader import Catalog, builtin_catalog
-from energyopt.formulations.taskgraph.costs import default_clocks_mhz, kernel_costs
+from energyopt.families.taskgraph.spec import (
+    MAX_TIME_MS,
+    ObjectiveKind,
+    TaskGraphFile,
+    TopologyLink,
+)
+from energyopt.perf.kernels import default_clocks_mhz, kernel_costs
 from energyopt.perf.params import PCIE_GBPS
 from energyopt.spec.errors import SpecError
 from energyopt.spec.hardware import GpuType
-from energyopt.spec.taskgraph import MAX_TIME_MS, ObjectiveKind, TaskGraphFile, TopologyLink
 
 HOST_NODE = "host"
 """Topology node every GPU hangs off when a file gives no links (PCIe root)."""

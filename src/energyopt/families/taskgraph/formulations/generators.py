@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from energyopt.families.taskgraph.spec import TaskGraphFile
 from energyopt.spec.io import parse
-from energyopt.spec.taskgraph import TaskGraphFile
 
 PRECISION_SHARE: dict[str, float] = {"bf16": 1.0, "tf32": 0.5, "fp32": 0.25, "fp64": 1 / 256}
 PRECISION_BYTES: dict[str, int] = {"bf16": 2, "tf32": 4, "fp32": 4, "fp64": 8}

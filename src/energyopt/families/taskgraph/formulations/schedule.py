@@ -13,7 +13,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass
 
-from energyopt.formulations.taskgraph.model import TaskGraph
+from energyopt.families.taskgraph.formulations.model import TaskGraph
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
-from energyopt.formulations.taskgraph.bounds import lower_bounds
-from energyopt.formulations.taskgraph.heft import heft_max_clock, upward_ranks
-from energyopt.formulations.taskgraph.model import TaskGraph, TaskOptions
-from energyopt.formulations.taskgraph.schedule import Schedule, earliest_starts, totals
+from energyopt.families.taskgraph.formulations.bounds import lower_bounds
+from energyopt.families.taskgraph.formulations.heft import heft_max_clock, upward_ranks
+from energyopt.families.taskgraph.formulations.model import TaskGraph, TaskOptions
+from energyopt.families.taskgraph.formulations.schedule import Schedule, earliest_starts, totals
 from energyopt.solvers.result import (
     FEASIBLE,
     NO_SOLUTION,

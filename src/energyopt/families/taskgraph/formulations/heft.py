@@ -11,8 +11,8 @@ from __future__ import annotations
 import bisect
 import itertools
 
-from energyopt.formulations.taskgraph.model import TaskGraph
-from energyopt.formulations.taskgraph.schedule import Schedule
+from energyopt.families.taskgraph.formulations.model import TaskGraph
+from energyopt.families.taskgraph.formulations.schedule import Schedule
 
 
 def upward_ranks(tg: TaskGraph) -> list[float]:

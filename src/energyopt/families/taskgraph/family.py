@@ -9,15 +9,15 @@ from typing import Any
 from pydantic import BaseModel
 
 from energyopt.families.contract import NotExportable, SolverEntry, Stated, TableFamily, given
-from energyopt.formulations.taskgraph.loading import load_taskgraph
-from energyopt.formulations.taskgraph.model import TaskGraph
-from energyopt.formulations.taskgraph.schedule import Schedule, totals
+from energyopt.families.taskgraph.formulations.loading import load_taskgraph
+from energyopt.families.taskgraph.formulations.model import TaskGraph
+from energyopt.families.taskgraph.formulations.schedule import Schedule, totals
+from energyopt.families.taskgraph.schedule import ScheduledTask, TaskGraphSchedule
+from energyopt.families.taskgraph.spec import OBJECTIVE_UNITS, TaskGraphFile
 from energyopt.progress import Progress
 from energyopt.solvers.result import Result
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import parse
-from energyopt.spec.schedule import ScheduledTask, TaskGraphSchedule
-from energyopt.spec.taskgraph import OBJECTIVE_UNITS, TaskGraphFile
 from energyopt.verify.violation import Violation
 
 AUTO_CPSAT_TASKS = 40
@@ -34,7 +34,7 @@ def auto_solver(tg: TaskGraph) -> str:
 def _cpsat(
     tg: TaskGraph, time_limit_s: float | None, rel_gap: float | None, progress: Progress
 ) -> Result[Schedule]:
-    from energyopt.solvers.taskgraph_cpsat import solve_cpsat
+    from energyopt.families.taskgraph.solvers.cpsat import solve_cpsat
 
     return solve_cpsat(
         tg,
@@ -47,7 +47,7 @@ def _cpsat(
 def _heuristic(
     tg: TaskGraph, time_limit_s: float | None, rel_gap: float | None, progress: Progress
 ) -> Result[Schedule]:
-    from energyopt.solvers.taskgraph_heuristic import solve_heuristic
+    from energyopt.families.taskgraph.solvers.heuristic import solve_heuristic
 
     return solve_heuristic(tg, progress=progress)
 
@@ -128,12 +128,12 @@ class TaskGraphFamily(TableFamily[TaskGraph, Schedule]):
         return f"{tg.source} ({tg.n_tasks} tasks, {tg.n_gpus} GPUs)"
 
     def verify(self, tg: TaskGraph, plan: Schedule) -> list[Violation]:
-        from energyopt.verify.taskgraph import check_schedule
+        from energyopt.families.taskgraph.verify import check_schedule
 
         return [Violation("schedule", "", v) for v in check_schedule(tg, plan).violations]
 
     def cost(self, tg: TaskGraph, plan: Schedule) -> float:
-        from energyopt.verify.taskgraph import check_schedule
+        from energyopt.families.taskgraph.verify import check_schedule
 
         return check_schedule(tg, plan).objective
 

@@ -13,8 +13,8 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from energyopt.formulations.taskgraph.model import TaskGraph
-from energyopt.formulations.taskgraph.schedule import Schedule
+from energyopt.families.taskgraph.formulations.model import TaskGraph
+from energyopt.families.taskgraph.formulations.schedule import Schedule
 
 
 @dataclass

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from energyopt.formulations.taskgraph.model import TaskGraph, objective_value
+from energyopt.families.taskgraph.formulations.model import TaskGraph, objective_value
 
 Pricing = Callable[[np.ndarray], float]
 """The Lagrangian bound (J) as a function of the multipliers (J per grid unit)."""

@@ -7,8 +7,8 @@ totals, ``heft`` the fastest-schedule reference, ``bounds`` cheap lower bounds,
 graph families (tiled Cholesky and LU, stencil, random layered DAGs).
 """
 
-from energyopt.formulations.taskgraph.loading import build_taskgraph, load_taskgraph
-from energyopt.formulations.taskgraph.model import TaskGraph
-from energyopt.formulations.taskgraph.schedule import Schedule, Totals, totals
+from energyopt.families.taskgraph.formulations.loading import build_taskgraph, load_taskgraph
+from energyopt.families.taskgraph.formulations.model import TaskGraph
+from energyopt.families.taskgraph.formulations.schedule import Schedule, Totals, totals
 
 __all__ = ["Schedule", "TaskGraph", "Totals", "build_taskgraph", "load_taskgraph", "totals"]

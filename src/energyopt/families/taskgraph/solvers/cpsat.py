@@ -5,7 +5,7 @@ the heuristic's schedule (objective h): every GPU draws its idle power P until
 the makespan, so E >= P M and energy <= h gives M <= h / P, EDP <= h gives
 M <= sqrt(h / P), ED^2P <= h gives M <= (h / P)^(1/3); for the makespan
 objective M <= h, for energy_within the deadline. The bound is CP-SAT's best
-bound converted from integer units (valid: see formulations/taskgraph/cpsat.py),
+bound converted from integer units (valid: see families/taskgraph/formulations/cpsat.py),
 raised to the cheap bounds of ``formulations.taskgraph.bounds`` when those are
 higher. The status is optimal when the exact gap is within ``rel_gap``.
 """
@@ -18,10 +18,11 @@ from collections.abc import Callable
 
 from ortools.sat.python import cp_model
 
-from energyopt.formulations.taskgraph.bounds import lower_bounds
-from energyopt.formulations.taskgraph.cpsat import CpTaskGraph, build_cp_model, hint
-from energyopt.formulations.taskgraph.model import TaskGraph
-from energyopt.formulations.taskgraph.schedule import Schedule, totals
+from energyopt.families.taskgraph.formulations.bounds import lower_bounds
+from energyopt.families.taskgraph.formulations.cpsat import CpTaskGraph, build_cp_model, hint
+from energyopt.families.taskgraph.formulations.model import TaskGraph
+from energyopt.families.taskgraph.formulations.schedule import Schedule, totals
+from energyopt.families.taskgraph.solvers.heuristic import solve_heuristic
 from energyopt.solvers.result import (
     FEASIBLE,
     INFEASIBLE,
@@ -31,7 +32,6 @@ from energyopt.solvers.result import (
     Termination,
     relative_gap,
 )
-from energyopt.solvers.taskgraph_heuristic import solve_heuristic
 
 
 def horizon_from(tg: TaskGraph, objective: float) -> int:

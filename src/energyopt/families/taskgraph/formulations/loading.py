@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from energyopt.catalog.loader import Catalog, bind_catalog
-from energyopt.formulations.taskgraph.heft import heft_max_clock
-from energyopt.formulations.taskgraph.model import TaskGraph, bind_taskgraph, with_deadline
+from energyopt.families.taskgraph.formulations.heft import heft_max_clock
+from energyopt.families.taskgraph.formulations.model import TaskGraph, bind_taskgraph, with_deadline
+from energyopt.families.taskgraph.spec import TaskGraphFile
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import parse, read_data
-from energyopt.spec.taskgraph import TaskGraphFile
 
 
 def build_taskgraph(
