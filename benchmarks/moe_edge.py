@@ -6,7 +6,7 @@ and on one L40S with the Fiddler MMLU routing of two subjects (international law
 college computer science), and OLMoE-1B-7B on an L4 with 6 GB left to it with the
 AllenAI routing of two text domains (GitHub, C4).
 
-Contenders, all replayed on the same sampled routing (sim/moe_edge.py; tokens and
+Contenders, all replayed on the same sampled routing (families/moe_edge/sim.py; tokens and
 layers independent, from the measured per-layer shares: no public per-token
 traces exist):
 
@@ -31,7 +31,7 @@ TBT attainment (share of steps within the file's TBT limit), and the heuristic
 within 2 % of the MILP optimum. A calibration block compares the offload model
 with the measured offloading baselines (Fiddler's DeepSpeed-MII on L4 and Mixtral
 offloading on an RTX 6000 Ada) and the specMoE copy times. A last block compiles
-the activation-mix lookup table (tables/moe_edge.py) for OLMoE between GitHub and
+the activation-mix lookup table (families/moe_edge/tables.py) for OLMoE between GitHub and
 C4 routing and replays its plan for the mix estimated from a window of tokens
 against the fixed GitHub plan.
 
@@ -51,12 +51,12 @@ from pathlib import Path
 import numpy as np
 
 from energyopt.catalog.loader import builtin_catalog
-from energyopt.formulations.moe_edge.model import Config, MoeEdgeProblem, load_moe_edge
-from energyopt.sim.moe_edge import POLICIES, CachePolicy, MoeSim, sample_routing, simulate
-from energyopt.solvers.moe_edge_lagrangian import solve_lagrangian
-from energyopt.solvers.moe_edge_milp import solve_milp
-from energyopt.spec.moe_edge import MoeEdgePlan
-from energyopt.verify.moe_edge import evaluate_moe_edge
+from energyopt.families.moe_edge.formulations.model import Config, MoeEdgeProblem, load_moe_edge
+from energyopt.families.moe_edge.sim import POLICIES, CachePolicy, MoeSim, sample_routing, simulate
+from energyopt.families.moe_edge.solvers.lagrangian import solve_lagrangian
+from energyopt.families.moe_edge.solvers.milp import solve_milp
+from energyopt.families.moe_edge.spec import MoeEdgePlan
+from energyopt.families.moe_edge.verify import evaluate_moe_edge
 from make_moe_edge import DATA, MIXTRAL_BYTES, fiddler_layers, fitted_pcie_gbps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -288,7 +288,7 @@ def mix_table_block(tokens: int) -> list[str]:
     """The activation-mix lookup table on OLMoE / L4: GitHub (mix 1) to C4 (mix 0)."""
     import tempfile
 
-    from energyopt.tables.moe_edge import MixTable, compile_mix_table, mixed_problem
+    from energyopt.families.moe_edge.tables import MixTable, compile_mix_table, mixed_problem
 
     a_p = load_moe_edge(ROOT / "instances/moe-edge/olmoe-l4-github.yaml")
     b_p = load_moe_edge(ROOT / "instances/moe-edge/olmoe-l4-c4.yaml")

@@ -32,11 +32,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from energyopt.catalog.loader import Catalog, builtin_catalog
+from energyopt.families.moe_edge.spec import MoeEdgeFile, MoeEdgePlan, memory_limit_gb
 from energyopt.perf.kernels import kernel_costs
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.spec.io import read_data
 from energyopt.spec.llm import LlmModel
-from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan, memory_limit_gb
 
 DATA = Path(__file__).resolve().parent / "data"
 TINY_CATALOG = DATA / "moe-edge-tiny-catalog.yaml"

@@ -19,16 +19,20 @@ import yaml
 from energyopt.catalog.loader import builtin_catalog
 from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_VIOLATION, main
 from energyopt.families import certify, family
-from energyopt.formulations.moe_edge.figures import figures
-from energyopt.formulations.moe_edge.model import MoeEdgeProblem, build_problem, load_moe_edge
-from energyopt.sim.moe_edge import POLICIES, ExpertCache, sample_routing, simulate
-from energyopt.solvers.moe_edge_lagrangian import solve_lagrangian
-from energyopt.solvers.moe_edge_milp import solve_milp
+from energyopt.families.moe_edge.formulations.figures import figures
+from energyopt.families.moe_edge.formulations.model import (
+    MoeEdgeProblem,
+    build_problem,
+    load_moe_edge,
+)
+from energyopt.families.moe_edge.sim import POLICIES, ExpertCache, sample_routing, simulate
+from energyopt.families.moe_edge.solvers.lagrangian import solve_lagrangian
+from energyopt.families.moe_edge.solvers.milp import solve_milp
+from energyopt.families.moe_edge.spec import MoeEdgeFile, MoeEdgePlan
+from energyopt.families.moe_edge.verify import evaluate_moe_edge
 from energyopt.solvers.result import OPTIMAL
 from energyopt.spec.errors import SpecError
 from energyopt.spec.llm import LlmModel
-from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan
-from energyopt.verify.moe_edge import evaluate_moe_edge
 
 from .cli_helpers import read_exported
 
@@ -349,7 +353,7 @@ def test_mutated_moe_edge_files_are_refused_cleanly_or_solved(tmp_path: Path) ->
 
 
 def test_the_mix_table_returns_the_plan_solved_for_the_observed_mix(tmp_path: Path) -> None:
-    from energyopt.tables.moe_edge import MixTable, compile_mix_table, mixed_problem
+    from energyopt.families.moe_edge.tables import MixTable, compile_mix_table, mixed_problem
     from energyopt.tables.stdlib_reader import StdlibTable
 
     base = _problem(_doc(5, 2, slo={"tbt_ms": 3.0, "percentile": 90.0}))
@@ -397,7 +401,7 @@ def test_identical_gpus_leave_few_configurations_and_the_floor_bounds_them_all()
     """Eight interchangeable L4s: 8 x 3^8 = 52,488 configurations, 108 up to relabelling
     (a solver visits those); the bound for configurations a time limit leaves
     unvisited is below every configuration's own bound."""
-    from energyopt.solvers.moe_edge_milp import floor_bound, unpriced_bound
+    from energyopt.families.moe_edge.solvers.milp import floor_bound, unpriced_bound
 
     doc = _doc(4, 1)
     gpu = dict(doc["server"]["gpus"][0], clocks_mhz=[915, 1500, 2040])

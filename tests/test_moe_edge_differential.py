@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 
 from energyopt.families import family
-from energyopt.formulations.moe_edge.model import build_problem
-from energyopt.solvers.moe_edge_milp import solve_milp, sound_bound
+from energyopt.families.moe_edge.formulations.model import build_problem
+from energyopt.families.moe_edge.solvers.milp import solve_milp, sound_bound
+from energyopt.families.moe_edge.spec import MoeEdgeFile
+from energyopt.families.moe_edge.verify import evaluate_moe_edge
 from energyopt.solvers.result import INFEASIBLE, OPTIMAL, Termination
-from energyopt.spec.moe_edge import MoeEdgeFile
-from energyopt.verify.moe_edge import evaluate_moe_edge
 from tests.moe_edge_exhaustive import (
     DATA,
     TINY_CATALOG,

@@ -31,7 +31,7 @@ BUILTIN: dict[str, str] = {
     "taskgraph": "energyopt.families.taskgraph.family:TaskGraphFamily",
     "colocation": "energyopt.families.colocation:ColocationFamily",
     "keepalive": "energyopt.families.keepalive.family:KeepAliveFamily",
-    "moe-edge": "energyopt.families.moe_edge:MoeEdgeFamily",
+    "moe-edge": "energyopt.families.moe_edge.family:MoeEdgeFamily",
     "serverless": "energyopt.families.serverless:ServerlessFamily",
     "collective": "energyopt.families.collective:CollectiveFamily",
 }

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from energyopt.catalog.loader import Catalog
+from energyopt.families.moe_edge.spec import MoeEdgeFile, MoeEdgePlan, memory_limit_gb
 from energyopt.perf.kernels import kernel_costs
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.spec.hardware import GpuType
 from energyopt.spec.llm import LlmModel
-from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan, memory_limit_gb
 from energyopt.verify.violation import Violation
 
 REL_TOL = 1e-6

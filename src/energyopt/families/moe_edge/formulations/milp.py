@@ -33,7 +33,7 @@ import highspy
 import numpy as np
 import scipy.sparse as sp
 
-from energyopt.formulations.moe_edge.model import (
+from energyopt.families.moe_edge.formulations.model import (
     BoolArray,
     ConfigCosts,
     FloatArray,

@@ -26,8 +26,8 @@ import highspy
 import numpy as np
 
 from energyopt.backends.highs import quiet_highs
-from energyopt.formulations.moe_edge.figures import Figures, figures
-from energyopt.formulations.moe_edge.milp import (
+from energyopt.families.moe_edge.formulations.figures import Figures, figures
+from energyopt.families.moe_edge.formulations.milp import (
     FORMULATION_NAME,
     allowed,
     build_milp,
@@ -39,21 +39,22 @@ from energyopt.formulations.moe_edge.milp import (
     whole_experts,
     whole_gb,
 )
-from energyopt.formulations.moe_edge.model import (
+from energyopt.families.moe_edge.formulations.model import (
     Config,
     ConfigCosts,
     FloatArray,
     IntArray,
     MoeEdgeProblem,
 )
-from energyopt.progress import Progress, quiet
-from energyopt.solvers.moe_edge_milp import (
+from energyopt.families.moe_edge.solvers.milp import (
     diagnosis,
     floor_bound,
     run_milp,
     solve_config,
     sound_bound,
 )
+from energyopt.families.moe_edge.spec import MoeEdgePlan
+from energyopt.progress import Progress, quiet
 from energyopt.solvers.result import (
     FEASIBLE,
     INFEASIBLE,
@@ -64,7 +65,6 @@ from energyopt.solvers.result import (
     status_at,
 )
 from energyopt.solvers.subgradient import PolyakControl, projected_step
-from energyopt.spec.moe_edge import MoeEdgePlan
 
 ITERATIONS = 150
 BISECTION_STEPS = 14

@@ -1,6 +1,6 @@
 """What the solvers know of a placement under one configuration: its objective, the
 SLO's left-hand sides and its memory, from the option costs (``model.py``). The
-verifier recomputes all of it on its own (``verify/moe_edge.py``)."""
+verifier recomputes all of it on its own (``families/moe_edge/verify.py``)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from energyopt.formulations.moe_edge.milp import (
+from energyopt.families.moe_edge.formulations.milp import (
     constant_objective,
     item_objective,
     pair_saving,
     remote_options,
     whole_experts,
 )
-from energyopt.formulations.moe_edge.model import ConfigCosts, IntArray, MoeEdgeProblem
+from energyopt.families.moe_edge.formulations.model import ConfigCosts, IntArray, MoeEdgeProblem
 
 FEAS_TOL = 1e-7
 

@@ -26,13 +26,13 @@ from typing import Literal
 
 import numpy as np
 
-from energyopt.formulations.moe_edge.model import (
+from energyopt.families.moe_edge.formulations.model import (
     FloatArray,
     IntArray,
     MoeEdgeProblem,
     use_costs,
 )
-from energyopt.spec.moe_edge import MoeEdgePlan
+from energyopt.families.moe_edge.spec import MoeEdgePlan
 
 CachePolicy = Literal["lru", "lfu", "sparsity"]
 POLICIES: tuple[CachePolicy, ...] = ("lru", "lfu", "sparsity")

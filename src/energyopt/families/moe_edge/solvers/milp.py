@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from energyopt.backends.highs import MipStatus, solve_mip
-from energyopt.formulations.moe_edge.figures import figures
-from energyopt.formulations.moe_edge.milp import (
+from energyopt.families.moe_edge.formulations.figures import figures
+from energyopt.families.moe_edge.formulations.milp import (
     FORMULATION_NAME,
     Milp,
     allowed,
@@ -44,13 +44,14 @@ from energyopt.formulations.moe_edge.milp import (
     tangent,
     v_max,
 )
-from energyopt.formulations.moe_edge.model import (
+from energyopt.families.moe_edge.formulations.model import (
     Config,
     ConfigCosts,
     IntArray,
     MoeEdgeProblem,
     config_costs,
 )
+from energyopt.families.moe_edge.spec import MoeEdgePlan
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.progress import Progress, quiet
 from energyopt.solvers.result import (
@@ -62,7 +63,6 @@ from energyopt.solvers.result import (
     Termination,
     relative_gap,
 )
-from energyopt.spec.moe_edge import MoeEdgePlan
 
 OBJECTIVE_SCALE = 1e4
 """The size HiGHS sees the objective at (its absolute gap is 1e-6)."""

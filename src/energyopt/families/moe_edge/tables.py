@@ -20,13 +20,13 @@ import numpy as np
 
 from energyopt.catalog.loader import builtin_catalog
 from energyopt.families import certify, family
-from energyopt.formulations.moe_edge.model import (
+from energyopt.families.moe_edge.formulations.model import (
     FloatArray,
     MoeEdgeProblem,
     build_problem,
 )
+from energyopt.families.moe_edge.spec import Activations, LayerActivation, MoeEdgePlan
 from energyopt.progress import Progress, quiet
-from energyopt.spec.moe_edge import Activations, LayerActivation, MoeEdgePlan
 from energyopt.tables.format import ColumnData, Table, TableError, write_table
 from energyopt.tables.stdlib_reader import Axis
 

@@ -18,10 +18,14 @@ from energyopt.families.contract import (
     TableFamily,
     limited,
 )
-from energyopt.formulations.moe_edge.model import MoeEdgeProblem, load_moe_edge, objective_unit
+from energyopt.families.moe_edge.formulations.model import (
+    MoeEdgeProblem,
+    load_moe_edge,
+    objective_unit,
+)
+from energyopt.families.moe_edge.spec import MoeEdgeFile, MoeEdgePlan
+from energyopt.families.moe_edge.verify import MoeEvaluation, evaluate_moe_edge
 from energyopt.solvers.result import Result
-from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan
-from energyopt.verify.moe_edge import MoeEvaluation, evaluate_moe_edge
 from energyopt.verify.violation import Violation
 
 AUTO_MILP_COLUMNS = 20_000
@@ -39,9 +43,9 @@ def auto_solver(p: MoeEdgeProblem) -> str:
 
 def _solvers() -> dict[str, LimitedSolver[MoeEdgeProblem, MoeEdgePlan]]:
     """The moe-edge solver functions by entry name (imported on first use)."""
-    from energyopt.solvers import moe_edge_lagrangian, moe_edge_milp
+    from energyopt.families.moe_edge.solvers import lagrangian, milp
 
-    return {"milp": moe_edge_milp.solve_milp, "lagrangian": moe_edge_lagrangian.solve_lagrangian}
+    return {"milp": milp.solve_milp, "lagrangian": lagrangian.solve_lagrangian}
 
 
 class MoeEdgeFamily(TableFamily[MoeEdgeProblem, MoeEdgePlan]):
@@ -163,7 +167,7 @@ class MoeEdgeFamily(TableFamily[MoeEdgeProblem, MoeEdgePlan]):
         """The relaxed (secant) placement MILP of the max-clock configuration with the
         dense part on the first GPU, as a HiGHS model; the exact solver solves one per
         configuration."""
-        from energyopt.formulations.moe_edge.milp import build_milp, secant, v_max
+        from energyopt.families.moe_edge.formulations.milp import build_milp, secant, v_max
 
         c = p.costs(p.max_clock_config())
         if c.gpu_free_gb[0] < 0:

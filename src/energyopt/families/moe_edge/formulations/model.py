@@ -23,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from energyopt.catalog.loader import Catalog, bind_catalog, builtin_catalog
+from energyopt.families.moe_edge.spec import MoeEdgeFile, MoeEdgePlan, memory_limit_gb
 from energyopt.perf.clocks import candidate_clocks_mhz
 from energyopt.perf.kernels import kernel_costs
 from energyopt.perf.power import gpu_on_power_w
@@ -30,7 +31,6 @@ from energyopt.spec.errors import SpecError
 from energyopt.spec.hardware import GpuType
 from energyopt.spec.io import parse, read_data
 from energyopt.spec.llm import LlmModel
-from energyopt.spec.moe_edge import MoeEdgeFile, MoeEdgePlan, memory_limit_gb
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
