@@ -24,22 +24,29 @@ from pathlib import Path
 
 import numpy as np
 
-from energyopt.formulations.collective.model import (
+from energyopt.families.collective.formulations.model import (
     CollectiveProblem,
     build_problem,
     load_collective,
 )
-from energyopt.sim.collective import HealthEvent, simulate
-from energyopt.solvers.collective_select import (
+from energyopt.families.collective.sim import HealthEvent, simulate
+from energyopt.families.collective.solvers.select import (
     Evaluator,
     select_one,
     solve_nccl,
     solve_ring,
     solve_select,
 )
-from energyopt.solvers.collective_synth import synthesize, synthesized_best
-from energyopt.spec.collective import Collective, CollectiveFile, Health, LinkHealth, Op, Straggler
-from energyopt.tables.collective import compile_policy
+from energyopt.families.collective.solvers.synth import synthesize, synthesized_best
+from energyopt.families.collective.spec import (
+    Collective,
+    CollectiveFile,
+    Health,
+    LinkHealth,
+    Op,
+    Straggler,
+)
+from energyopt.families.collective.tables import compile_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS: tuple[Op, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -253,7 +260,7 @@ def _static(
 ) -> float:
     """A contender that keeps its choice for the healthy topology, timed under the health in "
     "force."""
-    from energyopt.solvers.collective_select import Structure
+    from energyopt.families.collective.solvers.select import Structure
 
     base = problem(
         2,
@@ -306,7 +313,7 @@ def energy() -> float:
     ev = Evaluator(p)
     tot_n = tot_e = 0.0
     for i, (a, c) in enumerate(zip(nc.plan.choices, sel.plan.choices, strict=True)):
-        from energyopt.solvers.collective_select import Structure
+        from energyopt.families.collective.solvers.select import Structure
 
         col = p.collectives[i]
         x = ev.score(
@@ -360,7 +367,7 @@ def synthesis() -> float:
                 print(f"{name:<22} {op:<15} no schedule within the limit")
                 continue
             # the synthesized schedule at the MILP's protocol (Simple) and the max clock
-            from energyopt.solvers.collective_select import Structure
+            from energyopt.families.collective.solvers.select import Structure
 
             model = min(
                 ev.score(

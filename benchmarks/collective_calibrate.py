@@ -2,8 +2,8 @@
 
 Coordinate search over launch_us, nvlink_gbs, reduce_gbs, network_gbs and network_us
 (per GPU type) minimising the mean over tables of the median absolute percentage
-error of the cost model's time of NCCL's choice (formulations/collective/calibration.py).
-Prints the fitted constants (to copy into formulations/collective/constants.py) and
+error of the cost model's time of NCCL's choice (families/collective/formulations/calibration.py).
+Prints the fitted constants (to copy into families/collective/formulations/constants.py) and
 the error per table. Usage: python benchmarks/collective_calibrate.py [--every K]
 """
 
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from energyopt.formulations.collective.calibration import (
+from energyopt.families.collective.formulations.calibration import (
     Point,
     errors,
     nccl_tests_points,
     vidur_points,
 )
-from energyopt.formulations.collective.constants import defaults_for
+from energyopt.families.collective.formulations.constants import defaults_for
 
 SHARED = Path(__file__).resolve().parents[1] / "data"  # data/README.md
 STEPS = (0.7, 0.85, 1.15, 1.4)

@@ -16,25 +16,27 @@ import yaml
 
 from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_VIOLATION, main
 from energyopt.families import certify, family
-from energyopt.formulations.collective import nccl
-from energyopt.formulations.collective.calibration import errors, nccl_tests_points, vidur_points
-from energyopt.formulations.collective.costmodel import (
+from energyopt.families.collective.formulations import nccl
+from energyopt.families.collective.formulations.calibration import (
+    errors,
+    nccl_tests_points,
+    vidur_points,
+)
+from energyopt.families.collective.formulations.costmodel import (
     energy_bound_j,
     flows_of,
     memory_energy_j,
     time_bound_us,
 )
-from energyopt.formulations.collective.model import (
+from energyopt.families.collective.formulations.model import (
     CollectiveProblem,
     build_problem,
     load_collective,
 )
-from energyopt.formulations.collective.program import Program
-from energyopt.formulations.collective.schedules import applicable, program_of
-from energyopt.perf.power import HBM_PJ_PER_BIT
-from energyopt.progress import quiet
-from energyopt.sim.collective import AGREED_LAG, HealthEvent, simulate
-from energyopt.solvers.collective_select import (
+from energyopt.families.collective.formulations.program import Program
+from energyopt.families.collective.formulations.schedules import applicable, program_of
+from energyopt.families.collective.sim import AGREED_LAG, HealthEvent, simulate
+from energyopt.families.collective.solvers.select import (
     CHANNELS,
     CHUNKS,
     Evaluator,
@@ -42,8 +44,8 @@ from energyopt.solvers.collective_select import (
     solve_select,
     structures,
 )
-from energyopt.solvers.collective_synth import synthesize
-from energyopt.spec.collective import (
+from energyopt.families.collective.solvers.synth import synthesize
+from energyopt.families.collective.spec import (
     ALGORITHMS,
     CANDIDATE_ALGORITHMS,
     OPS,
@@ -56,8 +58,7 @@ from energyopt.spec.collective import (
     LinkHealth,
     Straggler,
 )
-from energyopt.spec.errors import SpecError
-from energyopt.tables.collective import (
+from energyopt.families.collective.tables import (
     compile_policy,
     parse_tuner_conf,
     read_policy,
@@ -65,9 +66,12 @@ from energyopt.tables.collective import (
     write_policy,
     write_tuner_conf,
 )
+from energyopt.families.collective.verify import evaluate_collective, execute, plan_cost
+from energyopt.perf.power import HBM_PJ_PER_BIT
+from energyopt.progress import quiet
+from energyopt.spec.errors import SpecError
 from energyopt.tables.format import Table, TableError, write_table
 from energyopt.tables.stdlib_reader import Axis
-from energyopt.verify.collective import evaluate_collective, execute, plan_cost
 
 from .cli_helpers import read_exported
 from .spec_docs import collective_doc as _spec
@@ -428,7 +432,7 @@ def test_a_full_policy_round_trips_through_the_table_format(tmp_path: Path) -> N
 def test_policy_command_writes_a_tuner_config_nccl_parses(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from energyopt.tables.collective import main as policy_main
+    from energyopt.families.collective.tables import main as policy_main
 
     conf = tmp_path / "tuner.conf"
     args = [str(INSTANCES / "tiny-2x2.yaml"), "--tuner-conf", str(conf), "--sizes-log2", "12:20:8"]

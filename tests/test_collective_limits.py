@@ -14,12 +14,10 @@ import yaml
 
 from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, main
 from energyopt.families import certify, family
-from energyopt.formulations.collective.costmodel import time_bound_us
-from energyopt.formulations.collective.model import build_problem, load_collective
-from energyopt.progress import quiet
-from energyopt.solvers.collective_select import Evaluator, select_one
-from energyopt.solvers.result import Termination
-from energyopt.spec.collective import (
+from energyopt.families.collective.formulations.costmodel import time_bound_us
+from energyopt.families.collective.formulations.model import build_problem, load_collective
+from energyopt.families.collective.solvers.select import Evaluator, select_one
+from energyopt.families.collective.spec import (
     MAX_BYTES,
     MIN_BANDWIDTH_GBS,
     MIN_HEALTH_FACTOR,
@@ -29,15 +27,17 @@ from energyopt.spec.collective import (
     CollectivePlan,
     Op,
 )
-from energyopt.spec.errors import SpecError
-from energyopt.tables.collective import (
+from energyopt.families.collective.tables import (
     FACTORS,
     HealthSummary,
     compile_policy,
     read_policy,
     representative,
 )
-from energyopt.verify.collective import evaluate_collective
+from energyopt.families.collective.verify import evaluate_collective
+from energyopt.progress import quiet
+from energyopt.solvers.result import Termination
+from energyopt.spec.errors import SpecError
 
 from .cli_helpers import read_exported
 from .spec_docs import collective_doc as _spec
@@ -182,7 +182,7 @@ def test_the_policy_command_keeps_its_time_limit_and_says_what_it_cut(
     no word. Under a limit too short to search it still writes a full table whose
     every cell is a schedule the verifier accepts, says how many cells the limit
     cut, and reports progress on stderr; with nothing to write it says so."""
-    from energyopt.tables.collective import main as policy_main
+    from energyopt.families.collective.tables import main as policy_main
 
     src = tmp_path / "t.yaml"
     src.write_text(yaml.safe_dump(_spec([2, 2], _trace(1, 4))))

@@ -23,15 +23,15 @@ import numpy as np
 import pytest
 
 from energyopt.families import certify, family
-from energyopt.formulations.collective.constants import PROTOCOL_STEP_US
-from energyopt.formulations.collective.model import CollectiveProblem, build_problem
-from energyopt.formulations.collective.synthesis import _copy_problem, _edge_rank
+from energyopt.families.collective.formulations.constants import PROTOCOL_STEP_US
+from energyopt.families.collective.formulations.model import CollectiveProblem, build_problem
+from energyopt.families.collective.formulations.synthesis import _copy_problem, _edge_rank
+from energyopt.families.collective.solvers.select import Evaluator, structures
+from energyopt.families.collective.solvers.synth import synthesize
+from energyopt.families.collective.spec import PROTOCOLS, CollectiveFile, CollectivePlan
+from energyopt.families.collective.verify import evaluate_collective, plan_cost
 from energyopt.progress import quiet
-from energyopt.solvers.collective_select import Evaluator, structures
-from energyopt.solvers.collective_synth import synthesize
 from energyopt.solvers.result import Result
-from energyopt.spec.collective import PROTOCOLS, CollectiveFile, CollectivePlan
-from energyopt.verify.collective import evaluate_collective, plan_cost
 
 FAMILY = family("collective")
 Data = dict[str, Any]

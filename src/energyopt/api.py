@@ -82,7 +82,8 @@ TABLE_KINDS = ("plans", "oppoints")
 OTHER_TABLES = {
     "collective": (
         "the runtime policy table and the NCCL tuner config come from "
-        "energyopt.tables.collective (python -m energyopt.tables.collective FILE --policy P.eot)"
+        "energyopt.families.collective.tables "
+        "(python -m energyopt.families.collective.tables FILE --policy P.eot)"
     ),
 }
 """Kinds whose tables another compiler builds, and where it is."""

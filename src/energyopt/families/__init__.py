@@ -33,7 +33,7 @@ BUILTIN: dict[str, str] = {
     "keepalive": "energyopt.families.keepalive.family:KeepAliveFamily",
     "moe-edge": "energyopt.families.moe_edge.family:MoeEdgeFamily",
     "serverless": "energyopt.families.serverless:ServerlessFamily",
-    "collective": "energyopt.families.collective:CollectiveFamily",
+    "collective": "energyopt.families.collective.family:CollectiveFamily",
 }
 """The families that ship: ``kind`` -> ``module:class``. A family's module (and the
 formulations and solvers it imports) is imported on the first use of its kind, so a

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from energyopt.spec.collective import Op
+from energyopt.families.collective.spec import Op
 
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]

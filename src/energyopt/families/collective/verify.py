@@ -17,12 +17,15 @@ from typing import cast
 import numpy as np
 from numpy.typing import NDArray
 
-from energyopt.formulations.collective.constants import PROTOCOL_EFFICIENCY, PROTOCOL_STEP_US
-from energyopt.formulations.collective.model import CollectiveProblem
-from energyopt.formulations.collective.program import Program, Scatter
-from energyopt.formulations.collective.schedules import NotApplicable, program_of
+from energyopt.families.collective.formulations.constants import (
+    PROTOCOL_EFFICIENCY,
+    PROTOCOL_STEP_US,
+)
+from energyopt.families.collective.formulations.model import CollectiveProblem
+from energyopt.families.collective.formulations.program import Program, Scatter
+from energyopt.families.collective.formulations.schedules import NotApplicable, program_of
+from energyopt.families.collective.spec import Choice, Collective, CollectivePlan, Protocol
 from energyopt.perf.power import HBM_PJ_PER_BIT, clock_power_factor, gpu_on_power_w
-from energyopt.spec.collective import Choice, Collective, CollectivePlan, Protocol
 from energyopt.verify.violation import Violation
 
 SHARE_TOL = 1e-9

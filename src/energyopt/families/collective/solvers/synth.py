@@ -1,4 +1,4 @@
-"""Synthesis with the time-expanded MILP (formulations/collective/synthesis.py), and
+"""Synthesis with the time-expanded MILP (families/collective/formulations/synthesis.py), and
 ``auto``: the better of selection and synthesis for every collective."""
 
 from __future__ import annotations
@@ -9,15 +9,14 @@ import highspy
 import numpy as np
 
 from energyopt.backends.highs import quiet_highs
-from energyopt.formulations.collective.model import CollectiveProblem
-from energyopt.formulations.collective.synthesis import (
+from energyopt.families.collective.formulations.model import CollectiveProblem
+from energyopt.families.collective.formulations.synthesis import (
     MAX_RANKS,
     Synthesis,
     build_milp,
     decode_schedule,
 )
-from energyopt.progress import Progress, quiet
-from energyopt.solvers.collective_select import (
+from energyopt.families.collective.solvers.select import (
     CHANNELS,
     Evaluator,
     Scored,
@@ -28,8 +27,9 @@ from energyopt.solvers.collective_select import (
     root_key,
     select_all,
 )
+from energyopt.families.collective.spec import Collective, CollectivePlan
+from energyopt.progress import Progress, quiet
 from energyopt.solvers.result import Result, Termination
-from energyopt.spec.collective import Collective, CollectivePlan
 
 ROUNDS = 3
 """Rounds of the time-expanded graph (at most n - 1)."""

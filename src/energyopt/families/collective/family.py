@@ -9,11 +9,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from energyopt.families.collective.formulations.model import CollectiveProblem, load_collective
+from energyopt.families.collective.spec import CollectiveFile, CollectivePlan
 from energyopt.families.contract import NotExportable, SolverEntry, TableFamily
-from energyopt.formulations.collective.model import CollectiveProblem, load_collective
 from energyopt.progress import Progress
 from energyopt.solvers.result import Result, relative_gap
-from energyopt.spec.collective import CollectiveFile, CollectivePlan
 from energyopt.verify.violation import Violation
 
 DEFAULT_TIME_LIMIT_S = 60.0
@@ -22,7 +22,7 @@ DEFAULT_TIME_LIMIT_S = 60.0
 def _auto(
     p: CollectiveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
 ) -> Result[CollectivePlan]:
-    from energyopt.solvers.collective_synth import solve_synthesis
+    from energyopt.families.collective.solvers.synth import solve_synthesis
 
     limit = time_limit_s or DEFAULT_TIME_LIMIT_S
     return solve_synthesis(p, time_limit_s=limit, keep_better=True, progress=progress)
@@ -31,7 +31,7 @@ def _auto(
 def _select(
     p: CollectiveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
 ) -> Result[CollectivePlan]:
-    from energyopt.solvers.collective_select import solve_select
+    from energyopt.families.collective.solvers.select import solve_select
 
     return solve_select(p, time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S, progress=progress)
 
@@ -39,7 +39,7 @@ def _select(
 def _milp(
     p: CollectiveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
 ) -> Result[CollectivePlan]:
-    from energyopt.solvers.collective_synth import solve_synthesis
+    from energyopt.families.collective.solvers.synth import solve_synthesis
 
     limit = time_limit_s or DEFAULT_TIME_LIMIT_S
     return solve_synthesis(p, time_limit_s=limit, progress=progress)
@@ -48,7 +48,7 @@ def _milp(
 def _nccl(
     p: CollectiveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
 ) -> Result[CollectivePlan]:
-    from energyopt.solvers.collective_select import solve_nccl
+    from energyopt.families.collective.solvers.select import solve_nccl
 
     return solve_nccl(p, progress=progress)
 
@@ -56,7 +56,7 @@ def _nccl(
 def _ring(
     p: CollectiveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
 ) -> Result[CollectivePlan]:
-    from energyopt.solvers.collective_select import solve_ring
+    from energyopt.families.collective.solvers.select import solve_ring
 
     return solve_ring(p, progress=progress)
 
@@ -147,12 +147,12 @@ class CollectiveFamily(TableFamily[CollectiveProblem, CollectivePlan]):
         return f"{p.source} (collective, {p.n} ranks)"
 
     def verify(self, p: CollectiveProblem, plan: CollectivePlan) -> list[Violation]:
-        from energyopt.verify.collective import evaluate_collective
+        from energyopt.families.collective.verify import evaluate_collective
 
         return evaluate_collective(p, plan).violations
 
     def cost(self, p: CollectiveProblem, plan: CollectivePlan) -> float:
-        from energyopt.verify.collective import plan_cost
+        from energyopt.families.collective.verify import plan_cost
 
         return plan_cost(p, plan)
 
@@ -161,8 +161,8 @@ class CollectiveFamily(TableFamily[CollectiveProblem, CollectivePlan]):
         return "J" if p.spec.objective.kind == "energy" else "us"
 
     def report(self, p: CollectiveProblem, result: Result[CollectivePlan]) -> list[str]:
-        from energyopt.solvers.collective_select import collective_bound
-        from energyopt.verify.collective import evaluate_collective
+        from energyopt.families.collective.solvers.select import collective_bound
+        from energyopt.families.collective.verify import evaluate_collective
 
         plan = result.plan
         assert plan is not None
@@ -202,14 +202,14 @@ class CollectiveFamily(TableFamily[CollectiveProblem, CollectivePlan]):
     def exports(self, p: CollectiveProblem) -> Mapping[str, Callable[[str], None]]:
         """``csv``: the NCCL example tuner plugin's config for the file's topology,
         healthy (``tables.collective.write_healthy_tuner_conf``)."""
-        from energyopt.tables.collective import write_healthy_tuner_conf
+        from energyopt.families.collective.tables import write_healthy_tuner_conf
 
         return {"csv": lambda path: write_healthy_tuner_conf(p, path)}
 
     def program(self, p: CollectiveProblem) -> Any:
         """The synthesis MILP of the file's first collective (a HiGHS model)."""
-        from energyopt.formulations.collective.synthesis import MAX_RANKS, build_milp
-        from energyopt.solvers.collective_synth import ROUNDS
+        from energyopt.families.collective.formulations.synthesis import MAX_RANKS, build_milp
+        from energyopt.families.collective.solvers.synth import ROUNDS
 
         if p.n > MAX_RANKS:
             raise NotExportable(

@@ -23,20 +23,23 @@ from functools import cached_property
 
 import numpy as np
 
-from energyopt.formulations.collective.constants import PROTOCOL_EFFICIENCY, PROTOCOL_STEP_US
-from energyopt.formulations.collective.model import (
+from energyopt.families.collective.formulations.constants import (
+    PROTOCOL_EFFICIENCY,
+    PROTOCOL_STEP_US,
+)
+from energyopt.families.collective.formulations.model import (
     CollectiveProblem,
     FloatArray,
     IntArray,
 )
-from energyopt.formulations.collective.program import Program, Scatter, pipelined
+from energyopt.families.collective.formulations.program import Program, Scatter, pipelined
+from energyopt.families.collective.spec import Collective, Protocol
 from energyopt.perf.power import (
     HBM_PJ_PER_BIT,
     clock_power_factor,
     dynamic_range_w,
     gpu_on_power_w,
 )
-from energyopt.spec.collective import Collective, Protocol
 
 HBM_TOUCHES_PER_REDUCED_BYTE = 3.0
 """A reduction reads the received and the local byte and writes the sum: the GPU's

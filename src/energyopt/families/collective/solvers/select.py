@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from energyopt.formulations.collective.costmodel import (
+from energyopt.families.collective.formulations.costmodel import (
     Flows,
     energies_j,
     energy_bound_j,
@@ -31,13 +31,14 @@ from energyopt.formulations.collective.costmodel import (
     time_us,
     times_us_at,
 )
-from energyopt.formulations.collective.model import CollectiveProblem, FloatArray
-from energyopt.formulations.collective.nccl import nccl_channels, nccl_choice
-from energyopt.formulations.collective.schedules import NotApplicable, applicable, program_of
-from energyopt.progress import Progress, quiet
-from energyopt.solvers.result import FEASIBLE, Result, Termination, status_at
-from energyopt.spec.base import MAX_MAGNITUDE
-from energyopt.spec.collective import (
+from energyopt.families.collective.formulations.model import CollectiveProblem, FloatArray
+from energyopt.families.collective.formulations.nccl import nccl_channels, nccl_choice
+from energyopt.families.collective.formulations.schedules import (
+    NotApplicable,
+    applicable,
+    program_of,
+)
+from energyopt.families.collective.spec import (
     CANDIDATE_ALGORITHMS,
     PROTOCOLS,
     Algorithm,
@@ -47,6 +48,9 @@ from energyopt.spec.collective import (
     Op,
     Protocol,
 )
+from energyopt.progress import Progress, quiet
+from energyopt.solvers.result import FEASIBLE, Result, Termination, status_at
+from energyopt.spec.base import MAX_MAGNITUDE
 from energyopt.spec.errors import SpecError
 
 CHANNELS = (1, 2, 4, 8, 16, 32)

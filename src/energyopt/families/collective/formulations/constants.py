@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from energyopt.spec.collective import Protocol
+from energyopt.families.collective.spec import Protocol
 
 PROTOCOL_EFFICIENCY: dict[Protocol, float] = {"ll": 0.5, "ll128": 0.92, "simple": 1.0}
 """Share of link bandwidth a protocol delivers: LL carries 8 B of data per 16 B

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from energyopt.formulations.collective.program import (
+from energyopt.families.collective.formulations.program import (
     NONE,
     IntArray,
     Program,
@@ -21,7 +21,7 @@ from energyopt.formulations.collective.program import (
     parallel,
     sends,
 )
-from energyopt.spec.collective import Algorithm, Choice, Op
+from energyopt.families.collective.spec import Algorithm, Choice, Op
 
 Rows = list[tuple[int, int, int, int]]
 

@@ -18,9 +18,9 @@ from numpy.typing import NDArray
 
 from energyopt.catalog import builtin_catalog
 from energyopt.catalog.loader import Catalog
-from energyopt.formulations.collective.constants import LinkDefaults, defaults_for
+from energyopt.families.collective.formulations.constants import LinkDefaults, defaults_for
+from energyopt.families.collective.spec import Collective, CollectiveFile, Health
 from energyopt.perf.clocks import spread_clocks_mhz
-from energyopt.spec.collective import Collective, CollectiveFile, Health
 from energyopt.spec.errors import SpecError
 from energyopt.spec.hardware import GpuType
 from energyopt.spec.io import parse, read_data

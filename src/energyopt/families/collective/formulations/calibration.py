@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from energyopt.formulations.collective.costmodel import flows_of, time_us
-from energyopt.formulations.collective.model import CollectiveProblem, build_problem
-from energyopt.formulations.collective.nccl import nccl_choice
-from energyopt.formulations.collective.schedules import program_of
-from energyopt.spec.collective import CollectiveFile
+from energyopt.families.collective.formulations.costmodel import flows_of, time_us
+from energyopt.families.collective.formulations.model import CollectiveProblem, build_problem
+from energyopt.families.collective.formulations.nccl import nccl_choice
+from energyopt.families.collective.formulations.schedules import program_of
+from energyopt.families.collective.spec import CollectiveFile
 
 VIDUR = {"H100-SXM5-80GB": "h100_dgx", "A100-SXM4-80GB": "a100_dgx"}
 
@@ -131,13 +131,13 @@ def problem_for(
 def predict_us(p: CollectiveProblem, op: str, nbytes: int) -> float:
     """The cost model's time of what NCCL runs for ``op`` of ``nbytes``."""
     if op == "send_recv":
-        from energyopt.formulations.collective.nccl import nccl_channels
+        from energyopt.families.collective.formulations.nccl import nccl_channels
 
         prog = program_of(
             "broadcast", "direct", p.n, p.node_of, p.local_of, 0, nccl_channels(p), None
         )
         return time_us(p, flows_of(p, prog, 1), nbytes, "simple", p.gpu.max_sm_clock_mhz)
-    from energyopt.spec.collective import Collective
+    from energyopt.families.collective.spec import Collective
 
     c = Collective(op="all_reduce", bytes=nbytes)
     ch = nccl_choice(p, c)

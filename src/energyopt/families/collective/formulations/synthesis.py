@@ -28,9 +28,9 @@ import highspy
 import numpy as np
 import scipy.sparse as sp
 
-from energyopt.formulations.collective.constants import PROTOCOL_STEP_US
-from energyopt.formulations.collective.model import CollectiveProblem
-from energyopt.spec.collective import Choice, Collective, Transfer
+from energyopt.families.collective.formulations.constants import PROTOCOL_STEP_US
+from energyopt.families.collective.formulations.model import CollectiveProblem
+from energyopt.families.collective.spec import Choice, Collective, Transfer
 
 MAX_RANKS = 8
 """Largest rank count the synthesis accepts (the MILP grows as pieces x n^2 x K)."""

@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from energyopt.formulations.collective.model import CollectiveProblem
-from energyopt.solvers.collective_select import Evaluator, Structure
-from energyopt.spec.collective import Choice, Collective, Health
-from energyopt.tables.collective import Policy, localize, summarize
+from energyopt.families.collective.formulations.model import CollectiveProblem
+from energyopt.families.collective.solvers.select import Evaluator, Structure
+from energyopt.families.collective.spec import Choice, Collective, Health
+from energyopt.families.collective.tables import Policy, localize, summarize
 
 Rule = Literal["agreed", "eager", "static", "oracle"]
 AGREED_LAG = 2

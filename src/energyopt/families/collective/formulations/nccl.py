@@ -18,11 +18,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from energyopt.formulations.collective.constants import NCCL_CHUNK_BYTES
-from energyopt.formulations.collective.model import CollectiveProblem
-from energyopt.spec.collective import MAX_CHUNKS, Algorithm, Collective, Protocol
+from energyopt.families.collective.formulations.constants import NCCL_CHUNK_BYTES
+from energyopt.families.collective.formulations.model import CollectiveProblem
+from energyopt.families.collective.spec import MAX_CHUNKS, Algorithm, Collective, Protocol
 
-DATA = Path(__file__).resolve().parents[4] / "data"  # the checkout's data/ (data/README.md)
+DATA = Path(__file__).resolve().parents[5] / "data"  # the checkout's data/ (data/README.md)
 CONSTANTS_FILE = DATA / "collectives" / "nccl-tuning-model" / "nccl_2.30.7_tuning_constants.json"
 
 _PROTO = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}

@@ -24,10 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from energyopt.formulations.collective.costmodel import Flows
-from energyopt.formulations.collective.model import CollectiveProblem
-from energyopt.progress import Progress, quiet
-from energyopt.solvers.collective_select import (
+from energyopt.families.collective.formulations.costmodel import Flows
+from energyopt.families.collective.formulations.model import CollectiveProblem
+from energyopt.families.collective.solvers.select import (
     CHANNELS,
     CHUNKS,
     QUICK,
@@ -37,7 +36,7 @@ from energyopt.solvers.collective_select import (
     Winners,
     search_group,
 )
-from energyopt.spec.collective import (
+from energyopt.families.collective.spec import (
     ALGORITHMS,
     PROTOCOLS,
     Algorithm,
@@ -48,6 +47,7 @@ from energyopt.spec.collective import (
     Protocol,
     Straggler,
 )
+from energyopt.progress import Progress, quiet
 from energyopt.spec.io import write_text_atomic
 from energyopt.tables.format import ColumnData, Table, TableError, write_table
 from energyopt.tables.stdlib_reader import Axis
@@ -199,7 +199,7 @@ def localize(choice: Choice, p: CollectiveProblem) -> Choice:
     are slow, not only how many): rail weights from the actual NICs and stragglers,
     the tree order with the actual stragglers as leaves. O(n); every rank that acts
     on the same health state computes the same schedule."""
-    from energyopt.solvers.collective_select import rail_weights
+    from energyopt.families.collective.solvers.select import rail_weights
 
     update: dict[str, Any] = {}
     if choice.rail_weights is not None:
@@ -450,7 +450,7 @@ def write_healthy_tuner_conf(
 ) -> None:
     """The NCCL example tuner plugin's config for ``p``'s topology with every link
     healthy and no straggler (ring/tree choices; all-to-all is not in its format)."""
-    from energyopt.spec.collective import OPS
+    from energyopt.families.collective.spec import OPS
 
     ops = tuple(o for o in OPS if o != "all_to_all")
     healthy = p.with_health(Health())
@@ -468,7 +468,7 @@ def write_healthy_tuner_conf(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m energyopt.tables.collective FILE``: compile the runtime policy of a
+    """``python -m energyopt.families.collective.tables FILE``: compile the runtime policy of a
     collective file's topology and write it (``--policy``) and/or its NCCL tuner
     config for the healthy state (``--tuner-conf``); with neither, exit 2 saying so.
     Progress on stderr (``-q``: none); ``--time-limit`` bounds each compilation
@@ -477,12 +477,12 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from energyopt.formulations.collective.model import load_collective
-    from energyopt.spec.collective import OPS
+    from energyopt.families.collective.formulations.model import load_collective
+    from energyopt.families.collective.spec import OPS
     from energyopt.spec.errors import SpecError
 
     ap = argparse.ArgumentParser(
-        prog="python -m energyopt.tables.collective", description=main.__doc__
+        prog="python -m energyopt.families.collective.tables", description=main.__doc__
     )
     ap.add_argument("file", help="a kind: collective file (its topology; health is ignored)")
     ap.add_argument(

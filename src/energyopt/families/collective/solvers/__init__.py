@@ -1,0 +1,1 @@
+"""The collective family's solvers: candidate selection and schedule synthesis."""
