@@ -15,7 +15,7 @@ it runs, in one process and side by side:
 
 It prints, per solver, wall time, the planning-model objective, bound and gap,
 then the outcome every plan has when checked with the ground-truth interference
-(verify/colocation.py): mean JCT, throughput (jobs per hour over the makespan),
+(families/colocation/verify.py): mean JCT, throughput (jobs per hour over the makespan),
 SM utilization and GPU time held, with ratios against the isolated baseline.
 
 ``--measured [--data DIR]`` runs the measured-pairs evaluation instead
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from energyopt.formulations.colocation.interference import predictor_error
-from energyopt.formulations.colocation.measured import (
+from energyopt.families.colocation.formulations.interference import predictor_error
+from energyopt.families.colocation.formulations.measured import (
     BASELINES,
     GAVEL_FILE,
     PREDICTOR,
@@ -49,16 +49,16 @@ from energyopt.formulations.colocation.measured import (
     load_gavel,
     measured_jobs,
 )
-from energyopt.formulations.colocation.model import build_model
-from energyopt.formulations.colocation.problem import ColocationProblem, load_colocation
-from energyopt.solvers.colocation_exact import solve_exact
-from energyopt.solvers.colocation_isolated import solve_isolated
-from energyopt.solvers.colocation_measured import schedule_isolated, schedule_paired
-from energyopt.solvers.colocation_result import ColocationResult
-from energyopt.solvers.colocation_shadow import solve_shadow
-from energyopt.solvers.colocation_solve import exact_columns
-from energyopt.verify.colocation import ColocationEvaluation, evaluate_colocation
-from energyopt.verify.colocation_measured import check_measured_plan
+from energyopt.families.colocation.formulations.model import build_model
+from energyopt.families.colocation.formulations.problem import ColocationProblem, load_colocation
+from energyopt.families.colocation.solvers.exact import solve_exact
+from energyopt.families.colocation.solvers.isolated import solve_isolated
+from energyopt.families.colocation.solvers.measured import schedule_isolated, schedule_paired
+from energyopt.families.colocation.solvers.result import ColocationResult
+from energyopt.families.colocation.solvers.shadow import solve_shadow
+from energyopt.families.colocation.solvers.solve import exact_columns
+from energyopt.families.colocation.verify import ColocationEvaluation, evaluate_colocation
+from energyopt.families.colocation.verify_measured import check_measured_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = [

@@ -25,9 +25,9 @@ from typing import Any
 import yaml
 
 from energyopt.catalog.loader import builtin_catalog
-from energyopt.formulations.colocation.problem import resolve_colocation
-from energyopt.formulations.colocation.rates import JobPoint, evaluate_points
-from energyopt.spec.colocation import ColocationInstance
+from energyopt.families.colocation.formulations.problem import resolve_colocation
+from energyopt.families.colocation.formulations.rates import JobPoint, evaluate_points
+from energyopt.families.colocation.spec import ColocationInstance
 from energyopt.spec.io import parse
 
 TYPES = ["H100-SXM5-80GB", "A100-SXM4-80GB"]

@@ -20,10 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from energyopt.formulations.colocation.interference import PairFeatures, default_predictor
-from energyopt.formulations.colocation.problem import ColocationProblem
-from energyopt.formulations.colocation.rates import JobPoint, Physics, evaluate_points, on_extra_w
-from energyopt.spec.colocation import (
+from energyopt.families.colocation.formulations.interference import PairFeatures, default_predictor
+from energyopt.families.colocation.formulations.problem import ColocationProblem
+from energyopt.families.colocation.formulations.rates import (
+    JobPoint,
+    Physics,
+    evaluate_points,
+    on_extra_w,
+)
+from energyopt.families.colocation.spec import (
     ColocationPlan,
     InferenceJob,
     PlanUnit,

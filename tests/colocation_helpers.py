@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from energyopt.formulations.colocation.problem import ColocationProblem, resolve_colocation
-from energyopt.spec.colocation import ColocationInstance
+from energyopt.families.colocation.formulations.problem import ColocationProblem, resolve_colocation
+from energyopt.families.colocation.spec import ColocationInstance
 from energyopt.spec.io import parse
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -616,7 +616,7 @@ def test_slot_counts_never_wrap_around() -> None:
     (the count overflowed int64 to a negative number before)."""
     import numpy as np
 
-    from energyopt.formulations.colocation.configs import MAX_SLOTS_HELD, slots_needed
+    from energyopt.families.colocation.formulations.configs import MAX_SLOTS_HELD, slots_needed
 
     held = slots_needed(np.asarray([1e-3, 3_600.0, 1e12, 1e300]), 1.0)
     assert held.tolist() == [1, 3_600, 10**12, MAX_SLOTS_HELD]

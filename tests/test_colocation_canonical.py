@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from energyopt.families import family
-from energyopt.formulations.colocation.interference import default_predictor
-from energyopt.formulations.colocation.problem import ColocationProblem
+from energyopt.families.colocation.formulations.interference import default_predictor
+from energyopt.families.colocation.formulations.problem import ColocationProblem
+from energyopt.families.colocation.verify import evaluate_colocation
 from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, OPTIMAL, Result
-from energyopt.verify.colocation import evaluate_colocation
 
 from .colocation_exhaustive import H100, H200, Optimum, as_plan, exhaustive_optimum
 from .colocation_helpers import problem_of

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from energyopt.cli import EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_NO_PLAN, EXIT_OK, main
-from energyopt.spec.colocation import ColocationPlan
+from energyopt.families.colocation.spec import ColocationPlan
 from energyopt.spec.io import load
 
 from .colocation_helpers import ROOT, SMALL, small_data

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energyopt.formulations.colocation.interference import (
+from energyopt.families.colocation.formulations.interference import (
     PairFeatures,
     default_predictor,
     predictor_error,
     sample_features,
     true_slowdown,
 )
-from energyopt.formulations.colocation.measured import (
+from energyopt.families.colocation.formulations.measured import (
     BASELINES,
     GAVEL_FILE,
     PREDICTOR,
@@ -33,12 +33,12 @@ from energyopt.formulations.colocation.measured import (
     load_gavel,
     measured_jobs,
 )
-from energyopt.solvers.colocation_measured import (
+from energyopt.families.colocation.solvers.measured import (
     schedule_isolated,
     schedule_paired,
 )
+from energyopt.families.colocation.verify_measured import check_measured_plan
 from energyopt.spec.errors import SpecError
-from energyopt.verify.colocation_measured import check_measured_plan
 
 unit = st.floats(0.0, 1.0)
 
@@ -105,7 +105,7 @@ def test_predictor_tracks_the_truth_and_never_predicts_a_speedup() -> None:
 
 
 def test_pareto_mask_drops_dominated_rows_per_group() -> None:
-    from energyopt.formulations.colocation.configs import pareto_mask
+    from energyopt.families.colocation.formulations.configs import pareto_mask
 
     groups = np.asarray([0, 0, 0, 0, 1, 1])
     metrics = np.asarray([[1.0, 5.0], [2.0, 4.0], [2.0, 5.0], [1.0, 5.0], [3.0, 3.0], [1.0, 1.0]])

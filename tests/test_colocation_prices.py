@@ -8,9 +8,9 @@ import pytest
 from scipy.sparse import csc_matrix, csr_matrix, vstack
 
 from energyopt.backends.highs import quiet_highs
-from energyopt.formulations.colocation.model import build_model
-from energyopt.formulations.colocation.relaxation import Relaxation, build_relaxation
-from energyopt.solvers.colocation_lagrangian import Subgradient
+from energyopt.families.colocation.formulations.model import build_model
+from energyopt.families.colocation.formulations.relaxation import Relaxation, build_relaxation
+from energyopt.families.colocation.solvers.lagrangian import Subgradient
 
 from .colocation_helpers import problem_of, small_data
 

@@ -10,20 +10,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from energyopt.families import certify, family
-from energyopt.formulations.colocation.interference import default_predictor
-from energyopt.formulations.colocation.model import build_model
-from energyopt.formulations.colocation.relaxation import build_relaxation
-from energyopt.solvers.colocation_exact import solve_exact
-from energyopt.solvers.colocation_isolated import solve_isolated
-from energyopt.solvers.colocation_result import ColocationResult
-from energyopt.solvers.colocation_shadow import solve_shadow
-from energyopt.solvers.colocation_solve import (
+from energyopt.families.colocation.formulations.interference import default_predictor
+from energyopt.families.colocation.formulations.model import build_model
+from energyopt.families.colocation.formulations.relaxation import build_relaxation
+from energyopt.families.colocation.solvers.exact import solve_exact
+from energyopt.families.colocation.solvers.isolated import solve_isolated
+from energyopt.families.colocation.solvers.result import ColocationResult
+from energyopt.families.colocation.solvers.shadow import solve_shadow
+from energyopt.families.colocation.solvers.solve import (
     EXACT_MAX_COLUMNS,
     PORTFOLIO_MAX_COLUMNS,
     exact_columns,
 )
+from energyopt.families.colocation.verify import evaluate_colocation
 from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, OPTIMAL
-from energyopt.verify.colocation import evaluate_colocation
 
 from .colocation_helpers import problem_of, small_data
 

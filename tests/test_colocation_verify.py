@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import pytest
 
-from energyopt.formulations.colocation.model import build_model
-from energyopt.solvers.colocation_exact import solve_exact
-from energyopt.spec.colocation import ColocationPlan, PlanUnit, UnitJob
-from energyopt.verify.colocation import evaluate_colocation
+from energyopt.families.colocation.formulations.model import build_model
+from energyopt.families.colocation.solvers.exact import solve_exact
+from energyopt.families.colocation.spec import ColocationPlan, PlanUnit, UnitJob
+from energyopt.families.colocation.verify import evaluate_colocation
 
 from .colocation_helpers import problem_of, small_data
 

@@ -156,9 +156,9 @@ def test_serving_export_reads_back_to_the_same_optimum(
 def test_colocation_export_is_the_exact_solvers_milp(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from energyopt.formulations.colocation.milp import build_milp
-    from energyopt.formulations.colocation.model import build_model
-    from energyopt.solvers.colocation_exact import solve_exact
+    from energyopt.families.colocation.formulations.milp import build_milp
+    from energyopt.families.colocation.formulations.model import build_model
+    from energyopt.families.colocation.solvers.exact import solve_exact
 
     out = tmp_path / "coloc.mps"
     code, _, err = run(capfd, "export", str(FILES["colocation"]), "-o", str(out))

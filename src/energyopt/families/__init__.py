@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 BUILTIN: dict[str, str] = {
     "serving": "energyopt.families.serving:ServingFamily",
     "taskgraph": "energyopt.families.taskgraph.family:TaskGraphFamily",
-    "colocation": "energyopt.families.colocation:ColocationFamily",
+    "colocation": "energyopt.families.colocation.family:ColocationFamily",
     "keepalive": "energyopt.families.keepalive.family:KeepAliveFamily",
     "moe-edge": "energyopt.families.moe_edge.family:MoeEdgeFamily",
     "serverless": "energyopt.families.serverless:ServerlessFamily",

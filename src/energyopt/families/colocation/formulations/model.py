@@ -18,10 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from energyopt.formulations.colocation.configs import ConfigTable, build_configs, slots_needed
-from energyopt.formulations.colocation.interference import Slowdown, default_predictor
-from energyopt.formulations.colocation.problem import ColocationProblem
-from energyopt.formulations.colocation.timemodel import progress_by
+from energyopt.families.colocation.formulations.configs import (
+    ConfigTable,
+    build_configs,
+    slots_needed,
+)
+from energyopt.families.colocation.formulations.interference import Slowdown, default_predictor
+from energyopt.families.colocation.formulations.problem import ColocationProblem
+from energyopt.families.colocation.formulations.timemodel import progress_by
 from energyopt.perf.params import BoolArray, FloatArray
 
 IntArray = NDArray[np.int64]

@@ -14,11 +14,11 @@ import time
 
 import numpy as np
 
-from energyopt.formulations.colocation.model import ColocationModel
-from energyopt.formulations.colocation.timemodel import progress_by
-from energyopt.solvers.colocation_result import ColocationResult, colocation_result
+from energyopt.families.colocation.formulations.model import ColocationModel
+from energyopt.families.colocation.formulations.timemodel import progress_by
+from energyopt.families.colocation.solvers.result import ColocationResult, colocation_result
+from energyopt.families.colocation.spec import ColocationPlan, PlanUnit, UnitJob
 from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, Sense
-from energyopt.spec.colocation import ColocationPlan, PlanUnit, UnitJob
 
 SECONDS_PER_HOUR = 3600.0
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from energyopt.formulations.colocation.relaxation import Relaxation
+from energyopt.families.colocation.formulations.relaxation import Relaxation
 from energyopt.perf.params import FloatArray
 from energyopt.solvers.subgradient import PolyakControl, projected_step
 

@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.sparse import csc_matrix
 
-from energyopt.formulations.colocation.model import ColocationModel
+from energyopt.families.colocation.formulations.model import ColocationModel
 from energyopt.perf.params import FloatArray
 
 IntArray = NDArray[np.int64]

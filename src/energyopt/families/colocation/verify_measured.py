@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from energyopt.formulations.colocation.measured import (
+from energyopt.families.colocation.formulations.measured import (
     MeasuredCluster,
     MeasuredJob,
     MeasuredPairs,
     MeasuredPlan,
 )
-from energyopt.formulations.colocation.timemodel import pair_durations
+from energyopt.families.colocation.formulations.timemodel import pair_durations
 from energyopt.perf.params import FloatArray
 
 

@@ -2,7 +2,7 @@
 
 The co-location family's MILP and decomposition pair a training job with an
 inference job under MPS shares, with features from the performance model; the
-measured pairs (``formulations/colocation/measured.py``) are two training jobs of
+measured pairs (``families/colocation/formulations/measured.py``) are two training jobs of
 measured types sharing a whole K80, P100 or V100, with no clocks, shares or job
 shapes to choose. These schedulers plan that setting:
 
@@ -22,7 +22,7 @@ shapes to choose. These schedulers plan that setting:
 
 Both take the slowdown table they plan with (``sigma[g, a, b]``): the predictor's
 for a real plan, the measured one for an oracle reference. The plan's objective
-is the mean JCT under that table; ``verify/colocation_measured.py`` scores the plan
+is the mean JCT under that table; ``families/colocation/verify_measured.py`` scores the plan
 on the measurements.
 """
 
@@ -32,14 +32,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from energyopt.formulations.colocation.measured import (
+from energyopt.families.colocation.formulations.measured import (
     MeasuredCluster,
     MeasuredJob,
     MeasuredPairs,
     MeasuredPlan,
     MeasuredUnit,
 )
-from energyopt.formulations.colocation.timemodel import pair_durations
+from energyopt.families.colocation.formulations.timemodel import pair_durations
 from energyopt.perf.params import FloatArray
 
 MIN_GAIN = 0.05

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from energyopt.formulations.colocation.problem import ColocationProblem
+from energyopt.families.colocation.formulations.problem import ColocationProblem
+from energyopt.families.colocation.spec import InferenceJob, TrainingJob
 from energyopt.perf.forward import decode_pass, prefill_pass
 from energyopt.perf.params import FloatArray, OpSpec, build_params
 from energyopt.perf.power import gpu_on_power_w
-from energyopt.spec.colocation import InferenceJob, TrainingJob
 from energyopt.spec.workload import Slo, TokenDist, Workload
 
 BACKWARD_FACTOR = 2.0

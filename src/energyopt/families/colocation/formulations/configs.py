@@ -16,19 +16,19 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from energyopt.formulations.colocation.interference import PairFeatures, Slowdown
-from energyopt.formulations.colocation.problem import ColocationProblem
-from energyopt.formulations.colocation.rates import (
+from energyopt.families.colocation.formulations.interference import PairFeatures, Slowdown
+from energyopt.families.colocation.formulations.problem import ColocationProblem
+from energyopt.families.colocation.formulations.rates import (
     JobPoint,
     Physics,
     evaluate_points,
     on_extra_w,
     work_units,
 )
-from energyopt.formulations.colocation.timemodel import pair_durations
+from energyopt.families.colocation.formulations.timemodel import pair_durations
+from energyopt.families.colocation.spec import TrainingJob
 from energyopt.perf.clocks import candidate_clocks_mhz
 from energyopt.perf.params import BoolArray, FloatArray
-from energyopt.spec.colocation import TrainingJob
 
 IntArray = NDArray[np.int64]
 NO_JOB = -1

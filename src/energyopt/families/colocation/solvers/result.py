@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from energyopt.formulations.colocation.problem import ColocationProblem
+from energyopt.families.colocation.formulations.problem import ColocationProblem
+from energyopt.families.colocation.spec import ColocationPlan
 from energyopt.solvers.result import OPTIMAL, Result, Sense, Status
-from energyopt.spec.colocation import ColocationPlan
 
 ColocationResult = Result[ColocationPlan]
 """``objective`` and ``bound`` are in the objective's own units: mean JCT in s

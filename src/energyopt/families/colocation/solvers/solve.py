@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import time
 
-from energyopt.formulations.colocation.interference import Slowdown
-from energyopt.formulations.colocation.model import ColocationModel, build_model
-from energyopt.formulations.colocation.problem import ColocationProblem
+from energyopt.families.colocation.formulations.interference import Slowdown
+from energyopt.families.colocation.formulations.model import ColocationModel, build_model
+from energyopt.families.colocation.formulations.problem import ColocationProblem
+from energyopt.families.colocation.solvers.exact import solve_exact
+from energyopt.families.colocation.solvers.isolated import solve_isolated
+from energyopt.families.colocation.solvers.result import ColocationResult
+from energyopt.families.colocation.solvers.shadow import solve_shadow
 from energyopt.progress import Progress
-from energyopt.solvers.colocation_exact import solve_exact
-from energyopt.solvers.colocation_isolated import solve_isolated
-from energyopt.solvers.colocation_result import ColocationResult
-from energyopt.solvers.colocation_shadow import solve_shadow
 from energyopt.solvers.result import FEASIBLE, INFEASIBLE, OPTIMAL
 from energyopt.spec.errors import SpecError
 

@@ -16,9 +16,9 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import NDArray
 
-from energyopt.formulations.colocation.model import ColocationModel
+from energyopt.families.colocation.formulations.model import ColocationModel
+from energyopt.families.colocation.spec import ColocationPlan, PlanUnit, UnitJob
 from energyopt.perf.params import BoolArray, FloatArray
-from energyopt.spec.colocation import ColocationPlan, PlanUnit, UnitJob
 
 IntArray = NDArray[np.int64]
 POWER_TOL_W = 1e-6

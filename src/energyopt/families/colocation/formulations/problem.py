@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from energyopt.catalog.loader import Catalog, bind_catalog
-from energyopt.spec.colocation import ColocationInstance, InferenceJob, TrainingJob
+from energyopt.families.colocation.spec import ColocationInstance, InferenceJob, TrainingJob
 from energyopt.spec.errors import SpecError
 from energyopt.spec.hardware import GpuType
 from energyopt.spec.io import load

@@ -9,11 +9,16 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel
 
+from energyopt.families.colocation.formulations.problem import ColocationProblem, load_colocation
+from energyopt.families.colocation.spec import (
+    ColocationInstance,
+    ColocationPlan,
+    PlanUnit,
+    TrainingJob,
+)
 from energyopt.families.contract import SolverEntry, SolverRun, TableFamily
-from energyopt.formulations.colocation.problem import ColocationProblem, load_colocation
 from energyopt.progress import Progress
 from energyopt.solvers.result import Result
-from energyopt.spec.colocation import ColocationInstance, ColocationPlan, PlanUnit, TrainingJob
 from energyopt.verify.violation import Violation
 
 ColocationResult = Result[ColocationPlan]
@@ -29,7 +34,7 @@ def _runs(name: str) -> SolverRun[ColocationProblem, ColocationPlan]:
         rel_gap: float | None,
         progress: Progress,
     ) -> ColocationResult:
-        from energyopt.solvers.colocation_solve import solve_colocation
+        from energyopt.families.colocation.solvers.solve import solve_colocation
 
         return solve_colocation(
             problem, name, time_limit_s=time_limit_s, rel_gap=rel_gap, progress=progress
@@ -73,7 +78,10 @@ class ColocationFamily(TableFamily[ColocationProblem, ColocationPlan]):
         return lines
 
     def solvers(self) -> list[SolverEntry[ColocationProblem, ColocationPlan]]:
-        from energyopt.solvers.colocation_solve import EXACT_MAX_COLUMNS, PORTFOLIO_MAX_COLUMNS
+        from energyopt.families.colocation.solvers.solve import (
+            EXACT_MAX_COLUMNS,
+            PORTFOLIO_MAX_COLUMNS,
+        )
 
         return [
             SolverEntry(
@@ -114,7 +122,7 @@ class ColocationFamily(TableFamily[ColocationProblem, ColocationPlan]):
         return f"{problem.source} (co-location, objective {problem.instance.options.objective})"
 
     def verify(self, problem: ColocationProblem, plan: ColocationPlan) -> list[Violation]:
-        from energyopt.verify.colocation import evaluate_colocation
+        from energyopt.families.colocation.verify import evaluate_colocation
 
         return evaluate_colocation(problem, plan).violations
 
@@ -122,8 +130,8 @@ class ColocationFamily(TableFamily[ColocationProblem, ColocationPlan]):
         """The planning model's objective (mean JCT s or jobs per hour) of ``plan``,
         recomputed on the verifier's timeline with the interference predictor the
         solvers plan with (the ground-truth outcome is in ``report``)."""
-        from energyopt.formulations.colocation.interference import default_predictor
-        from energyopt.verify.colocation import evaluate_colocation
+        from energyopt.families.colocation.formulations.interference import default_predictor
+        from energyopt.families.colocation.verify import evaluate_colocation
 
         return evaluate_colocation(problem, plan, default_predictor()).objective
 
@@ -137,7 +145,7 @@ class ColocationFamily(TableFamily[ColocationProblem, ColocationPlan]):
         return "jobs/h within the horizon"
 
     def report(self, problem: ColocationProblem, result: ColocationResult) -> list[str]:
-        from energyopt.verify.colocation import evaluate_colocation
+        from energyopt.families.colocation.verify import evaluate_colocation
 
         plan = result.plan
         assert plan is not None
@@ -187,9 +195,9 @@ class ColocationFamily(TableFamily[ColocationProblem, ColocationPlan]):
 
     def program(self, problem: ColocationProblem) -> Any:
         """The exact solver's time-indexed unit MILP (a HiGHS model)."""
-        from energyopt.formulations.colocation.milp import build_milp
-        from energyopt.formulations.colocation.model import build_model
-        from energyopt.solvers.colocation_exact import highs_lp
+        from energyopt.families.colocation.formulations.milp import build_milp
+        from energyopt.families.colocation.formulations.model import build_model
+        from energyopt.families.colocation.solvers.exact import highs_lp
 
         return highs_lp(build_milp(build_model(problem)))
 
@@ -202,12 +210,12 @@ def _gpus(unit: PlanUnit) -> str:
 
 def _pair_error(problem: ColocationProblem, pairs: list[PlanUnit]) -> str:
     """Predictor error against the ground truth on the plan's co-located jobs."""
-    from energyopt.formulations.colocation.configs import pair_features
-    from energyopt.formulations.colocation.interference import (
+    from energyopt.families.colocation.formulations.configs import pair_features
+    from energyopt.families.colocation.formulations.interference import (
         default_predictor,
         prediction_error,
     )
-    from energyopt.formulations.colocation.rates import JobPoint, evaluate_points
+    from energyopt.families.colocation.formulations.rates import JobPoint, evaluate_points
 
     names = {j.name: i for i, j in enumerate(problem.jobs)}
     points = []

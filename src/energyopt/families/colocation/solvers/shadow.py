@@ -25,20 +25,25 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.optimize import linear_sum_assignment
 
-from energyopt.formulations.colocation.model import ColocationModel
-from energyopt.formulations.colocation.relaxation import Relaxation, build_relaxation
-from energyopt.formulations.colocation.schedule import Schedule, group_configs, place_units, to_plan
-from energyopt.perf.params import FloatArray
-from energyopt.progress import Progress
-from energyopt.solvers.colocation_diagnose import diagnose, no_plan_status
-from energyopt.solvers.colocation_lagrangian import Subgradient
-from energyopt.solvers.colocation_result import (
+from energyopt.families.colocation.formulations.model import ColocationModel
+from energyopt.families.colocation.formulations.relaxation import Relaxation, build_relaxation
+from energyopt.families.colocation.formulations.schedule import (
+    Schedule,
+    group_configs,
+    place_units,
+    to_plan,
+)
+from energyopt.families.colocation.solvers.diagnose import diagnose, no_plan_status
+from energyopt.families.colocation.solvers.lagrangian import Subgradient
+from energyopt.families.colocation.solvers.result import (
     ColocationResult,
     colocation_result,
     nothing_runs,
 )
+from energyopt.families.colocation.spec import TrainingJob
+from energyopt.perf.params import FloatArray
+from energyopt.progress import Progress
 from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, OPTIMAL, Sense
-from energyopt.spec.colocation import TrainingJob
 
 IntArray = NDArray[np.int64]
 CHUNK = 200_000

@@ -26,16 +26,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from energyopt.formulations.colocation.configs import pair_features
-from energyopt.formulations.colocation.interference import Slowdown, true_slowdown
-from energyopt.formulations.colocation.problem import ColocationProblem
-from energyopt.formulations.colocation.rates import (
+from energyopt.families.colocation.formulations.configs import pair_features
+from energyopt.families.colocation.formulations.interference import Slowdown, true_slowdown
+from energyopt.families.colocation.formulations.problem import ColocationProblem
+from energyopt.families.colocation.formulations.rates import (
     JobPoint,
     evaluate_points,
     on_extra_w,
     work_units,
 )
-from energyopt.spec.colocation import ColocationPlan, PlanUnit
+from energyopt.families.colocation.spec import ColocationPlan, PlanUnit
 from energyopt.verify.violation import Violation
 
 REL_TOL = 1e-6

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from energyopt.formulations.colocation.model import ColocationModel
+from energyopt.families.colocation.formulations.model import ColocationModel
 from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, Status
 
 

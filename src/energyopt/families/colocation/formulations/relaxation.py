@@ -30,9 +30,9 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.sparse import csr_matrix
 
-from energyopt.formulations.colocation.configs import slots_needed
-from energyopt.formulations.colocation.model import SECONDS_PER_HOUR, ColocationModel
-from energyopt.formulations.colocation.rates import on_extra_w
+from energyopt.families.colocation.formulations.configs import slots_needed
+from energyopt.families.colocation.formulations.model import SECONDS_PER_HOUR, ColocationModel
+from energyopt.families.colocation.formulations.rates import on_extra_w
 from energyopt.perf.params import BoolArray, FloatArray
 
 IntArray = NDArray[np.int64]

@@ -8,16 +8,16 @@ import highspy
 import numpy as np
 
 from energyopt.backends.highs import binary_lp, quiet_highs
-from energyopt.formulations.colocation.milp import Milp, build_milp
-from energyopt.formulations.colocation.model import ColocationModel
-from energyopt.formulations.colocation.schedule import Schedule, to_plan
-from energyopt.progress import Progress
-from energyopt.solvers.colocation_diagnose import diagnose, no_plan_status
-from energyopt.solvers.colocation_result import (
+from energyopt.families.colocation.formulations.milp import Milp, build_milp
+from energyopt.families.colocation.formulations.model import ColocationModel
+from energyopt.families.colocation.formulations.schedule import Schedule, to_plan
+from energyopt.families.colocation.solvers.diagnose import diagnose, no_plan_status
+from energyopt.families.colocation.solvers.result import (
     ColocationResult,
     colocation_result,
     nothing_runs,
 )
+from energyopt.progress import Progress
 from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, OPTIMAL, Sense
 
 

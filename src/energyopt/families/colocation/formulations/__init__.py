@@ -1,0 +1,1 @@
+"""The co-location family's formulations: configurations, interference, MILP and relaxation."""

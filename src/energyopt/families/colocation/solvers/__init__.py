@@ -1,0 +1,1 @@
+"""The co-location family's solvers: exact, shadow prices, Lagrangian and their portfolio."""
