@@ -15,7 +15,7 @@ Loads (one model, Llama-3.1-8B on two nodes of 8 H100-SXM5-80GB):
 Every contender plans each 30-s epoch (``--epoch-s``) for the load's own largest
 15-s rate in it (a perfect forecast) at 85 % of the modelled SLO capacity (``load_fraction``).
 
-Contenders, all replayed by the request-level simulator (sim/serverless.py) with
+Contenders, all replayed by the request-level simulator (families/serverless/sim.py) with
 the epoch means of the load as their forecast:
 
 * ``static``: disaggregated pools sized once for the peak epoch (DistServe-style),
@@ -30,7 +30,7 @@ the epoch means of the load as their forecast:
   (``POLICY``): decode merging, each decision by the merge MILP where the
   candidate set has at most 400 (request, destination) pairs, by the priced greedy
   otherwise, reading its decode figures from the rate table compiled from the
-  load's file (tables/serverless.py); and prefill scaled to the observed rate,
+  load's file (families/serverless/tables.py); and prefill scaled to the observed rate,
   where the epoch's forecast announces no surge;
 * ``merge only``: the same plan and decode merging, prefill as planned (what
   merging alone gives);
@@ -70,20 +70,19 @@ from typing import Any
 import numpy as np
 import yaml
 
-from energyopt.formulations.serverless.merge import (
+from energyopt.families.serverless.formulations.merge import (
     MergeProblem,
     MergeRequest,
     Snapshot,
     merge_problem,
     merge_value,
 )
-from energyopt.formulations.serverless.model import (
+from energyopt.families.serverless.formulations.model import (
     ServerlessProblem,
     build_problem,
     load_serverless,
 )
-from energyopt.sim.arrivals import Arrivals
-from energyopt.sim.serverless import (
+from energyopt.families.serverless.sim import (
     MergePolicy,
     ServerlessSimResult,
     decode_figures,
@@ -91,15 +90,16 @@ from energyopt.sim.serverless import (
     replicated_trace,
     simulate,
 )
+from energyopt.families.serverless.solvers.fast import solve_fast
+from energyopt.families.serverless.solvers.merge import MAX_PAIRS, greedy_merge, milp_merge, pairs
+from energyopt.families.serverless.solvers.milp import solve_milp, solve_relaxation, solve_rolling
+from energyopt.families.serverless.spec import ServerlessFile, ServerlessPlan
+from energyopt.families.serverless.tables import RateTable, compile_rate_table
+from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.synthetic import synthetic_arrivals
 from energyopt.sim.trace import read_trace
-from energyopt.solvers.serverless_fast import solve_fast
-from energyopt.solvers.serverless_merge import MAX_PAIRS, greedy_merge, milp_merge, pairs
-from energyopt.solvers.serverless_milp import solve_milp, solve_relaxation, solve_rolling
 from energyopt.spec.evaluation import BurstyLoad
-from energyopt.spec.serverless import ServerlessFile, ServerlessPlan
 from energyopt.spec.workload import Workload
-from energyopt.tables.serverless import RateTable, compile_rate_table
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCH_S = 30.0

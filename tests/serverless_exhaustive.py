@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from energyopt.formulations.serverless.model import ServerlessProblem, build_problem
+from energyopt.families.serverless.formulations.model import ServerlessProblem, build_problem
+from energyopt.families.serverless.spec import ServerlessFile
 from energyopt.spec.errors import SpecError
-from energyopt.spec.serverless import ServerlessFile
 
 from .lp_helpers import lp_minimum
 

@@ -84,11 +84,11 @@ def test_solve_help_gives_the_default_limits(capsys: pytest.CaptureFixture[str])
     import re
 
     from energyopt.cli.problems import DEFAULT_GAPS, DEFAULT_LIMITS
-    from energyopt.families import serverless
     from energyopt.families.collective import family as collective
     from energyopt.families.colocation.solvers import solve as colocation_solve
     from energyopt.families.keepalive import family as keepalive
     from energyopt.families.moe_edge import family as moe_edge
+    from energyopt.families.serverless import family as serverless
     from energyopt.families.taskgraph import family as taskgraph
     from energyopt.solvers.presets import load_preset
 

@@ -19,8 +19,22 @@ from scipy.optimize import linprog
 from energyopt.catalog.loader import builtin_catalog
 from energyopt.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_VIOLATION, main
 from energyopt.families import certify, family
-from energyopt.formulations.serverless.milp import DECODE, PREFILL_NET, PREFILL_NV, pool_capacity
-from energyopt.formulations.serverless.model import ServerlessProblem, build_problem
+from energyopt.families.serverless.formulations.milp import (
+    DECODE,
+    PREFILL_NET,
+    PREFILL_NV,
+    pool_capacity,
+)
+from energyopt.families.serverless.formulations.model import ServerlessProblem, build_problem
+from energyopt.families.serverless.sim import ConservationError, MergePolicy, simulate
+from energyopt.families.serverless.spec import (
+    EpochPlan,
+    Pool,
+    Route,
+    ServerlessFile,
+    ServerlessPlan,
+)
+from energyopt.families.serverless.verify import DecodeInstanceState, check_merge
 from energyopt.perf.coldstart import SAFETENSORS_H100_GBPS, measured_load_bandwidth_gbps
 from energyopt.perf.kvtransfer import (
     NETWORK_H100,
@@ -34,9 +48,6 @@ from energyopt.perf.kvtransfer import (
     vidur_link,
 )
 from energyopt.sim.arrivals import Arrivals
-from energyopt.sim.serverless import ConservationError, MergePolicy, simulate
-from energyopt.spec.serverless import EpochPlan, Pool, Route, ServerlessFile, ServerlessPlan
-from energyopt.verify.serverless import DecodeInstanceState, check_merge
 
 from .cli_helpers import read_exported
 from .spec_docs import tiny_serverless_doc as _doc
@@ -423,7 +434,7 @@ def test_merging_conserves_requests_and_frees_gpus() -> None:
 def test_a_merge_that_would_lose_a_request_stops_the_simulation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import energyopt.sim.serverless as sim
+    import energyopt.families.serverless.sim as sim
 
     nodes = [{"name": "n0", "gpus": 2}, {"name": "n1", "gpus": 2}]
     p = _problem(nodes=nodes, models=[dict(_doc()["models"][0], demand_rps=[40.0, 40.0])])
@@ -510,9 +521,9 @@ def test_bad_plan_file_is_named(tmp_path: Path, capfd: pytest.CaptureFixture[str
 
 
 def test_the_rate_table_holds_the_direct_solves(tmp_path: Path) -> None:
-    from energyopt.formulations.serverless.model import load_serverless
+    from energyopt.families.serverless.formulations.model import load_serverless
+    from energyopt.families.serverless.tables import RateTable, compile_rate_table, rate_problem
     from energyopt.tables.format import TableError
-    from energyopt.tables.serverless import RateTable, compile_rate_table, rate_problem
 
     base = load_serverless(SMALL)
     path = tmp_path / "rates.tbl"
@@ -546,7 +557,7 @@ def test_mutated_serverless_files_are_refused_cleanly_or_solved(tmp_path: Path) 
 _REPLAY = """
 from tests.test_serverless import QUIET, _arrivals, _doc, _problem
 from energyopt.families import family
-from energyopt.sim.serverless import MergePolicy, simulate
+from energyopt.families.serverless.sim import MergePolicy, simulate
 
 nodes = [{"name": "n0", "gpus": 2}, {"name": "n1", "gpus": 2}]
 p = _problem(nodes=nodes, models=[dict(_doc()["models"][0], demand_rps=[40.0, 20.0, 40.0])])

@@ -14,12 +14,12 @@ import yaml
 from energyopt.catalog.loader import builtin_catalog
 from energyopt.cli import EXIT_BAD_INPUT, main
 from energyopt.families import family
-from energyopt.families.serverless import MAX_PROGRAM_COLUMNS
-from energyopt.formulations.serverless.milp import build_milp, program_size
-from energyopt.formulations.serverless.model import ServerlessProblem, build_problem
+from energyopt.families.serverless.family import MAX_PROGRAM_COLUMNS
+from energyopt.families.serverless.formulations.milp import build_milp, program_size
+from energyopt.families.serverless.formulations.model import ServerlessProblem, build_problem
+from energyopt.families.serverless.spec import MAX_EPOCHS, ServerlessFile, ServerlessPlan
+from energyopt.families.serverless.verify import evaluate_serverless
 from energyopt.solvers.result import NO_SOLUTION, Termination
-from energyopt.spec.serverless import MAX_EPOCHS, ServerlessFile, ServerlessPlan
-from energyopt.verify.serverless import evaluate_serverless
 
 from .spec_docs import tiny_serverless_doc as _doc
 

@@ -1,5 +1,5 @@
-"""The decode-merge decision (formulations/serverless/merge.py,
-solvers/serverless_merge.py): the MILP against brute force over every merge of tiny
+"""The decode-merge decision (families/serverless/formulations/merge.py,
+families/serverless/solvers/merge.py): the MILP against brute force over every merge of tiny
 candidate sets (optimum and bound), the MILP at least as good as the greedy on
 random small sets with every decision a valid, conserving merge, and the
 simulator's decisions with a compiled rate table equal to the table-driven
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from energyopt.families import family
-from energyopt.formulations.serverless.merge import (
+from energyopt.families.serverless.formulations.merge import (
     DecodeFigures,
     MergeDecision,
     MergeProblem,
@@ -26,12 +26,12 @@ from energyopt.formulations.serverless.merge import (
     merge_value,
     merge_violations,
 )
+from energyopt.families.serverless.sim import MergePolicy, MergeRecord, simulate
+from energyopt.families.serverless.solvers.merge import decide_merge, greedy_merge, milp_merge
+from energyopt.families.serverless.tables import RateTable, compile_rate_table
+from energyopt.families.serverless.verify import DecodeInstanceState, check_merge
 from energyopt.perf.kvtransfer import NETWORK_H100, NVLINK_H100
 from energyopt.sim.arrivals import Arrivals
-from energyopt.sim.serverless import MergePolicy, MergeRecord, simulate
-from energyopt.solvers.serverless_merge import decide_merge, greedy_merge, milp_merge
-from energyopt.tables.serverless import RateTable, compile_rate_table
-from energyopt.verify.serverless import DecodeInstanceState, check_merge
 from tests.test_serverless import QUIET, _doc, _problem
 
 FIGURES = {

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from energyopt.families import family
-from energyopt.formulations.serverless.model import build_problem
+from energyopt.families.serverless.formulations.model import build_problem
+from energyopt.families.serverless.spec import ServerlessFile
 from energyopt.solvers.result import INFEASIBLE, OPTIMAL
-from energyopt.spec.serverless import ServerlessFile
 from tests.serverless_exhaustive import random_doc
 
 SEED = 31

@@ -32,7 +32,7 @@ BUILTIN: dict[str, str] = {
     "colocation": "energyopt.families.colocation.family:ColocationFamily",
     "keepalive": "energyopt.families.keepalive.family:KeepAliveFamily",
     "moe-edge": "energyopt.families.moe_edge.family:MoeEdgeFamily",
-    "serverless": "energyopt.families.serverless:ServerlessFamily",
+    "serverless": "energyopt.families.serverless.family:ServerlessFamily",
     "collective": "energyopt.families.collective.family:CollectiveFamily",
 }
 """The families that ship: ``kind`` -> ``module:class``. A family's module (and the

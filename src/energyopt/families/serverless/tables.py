@@ -26,18 +26,18 @@ from pathlib import Path
 import numpy as np
 
 from energyopt.families import certify, family
-from energyopt.formulations.serverless.merge import DecodeFigures, Snapshot
-from energyopt.formulations.serverless.model import (
+from energyopt.families.serverless.formulations.merge import DecodeFigures, Snapshot
+from energyopt.families.serverless.formulations.model import (
     LINKS,
     ServerlessProblem,
     build_problem,
     option_name,
 )
+from energyopt.families.serverless.sim import MergePolicy, decode_figures
+from energyopt.families.serverless.solvers.merge import MergeOutcome
+from energyopt.families.serverless.spec import ServerlessPlan
 from energyopt.perf.kvtransfer import Link
 from energyopt.progress import Progress, quiet
-from energyopt.sim.serverless import MergePolicy, decode_figures
-from energyopt.solvers.serverless_merge import MergeOutcome
-from energyopt.spec.serverless import ServerlessPlan
 from energyopt.tables.format import ColumnData, Table, TableError, write_table
 from energyopt.tables.stdlib_reader import Axis
 
@@ -57,7 +57,7 @@ def pool_names(p: ServerlessProblem) -> list[str]:
 
 
 def _pool_of(pool: object) -> str:
-    from energyopt.spec.serverless import Pool
+    from energyopt.families.serverless.spec import Pool
 
     assert isinstance(pool, Pool)
     link = pool.link or "-"

@@ -30,7 +30,7 @@ The merge decision (which instances to release, where their requests go) is
 ``solvers.serverless_merge.decide_merge`` on the model's candidates: the priced
 greedy, and the merge MILP where the candidate set is small. It reads each
 instance's capacity, batch at capacity, KV budget and holding cost from decode
-figures: a compiled rate table's (``tables/serverless.py``) when the replay is
+figures: a compiled rate table's (``families/serverless/tables.py``) when the replay is
 given one, else the same figures computed from the performance model.
 
 Every merge decision is checked by ``verify.serverless.check_merge`` (no request
@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from energyopt.formulations.serverless.merge import (
+from energyopt.families.serverless.formulations.merge import (
     DecodeFigures,
     MergeDecision,
     MergeProblem,
@@ -59,7 +59,7 @@ from energyopt.formulations.serverless.merge import (
     merge_problem,
     merge_value,
 )
-from energyopt.formulations.serverless.model import (
+from energyopt.families.serverless.formulations.model import (
     LINKS,
     ServerlessProblem,
     instance_memory_gb,
@@ -67,24 +67,24 @@ from energyopt.formulations.serverless.model import (
     option_name,
     perf_options,
 )
-from energyopt.perf.forward import decode_pass, prefill_pass
-from energyopt.perf.kvtransfer import Link
-from energyopt.perf.params import OpSpec, build_params
-from energyopt.perf.queueing import metrics_at
-from energyopt.sim.arrivals import Arrivals
-from energyopt.solvers.serverless_merge import (
+from energyopt.families.serverless.solvers.merge import (
     MAX_PAIRS,
     MILP_TIME_LIMIT_S,
     MergeOutcome,
     decide_merge,
     pack,
 )
-from energyopt.spec.serverless import ServerlessPlan
+from energyopt.families.serverless.spec import ServerlessPlan
+from energyopt.families.serverless.verify import DecodeInstanceState, check_merge
+from energyopt.perf.forward import decode_pass, prefill_pass
+from energyopt.perf.kvtransfer import Link
+from energyopt.perf.params import OpSpec, build_params
+from energyopt.perf.queueing import metrics_at
+from energyopt.sim.arrivals import Arrivals
 from energyopt.spec.workload import Phase
-from energyopt.verify.serverless import DecodeInstanceState, check_merge
 
 if TYPE_CHECKING:
-    from energyopt.tables.serverless import RateTable
+    from energyopt.families.serverless.tables import RateTable
 
 PoolKey = tuple[int, int, int, str, str | None]
 """(model, node, option, phase, link) of a pool."""
@@ -286,7 +286,7 @@ def option_tables(p: ServerlessProblem, m: int, o: int) -> OptionTables:
     opt = p.options[o]
     sm = p.spec.models[m]
     llm = p.llms[m]
-    from energyopt.formulations.serverless.model import phase_workload
+    from energyopt.families.serverless.formulations.model import phase_workload
 
     wl = phase_workload(m, p.spec, sm.slo.ttft_ms)
     memory_gb = instance_memory_gb(p.gpu, p.spec, opt)

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from energyopt.backends.highs import MipRun, MipStatus, solve_mip
-from energyopt.formulations.serverless.milp import (
+from energyopt.families.serverless.formulations.milp import (
     DECODE,
     Milp,
     build_milp,
@@ -17,7 +17,9 @@ from energyopt.formulations.serverless.milp import (
     objective_of,
     solution_of,
 )
-from energyopt.formulations.serverless.model import FloatArray, IntArray, ServerlessProblem
+from energyopt.families.serverless.formulations.model import FloatArray, IntArray, ServerlessProblem
+from energyopt.families.serverless.solvers.result import serverless_result
+from energyopt.families.serverless.spec import Pool, ServerlessPlan
 from energyopt.progress import Progress, quiet
 from energyopt.solvers.mip_outcome import mip_outcome
 from energyopt.solvers.result import (
@@ -28,8 +30,6 @@ from energyopt.solvers.result import (
     Result,
     Termination,
 )
-from energyopt.solvers.serverless_result import serverless_result
-from energyopt.spec.serverless import Pool, ServerlessPlan
 
 ROUND_TOL = 1e-6
 """A relaxed count within this of an integer is that integer."""

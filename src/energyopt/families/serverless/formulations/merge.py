@@ -18,7 +18,7 @@ p_B, p_S the prices of a GB and of a stalled second. A kept instance holds at mo
 its batch limit (``fill`` of its batch at SLO capacity: the TBT SLO) and its KV
 budget; the kept capacity plus that of instances still loading covers ``need_rps``.
 
-This module builds and decodes the MILP; ``solvers/serverless_merge.py`` solves it
+This module builds and decodes the MILP; ``families/serverless/solvers/merge.py`` solves it
 and holds the priced greedy. Bytes B, seconds s, requests/s rps.
 """
 
@@ -33,7 +33,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from energyopt.backends.highs import binary_lp
-from energyopt.formulations.serverless.model import FloatArray, IntArray
+from energyopt.families.serverless.formulations.model import FloatArray, IntArray
 from energyopt.formulations.sparse_rows import SparseRows
 from energyopt.perf.kvtransfer import Link
 

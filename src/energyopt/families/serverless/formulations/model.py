@@ -20,6 +20,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from energyopt.catalog.loader import bind_catalog
+from energyopt.families.serverless.spec import (
+    LinkKind,
+    LinkSpec,
+    Pool,
+    ServerlessFile,
+    ServerlessPlan,
+)
 from energyopt.perf.clocks import CLOCK_RANGE_FLOOR, spread_clocks_mhz
 from energyopt.perf.coldstart import load_time_s
 from energyopt.perf.energy import energy_per_request_j
@@ -32,7 +39,6 @@ from energyopt.spec.hardware import GpuType
 from energyopt.spec.instance import Options
 from energyopt.spec.io import parse, read_data
 from energyopt.spec.llm import LlmModel
-from energyopt.spec.serverless import LinkKind, LinkSpec, Pool, ServerlessFile, ServerlessPlan
 from energyopt.spec.workload import Phase, Slo, Workload
 
 FloatArray = NDArray[np.float64]
@@ -164,7 +170,7 @@ class ServerlessProblem:
     ) -> ServerlessPlan:
         """The plan file model of per-epoch pools and (model, prefill node, decode node,
         rate) routes."""
-        from energyopt.spec.serverless import EpochPlan, Route
+        from energyopt.families.serverless.spec import EpochPlan, Route
 
         names = [n.name for n in self.spec.nodes]
         models = [m.name for m in self.spec.models]

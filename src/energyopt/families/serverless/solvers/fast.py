@@ -26,18 +26,23 @@ from collections.abc import Callable
 
 import numpy as np
 
-from energyopt.formulations.serverless.milp import DECODE, PREFILL_NET, PREFILL_NV, pool_capacity
-from energyopt.formulations.serverless.model import (
+from energyopt.families.serverless.formulations.milp import (
+    DECODE,
+    PREFILL_NET,
+    PREFILL_NV,
+    pool_capacity,
+)
+from energyopt.families.serverless.formulations.model import (
     LINKS,
     NETWORK,
     NVLINK,
     FloatArray,
     ServerlessProblem,
 )
+from energyopt.families.serverless.solvers.result import serverless_result
+from energyopt.families.serverless.spec import Pool, ServerlessPlan
 from energyopt.progress import Progress, quiet
 from energyopt.solvers.result import FEASIBLE, NO_SOLUTION, Result, Termination
-from energyopt.solvers.serverless_result import serverless_result
-from energyopt.spec.serverless import Pool, ServerlessPlan
 
 ALGORITHM = "per-phase SLO-capacity provisioning, then prefill/decode coupling on nodes"
 SHRINK = 0.97

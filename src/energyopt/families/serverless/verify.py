@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from energyopt.catalog.loader import Catalog
+from energyopt.families.serverless.spec import Pool, ServerlessFile, ServerlessPlan
 from energyopt.perf.clocks import CLOCK_RANGE_FLOOR, spread_clocks_mhz
 from energyopt.perf.coldstart import load_time_s
 from energyopt.perf.energy import energy_per_request_j
@@ -33,7 +34,6 @@ from energyopt.perf.params import OpSpec, build_params
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.perf.queueing import metrics_at
 from energyopt.spec.instance import Options
-from energyopt.spec.serverless import Pool, ServerlessFile, ServerlessPlan
 from energyopt.spec.workload import Workload
 from energyopt.verify.violation import Violation
 

@@ -11,11 +11,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from energyopt.families.contract import SolverEntry, SolverRun, TableFamily, given
-from energyopt.formulations.serverless.model import ServerlessProblem, load_serverless
+from energyopt.families.serverless.formulations.model import ServerlessProblem, load_serverless
+from energyopt.families.serverless.spec import ServerlessFile, ServerlessPlan
+from energyopt.families.serverless.verify import ServerlessEvaluation, evaluate_serverless
 from energyopt.progress import Progress
 from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, Result, Termination
-from energyopt.spec.serverless import ServerlessFile, ServerlessPlan
-from energyopt.verify.serverless import ServerlessEvaluation, evaluate_serverless
 from energyopt.verify.violation import Violation
 
 AUTO_MILP_POOLS = 20_000
@@ -36,7 +36,7 @@ EVALUATIONS_KEPT = 8
 
 def auto_solver(p: ServerlessProblem) -> str:
     """The solver ``auto`` runs on ``p``: milp up to ``AUTO_MILP_POOLS`` pools, else lp."""
-    from energyopt.formulations.serverless.milp import program_size
+    from energyopt.families.serverless.formulations.milp import program_size
 
     return "milp" if program_size(p)[0] <= AUTO_MILP_POOLS else "lp"
 
@@ -44,7 +44,7 @@ def auto_solver(p: ServerlessProblem) -> str:
 def _rolling(
     p: ServerlessProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
 ) -> Result[ServerlessPlan]:
-    from energyopt.solvers.serverless_milp import solve_rolling
+    from energyopt.families.serverless.solvers.milp import solve_rolling
 
     limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
     return solve_rolling(p, time_limit_s=limit, rel_gap=gap, progress=progress)
@@ -156,7 +156,7 @@ class ServerlessFamily(TableFamily[ServerlessProblem, ServerlessPlan]):
         rel_gap: float | None,
         progress: Progress,
     ) -> Result[ServerlessPlan]:
-        from energyopt.solvers.serverless_fast import solve_fast
+        from energyopt.families.serverless.solvers.fast import solve_fast
 
         limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
         return self._checked(p, solve_fast(p, time_limit_s=limit, rel_gap=gap, progress=progress))
@@ -184,10 +184,10 @@ class ServerlessFamily(TableFamily[ServerlessProblem, ServerlessPlan]):
     ) -> Result[ServerlessPlan]:
         """The whole-horizon MILP (``chosen`` milp) or its LP relaxation (lp), built
         only where it fits the time left; the fast plan kept where it costs less."""
-        from energyopt.formulations.serverless.milp import program_size
-        from energyopt.solvers.serverless_fast import solve_fast
-        from energyopt.solvers.serverless_milp import solve_milp, solve_relaxation
-        from energyopt.solvers.serverless_result import serverless_result
+        from energyopt.families.serverless.formulations.milp import program_size
+        from energyopt.families.serverless.solvers.fast import solve_fast
+        from energyopt.families.serverless.solvers.milp import solve_milp, solve_relaxation
+        from energyopt.families.serverless.solvers.result import serverless_result
 
         t0 = time.perf_counter()
         limit, gap = time_limit_s or DEFAULT_TIME_LIMIT_S, given(rel_gap, DEFAULT_GAP)
@@ -331,6 +331,6 @@ class ServerlessFamily(TableFamily[ServerlessProblem, ServerlessPlan]):
 
     def program(self, p: ServerlessProblem) -> Any:
         """The whole-horizon MILP the ``milp`` solver solves (a HiGHS model)."""
-        from energyopt.formulations.serverless.milp import build_milp, highs_lp
+        from energyopt.families.serverless.formulations.milp import build_milp, highs_lp
 
         return highs_lp(build_milp(p))

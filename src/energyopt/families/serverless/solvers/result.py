@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from energyopt.formulations.serverless.milp import FORMULATION_NAME
+from energyopt.families.serverless.formulations.milp import FORMULATION_NAME
+from energyopt.families.serverless.spec import ServerlessPlan
 from energyopt.solvers.result import Result, Status, Termination
-from energyopt.spec.serverless import ServerlessPlan
 
 
 def serverless_result(

@@ -1,5 +1,5 @@
 """The decode-merge decision: a priced greedy (the fast path) and the merge MILP
-with HiGHS (formulations/serverless/merge.py), and the policy that picks between
+with HiGHS (families/serverless/formulations/merge.py), and the policy that picks between
 them by the size of the candidate set.
 
 ``decide_merge`` always runs the greedy; where the candidate set has at most
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from energyopt.backends.highs import solve_mip
-from energyopt.formulations.serverless.merge import (
+from energyopt.families.serverless.formulations.merge import (
     KV_MARGIN_BYTES,
     NO_MERGE,
     MergeDecision,

@@ -27,7 +27,7 @@ import highspy
 import numpy as np
 import scipy.sparse as sp
 
-from energyopt.formulations.serverless.model import (
+from energyopt.families.serverless.formulations.model import (
     LINKS,
     NETWORK,
     NVLINK,
@@ -35,7 +35,7 @@ from energyopt.formulations.serverless.model import (
     IntArray,
     ServerlessProblem,
 )
-from energyopt.spec.serverless import Pool
+from energyopt.families.serverless.spec import Pool
 
 FORMULATION_NAME = "serverless joint prefill/decode MILP (pools x links x epochs, KV transfer)"
 RATE_EPS = 1e-7

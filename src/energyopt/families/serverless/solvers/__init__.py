@@ -1,0 +1,1 @@
+"""The serverless family's solvers: the epoch MILP, fast sizing and decode merging."""
