@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from energyopt.catalog import load_problem
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.verify import verify_plan
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.result import relative_gap
-from energyopt.solvers.serving import solve
-from energyopt.verify import verify_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PROVEN_GAP = 1e-4

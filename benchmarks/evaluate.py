@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from energyopt.sim.loop import evaluate
-from energyopt.sim.report import format_table, summary_rows
+from energyopt.families.serving.loop import evaluate
+from energyopt.families.serving.loop_report import format_table, summary_rows
 from energyopt.spec.evaluation import load_evaluation
 
 ROOT = Path(__file__).resolve().parents[1]

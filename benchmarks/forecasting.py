@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from energyopt.catalog import load_problem
+from energyopt.families.serving.loop import build_arrivals, resolve_relative
 from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.forecast import (
     AUTO_MIN_EPOCHS,
@@ -49,7 +50,6 @@ from energyopt.sim.forecast import (
     expected_rates_rps,
     raw_rates_rps,
 )
-from energyopt.sim.loop import build_arrivals, resolve_relative
 from energyopt.spec.evaluation import DiurnalLoad, Evaluation, Forecast, load_evaluation
 from online import loads
 

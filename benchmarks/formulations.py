@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from energyopt.catalog import load_problem
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.verify import verify_plan
 from energyopt.solvers.presets import load_preset
-from energyopt.solvers.serving import solve
-from energyopt.verify import verify_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTENDERS = [("pattern", "highs-pattern"), ("per-GPU", "highs-per-gpu"), ("plain", "highs-plain")]

@@ -40,8 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from energyopt.sim.loop import EvaluationResult, evaluate
-from energyopt.sim.report import summary_rows
+from energyopt.families.serving.loop import EvaluationResult, evaluate
+from energyopt.families.serving.loop_report import summary_rows
 from energyopt.spec.evaluation import (
     BurstyLoad,
     DiurnalLoad,
@@ -111,10 +111,10 @@ def clairvoyant_kwh(res: EvaluationResult) -> tuple[float, int]:
     of the simulated energy (docs/evaluation.md), but the bound charges no
     transitions, so the saving it implies is optimistic. A window whose
     rates do not fit the fleet is bounded at the largest fraction that fits."""
+    from energyopt.families.serving.solvers.solve import solve
+    from energyopt.families.serving.tables import scaled_problem
     from energyopt.solvers.presets import load_preset
     from energyopt.solvers.result import INFEASIBLE
-    from energyopt.solvers.serving import solve
-    from energyopt.tables.plans import scaled_problem
 
     ev = res.evaluation
     window = ev.forecast.window_s
@@ -202,9 +202,9 @@ def decisions_per_second(n: int = 200_000) -> tuple[float, float, int]:
     """(decisions/s, mean lookups per decision, budget) of ``GlobalScheduler.route``
     on fleet-16 with the energyopt plan at its base rates, on one core."""
     from energyopt.catalog.problem import load_problem
+    from energyopt.families.serving.solvers.solve import solve
     from energyopt.online import GlobalScheduler, GpuInfo, InstanceInfo, OpLookups
     from energyopt.solvers.presets import load_preset
-    from energyopt.solvers.serving import solve
 
     problem = load_problem(ROOT / "instances" / "fleet-16.yaml")
     plan = solve(problem, load_preset("highs-exact"), time_limit_s=20).plan

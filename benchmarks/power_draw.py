@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from energyopt.catalog.problem import load_problem
+from energyopt.families.serving.solvers.solve import solve
 from energyopt.sim.engine import Simulator
 from energyopt.sim.synthetic import poisson_arrivals
 from energyopt.solvers.presets import load_preset
-from energyopt.solvers.serving import solve
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = (ROOT / "instances" / "quickstart.yaml", ROOT / "instances" / "fleet-16.yaml")

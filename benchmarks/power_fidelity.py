@@ -27,7 +27,7 @@ energyopt's presets) on the same requests and prints, per planner:
 Then the clairvoyant yardstick, computed in the simulator: energyopt's joint
 planner (highs-exact) re-planned every 30 s with that window's true arrival
 rates (counted from the requests), replayed on the same requests with every
-transition charged (``run_clairvoyant`` in sim/loop.py); its simulated energy,
+transition charged (``run_clairvoyant`` in families/serving/loop.py); its simulated energy,
 and energyopt's saving against performance-first next to the yardstick's.
 
 Loads (benchmarks/online.py defines them; re-planned every 300 s with the trend
@@ -56,7 +56,7 @@ import sys
 import time
 from pathlib import Path
 
-from energyopt.sim.loop import (
+from energyopt.families.serving.loop import (
     CLAIRVOYANT_WINDOW_S,
     EvaluationResult,
     PlannerRun,

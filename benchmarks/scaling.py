@@ -44,10 +44,10 @@ def _rss_mib() -> float:
 def one_run(path: Path, solver: str, limit_s: float) -> dict[str, Any]:
     """Load, solve and verify in this process; the measurements as plain data."""
     from energyopt.catalog import load_problem
+    from energyopt.families.serving.solvers.solve import solve
+    from energyopt.families.serving.verify import verify_plan
     from energyopt.solvers.presets import load_preset
     from energyopt.solvers.result import relative_gap
-    from energyopt.solvers.serving import solve
-    from energyopt.verify import verify_plan
 
     base = _rss_mib()
     start = time.perf_counter()

@@ -35,9 +35,10 @@ from typing import Any
 import numpy as np
 
 from energyopt.catalog.problem import load_problem
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.tables import compile_table
 from energyopt.solvers.presets import load_preset
-from energyopt.solvers.serving import solve
-from energyopt.tables import Table, compile_table
+from energyopt.tables import Table
 from energyopt.tables.stdlib_reader import StdlibTable
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -532,8 +532,8 @@ def test_the_lowest_rate_gives_a_valid_covering_bound() -> None:
     underflowed, an internal error on fleet-10240)."""
     import numpy as np
 
-    from energyopt.formulations.serving.unit_bound import UnitCover
-    from energyopt.solvers.unit_bound import grid_cover_bound
+    from energyopt.families.serving.formulations.unit_bound import UnitCover
+    from energyopt.families.serving.solvers.unit_bound import grid_cover_bound
     from energyopt.spec.workload import MIN_RATE_RPS
 
     rng = np.random.default_rng(0)

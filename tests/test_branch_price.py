@@ -14,20 +14,20 @@ import numpy as np
 import pytest
 
 from energyopt.catalog import Problem, load_problem, resolve
+from energyopt.families.serving.formulations import pattern as pat
+from energyopt.families.serving.formulations.columns import idle_choices, shared_column
+from energyopt.families.serving.solvers import branch_price as bp
+from energyopt.families.serving.solvers import pattern_root
+from energyopt.families.serving.solvers.branch_lp import BranchLp
+from energyopt.families.serving.solvers.colgen import generate_columns
+from energyopt.families.serving.solvers.cover_cuts import MULTIPLIERS, cover_cut
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.verify import evaluate_plan, verify_plan
 from energyopt.formulations.errors import FormulationNotApplicable
-from energyopt.formulations.serving import pattern as pat
-from energyopt.formulations.serving.columns import idle_choices, shared_column
 from energyopt.perf.oppoints import build_op_table
-from energyopt.solvers import branch_price as bp
-from energyopt.solvers import pattern_root
-from energyopt.solvers.branch_lp import BranchLp
-from energyopt.solvers.colgen import generate_columns
-from energyopt.solvers.cover_cuts import MULTIPLIERS, cover_cut
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION, OPTIMAL, Termination
-from energyopt.solvers.serving import solve
 from energyopt.spec import Instance
-from energyopt.verify import evaluate_plan, verify_plan
 
 from .serving_exhaustive import random_instance, random_problems
 

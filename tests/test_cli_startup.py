@@ -88,7 +88,7 @@ def test_the_guard_sees_what_a_solve_imports() -> None:
     run = probe("solvers")
     assert run["code"] == 0 and "serving:" in str(run["out"])
     found = heavy_in(run["modules"])
-    for name in ("energyopt.solvers", "energyopt.families.serving", "highspy"):
+    for name in ("energyopt.solvers", "energyopt.families.serving.family", "highspy"):
         assert name in found
 
 

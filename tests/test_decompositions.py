@@ -12,15 +12,15 @@ from hypothesis import strategies as st
 from scipy.optimize import linprog
 
 from energyopt.catalog import Problem, resolve
-from energyopt.formulations.serving import pattern as pat
+from energyopt.families.serving.formulations import pattern as pat
+from energyopt.families.serving.solvers.pop import split_problem
+from energyopt.families.serving.solvers.shadow_price import find_prices
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.verify import evaluate_plan, verify_plan
 from energyopt.perf.oppoints import build_op_table
-from energyopt.solvers.pop import split_problem
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.result import INFEASIBLE, NO_SOLUTION
-from energyopt.solvers.serving import solve
-from energyopt.solvers.shadow_price import find_prices
 from energyopt.spec import Instance
-from energyopt.verify import evaluate_plan, verify_plan
 
 from .serving_helpers import (
     A100,

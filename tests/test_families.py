@@ -119,7 +119,7 @@ def test_a_serving_plan_that_fails_verification_is_never_hidden_by_a_fallback(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The dispatcher falls back only on 'not applicable' and backend failures."""
-    from energyopt.solvers import serving as solving
+    from energyopt.families.serving.solvers import solve as solving
     from energyopt.solvers.presets import load_preset
 
     fam = family("serving")

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from energyopt.formulations.serving import pattern as pat
+from energyopt.families.serving.formulations import pattern as pat
+from energyopt.families.serving.solvers.colgen import generate_columns
+from energyopt.families.serving.solvers.highs_direct import solve_master_mip, values_objective
 from energyopt.perf.oppoints import build_op_table
-from energyopt.solvers.colgen import generate_columns
-from energyopt.solvers.highs_direct import solve_master_mip, values_objective
 from tests.serving_helpers import A100, tiny_instance
 
 
@@ -52,7 +52,7 @@ def test_a_backend_that_returns_the_start_with_its_own_objective_is_solved_again
 ) -> None:
     """The reported highspy behaviour, emulated: with a start, the first run reports
     the objective of its own solution but hands back the start's values."""
-    import energyopt.solvers.highs_direct as hd
+    import energyopt.families.serving.solvers.highs_direct as hd
 
     problem = tiny_instance(
         [A100, A100],

@@ -115,3 +115,54 @@ def test_no_private_names_imported_across_modules() -> None:
         if name is not None and name.startswith("_") and not name.startswith("__")
     ]
     assert private == [], "\n".join(private)
+
+
+FACES = ("energyopt", "energyopt.__main__", "energyopt.api", "energyopt.cli", "energyopt.agent")
+"""The faces above the families: the public API, the CLI and the node agent."""
+REGISTRY = ("energyopt.families", "energyopt.families.contract")
+"""The registry and the Family contract, which every family implements."""
+
+
+def _family_of(module: str) -> str | None:
+    """The family whose package holds ``module`` (``energyopt.families.<kind>...``)."""
+    parts = module.split(".")
+    if (
+        len(parts) >= 3
+        and parts[1] == "families"
+        and f"energyopt.families.{parts[2]}" not in REGISTRY
+    ):
+        return parts[2]
+    return None
+
+
+def _is_face(module: str) -> bool:
+    return any(module == f or module.startswith(f + ".") for f in FACES if f != "energyopt") or (
+        module == "energyopt"
+    )
+
+
+def test_the_families_are_packages_and_the_layers_import_none_of_them() -> None:
+    """DESIGN's layout: one package per family under ``energyopt.families``; a family
+    imports shared layers, the registry and its own modules, never another family;
+    a shared layer imports no family (only the faces and the registry do)."""
+    modules = _modules()
+    families = {f for m in modules if (f := _family_of(m))}
+    assert families == {
+        "serving",
+        "taskgraph",
+        "colocation",
+        "keepalive",
+        "moe_edge",
+        "serverless",
+        "collective",
+    }
+    broken = []
+    for importer, imported, _ in _imports(modules):
+        home, target = _family_of(importer), _family_of(imported)
+        if target is None or home == target:
+            continue
+        if home is not None:
+            broken.append(f"family {home}: {importer} imports {imported}")
+        elif not _is_face(importer) and importer not in REGISTRY:
+            broken.append(f"shared layer {importer} imports {imported}")
+    assert broken == [], "\n".join(broken)

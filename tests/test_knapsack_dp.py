@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energyopt.formulations.serving.knapsack import KnapsackItems, best_configuration
+from energyopt.families.serving.formulations.knapsack import KnapsackItems, best_configuration
 
 STEP_GB = 1.0
 

@@ -7,12 +7,12 @@ import itertools
 import pytest
 
 from energyopt.catalog import builtin_catalog, load_problem, mig
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.verify import verify_plan
 from energyopt.perf.oppoints import share_capacity, share_options
 from energyopt.solvers.presets import load_preset
-from energyopt.solvers.serving import solve
 from energyopt.spec import GpuType
 from energyopt.spec.plan import Placement
-from energyopt.verify import verify_plan
 
 from .conftest import INSTANCES
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from energyopt.catalog import resolve
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.verify import evaluate_plan, verify_plan
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.result import OPTIMAL
-from energyopt.solvers.serving import solve
-from energyopt.verify import evaluate_plan, verify_plan
 
 from .serving_helpers import tiny_instance
 

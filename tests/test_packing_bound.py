@@ -11,11 +11,11 @@ import time
 import pytest
 
 from energyopt.catalog import Problem
-from energyopt.formulations.serving.classes import gpu_classes
-from energyopt.formulations.serving.costs import objective_costs
+from energyopt.families.serving.formulations.classes import gpu_classes
+from energyopt.families.serving.formulations.costs import objective_costs
+from energyopt.families.serving.solvers import packing_bound as pb
+from energyopt.families.serving.solvers.pool_milp import pool_milp_bound
 from energyopt.perf.oppoints import build_op_table
-from energyopt.solvers import packing_bound as pb
-from energyopt.solvers.pool_milp import pool_milp_bound
 
 from .serving_exhaustive import shared_random_problems
 

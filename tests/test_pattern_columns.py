@@ -18,21 +18,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from energyopt.catalog import Problem, resolve
-from energyopt.formulations.serving import pattern as pat
-from energyopt.formulations.serving.columns import Duals, price_configs, shared_column
-from energyopt.formulations.serving.configs import ConfigSet, enumerate_configs
-from energyopt.formulations.serving.knapsack import (
+from energyopt.families.serving.formulations import pattern as pat
+from energyopt.families.serving.formulations.columns import Duals, price_configs, shared_column
+from energyopt.families.serving.formulations.configs import ConfigSet, enumerate_configs
+from energyopt.families.serving.formulations.knapsack import (
     KnapsackItems,
     best_configuration,
     knapsack_items,
     repair_and_fill,
 )
-from energyopt.formulations.serving.master import build_master
+from energyopt.families.serving.formulations.master import build_master
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.verify import evaluate_plan
 from energyopt.perf.oppoints import build_op_table
 from energyopt.solvers.presets import load_preset
-from energyopt.solvers.serving import solve
 from energyopt.spec import Instance
-from energyopt.verify import evaluate_plan
 
 from .serving_exhaustive import exhaustive_optimum
 from .serving_helpers import CLOCKS, H100, tiny_instance

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from energyopt.catalog import Problem, load_problem
-from energyopt.formulations.serving.classes import gpu_classes
-from energyopt.formulations.serving.costs import objective_costs
+from energyopt.families.serving.formulations.classes import gpu_classes
+from energyopt.families.serving.formulations.costs import objective_costs
+from energyopt.families.serving.solvers import packing_bound as pb
+from energyopt.families.serving.solvers.backend import finish_plan
+from energyopt.families.serving.solvers.pool_milp import pack_point, pool_milp_bound
+from energyopt.families.serving.verify import evaluate_plan, verify_plan
 from energyopt.perf.oppoints import build_op_table
-from energyopt.solvers import packing_bound as pb
-from energyopt.solvers.pool_milp import pack_point, pool_milp_bound
-from energyopt.solvers.serving_backend import finish_plan
-from energyopt.verify import evaluate_plan, verify_plan
 
 from .serving_exhaustive import shared_random_problems
 

@@ -200,9 +200,9 @@ def test_simulated_draw_stays_under_the_caps_at_capacity() -> None:
     every placement at its SLO capacity (the most the router may send it), draws no
     more than each cap, in every 10-s bin of the simulated power meter."""
     from energyopt.catalog.problem import load_problem
+    from energyopt.families.serving.solvers.solve import solve
+    from energyopt.families.serving.verify import evaluate_plan
     from energyopt.solvers.presets import load_preset
-    from energyopt.solvers.serving import solve
-    from energyopt.verify.serving import evaluate_plan
 
     base = load_problem(_instance_path("quickstart.yaml"))
     data = base.instance.model_dump(mode="json", exclude_none=True)

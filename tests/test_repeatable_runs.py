@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from energyopt.catalog import Problem, load_problem
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.verify import verify_plan
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.result import Termination
-from energyopt.solvers.serving import solve
-from energyopt.verify import verify_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOWER = 3.0

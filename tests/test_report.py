@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from energyopt.catalog.problem import load_problem
+from energyopt.families.serving.report import format_plan, format_problem
+from energyopt.families.serving.verify import evaluate_plan
 from energyopt.perf.oppoints import build_op_table
-from energyopt.report import format_plan, format_problem
 from energyopt.spec.plan import GpuPlan, Placement, Plan
-from energyopt.verify.serving import evaluate_plan
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "instances" / "quickstart.yaml"
 

@@ -11,18 +11,19 @@ import numpy as np
 import pytest
 
 from energyopt.catalog import Problem, load_problem
+from energyopt.families.serving.formulations import pattern as pat
+from energyopt.families.serving.solvers import configurations as serving_configurations
+from energyopt.families.serving.solvers import residual_pack as rp
+from energyopt.families.serving.solvers import solve as serving
+from energyopt.families.serving.solvers.backend import finish_plan
+from energyopt.families.serving.solvers.master_lp import LpSession
+from energyopt.families.serving.solvers.pattern_root import Root, solve_root
+from energyopt.families.serving.solvers.residual_pack import residual_pack
+from energyopt.families.serving.verify import evaluate_plan, verify_plan
 from energyopt.formulations.errors import FormulationNotApplicable
-from energyopt.formulations.serving import pattern as pat
 from energyopt.perf.oppoints import build_op_table
-from energyopt.solvers import residual_pack as rp
-from energyopt.solvers import serving, serving_configurations
-from energyopt.solvers.master_lp import LpSession
-from energyopt.solvers.pattern_root import Root, solve_root
 from energyopt.solvers.presets import load_preset
-from energyopt.solvers.residual_pack import residual_pack
 from energyopt.solvers.result import FEASIBLE, relative_gap
-from energyopt.solvers.serving_backend import finish_plan
-from energyopt.verify import evaluate_plan, verify_plan
 
 from .serving_exhaustive import shared_random_problems
 

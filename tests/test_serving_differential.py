@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from energyopt.families import Stated, check_stated, family
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.verify import evaluate_plan
 from energyopt.solvers.presets import available_presets, load_preset
 from energyopt.solvers.result import INFEASIBLE, OPTIMAL
-from energyopt.solvers.serving import solve
-from energyopt.verify.serving import evaluate_plan
 from tests.serving_exhaustive import random_problems
 
 SEED = 20

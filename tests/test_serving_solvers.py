@@ -7,12 +7,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from energyopt.catalog import Problem, load_problem
+from energyopt.families.serving.solvers.diagnose import _minimum_power_w
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.verify import evaluate_plan, verify_plan
 from energyopt.perf.oppoints import build_op_table
-from energyopt.solvers.diagnose import _minimum_power_w
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.result import INFEASIBLE, OPTIMAL
-from energyopt.solvers.serving import solve
-from energyopt.verify import evaluate_plan, verify_plan
 
 from .conftest import INSTANCES
 from .serving_exhaustive import exhaustive_optimum, shared_random_problems

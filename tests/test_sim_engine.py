@@ -9,18 +9,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from energyopt.catalog import Problem, resolve
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.tables import scaled_problem
+from energyopt.families.serving.verify import verify_plan
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.engine import Simulator
 from energyopt.sim.passes import PassTables
 from energyopt.sim.synthetic import poisson_arrivals
 from energyopt.solvers.presets import load_preset
-from energyopt.solvers.serving import solve
 from energyopt.spec import Instance
 from energyopt.spec.evaluation import Transitions
 from energyopt.spec.plan import GpuPlan, Placement, Plan
-from energyopt.tables.plans import scaled_problem
-from energyopt.verify.serving import verify_plan
 
 H100 = "H100-SXM5-80GB"
 

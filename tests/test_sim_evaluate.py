@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from energyopt.cli import main
-from energyopt.sim import plots
+from energyopt.families.serving import plots
 
 BASE = {
     "name": "eval-tiny",
@@ -116,7 +116,7 @@ def test_bad_specs_name_the_file_and_field(
 def test_table_planner_replays_plans_of_a_compiled_table(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from energyopt.tables import compile_table
+    from energyopt.families.serving.tables import compile_table
 
     spec = write_spec(
         tmp_path,
@@ -174,7 +174,7 @@ def test_evaluate_keeps_the_catalog_given_on_the_command_line(
 
 def _tiny_planner(kind: str) -> tuple[object, dict[str, float]]:
     from energyopt.catalog.problem import resolve
-    from energyopt.sim.planners import make_planner
+    from energyopt.families.serving.planners import make_planner
     from energyopt.spec.evaluation import PlannerSpec
     from energyopt.spec.instance import Instance
 
@@ -191,7 +191,7 @@ def test_a_planner_backs_off_when_no_plan_is_found_and_says_whether_it_was_prove
     diurnal load at t = 0) must not leave the run without a plan: the planner backs
     off to 90 % of the forecast and marks the shortfall unproven; after a proof of
     infeasibility it backs off too, marked proven."""
-    from energyopt.solvers import serving
+    from energyopt.families.serving.solvers import solve as serving
     from energyopt.solvers.result import Result, Status
 
     real = serving.solve
@@ -222,7 +222,7 @@ def test_a_planner_under_a_deep_overload_finds_the_largest_fraction_that_fits(
     spec left every planner with "no plan for the initial load"): past the 0.9 steps
     the planner halves the fraction, then bisects, and plans for a fraction within
     8 % of the largest that fits, never above it."""
-    from energyopt.solvers import serving
+    from energyopt.families.serving.solvers import solve as serving
     from energyopt.solvers.result import INFEASIBLE, Result
 
     real = serving.solve

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from energyopt.sim.loop import EvaluationResult, evaluate
-from energyopt.sim.plots import (
+from energyopt.families.serving.loop import EvaluationResult, evaluate
+from energyopt.families.serving.loop_report import COLUMNS, HEADER, format_table, write_csvs
+from energyopt.families.serving.plots import (
     coinciding,
     draw_attainment,
     draw_power,
@@ -20,7 +21,6 @@ from energyopt.sim.plots import (
     styles,
     zoomed_range,
 )
-from energyopt.sim.report import COLUMNS, HEADER, format_table, write_csvs
 from energyopt.spec.evaluation import load_evaluation
 from tests.test_sim_evaluate import write_spec
 

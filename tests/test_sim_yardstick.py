@@ -13,7 +13,7 @@ import yaml
 
 from energyopt.catalog.problem import load_problem
 from energyopt.cli import main
-from energyopt.sim.loop import (
+from energyopt.families.serving.loop import (
     CLAIRVOYANT_WINDOW_S,
     EvaluationResult,
     build_arrivals,
@@ -22,11 +22,11 @@ from energyopt.sim.loop import (
     planning_problem,
     run_clairvoyant,
 )
-from energyopt.sim.remap import plan_rates_rps, problem_at_plan_rates
+from energyopt.families.serving.remap import plan_rates_rps, problem_at_plan_rates
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.verify import evaluate_plan
 from energyopt.solvers.presets import load_preset
-from energyopt.solvers.serving import solve
 from energyopt.spec.evaluation import PlannerSpec, load_evaluation
-from energyopt.verify.serving import evaluate_plan
 
 BASE = {
     "name": "yardstick-tiny",

@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from energyopt.catalog.problem import Problem, load_problem
+from energyopt.families.serving.tables import compile_table
 from energyopt.online import OpLookups
 from energyopt.perf.energy import LINE_LOW_ANCHOR, steady_power_w
 from energyopt.perf.queueing import metrics_at
-from energyopt.tables import SloTier, Table, TableError, compile_table, write_table
+from energyopt.tables import SloTier, Table, TableError, write_table
 from energyopt.tables.oppoints import build_oppoint_columns, op_grid
 from energyopt.tables.variants import one_gpu_per_type, variant
 

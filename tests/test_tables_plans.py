@@ -14,17 +14,18 @@ from hypothesis import strategies as st
 
 from energyopt.catalog.problem import load_problem
 from energyopt.cli import main
+from energyopt.families.serving import tables as plans_mod
+from energyopt.families.serving.planners import TablePlanner
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.tables import compile_table
 from energyopt.perf.forward import decode_pass
 from energyopt.perf.queueing import decode_context, metrics_at
-from energyopt.sim.planners import TablePlanner
 from energyopt.solvers.presets import load_preset
-from energyopt.solvers.serving import solve
 from energyopt.spec.errors import SpecError
 from energyopt.spec.evaluation import PlannerSpec
 from energyopt.spec.plan import Plan
-from energyopt.tables import Axis, ColumnData, Table, compile_table, write_table
+from energyopt.tables import Axis, ColumnData, Table, write_table
 from energyopt.tables import local as local_mod
-from energyopt.tables import plans as plans_mod
 from energyopt.tables.spec import load_compile_spec
 from energyopt.tables.variants import variant
 

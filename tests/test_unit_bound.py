@@ -16,17 +16,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from energyopt.catalog.problem import load_problem
-from energyopt.formulations.serving.classes import gpu_classes
-from energyopt.formulations.serving.columns import Duals
-from energyopt.formulations.serving.costs import objective_costs
-from energyopt.formulations.serving.unit_bound import UnitCover, undominated, unit_relaxation
-from energyopt.perf.oppoints import build_op_table
-from energyopt.solvers.unit_bound import (
+from energyopt.families.serving.formulations.classes import gpu_classes
+from energyopt.families.serving.formulations.columns import Duals
+from energyopt.families.serving.formulations.costs import objective_costs
+from energyopt.families.serving.formulations.unit_bound import (
+    UnitCover,
+    undominated,
+    unit_relaxation,
+)
+from energyopt.families.serving.solvers.unit_bound import (
     best_unit_bound,
     cover_bound,
     grid_cover_bound,
     unit_decomposition_bound,
 )
+from energyopt.perf.oppoints import build_op_table
 
 from .serving_exhaustive import shared_random_problems
 

@@ -9,10 +9,10 @@ import pytest
 
 from energyopt.catalog import load_problem
 from energyopt.cli import main
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.verify import verify_plan
 from energyopt.solvers.presets import load_preset
-from energyopt.solvers.serving import solve
 from energyopt.spec import GpuPlan, Placement, Plan
-from energyopt.verify import verify_plan
 
 from .conftest import INSTANCES
 
@@ -120,7 +120,7 @@ def test_a_cap_below_the_worst_case_draw_fails(solved) -> None:
     """Caps hold the worst-case draw (every placement at its SLO capacity), not the
     predicted power at the planned rates: a cap between the two is broken."""
     from energyopt.catalog import resolve
-    from energyopt.verify import evaluate_plan
+    from energyopt.families.serving.verify import evaluate_plan
 
     problem, plan = solved
     ev = evaluate_plan(problem, plan)

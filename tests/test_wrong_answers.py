@@ -13,12 +13,12 @@ import yaml
 from energyopt.catalog import resolve
 from energyopt.cli import main
 from energyopt.families import Stated, check_stated, family
+from energyopt.families.serving.solvers.solve import solve
+from energyopt.families.serving.verify import evaluate_plan
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.result import INFEASIBLE, OPTIMAL
-from energyopt.solvers.serving import solve
 from energyopt.spec import Instance
 from energyopt.spec.errors import SpecError
-from energyopt.verify.serving import evaluate_plan
 from tests.serving_exhaustive import exhaustive_optimum
 
 H100 = "H100-SXM5-80GB"

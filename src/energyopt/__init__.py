@@ -117,7 +117,7 @@ class _Package(types.ModuleType):
     """The ``energyopt`` module's type: ``energyopt.verify`` is the API function,
     though ``energyopt.verify`` is also the subpackage of the verifiers, whose first
     import writes the subpackage over the package's attribute of that name.
-    ``from energyopt.verify import ...`` and ``import energyopt.verify.serving`` keep
+    ``from energyopt.verify import ...`` and ``import energyopt.verify.violation`` keep
     working (they read ``sys.modules``); ``import energyopt.verify.x as y`` does not,
     since it reads the attribute."""
 

@@ -41,7 +41,7 @@ from energyopt.spec.io import in_memory, read_data, validation_problems
 from energyopt.verify.violation import Violation
 
 if TYPE_CHECKING:
-    from energyopt.sim.loop import EvaluationResult
+    from energyopt.families.serving.loop import EvaluationResult
 
 __all__ = [
     "DICT_SOURCE",
@@ -370,7 +370,7 @@ def compile(  # the table compiler's verb, as ``energyopt compile``
     a Dask distributed scheduler to solve cells on instead. Resumable as ``energyopt
     compile`` is. InputError naming the kind for any other file (the problem
     families other than serving have no tables built here)."""
-    from energyopt.tables import compile_table
+    from energyopt.families.serving.tables import compile_table
 
     path = os.fspath(spec)
     if not os.fspath(output).strip():
@@ -395,7 +395,7 @@ def evaluate(
 ) -> EvaluationResult:
     """Replay an evaluation spec's load (``kind: evaluate``, over a serving instance)
     against its planners in the simulator, as ``energyopt evaluate`` does; returns
-    every planner's run (``energyopt.sim.loop.EvaluationResult``:
+    every planner's run (``energyopt.families.serving.loop.EvaluationResult``:
     ``runs``, each with its energy in J and SLO attainment; ``skipped``; ``failed``).
 
     ``planners``: run only these; ``duration_s``: override the spec's duration
@@ -403,8 +403,8 @@ def evaluate(
     write the CSV files there (and the plots with ``plots``; nothing is written
     without ``output_dir``). InputError naming the kind for any other file."""
     from energyopt.cli.documents import validate_evaluation
-    from energyopt.sim.loop import CLAIRVOYANT, PlanningError, run_clairvoyant
-    from energyopt.sim.loop import evaluate as run_evaluation
+    from energyopt.families.serving.loop import CLAIRVOYANT, PlanningError, run_clairvoyant
+    from energyopt.families.serving.loop import evaluate as run_evaluation
     from energyopt.spec.evaluation import load_evaluation
 
     path = os.fspath(spec)
@@ -431,8 +431,8 @@ def evaluate(
         except PlanningError as exc:
             res.failed.append(str(exc))
     if output_dir is not None:
-        from energyopt.sim.plots import write_plots
-        from energyopt.sim.report import write_csvs
+        from energyopt.families.serving.loop_report import write_csvs
+        from energyopt.families.serving.plots import write_plots
 
         write_csvs(res, Path(output_dir))
         if plots:

@@ -40,7 +40,7 @@ def validate_compile_spec(path: str, catalogs: Sequence[str]) -> str:
 
 def validate_evaluation(path: str, catalogs: Sequence[str]) -> str:
     """One-line summary of a valid evaluation spec; its base instance is checked too."""
-    from energyopt.families.serving import load_instance
+    from energyopt.families.serving.family import load_instance
     from energyopt.sim.trace import read_trace
     from energyopt.solvers.presets import load_preset
     from energyopt.spec.evaluation import load_evaluation, resolve_relative

@@ -35,9 +35,14 @@ def run(args: argparse.Namespace) -> int:
     """Run the evaluation; exit 0, or 2 on bad input (SpecError, handled by main)."""
     from energyopt.cli.common import EXIT_OK, progress
     from energyopt.cli.documents import expect_document, validate_evaluation
-    from energyopt.sim.loop import CLAIRVOYANT, PlanningError, evaluate, run_clairvoyant
-    from energyopt.sim.plots import PLOT_HINT, write_plots
-    from energyopt.sim.report import format_table, write_csvs
+    from energyopt.families.serving.loop import (
+        CLAIRVOYANT,
+        PlanningError,
+        evaluate,
+        run_clairvoyant,
+    )
+    from energyopt.families.serving.loop_report import format_table, write_csvs
+    from energyopt.families.serving.plots import PLOT_HINT, write_plots
     from energyopt.spec.errors import SpecError
     from energyopt.spec.evaluation import load_evaluation
 

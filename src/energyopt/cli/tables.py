@@ -11,7 +11,7 @@ from energyopt.spec.errors import SpecError
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from energyopt.cli.documents import expect_document
-    from energyopt.tables import compile_table
+    from energyopt.families.serving.tables import compile_table
 
     output_path(args.output)  # `-o ''` is named before the compile, not after
     expect_document(args.spec, ("plans", "oppoints"), "compile")

@@ -20,14 +20,14 @@ from energyopt.spec.errors import SpecError
 
 if TYPE_CHECKING:
     from energyopt.families.contract import Family, NotExportable, SolverEntry, Stated
+    from energyopt.families.serving.solvers.solve import PlanVerificationError
     from energyopt.solvers.result import Result
-    from energyopt.solvers.serving import PlanVerificationError
     from energyopt.verify.violation import Violation
 
     AnyFamily = Family[Any, Any]
 
 BUILTIN: dict[str, str] = {
-    "serving": "energyopt.families.serving:ServingFamily",
+    "serving": "energyopt.families.serving.family:ServingFamily",
     "taskgraph": "energyopt.families.taskgraph.family:TaskGraphFamily",
     "colocation": "energyopt.families.colocation.family:ColocationFamily",
     "keepalive": "energyopt.families.keepalive.family:KeepAliveFamily",
@@ -97,7 +97,7 @@ def certify(fam: AnyFamily, problem: Any, result: Result[Any], rel_gap: float, n
         return
     violations = fam.verify(problem, result.plan)
     if violations:
-        from energyopt.solvers.serving import PlanVerificationError
+        from energyopt.families.serving.solvers.solve import PlanVerificationError
 
         raise PlanVerificationError(
             f"{result.solver}: plan fails verification:\n" + "\n".join(str(v) for v in violations)
@@ -160,7 +160,7 @@ _LAZY: dict[str, str] = {
     "NotExportable": "energyopt.families.contract",
     "SolverEntry": "energyopt.families.contract",
     "Stated": "energyopt.families.contract",
-    "PlanVerificationError": "energyopt.solvers.serving",
+    "PlanVerificationError": "energyopt.families.serving.solvers.solve",
 }
 """Names this module exports from others, imported on first use."""
 

@@ -1,6 +1,6 @@
-"""Independent plan checkers: problem + plan -> every violated constraint."""
+"""What every family's verifier returns: a list of violated constraints
+(``Violation``). The verifiers themselves live in their families' packages."""
 
-from energyopt.verify.serving import PlanEvaluation, evaluate_plan, verify_plan
 from energyopt.verify.violation import Violation
 
-__all__ = ["PlanEvaluation", "Violation", "evaluate_plan", "verify_plan"]
+__all__ = ["Violation"]

@@ -1,0 +1,427 @@
+"""The planning loop: every epoch, forecast the load from the recent past, ask the
+planner for a plan, check it, and apply it in the simulator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from energyopt.catalog.problem import Problem, load_problem
+from energyopt.families.serving.planners import Planner, SolverPlanner, make_planner
+from energyopt.families.serving.remap import plan_rates_rps, problem_at_plan_rates, stabilize
+from energyopt.families.serving.verify import evaluate_plan, verify_plan
+from energyopt.online import ErrorHeadroom, OnlineConfig, OnlinePolicy, OpLookups
+from energyopt.online.local_scheduler import LocalConfig
+from energyopt.perf.power import gpu_on_power_w
+from energyopt.sim.arrivals import Arrivals
+from energyopt.sim.engine import SimResult, Simulator
+from energyopt.sim.forecast import (
+    expected_rates_rps,
+    peak_rates_rps,
+    planned_rates_rps,
+    raw_rates_rps,
+)
+from energyopt.sim.passes import PassTables
+from energyopt.sim.synthetic import synthetic_arrivals
+from energyopt.sim.trace import trace_arrivals
+from energyopt.spec.errors import SpecError
+from energyopt.spec.evaluation import (
+    Evaluation,
+    Forecast,
+    PlannerSpec,
+    TraceLoad,
+    resolve_relative,
+)
+from energyopt.spec.plan import Plan
+
+Say = Callable[[str], None]
+
+
+class PlanningError(RuntimeError):
+    """A planner has no plan for the initial load."""
+
+
+@dataclass
+class Tally:
+    """What a planner did over the run."""
+
+    solver_s: list[float] = field(default_factory=list)  # wall time of each planning call
+    solves: int = 0
+    shortfall_epochs: int = 0  # planned for less than the forecast (fleet too small)
+    unproven_shortfall_epochs: int = 0  # of those: no plan in the time limit, not a proof
+    unplanned_epochs: int = 0  # no plan: the previous one kept
+    rejected_plans: int = 0  # plans the verifier rejected at their planned load
+    predicted_j: float = 0.0  # the planners' own power figures times epoch lengths
+    predicted_static_j: float = 0.0  # of which the on-GPUs' power at their clocks, idle
+    # the same plans' power on the model at the rates that arrived while each was in
+    # force (no forecast error): predicted_j - this is the forecast's part of the gap
+    predicted_arrivals_j: float = 0.0
+    # the same plans' power at the load each epoch was expected to carry (the
+    # forecast's mean rate, forecast.expected_rates_rps; a static plan: the
+    # horizon's mean), not the peak with headroom the plans are sized for
+    predicted_expected_j: float = 0.0
+    headroom: list[list[float]] = field(default_factory=list)  # per epoch, per workload
+    planned_rps: list[list[float]] = field(default_factory=list)  # per plan asked, per workload
+
+
+@dataclass
+class PlannerRun:
+    """One planner's evaluation: the simulation and the planner's tally."""
+
+    name: str
+    kind: str
+    result: SimResult
+    tally: Tally
+
+    @property
+    def solver_s(self) -> list[float]:
+        """Wall time of each planning call (s)."""
+        return self.tally.solver_s
+
+    @property
+    def solver_s_per_epoch(self) -> float:
+        """Mean planning wall time per epoch (s)."""
+        return float(np.mean(self.solver_s)) if self.solver_s else 0.0
+
+
+@dataclass
+class EvaluationResult:
+    """Every planner's run on one load."""
+
+    evaluation: Evaluation
+    problem: Problem
+    arrivals: Arrivals
+    runs: list[PlannerRun]
+    skipped: list[str]
+    failed: list[str]
+
+
+def _say_nothing(_: str) -> None:
+    return None
+
+
+def build_arrivals(ev: Evaluation, problem: Problem, spec_path: str | Path) -> Arrivals:
+    """The requests of the evaluation's load."""
+    workloads = problem.instance.workloads
+    if isinstance(ev.load, TraceLoad):
+        return trace_arrivals(
+            resolve_relative(spec_path, ev.load.file),
+            workloads,
+            start_s=ev.load.start_s,
+            duration_s=ev.duration_s,
+            load_scale=ev.load.load_scale,
+            tokens=ev.load.tokens,
+            seed=ev.seed,
+        )
+    return synthetic_arrivals(ev.load, workloads, ev.duration_s, ev.seed)
+
+
+def planning_problem(problem: Problem, arrivals: Arrivals) -> Problem:
+    """``problem`` with each workload's mean prompt and output tokens set to those of
+    its requests (a deployment knows its traffic's token statistics)."""
+    prompt, output = arrivals.mean_tokens()
+    workloads = []
+    for k, w in enumerate(problem.instance.workloads):
+        if not np.isfinite(prompt[k]):
+            workloads.append(w)
+            continue
+        workloads.append(
+            w.model_copy(
+                update={
+                    "prompt_tokens": w.prompt_tokens.model_copy(
+                        update={"mean": float(prompt[k]), "max": None}
+                    ),
+                    "output_tokens": w.output_tokens.model_copy(
+                        update={"mean": float(output[k]), "max": None}
+                    ),
+                }
+            )
+        )
+    inst = problem.instance.model_copy(update={"workloads": tuple(workloads)})
+    return problem.with_instance(inst)
+
+
+def online_policy(ev: Evaluation, lookups: OpLookups) -> OnlinePolicy:
+    """The online control the evaluation's ``online:`` block configures."""
+    o = ev.online
+    config = OnlineConfig(
+        risk_utilization=o.risk_utilization,
+        calm_utilization=o.calm_utilization,
+        hold_s=o.hold_s,
+        rate_tau_s=o.rate_tau_s,
+        backlog_fraction=o.backlog_fraction,
+        queue_factor=o.queue_factor,
+        wake_after_s=o.wake_after_s,
+        shift=o.shift,
+        wake=o.wake,
+    )
+    return OnlinePolicy(lookups, config, o.local, LocalConfig(), o.max_chunk)
+
+
+def run_planner(
+    ev: Evaluation,
+    problem: Problem,
+    arrivals: Arrivals,
+    planner: Planner,
+    tables: PassTables,
+    say: Say = _say_nothing,
+    record: bool = False,
+    lookups: OpLookups | None = None,
+) -> PlannerRun:
+    """Simulate ``planner`` on ``arrivals`` over the evaluation window. A planner with
+    ``online: true`` runs the online control (``lookups``: its operating-point
+    table, built from ``problem`` when None) and sizes its forecasts with
+    headroom from the observed forecast error (online/headroom.py)."""
+    base = np.asarray([w.rate_rps for w in problem.instance.workloads])
+    names = [w.name for w in problem.instance.workloads]
+    fc = ev.forecast
+    window = ev.duration_s
+    run = Tally()
+    current: list[Plan | None] = [None]
+    current_at: list[Problem] = [problem]  # the problem ``current`` was priced on
+    since = [0.0]
+    online = planner.spec.online and not planner.static
+    policy: OnlinePolicy | None = None
+    errors: ErrorHeadroom | None = None
+    last_raw: list[tuple[float, np.ndarray]] = []
+    if planner.spec.online:
+        policy = online_policy(ev, lookups or OpLookups.build(problem))
+    if online:
+        errors = ErrorHeadroom(
+            len(names),
+            quantile=ev.online.error_quantile,
+            epochs=ev.online.error_epochs,
+            default=fc.headroom,
+            max_headroom=ev.online.max_headroom,
+            min_headroom=ev.online.min_headroom,
+        )
+    unit = fc.model_copy(update={"headroom": 1.0})
+    expected_now: list[dict[str, float]] = [{}]  # the load the epoch's plan should carry
+    expected_at: list[dict[str, float]] = [{}]  # that of the plan in force
+
+    def decide(now: float, raw: np.ndarray) -> Plan | None:
+        if errors is not None:
+            if last_raw:
+                t0, before = last_raw[-1]
+                errors.record(before, arrivals.window_rates_rps(t0, now, fc.window_s))
+            last_raw.append((now, raw))
+            headroom = errors.headroom()
+            run.headroom.append(headroom.tolist())
+            rates = planned_rates_rps(raw * headroom, base, unit)
+        else:
+            rates = planned_rates_rps(raw, base, fc)
+        run.planned_rps.append(rates.tolist())
+        planned = planner.plan(dict(zip(names, rates.tolist(), strict=True)))
+        run.solver_s.append(planned.wall_s)
+        run.solves += planned.solves
+        if planned.plan is None:
+            run.unplanned_epochs += 1
+            say(f"{planner.name}: t={now:.0f} s: no plan; keeping the current one")
+            return None
+        if planned.served_fraction < 1.0 - 1e-9:
+            run.shortfall_epochs += 1
+            run.unproven_shortfall_epochs += int(planned.unproven)
+            say(
+                f"{planner.name}: t={now:.0f} s: planned for "
+                f"{100 * planned.served_fraction:.0f} % of the forecast ("
+                + (
+                    "no plan for more in the time limit)"
+                    if planned.unproven
+                    else "more is infeasible)"
+                )
+            )
+        # checked, kept in place and priced on the problem the planner solved: a
+        # latency margin lowers every op's capacity, so its power line and its
+        # worst-case draw (the power limit the plan sets)
+        own = planner.problem if isinstance(planner, SolverPlanner) else problem
+        at = problem_at_plan_rates(own, planned.plan)
+        if verify_plan(at, planned.plan):
+            run.rejected_plans += 1
+        plan = stabilize(at, planned.plan, current[0])
+        close(now)
+        current[0] = plan
+        current_at[0] = at
+        expected_at[0] = expected_now[0]
+        since[0] = now
+        return plan
+
+    def close(now: float) -> None:
+        """Add the plan in force since ``since`` to the predicted energies."""
+        plan = current[0]
+        if plan is None or now <= since[0]:
+            return
+        span = now - since[0]
+        run.predicted_j += _power_w(plan) * span
+        run.predicted_static_j += _static_w(problem, plan) * span
+        came = arrivals.count_between(since[0], now) / span
+        true = dict(zip(names, came.tolist(), strict=True))
+        run.predicted_arrivals_j += plan_power_at_rates_w(current_at[0], plan, true) * span
+        expected = expected_at[0]
+        run.predicted_expected_j += plan_power_at_rates_w(current_at[0], plan, expected) * span
+
+    if planner.static:
+        first_raw = peak_rates_rps(arrivals, window, fc)
+        mean = arrivals.count_between(0.0, window).astype(np.float64) / window
+    else:
+        first_raw = raw_rates_rps(arrivals, 0.0, ev.epoch_s, fc, window)
+        mean = expected_rates_rps(arrivals, 0.0, ev.epoch_s, fc, window)
+    expected_now[0] = dict(zip(names, mean.tolist(), strict=True))
+    first = decide(0.0, first_raw)
+    if first is None:
+        raise PlanningError(f"{planner.name}: no plan for the initial load")
+    sim = Simulator(
+        problem,
+        arrivals,
+        window_s=window,
+        drain_s=ev.drain_s,
+        transitions=ev.transitions,
+        colocation_slowdown=ev.colocation_slowdown,
+        bin_s=ev.power_bin_s,
+        record=record,
+        tables=tables,
+        online=policy,
+    )
+
+    def replan(now: float) -> Plan | None:
+        say(f"{planner.name}: re-planning at t={now:.0f} s")
+        mean = expected_rates_rps(arrivals, now, ev.epoch_s, fc, window)
+        expected_now[0] = dict(zip(names, mean.tolist(), strict=True))
+        return decide(now, raw_rates_rps(arrivals, now, ev.epoch_s, fc, window))
+
+    result = sim.run(first, None if planner.static else ev.epoch_s, replan)
+    close(window)
+    return PlannerRun(planner.name, planner.spec.kind, result, run)
+
+
+def _power_w(plan: Plan) -> float:
+    return sum(gp.predicted_power_w for gp in plan.gpus)
+
+
+def plan_power_at_rates_w(problem: Problem, plan: Plan, rates_rps: dict[str, float]) -> float:
+    """The model's power (W) of ``plan`` when its workloads' requests arrive at
+    ``rates_rps`` (req/s) instead of the rates it routes: every placement's rate
+    scaled by its workload's arrivals over its planned rate (the simulator routes in
+    proportion to the planned rates), priced by the verifier on the power lines of
+    ``problem``, the problem the plan was made for (on-power of each GPU that is on,
+    plus each placement's line at its scaled rate, 0 at rate 0)."""
+    planned = plan_rates_rps(plan)
+    factor = {
+        name: rates_rps.get(name, 0.0) / rate if rate > 0 else 0.0
+        for name, rate in planned.items()
+    }
+    gpus = tuple(
+        gp.model_copy(
+            update={
+                "placements": tuple(
+                    pl.model_copy(
+                        update={"rate_rps": pl.rate_rps * factor.get(pl.workload, 0.0)}
+                    )
+                    for pl in gp.placements
+                )
+            }
+        )
+        for gp in plan.gpus
+    )
+    return evaluate_plan(problem, plan.model_copy(update={"gpus": gpus})).total_power_w
+
+
+def _static_w(problem: Problem, plan: Plan) -> float:
+    """The part of ``_power_w`` that does not depend on the load: each on GPU's
+    power at its locked clock with nothing running (W)."""
+    return sum(
+        gpu_on_power_w(problem.gpu_type(gp.type), gp.clock_mhz)
+        for gp in plan.gpus
+        if gp.on and gp.clock_mhz is not None
+    )
+
+
+def evaluate(
+    ev: Evaluation,
+    spec_path: str | Path,
+    *,
+    only: list[str] | None = None,
+    say: Say = _say_nothing,
+    catalogs: list[str] | None = None,
+) -> EvaluationResult:
+    """Run every planner of ``ev`` (or those named in ``only``) on its load."""
+    base_path = resolve_relative(spec_path, ev.base)
+    if not base_path.exists():
+        raise SpecError([f"{spec_path}: base: no such file {base_path}"])
+    problem = load_problem(base_path, catalogs or ())
+    arrivals = build_arrivals(ev, problem, spec_path)
+    say(
+        f"{len(arrivals)} requests over {ev.duration_s:g} s "
+        f"({len(arrivals) / ev.duration_s:.2f} req/s)"
+    )
+    planning = planning_problem(problem, arrivals)
+    specs = [p for p in ev.planners if only is None or p.name in only]
+    online = any(p.online for p in specs)
+    tables = PassTables(planning, ev.online.max_chunk if online else 0)
+    lookups = OpLookups.build(planning) if online else None
+    if only is not None:
+        unknown = sorted(set(only) - {p.name for p in ev.planners})
+        if unknown:
+            names = ", ".join(p.name for p in ev.planners)
+            raise SpecError([f"--planner: unknown planner(s) {unknown}; the spec has {names}"])
+    runs: list[PlannerRun] = []
+    skipped: list[str] = []
+    failed: list[str] = []
+    for i, spec in enumerate(specs):
+        try:
+            planner = make_planner(spec, planning, spec_path)
+        except SpecError as exc:
+            raise SpecError(
+                [f"{spec_path}: planners[{i}]({spec.name}): {p}" for p in exc.problems]
+            ) from None
+        if planner is None:
+            skipped.append(f"{spec.name}: table {spec.table} not found")
+            say(f"{spec.name}: skipped (table {spec.table} not found)")
+            continue
+        say(f"{spec.name}: simulating")
+        try:
+            runs.append(run_planner(ev, planning, arrivals, planner, tables, say, lookups=lookups))
+        except PlanningError as exc:
+            failed.append(str(exc))
+            say(str(exc))
+    return EvaluationResult(ev, planning, arrivals, runs, skipped, failed)
+
+
+CLAIRVOYANT_WINDOW_S = 30.0
+"""The clairvoyant yardstick re-plans every this many seconds (s)."""
+
+CLAIRVOYANT = PlannerSpec(name="clairvoyant", kind="energyopt", solver="highs-exact")
+"""The yardstick's planner: energyopt's joint planner (exact preset)."""
+
+
+def clairvoyant_evaluation(ev: Evaluation, window_s: float = CLAIRVOYANT_WINDOW_S) -> Evaluation:
+    """``ev`` as the clairvoyant yardstick runs it: a plan every ``window_s`` seconds for
+    the rates that arrive in that window (the oracle forecast over one window: the
+    window's requests counted over its length), with no headroom and no rounding
+    beyond 1e-6 of each base rate; a workload with no request in a window is planned
+    at 1e-3 of its base rate (the floor every forecast has)."""
+    fc = Forecast(method="oracle", window_s=window_s, headroom=1.0, quantum=1e-6, floor=1e-3)
+    return ev.model_copy(update={"epoch_s": window_s, "forecast": fc})
+
+
+def run_clairvoyant(
+    res: EvaluationResult,
+    spec: PlannerSpec = CLAIRVOYANT,
+    window_s: float = CLAIRVOYANT_WINDOW_S,
+    say: Say = _say_nothing,
+) -> PlannerRun:
+    """The clairvoyant yardstick on ``res``'s load: ``spec`` (an energyopt planner)
+    re-planned every ``window_s`` seconds with each window's true arrival rates
+    (``clairvoyant_evaluation``), replayed in the simulator on the same requests as
+    every planner of ``res``, transitions and all. No deployable planner knows the
+    coming window's rates; how far it falls short of this run is what forecasting
+    costs. Raises PlanningError when there is no plan for the first window."""
+    if spec.kind != "energyopt" or spec.online:
+        raise ValueError(f"the yardstick plans with an energyopt planner, not {spec.kind}")
+    ev = clairvoyant_evaluation(res.evaluation, window_s)
+    planner = make_planner(spec, res.problem, ".")
+    assert planner is not None  # a solver planner always exists
+    tables = PassTables(res.problem, 0)
+    return run_planner(ev, res.problem, res.arrivals, planner, tables, say)

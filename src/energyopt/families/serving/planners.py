@@ -1,0 +1,305 @@
+"""Planners: turn a load forecast into a fleet plan.
+
+Every baseline is the serving problem with a restricted decision space, solved
+by the same verified solver, so each baseline plan passes ``verify_plan`` at its
+planned load:
+
+| planner | clocks | SM sharing | re-planned |
+| --- | --- | --- | --- |
+| performance-first | max only | exclusive (dedicated GPUs) | no: once, for the peak |
+| consolidation-only | max only | exclusive | every epoch (GPUs off when idle) |
+| frequency-only | all candidates | exclusive | every epoch (DynamoLLM, throttLL'eM) |
+| sharing-only | max only | the instance's (MPS / MIG) | every epoch (MuxServe) |
+| energyopt | all candidates | the instance's | every epoch (joint) |
+| table | from a compiled plan table | | every epoch (one lookup) |
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from energyopt.catalog.problem import Problem
+from energyopt.families.serving.tables import VERSION as PLANS_VERSION
+from energyopt.families.serving.tables import scaled_problem
+from energyopt.solvers.presets import SolverPreset, load_preset
+from energyopt.solvers.result import INFEASIBLE
+from energyopt.spec.errors import SpecError
+from energyopt.spec.evaluation import PlannerSpec
+from energyopt.spec.plan import GpuPlan, Placement, Plan
+from energyopt.spec.workload import Phase
+
+BACKOFF = 0.9
+"""When a forecast is infeasible (or no plan for it is found in the time limit),
+plan for this fraction of it, and so on."""
+BACKOFF_STEPS = 6
+DEEP_BACKOFF = 0.5
+"""Past the BACKOFF_STEPS fractions (down to 59 %), halve the fraction (a load
+above 1.7 x what the fleet serves: a spike, or a headroom set too high) ..."""
+DEEP_STEPS = 7
+"""... down to 0.9^5 / 2^7, under 0.5 %; then bisect between the fraction that
+fits and the one above it that did not ..."""
+REFINE_STEPS = 3
+"""... this many times (to within 1 - 2^(-1/8), about 8 %, of the largest)."""
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A planner's answer for one forecast."""
+
+    plan: Plan | None
+    wall_s: float
+    solves: int  # solver runs (0: answered from cache or a table)
+    served_fraction: float  # 1.0, or the backed-off fraction of the forecast planned for
+    bound: float | None = None
+    objective: float | None = None
+    unproven: bool = False  # backed off after a time limit, not a proof of infeasibility
+
+
+def restricted(
+    problem: Problem,
+    *,
+    max_clock_only: bool,
+    exclusive: bool,
+    latency_margin: float | Literal["calibrated"] | None = None,
+) -> Problem:
+    """``problem`` with only the max clock and/or without SM sharing, and planned with
+    ``latency_margin`` (``Options.latency_margin``) where given."""
+    inst = problem.instance
+    opts = inst.options
+    if latency_margin is not None:
+        opts = opts.model_copy(update={"latency_margin": latency_margin})
+    if max_clock_only:
+        clocks = {t: (problem.gpu_type(t).max_sm_clock_mhz,) for t in problem.gpu_types_used()}
+        opts = opts.model_copy(update={"clocks_mhz": clocks})
+    if exclusive:
+        opts = opts.model_copy(
+            update={"sharing": opts.sharing.model_copy(update={"mode": "exclusive"})}
+        )
+    return problem.with_instance(inst.model_copy(update={"options": opts}))
+
+
+class SolverPlanner:
+    """Plans by solving the (restricted) serving problem at the forecast rates."""
+
+    def __init__(
+        self, spec: PlannerSpec, problem: Problem, preset: SolverPreset, *, static: bool
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.static = static
+        max_only = spec.kind in ("performance-first", "consolidation-only", "sharing-only")
+        exclusive = spec.kind in ("performance-first", "consolidation-only", "frequency-only")
+        self.problem = restricted(
+            problem,
+            max_clock_only=max_only,
+            exclusive=exclusive,
+            latency_margin=spec.latency_margin,
+        )
+        self.preset = preset
+        self.base_rates = {w.name: w.rate_rps for w in problem.instance.workloads}
+        self._cache: dict[tuple[float, ...], Planned] = {}
+
+    def plan(self, rates_rps: dict[str, float]) -> Planned:
+        """A verified plan serving ``rates_rps`` (or the largest fraction of it that
+        fits: backing off by ``BACKOFF``, then halving and bisecting, at most
+        BACKOFF_STEPS + DEEP_STEPS + REFINE_STEPS solves), solved or taken from the cache.
+
+        A solve that ends without a plan and without proving the forecast
+        infeasible (its time limit ran out) backs off too, and the answer says so
+        (``unproven``): an epoch with a plan for 90 % of its forecast serves more
+        than one that keeps the previous plan, or than a run with no plan at all."""
+        key = tuple(round(rates_rps[n], 9) for n in self.base_rates)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return Planned(
+                hit.plan, 0.0, 0, hit.served_fraction, hit.bound, hit.objective, hit.unproven
+            )
+        from energyopt.families.serving.solvers.solve import solve
+
+        start = time.perf_counter()
+        solves = 0
+        unproven = False
+        out: Planned | None = None
+        failed_at = 1.0  # the smallest fraction tried that gave no plan
+
+        def attempt(at: float) -> bool:
+            nonlocal out, solves, unproven, failed_at
+            scales = {n: at * rates_rps[n] / r for n, r in self.base_rates.items()}
+            result = solve(
+                scaled_problem(self.problem, scales),
+                self.preset,
+                time_limit_s=self.spec.time_limit_s,
+                rel_gap=self.spec.rel_gap,
+            )
+            solves += 1
+            if result.plan is None:
+                unproven = unproven or result.status != INFEASIBLE
+                failed_at = min(failed_at, at)
+                return False
+            out = Planned(result.plan, 0.0, solves, at, result.bound, result.objective, unproven)
+            return True
+
+        steps = [BACKOFF**k for k in range(BACKOFF_STEPS)]
+        steps += [steps[-1] * DEEP_BACKOFF**k for k in range(1, DEEP_STEPS + 1)]
+        for k, fraction in enumerate(steps):
+            if attempt(fraction):
+                if k >= BACKOFF_STEPS:  # halved into it: close in on the largest
+                    low, high = fraction, failed_at  # ``out`` stays the plan of ``low``
+                    for _ in range(REFINE_STEPS):
+                        mid = (low * high) ** 0.5
+                        if attempt(mid):
+                            low = mid
+                        else:
+                            high = mid
+                break
+        wall = time.perf_counter() - start
+        if out is None:
+            out = Planned(None, wall, solves, 0.0)
+        else:
+            out = Planned(
+                out.plan, wall, solves, out.served_fraction, out.bound, out.objective, unproven
+            )
+        self._cache[key] = out
+        return out
+
+
+class TablePlanner:
+    """Plans by one lookup in a compiled plan table (``energyopt compile``).
+
+    The table's ``load_scale`` axis is keyed by the largest ratio of forecast to
+    base rate over the workloads (rounded up to the next grid value by the
+    table). Tables with per-workload scale axes are not supported. Above the
+    grid the largest cell is used and the planner reports the shortfall.
+    """
+
+    def __init__(self, spec: PlannerSpec, problem: Problem, table_path: Path) -> None:
+        from energyopt.tables import Table
+
+        self.spec = spec
+        self.name = spec.name
+        self.static = False
+        self.table = Table.open(table_path)
+        where = f"{table_path}"
+        if self.table.kind != "plans":
+            raise SpecError([f"{where}: a {self.table.kind} table, not a plan table"])
+        version = self.table.meta.get("plans_version", 1)
+        if version != PLANS_VERSION:
+            raise SpecError(
+                [
+                    f"{where}: a plan table of version {version} (this energyopt reads "
+                    f"version {PLANS_VERSION}: plans priced on the power line, limits on "
+                    "the worst-case draw); compile it again with energyopt compile"
+                ]
+            )
+        extra = [a for a in self.table.axes if a not in ("load_scale", "gpu", "unit")]
+        if extra:
+            raise SpecError([f"{where}: axes {extra} are not supported (load_scale only)"])
+        gpus = [g.id for g in problem.gpus]
+        if list(self.table.axes["gpu"].values) != gpus:
+            raise SpecError([f"{where}: compiled for other GPUs than {problem.source}"])
+        self.gpus = gpus
+        self.types = {g.id: g.type for g in problem.gpus}
+        self.units = [str(u) for u in self.table.axes["unit"].values]
+        self.scales = [float(v) for v in self.table.axes["load_scale"].values]
+        self.base_rates = {w.name: w.rate_rps for w in problem.instance.workloads}
+        self.instance = problem.instance.name
+        self.mig_names = [str(m) for m in self.table.meta.get("mig_profiles", [])]
+
+    def plan(self, rates_rps: dict[str, float]) -> Planned:
+        """The plan of the table cell that covers ``rates_rps``."""
+        start = time.perf_counter()
+        need = max(rates_rps[n] / r for n, r in self.base_rates.items())
+        idx = int(self.table.axis_index("load_scale", [need])[0])
+        fraction = 1.0
+        if idx < 0:
+            idx = len(self.scales) - 1
+            fraction = self.scales[idx] / need
+        plan = self._plan_at(idx)
+        served = fraction if plan is not None else 0.0
+        return Planned(plan, time.perf_counter() - start, 0, served)
+
+    def _plan_at(self, idx: int) -> Plan | None:
+        t = self.table
+        if int(t.array("status")[idx]) not in (0, 1):
+            return None
+        on = t.array("on")[idx]
+        clock = t.array("clock_mhz")[idx]
+        limit = t.array("power_limit_w")[idx]
+        power = t.array("predicted_power_w")[idx]
+        share = t.array("share_pct")[idx]
+        rate = t.array("rate_rps")[idx]
+        tp_size = t.array("tp_size")[idx]
+        tp_group = t.array("tp_group")[idx]
+        mig = t.array("mig_profile")[idx]
+        gpus: list[GpuPlan] = []
+        for g, gid in enumerate(self.gpus):
+            placements = []
+            for u, label in enumerate(self.units):
+                if int(share[g, u]) <= 0:
+                    continue
+                workload, _, phase = label.partition(":")
+                placements.append(
+                    Placement(
+                        workload=workload,
+                        phase=_phase(phase),
+                        share_pct=int(share[g, u]),
+                        mig_profile=self.mig_names[int(mig[g, u])] if mig[g, u] >= 0 else None,
+                        rate_rps=float(rate[g, u]),
+                        tp_group=f"tp{int(tp_group[g, u])}" if tp_group[g, u] >= 0 else None,
+                        tp_size=max(int(tp_size[g, u]), 1),
+                    )
+                )
+            gpus.append(
+                GpuPlan(
+                    gpu=gid,
+                    type=self.types[gid],
+                    on=bool(on[g]),
+                    clock_mhz=int(clock[g]) if clock[g] >= 0 else None,
+                    power_limit_w=None if math.isnan(limit[g]) else float(limit[g]),
+                    placements=tuple(placements),
+                    predicted_power_w=float(power[g]),
+                )
+            )
+        objective = float(t.array("objective")[idx])
+        bound = float(t.array("bound")[idx])
+        return Plan(
+            instance=self.instance,
+            gpus=tuple(gpus),
+            objective=None if np.isnan(objective) else objective,
+            bound=None if np.isnan(bound) else bound,
+            solver=f"table {self.table.path}",
+            status="table",
+        )
+
+
+Planner = SolverPlanner | TablePlanner
+
+
+def _phase(text: str) -> Phase:
+    """A unit label's phase part ('' for a whole workload)."""
+    if text == "prefill":
+        return "prefill"
+    if text == "decode":
+        return "decode"
+    return "both"
+
+
+def make_planner(spec: PlannerSpec, problem: Problem, spec_path: str | Path) -> Planner | None:
+    """The planner a spec entry names; None for a table planner whose file is absent
+    (the evaluation then skips it and says so)."""
+    if spec.kind == "table":
+        assert spec.table is not None
+        path = Path(spec.table)
+        if not path.is_absolute():
+            path = Path(spec_path).parent / path
+        if not path.exists():
+            return None
+        return TablePlanner(spec, problem, path)
+    preset = load_preset(spec.solver)
+    return SolverPlanner(spec, problem, preset, static=spec.kind == "performance-first")

@@ -1,0 +1,198 @@
+"""Solve a serving problem: build the operating points, pick a formulation, run the
+backend, assemble the plan, verify it, and explain infeasibility.
+"""
+
+from __future__ import annotations
+
+import time
+
+from energyopt.catalog.problem import Problem
+from energyopt.families.serving.formulations import pattern as pat
+from energyopt.families.serving.formulations.per_gpu import build_per_gpu
+from energyopt.families.serving.solvers.backend import (
+    ServingResult,
+    finish_plan,
+    lp_relaxation_bound,
+    plan_status,
+    run_backend,
+)
+from energyopt.families.serving.solvers.configurations import solve_configurations
+from energyopt.families.serving.solvers.diagnose import diagnose_infeasible, unservable_units
+from energyopt.families.serving.verify import evaluate_plan
+from energyopt.formulations.errors import BackendFailure, FormulationNotApplicable
+from energyopt.perf.oppoints import OpTable, build_op_table
+from energyopt.progress import Progress
+from energyopt.solvers.presets import SolverPreset
+from energyopt.solvers.result import (
+    INFEASIBLE,
+    NO_SOLUTION,
+    Result,
+    settle,
+)
+from energyopt.spec.errors import SolverError
+
+FINISH_S_PER_GPU = 2.5e-4
+"""Seconds per GPU kept back from the search for assembling and verifying the plan
+(fleet-10240 on the shared 2-core machine: 0.4-0.9 s to assemble, 1.9 s to
+verify), at most a quarter of the time limit."""
+
+
+class PlanVerificationError(SolverError):
+    """A solver produced a plan the independent verifier rejects (a bug)."""
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+def choose_formulation(preset: SolverPreset, problem: Problem, table: OpTable) -> str:
+    """The formulation the preset asks for; ``auto`` prefers the pattern one."""
+    if preset.formulation != "auto":
+        return preset.formulation
+    try:
+        pat.check_applicable(problem, table)
+    except pat.PatternNotApplicable:
+        return "per_gpu"
+    return "pattern"
+
+
+def solve(
+    problem: Problem,
+    preset: SolverPreset,
+    *,
+    time_limit_s: float | None = None,
+    rel_gap: float | None = None,
+    progress: Progress | None = None,
+) -> ServingResult:
+    """Minimum-objective plan for ``problem``, verified, with its bound and gap."""
+    say = progress or _quiet
+    start = time.perf_counter()
+    limit = time_limit_s if time_limit_s is not None else preset.time_limit_s
+    gap = rel_gap if rel_gap is not None else preset.rel_gap
+    log: list[str] = []
+
+    def note(line: str) -> None:
+        log.append(line)
+        say(line)
+
+    table = build_op_table(problem)
+    note(
+        f"operating points: {len(table)} with positive SLO capacity "
+        f"({time.perf_counter() - start:.1f} s)"
+    )
+    missing = unservable_units(problem, table)
+    if missing:
+        return Result(
+            INFEASIBLE, None, None, time.perf_counter() - start, None, preset.name, log, missing
+        )
+    formulation = choose_formulation(preset, problem, table)
+    note(
+        f"formulation: {formulation}, backend: {preset.backend}, time limit {limit:g} s, "
+        f"gap {gap:g}"
+    )
+    # The plan's assembly and its verification come after the search: keep them
+    # inside the limit too.
+    deadline = start + limit - min(0.25 * limit, FINISH_S_PER_GPU * len(problem.gpus))
+    try:
+        if formulation in ("pattern", "colgen"):
+            result = solve_configurations(
+                problem, table, preset, deadline, gap, note, exact=formulation == "pattern"
+            )
+        elif formulation == "shadow_price":
+            from energyopt.families.serving.solvers.shadow_price import solve_shadow_price
+
+            result = solve_shadow_price(problem, table, preset, deadline, gap, note)
+        elif formulation == "branch_price":
+            from energyopt.families.serving.solvers.branch_price import solve_branch_price
+
+            result = solve_branch_price(problem, table, preset, deadline, gap, note)
+        elif formulation == "pop":
+            from energyopt.families.serving.solvers.pop import solve_pop
+
+            result = solve_pop(problem, table, preset, deadline, gap, note, solve)
+        else:
+            result = _solve_per_gpu(
+                problem, table, preset, deadline, gap, note, strengthen=formulation == "per_gpu"
+            )
+    except (FormulationNotApplicable, BackendFailure) as exc:
+        note(f"{formulation} formulation not used ({exc}); falling back to per-GPU")
+        result = _solve_per_gpu(problem, table, preset, deadline, gap, note, strengthen=True)
+        result.fallback = f"{formulation} formulation not used ({exc}); solved per-GPU"
+        formulation = "per_gpu"
+    result.formulation = formulation
+    result.algorithm = result.algorithm or preset.backend
+    result.log = log + [line for line in result.log if line not in log]
+    result.solver = preset.name
+    result.wall_s = time.perf_counter() - start
+    if result.status == INFEASIBLE and not result.diagnosis:
+        result.diagnosis = diagnose_infeasible(problem, table)
+    if result.plan is not None:
+        certify(problem, result, gap, note)
+    return result
+
+
+def certify(problem: Problem, result: ServingResult, rel_gap: float, note: Progress) -> None:
+    """Verify ``result.plan`` and make the reported figures the plan's own (``settle``).
+
+    Raises PlanVerificationError when the plan breaks a constraint.
+    """
+    assert result.plan is not None
+    ev = evaluate_plan(problem, result.plan)
+    if ev.violations:
+        raise PlanVerificationError(
+            "solver plan fails verification:\n" + "\n".join(str(v) for v in ev.violations)
+        )
+    settle(result, ev.objective, rel_gap, note)
+    result.plan = result.plan.model_copy(
+        update={
+            "objective": result.objective,
+            "bound": result.bound,
+            "gap": result.gap,
+            "status": str(result.status),
+            "solver": result.solver,
+        }
+    )
+
+
+def _solve_per_gpu(
+    problem: Problem,
+    table: OpTable,
+    preset: SolverPreset,
+    deadline: float,
+    gap: float,
+    note: Progress,
+    *,
+    strengthen: bool,
+) -> ServingResult:
+    t0 = time.perf_counter()
+    pm = build_per_gpu(problem, table, strengthen=strengthen)
+    note(
+        f"per-GPU model: {pm.model.nvariables()} variables, {pm.model.nconstraints()} "
+        f"constraints ({time.perf_counter() - t0:.1f} s)"
+    )
+    if pm.unservable:
+        reasons = [
+            f"{u}: no GPU can serve it at any candidate operating point" for u in pm.unservable
+        ]
+        return Result(INFEASIBLE, None, None, 0.0, None, preset.name, [], reasons)
+    left = max(1.0, deadline - time.perf_counter())
+    out = run_backend(pm.model, preset, time_limit_s=left, rel_gap=gap, progress=note)
+    bound = out.bound
+    if preset.backend == "cpsat" and out.status != INFEASIBLE:
+        # CP-SAT's bound is its relaxation's; the LP relaxation may be tighter.
+        lp_bound = lp_relaxation_bound(pm.model)
+        note(f"LP relaxation bound {lp_bound:,.3f}")
+        if lp_bound == float("-inf") and out.objective is None:
+            return Result(INFEASIBLE, None, None, out.wall_s, None, preset.name, out.log)
+        bound = lp_bound if bound is None else max(bound, lp_bound)
+    if out.status == INFEASIBLE:
+        return Result(INFEASIBLE, None, bound, out.wall_s, None, preset.name, out.log)
+    if out.objective is None:
+        return Result(NO_SOLUTION, None, bound, out.wall_s, None, preset.name, out.log)
+    decisions = pm.decisions()
+    # A slot the solver placed at no rate (a time limit, CP-SAT's rate polish) paid
+    # its fixed part in the model; the plan drops it, or keeps it idle at no cost.
+    objective = out.objective - pm.idle_fixed_cost()
+    status = plan_status(out.status, objective, bound, gap)
+    plan = finish_plan(problem, table, decisions, status, objective, bound, preset.name)
+    return Result(status, objective, bound, out.wall_s, plan, preset.name, out.log)
