@@ -1,6 +1,6 @@
 """Discrete-event simulation of a GPU fleet serving requests under a changing plan.
 
-Events (a binary heap, plus the sorted arrival arrays merged in): request
+Events (the shared ``sim.events.EventQueue``, with the sorted arrival arrays merged in): request
 arrivals, iteration ends, GPUs becoming available (after powering on or a clock
 change), instances becoming ready (after loading their weights), and planning
 epochs. See docs/evaluation.md for the model; in short:
@@ -30,7 +30,6 @@ epochs. See docs/evaluation.md for the model; in short:
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from energyopt.perf.power import gpu_on_power_w
 from energyopt.perf.queueing import metrics_at
 from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.control import SimulatedAgent
+from energyopt.sim.events import EventQueue
 from energyopt.sim.metrics import WorkloadStats, fleet_attainment
 from energyopt.sim.passes import PassTable, PassTables, ShareOption
 from energyopt.sim.power import PowerMeter
@@ -179,8 +179,7 @@ class Simulator:
         )
         self.gpus = {g.id: GpuSim(g.id, problem.gpu_type(g.type)) for g in problem.gpus}
         self.meter = PowerMeter(list(self.gpus), window_s, bin_s, record)
-        self.heap: list[tuple[float, int, int, object]] = []
-        self.seq = 0
+        self.events: EventQueue[tuple[int, object]] = EventQueue()
         self.entry: dict[int, list[Server]] = {k: [] for k in range(len(names))}
         self.decoders: dict[int, list[Server]] = {k: [] for k in range(len(names))}
         self.next_sid = 0
@@ -219,8 +218,7 @@ class Simulator:
     # -- events -----------------------------------------------------------------------
 
     def _push(self, t: float, code: int, obj: object) -> None:
-        self.seq += 1
-        heapq.heappush(self.heap, (t, self.seq, code, obj))
+        self.events.push(t, (code, obj))
 
     def run(
         self, plan: Plan, epoch_s: float | None = None, replan: Replan | None = None
@@ -236,11 +234,11 @@ class Simulator:
         workloads = self.req.workload
         n_arr = len(times)
         i = 0
-        heap = self.heap
+        events = self.events
         stop = self.window_s + self.drain_s
         while True:
             t_arr = times[i] if i < n_arr else math.inf
-            t_ev = heap[0][0] if heap else math.inf
+            t_ev = events.next_time()
             if t_arr <= t_ev:
                 if t_arr == math.inf or t_arr > stop:
                     break
@@ -264,7 +262,7 @@ class Simulator:
                 continue
             if t_ev > stop:
                 break
-            t, _, code, obj = heapq.heappop(heap)
+            t, (code, obj) = events.pop()
             self.now = t
             if code == ITER_END:
                 assert isinstance(obj, Server)

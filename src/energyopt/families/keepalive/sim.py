@@ -23,7 +23,6 @@ energies J, powers W, memory GB.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ import numpy as np
 
 from energyopt.families.keepalive.formulations.policy import IdleHistogram, Phase
 from energyopt.families.keepalive.spec import Function
+from energyopt.sim.events import EventQueue
 
 Policy = Callable[[IdleHistogram], list[Phase]]
 TimedPolicy = Callable[[float, IdleHistogram], list[Phase]]
@@ -251,13 +251,10 @@ def simulate_node(
             raise ValueError(f"{tenant.fn.name}: its warm container does not fit in the node")
     tally = _Tally()
     boxes = [_Box(t, tally) for t in tenants]
-    queue: list[tuple[float, int, int, int, int]] = []
-    seq = 0
+    queue: EventQueue[tuple[int, int, int]] = EventQueue()
 
     def push(t: float, kind: int, b: int, payload: int) -> None:
-        nonlocal seq
-        heapq.heappush(queue, (t, kind, seq, b, payload))
-        seq += 1
+        queue.push(t, (kind, b, payload), rank=kind)
 
     for b, box in enumerate(boxes):
         for i, a in enumerate(box.tenant.arrivals_s):
@@ -373,7 +370,7 @@ def simulate_node(
             waitlist.pop(0)
 
     while queue:
-        t, kind, _, b, payload = heapq.heappop(queue)
+        t, (kind, b, payload) = queue.pop()
         box = boxes[b]
         if kind == _ARRIVE:
             box.sim.requests += 1
