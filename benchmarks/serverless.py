@@ -5,7 +5,7 @@ Loads (one model, Llama-3.1-8B on two nodes of 8 H100-SXM5-80GB):
 * ``azure``: the Azure LLM inference trace 2023 (conversation,
   data/traces/azure-llm-2023-conv.csv), each request repeated
   ``--copies`` times with a uniform arrival jitter in [0, 2 s)
-  (``sim.serverless.replicated_trace``; the trace's per-minute rate profile is
+  (``families/serverless/replay.py``; the trace's per-minute rate profile is
   kept), its own prompt and output tokens, the first ``--minutes`` minutes
   (default 58, the whole trace);
 * ``bursty``: Poisson arrivals modulated by on/off bursts (``sim.synthetic``,
@@ -70,6 +70,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from energyopt.families.serverless.figures import decode_figures
 from energyopt.families.serverless.formulations.merge import (
     MergeProblem,
     MergeRequest,
@@ -82,14 +83,9 @@ from energyopt.families.serverless.formulations.model import (
     build_problem,
     load_serverless,
 )
-from energyopt.families.serverless.sim import (
-    MergePolicy,
-    ServerlessSimResult,
-    decode_figures,
-    epoch_demand,
-    replicated_trace,
-    simulate,
-)
+from energyopt.families.serverless.merge_policy import MergePolicy
+from energyopt.families.serverless.replay import epoch_demand, replicated_trace
+from energyopt.families.serverless.sim import ServerlessSimResult, simulate
 from energyopt.families.serverless.solvers.fast import solve_fast
 from energyopt.families.serverless.solvers.merge import MAX_PAIRS, greedy_merge, milp_merge, pairs
 from energyopt.families.serverless.solvers.milp import solve_milp, solve_relaxation, solve_rolling

@@ -26,7 +26,8 @@ from energyopt.families.serverless.formulations.milp import (
     pool_capacity,
 )
 from energyopt.families.serverless.formulations.model import ServerlessProblem, build_problem
-from energyopt.families.serverless.sim import ConservationError, MergePolicy, simulate
+from energyopt.families.serverless.merge_policy import MergePolicy
+from energyopt.families.serverless.sim import ConservationError, simulate
 from energyopt.families.serverless.spec import (
     EpochPlan,
     Pool,
@@ -557,7 +558,8 @@ def test_mutated_serverless_files_are_refused_cleanly_or_solved(tmp_path: Path) 
 _REPLAY = """
 from tests.test_serverless import QUIET, _arrivals, _doc, _problem
 from energyopt.families import family
-from energyopt.families.serverless.sim import MergePolicy, simulate
+from energyopt.families.serverless.merge_policy import MergePolicy
+from energyopt.families.serverless.sim import simulate
 
 nodes = [{"name": "n0", "gpus": 2}, {"name": "n1", "gpus": 2}]
 p = _problem(nodes=nodes, models=[dict(_doc()["models"][0], demand_rps=[40.0, 20.0, 40.0])])

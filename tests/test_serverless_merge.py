@@ -26,7 +26,8 @@ from energyopt.families.serverless.formulations.merge import (
     merge_value,
     merge_violations,
 )
-from energyopt.families.serverless.sim import MergePolicy, MergeRecord, simulate
+from energyopt.families.serverless.merge_policy import MergePolicy, MergeRecord
+from energyopt.families.serverless.sim import simulate
 from energyopt.families.serverless.solvers.merge import decide_merge, greedy_merge, milp_merge
 from energyopt.families.serverless.tables import RateTable, compile_rate_table
 from energyopt.families.serverless.verify import DecodeInstanceState, check_merge

@@ -26,193 +26,66 @@ announces a surge (``MergePolicy``).
   (same node) or the network; the request emits nothing meanwhile, so its next
   token gap is the migration time plus a step.
 
-The merge decision (which instances to release, where their requests go) is
-``solvers.serverless_merge.decide_merge`` on the model's candidates: the priced
-greedy, and the merge MILP where the candidate set is small. It reads each
-instance's capacity, batch at capacity, KV budget and holding cost from decode
-figures: a compiled rate table's (``families/serverless/tables.py``) when the replay is
-given one, else the same figures computed from the performance model.
+The merge decision (which instances to release, where their requests go) is the
+policy's (``merge_policy.MergePolicy``, deciding by ``solvers.merge.decide_merge``)
+on the model's candidates: the priced greedy, and the merge MILP where the
+candidate set is small. It reads each instance's capacity, batch at capacity, KV
+budget and holding cost from decode figures: a compiled rate table's
+(``families/serverless/tables.py``) when the replay is given one, else the same
+figures computed from the performance model (``figures.decode_figures``; pass
+times and energies from ``figures.option_tables``). Trace preparation is in
+``replay``; events are popped from ``sim.events.EventQueue``.
 
-Every merge decision is checked by ``verify.serverless.check_merge`` (no request
+This module holds the replay itself: ``simulate``, its result
+(``ServerlessSimResult``), the instances it runs (``Instance``) and
+``ConservationError``.
+
+Every merge decision is checked by ``verify.check_merge`` (no request
 lost or duplicated, no target over its KV budget or batch limit) and every
 request must finish exactly once (conservation). Times s, energies J.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from energyopt.families.serverless.figures import (
+    OptionTables,
+    PoolKey,
+    decode_figures,
+    option_tables,
+    plan_targets,
+    pool_order,
+)
 from energyopt.families.serverless.formulations.merge import (
     DecodeFigures,
     MergeDecision,
-    MergeProblem,
     MergeRequest,
     Snapshot,
     merge_problem,
     merge_value,
 )
-from energyopt.families.serverless.formulations.model import (
-    LINKS,
-    ServerlessProblem,
-    instance_memory_gb,
-    instance_op_spec,
-    option_name,
-    perf_options,
-)
-from energyopt.families.serverless.solvers.merge import (
-    MAX_PAIRS,
-    MILP_TIME_LIMIT_S,
-    MergeOutcome,
-    decide_merge,
-    pack,
-)
+from energyopt.families.serverless.formulations.model import LINKS, ServerlessProblem, option_name
+from energyopt.families.serverless.merge_policy import MergePolicy, MergeRecord
+from energyopt.families.serverless.solvers.merge import pack
 from energyopt.families.serverless.spec import ServerlessPlan
 from energyopt.families.serverless.verify import DecodeInstanceState, check_merge
-from energyopt.perf.forward import decode_pass, prefill_pass
 from energyopt.perf.kvtransfer import Link
-from energyopt.perf.params import OpSpec, build_params
-from energyopt.perf.queueing import metrics_at
 from energyopt.sim.arrivals import Arrivals
-from energyopt.spec.workload import Phase
+from energyopt.sim.events import EventQueue
 
 if TYPE_CHECKING:
     from energyopt.families.serverless.tables import RateTable
 
-PoolKey = tuple[int, int, int, str, str | None]
-"""(model, node, option, phase, link) of a pool."""
-
-
-def pool_order(key: PoolKey) -> tuple[int, int, int, str, str]:
-    """A total order of pool keys (the link may be None), the same in every process."""
-    return key[0], key[1], key[2], key[3], key[4] or ""
-
-
-TOKEN_GRID = 64
-"""Prompt lengths at which prefill time is tabulated (log-spaced; interpolated)."""
-
 
 class ConservationError(AssertionError):
     """The simulator lost or duplicated a request."""
-
-
-@dataclass(frozen=True)
-class MergePolicy:
-    """Online decode merging: how often it looks, how full it fills a target (share
-    of its batch at SLO capacity), the headroom it keeps over the observed rate
-    (mean over the last ``rate_window_s``), the prices of a migrated GB and of a
-    second a migrated request stalls (in the objective's unit: GPU-s for the
-    GPU-seconds objective) and the largest candidate set, in (request, destination)
-    pairs, that the merge MILP decides (``max_pairs`` 0: the greedy always).
-
-    With ``prefill_headroom`` set, the policy also scales prefill inside an epoch:
-    the prefill instances kept must cover the rate observed over the last
-    ``prefill_window_s`` times (1 + ``prefill_headroom``); spare ones are released
-    when idle, and short capacity is met by taking back one that is still up or by
-    starting one of the plan's prefill pools (cold), also at once when a prompt
-    would wait more than ``prefill_wait_s``. An instance goes only where the others
-    cover the need with ``prefill_release_margin`` to spare (hysteresis: a start
-    costs a cold load, so instances do not flap). It releases prefill below the plan
-    only while the epoch's forecast is at most ``surge_ratio`` times the need
-    observed: a larger forecast announces a surge within the epoch that a cold
-    start could not follow, so the plan's instances stay. ``None``: prefill
-    follows the plan."""
-
-    merge_interval_s: float = 5.0
-    fill: float = 0.9
-    headroom: float = 0.25
-    rate_window_s: float = 20.0
-    price_per_gb: float = 0.01
-    price_per_stall_s: float = 1.0
-    max_pairs: int = MAX_PAIRS
-    milp_time_limit_s: float = MILP_TIME_LIMIT_S
-    prefill_headroom: float | None = None
-    prefill_window_s: float = 20.0
-    prefill_wait_s: float = 0.25
-    prefill_release_margin: float = 0.0
-    surge_ratio: float = 1.5
-
-    def __post_init__(self) -> None:
-        if self.prefill_headroom is not None and self.prefill_headroom < 0:
-            raise ValueError(f"prefill_headroom {self.prefill_headroom} is negative")
-        if self.surge_ratio < 1:
-            raise ValueError(f"surge_ratio {self.surge_ratio} is below 1")
-        if self.prefill_window_s <= 0 or self.prefill_wait_s < 0:
-            raise ValueError("prefill_window_s must be positive, prefill_wait_s not negative")
-
-    def problem(
-        self,
-        snapshots: tuple[Snapshot, ...],
-        figures: Mapping[int, DecodeFigures],
-        *,
-        need_rps: float,
-        other_capacity_rps: float,
-        remaining_s: float,
-        max_batch: int,
-        links: tuple[Link, Link],
-    ) -> MergeProblem:
-        """The merge problem this policy poses on a model's decode instances
-        (``snapshots``) from their options' decode figures (by option index)."""
-        return merge_problem(
-            snapshots,
-            figures,
-            need_rps=need_rps,
-            other_capacity_rps=other_capacity_rps,
-            remaining_s=remaining_s,
-            fill=self.fill,
-            max_batch=max_batch,
-            price_per_gb=self.price_per_gb,
-            price_per_stall_s=self.price_per_stall_s,
-            links=links,
-        )
-
-    def decide(self, prob: MergeProblem) -> MergeOutcome:
-        """The decision this policy takes: the merge MILP within ``max_pairs``, else the
-        priced greedy."""
-        return decide_merge(prob, max_pairs=self.max_pairs, time_limit_s=self.milp_time_limit_s)
-
-
-@dataclass(frozen=True)
-class MergeRecord:
-    """One merge decision of a replay: when, for which model, the inputs the decision
-    read (candidates, the need and the capacity still loading, the seconds left in
-    the epoch), what it decided (names released, request id -> name) and whose
-    decision it took (``milp`` or ``greedy``)."""
-
-    time_s: float
-    model: int
-    snapshots: tuple[Snapshot, ...]
-    need_rps: float
-    other_capacity_rps: float
-    remaining_s: float
-    released: frozenset[str]
-    moves: Mapping[int, str]
-    method: str
-
-
-@dataclass
-class OptionTables:
-    """Pass times and energies of one (model, option) from the performance model."""
-
-    prompt_grid: np.ndarray
-    prefill_s: np.ndarray
-    prefill_j: np.ndarray
-    step_s: np.ndarray
-    """(max_batch + 1,): decode step at batch b, s (index 0 unused)."""
-    step_j: np.ndarray
-    kv_budget_bytes: float
-    batch_at_capacity: float
-    capacity_rps: float
-    on_w: float
-    gpus: float
-    load_s: float
 
 
 @dataclass
@@ -281,75 +154,6 @@ class ServerlessSimResult:
         return self.tokens_ok / max(self.tokens, 1e-9)
 
 
-def option_tables(p: ServerlessProblem, m: int, o: int) -> OptionTables:
-    """The performance model's pass tables of model m on option o."""
-    opt = p.options[o]
-    sm = p.spec.models[m]
-    llm = p.llms[m]
-    from energyopt.families.serverless.formulations.model import phase_workload
-
-    wl = phase_workload(m, p.spec, sm.slo.ttft_ms)
-    memory_gb = instance_memory_gb(p.gpu, p.spec, opt)
-    options = perf_options(p.spec)
-
-    def spec(phase: Phase) -> OpSpec:
-        return instance_op_spec(p.gpu, llm, wl, phase, opt, p.spec, options)
-
-    top = max(sm.prompt_tokens.max or 0, int(sm.prompt_tokens.mean * 20), 2)
-    grid = np.unique(np.geomspace(1, top, TOKEN_GRID).round())
-    pp = build_params([spec("prefill")] * len(grid))
-    pre = prefill_pass(pp, grid)
-    batches = np.arange(1, p.spec.options.max_batch + 1, dtype=np.float64)
-    dp = build_params([spec("decode")] * len(batches))
-    ctx = np.full(len(batches), sm.prompt_tokens.mean + 0.5 * sm.output_tokens.mean)
-    dec = decode_pass(dp, batches, ctx)
-    cap = float(p.cap_decode[m, o])
-    one = build_params([spec("decode")])  # the batch at the planned (derated) capacity
-    at_cap = metrics_at(one, np.array([cap])) if cap > 0 else None
-    return OptionTables(
-        prompt_grid=grid,
-        prefill_s=pre.ms / 1e3,
-        prefill_j=pre.energy_j * opt.tp,
-        step_s=np.concatenate([[0.0], dec.ms / 1e3]),
-        step_j=np.concatenate([[0.0], dec.energy_j * opt.tp]),
-        kv_budget_bytes=max(memory_gb * 1e9 * opt.tp - llm.weight_bytes, 0.0),
-        batch_at_capacity=float(at_cap.batch[0]) if at_cap is not None else 0.0,
-        capacity_rps=cap,
-        on_w=float(p.on_w[o]),
-        gpus=opt.gpus,
-        load_s=float(p.load_s[m, o]),
-    )
-
-
-def decode_figures(p: ServerlessProblem, m: int, o: int) -> DecodeFigures:
-    """The decode figures of model m on option o from the performance model (what the
-    rate table stores per (model, option))."""
-    tab = option_tables(p, m, o)
-    held = p.gpu_s_weight * tab.gpus + p.energy_weight * tab.on_w
-    return DecodeFigures(tab.capacity_rps, tab.batch_at_capacity, tab.kv_budget_bytes, held)
-
-
-def plan_targets(p: ServerlessProblem, plan: ServerlessPlan) -> list[dict[PoolKey, int]]:
-    """Instances per pool in each epoch of ``plan``."""
-    nodes = {n.name: i for i, n in enumerate(p.spec.nodes)}
-    models = {sm.name: i for i, sm in enumerate(p.spec.models)}
-    opts = {(o.share_pct, o.tp, o.clock_mhz): i for i, o in enumerate(p.options)}
-    out: list[dict[PoolKey, int]] = [{} for _ in range(p.n_epochs)]
-    for ep in plan.epochs:
-        for pool in ep.pools:
-            if pool.count <= 0:
-                continue
-            key = (
-                models[pool.model],
-                nodes[pool.node],
-                opts[(pool.share_pct, pool.tp, pool.clock_mhz)],
-                pool.phase,
-                pool.link,
-            )
-            out[ep.epoch][key] = out[ep.epoch].get(key, 0) + pool.count
-    return out
-
-
 _ARRIVE, _JOIN, _LAND, _FINISH, _CONTROL = 0, 1, 2, 3, 4
 
 
@@ -373,8 +177,7 @@ class _Sim:
         self.tables: dict[tuple[int, int], OptionTables] = {}
         self.instances: dict[int, Instance] = {}
         self.by_key: dict[PoolKey, list[int]] = defaultdict(list)
-        self.heap: list[tuple[float, int, int, int, int]] = []
-        self.seq = itertools.count()
+        self.queue: EventQueue[tuple[int, int, int]] = EventQueue()
         self.ids = itertools.count()
         self.res = ServerlessSimResult(requests=len(arrivals))
         self.waiting: dict[int, list[tuple[int, float, int]]] = defaultdict(list)
@@ -412,7 +215,7 @@ class _Sim:
         return got
 
     def push(self, t: float, kind: int, a: int = 0, b: int = 0) -> None:
-        heapq.heappush(self.heap, (t, kind, next(self.seq), a, b))
+        self.queue.push(t, (kind, a, b), rank=kind)
 
     # --- instance lifecycle -------------------------------------------------
     def start(self, key: PoolKey, at: float, ready: float) -> Instance:
@@ -925,8 +728,8 @@ class _Sim:
                     k += 1
         for rid in range(len(self.arr)):
             self.push(float(self.arr.time_s[rid]), _ARRIVE, rid, 0)
-        while self.heap:
-            now, kind, _, a, b = heapq.heappop(self.heap)
+        while self.queue:
+            now, (kind, a, b) = self.queue.pop()
             if kind == _ARRIVE:
                 self.route_prefill(a, now)
             elif kind == _JOIN:
@@ -951,7 +754,7 @@ class _Sim:
                 self.admit_waiting(b, now)
             elif a == -3 and now < horizon:
                 self.consolidate(now)
-            if not self.heap and any(self.waiting.values()):
+            if not self.queue and any(self.waiting.values()):
                 self.drain_waiting(now)
         end = max([horizon] + [i.free_at for i in self.instances.values()])
         for inst in list(self.instances.values()):
@@ -991,47 +794,3 @@ def simulate(
     compiled rate table of the same file) when given, and each is appended to
     ``record`` when given."""
     return _Sim(p, plan_targets(p, plan), arrivals, merging, table, record).run()
-
-
-def replicated_trace(
-    times_s: np.ndarray,
-    prompts: np.ndarray,
-    outputs: np.ndarray,
-    copies: int,
-    jitter_s: float,
-    seed: int,
-    duration_s: float | None = None,
-) -> Arrivals:
-    """The trace at ``copies`` times its rate for one model: every request repeated
-    ``copies`` times, each copy's arrival moved later by a uniform draw in
-    [0, ``jitter_s``) (seeded), with its own prompt and output tokens. Unlike the
-    serving evaluation's circular-shift superposition, this keeps the trace's
-    minute-scale rate profile (its peak-to-mean ratio); only ``duration_s`` (s
-    from the first request, default all) is kept."""
-    rng = np.random.default_rng(seed)
-    t = np.concatenate([times_s + rng.uniform(0.0, jitter_s, len(times_s)) for _ in range(copies)])
-    pr = np.tile(np.asarray(prompts, dtype=np.int64), copies)
-    out = np.tile(np.asarray(outputs, dtype=np.int64), copies)
-    keep = np.ones(len(t), dtype=bool) if duration_s is None else t < duration_s
-    order = np.argsort(t[keep], kind="stable")
-    return Arrivals(
-        time_s=t[keep][order],
-        workload=np.zeros(int(keep.sum()), dtype=np.int64),
-        prompt_tokens=np.maximum(pr[keep][order], 1),
-        output_tokens=np.maximum(out[keep][order], 1),
-        names=("chat",),
-    )
-
-
-def epoch_demand(
-    arrivals: Arrivals, epoch_s: float, n_epochs: int, peak_window_s: float | None = None
-) -> np.ndarray:
-    """(models, epochs): requests/s of each model in each epoch: the epoch's mean, or
-    with ``peak_window_s`` the largest rate over the epoch's windows of that length
-    (what pools must hold for the SLOs to survive bursts inside the epoch)."""
-    if peak_window_s is None:
-        return np.asarray(arrivals.window_rates_rps(0.0, n_epochs * epoch_s, epoch_s).T)
-    per = max(1, round(epoch_s / peak_window_s))
-    fine = arrivals.window_rates_rps(0.0, n_epochs * epoch_s, epoch_s / per)
-    fine = np.vstack([fine, np.zeros((n_epochs * per - fine.shape[0], fine.shape[1]))])
-    return np.asarray(fine.reshape(n_epochs, per, -1).max(axis=1).T)

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from energyopt.families import certify, family
+from energyopt.families.serverless.figures import decode_figures
 from energyopt.families.serverless.formulations.merge import DecodeFigures, Snapshot
 from energyopt.families.serverless.formulations.model import (
     LINKS,
@@ -33,7 +34,7 @@ from energyopt.families.serverless.formulations.model import (
     build_problem,
     option_name,
 )
-from energyopt.families.serverless.sim import MergePolicy, decode_figures
+from energyopt.families.serverless.merge_policy import MergePolicy
 from energyopt.families.serverless.solvers.merge import MergeOutcome
 from energyopt.families.serverless.spec import ServerlessPlan
 from energyopt.perf.kvtransfer import Link
