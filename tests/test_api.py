@@ -119,10 +119,10 @@ def test_verify_is_the_function_after_the_subpackage_is_imported() -> None:
 
 
 def test_exception_hierarchy() -> None:
+    from energyopt.backends.cpsat import CpSatModelError
     from energyopt.families.serving.solvers.solve import PlanVerificationError
     from energyopt.formulations.errors import BackendFailure
     from energyopt.nvml.errors import BadCheckpoint, ExecutorError
-    from energyopt.solvers.cpsat_backend import CpSatModelError
     from energyopt.tables.format import TableError
 
     e = energyopt

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from energyopt.solvers.cpsat_backend import solve_cpsat
-from energyopt.solvers.highs_backend import solve_milp
+from energyopt.backends.cpsat import solve_cpsat
+from energyopt.backends.pyomo_highs import solve_milp
 
 coef = st.floats(min_value=-9.0, max_value=9.0, allow_nan=False).map(lambda c: round(c, 3))
 

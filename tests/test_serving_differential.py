@@ -30,7 +30,7 @@ EXACT = {"highs-exact", "highs-pattern", "highs-per-gpu", "highs-plain", "cpsat"
 without one and say so with 'no_solution')."""
 PROVES_INFEASIBILITY = EXACT
 """CP-SAT too: its relaxed discretization proven infeasible proves the exact model
-infeasible (see solvers/cpsat_backend.py)."""
+infeasible (see backends/cpsat.py)."""
 TOL = 1e-6
 
 CASES = list(random_problems(SEED, INSTANCES))

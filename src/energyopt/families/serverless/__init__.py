@@ -10,7 +10,10 @@ The family's parts, each importing only the shared layers and this package:
 - ``solvers``: ``milp`` (exact, rolling horizon and LP relaxation), ``fast``
   (per-epoch sizing), ``merge`` (decode merging) and their common result;
 - ``verify``: the independent verifier, which recomputes energy and attainment;
-- ``sim``: trace replay against static provisioning and autoscaling;
-  ``tables``: the compiled provisioning table;
+- ``sim``: the event simulation of a trace against static provisioning and
+  autoscaling; ``merge_policy``: when decode instances merge; ``figures``: the
+  per-option figures the simulator and the tables read; ``replay``: trace
+  preparation (replicated traces, demand per epoch); ``tables``: the compiled
+  provisioning table;
 - ``family``: the registry entry (``ServerlessFamily``).
 """

@@ -12,12 +12,12 @@ from typing import Any
 
 import pyomo.environ as pyo
 
+from energyopt.backends.cpsat import solve_cpsat
+from energyopt.backends.pyomo_highs import MilpOutcome, solve_milp
 from energyopt.catalog.problem import Problem
 from energyopt.families.serving.formulations.assemble import assemble_plan
 from energyopt.perf.oppoints import OpTable
 from energyopt.progress import Progress
-from energyopt.solvers.cpsat_backend import solve_cpsat
-from energyopt.solvers.highs_backend import MilpOutcome, solve_milp
 from energyopt.solvers.presets import SolverPreset
 from energyopt.solvers.result import (
     FEASIBLE,

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from energyopt.backends.pyomo_highs import MilpOutcome
 from energyopt.catalog.problem import Problem
 from energyopt.families.serving.formulations import pattern as pat
 from energyopt.families.serving.solvers.backend import (
@@ -33,7 +34,6 @@ from energyopt.families.serving.solvers.restricted_master import (
 from energyopt.formulations.errors import BackendFailure
 from energyopt.perf.oppoints import OpTable
 from energyopt.progress import Progress
-from energyopt.solvers.highs_backend import MilpOutcome
 from energyopt.solvers.presets import SolverPreset
 from energyopt.solvers.result import (
     FEASIBLE,

@@ -15,9 +15,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from energyopt.backends.highs import quiet_highs
+from energyopt.backends.pyomo_highs import MilpOutcome
 from energyopt.families.serving.formulations.master import Master, to_highs_lp
 from energyopt.progress import Progress
-from energyopt.solvers.highs_backend import MilpOutcome
 
 
 def solve_master_mip(

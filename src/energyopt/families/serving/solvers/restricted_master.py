@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from energyopt.backends.pyomo_highs import MilpOutcome
 from energyopt.families.serving.formulations import pattern as pat
 from energyopt.families.serving.formulations.master import build_master
 from energyopt.families.serving.solvers.highs_direct import padded_start, solve_master_mip
-from energyopt.solvers.highs_backend import MilpOutcome
 
 RESTRICTED_MASTER_COLUMNS = 20_000
 """From this many generated columns on, the integer master of a decomposition

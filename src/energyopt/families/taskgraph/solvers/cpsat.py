@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from ortools.sat.python import cp_model
 
+from energyopt.backends.cpsat import cp_solver
 from energyopt.families.taskgraph.formulations.bounds import lower_bounds
 from energyopt.families.taskgraph.formulations.cpsat import CpTaskGraph, build_cp_model, hint
 from energyopt.families.taskgraph.formulations.model import TaskGraph
@@ -75,10 +76,7 @@ def solve_cpsat(
     cp = build_cp_model(tg, horizon)
     if warm.plan is not None:
         hint(cp, tg, warm.plan)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.1, time_limit_s - (time.perf_counter() - begin))
-    solver.parameters.num_workers = workers
-    solver.parameters.relative_gap_limit = rel_gap / 4
+    solver = cp_solver(time_limit_s - (time.perf_counter() - begin), rel_gap / 4, workers)
     status = solver.solve(cp.model, _Progress(say, cp.objective_scale))
     name = solver.status_name(status)
     log.append(

@@ -1,4 +1,5 @@
-"""Solve a linear Pyomo model with OR-Tools CP-SAT, with a certified bound.
+"""OR-Tools CP-SAT: the one place a CP-SAT solver is made (``cp_solver``), and a
+linear Pyomo model solved with CP-SAT, with a certified bound.
 
 CP-SAT needs integers, so continuous variables are expressed in steps of
 ``resolution`` and every row is scaled to integers. Two such models are solved:
@@ -35,8 +36,8 @@ import pyomo.environ as pyo
 from ortools.sat.python import cp_model
 from pyomo.repn import generate_standard_repn
 
+from energyopt.backends.pyomo_highs import MilpOutcome, solve_milp
 from energyopt.progress import Progress
-from energyopt.solvers.highs_backend import MilpOutcome, solve_milp
 from energyopt.spec.errors import SolverError
 
 ROW_SCALE = 1e6
@@ -262,11 +263,7 @@ class _Discretized:
         name: str,
     ) -> tuple[Any, cp_model.CpSolver]:
         """CP-SAT's status code and the solver holding its solution."""
-        solver = cp_model.CpSolver()
-        if time_limit_s is not None:
-            solver.parameters.max_time_in_seconds = max(0.1, time_limit_s)
-        solver.parameters.relative_gap_limit = rel_gap
-        solver.parameters.num_workers = threads or 2
+        solver = cp_solver(time_limit_s, rel_gap, threads or 2)
         scale, const = self.obj_scale, self.obj_const
 
         class _Cb(cp_model.CpSolverSolutionCallback):
@@ -286,6 +283,18 @@ class _Discretized:
         """Write the restriction's solution into the Pyomo variables."""
         for key, var in self.pyvars.items():
             var.set_value(solver.Value(self.ints[key]) * self.step[key], skip_validation=True)
+
+
+def cp_solver(time_limit_s: float | None, rel_gap: float, workers: int) -> cp_model.CpSolver:
+    """The one place a CP-SAT solver is made: a time limit (s; at least 0.1 s, none
+    when ``None``), a relative gap at which it stops (a fraction), and its worker
+    threads."""
+    solver = cp_model.CpSolver()
+    if time_limit_s is not None:
+        solver.parameters.max_time_in_seconds = max(0.1, time_limit_s)
+    solver.parameters.relative_gap_limit = rel_gap
+    solver.parameters.num_workers = workers
+    return solver
 
 
 class CpSatModelError(SolverError):
