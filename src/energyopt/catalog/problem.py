@@ -1,4 +1,5 @@
-"""An instance bound to its catalog: names resolved, GPUs enumerated."""
+"""A fleet instance bound to its catalog: names resolved, GPUs enumerated (the shared
+fleet model that the serving family, the performance model and the simulator read)."""
 
 from __future__ import annotations
 

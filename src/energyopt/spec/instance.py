@@ -1,4 +1,9 @@
-"""Instance: cluster + workloads + options; the input of every solver."""
+"""Instance: a fleet (cluster), the LLM workloads it serves and the model options.
+
+This is the shared fleet model: the serving family decides a plan for it
+(``energyopt.families.serving``), the performance model prices it, the simulator
+core replays plans on it, NVML applies them, and the serverless family reuses its
+``Options``."""
 
 from __future__ import annotations
 
