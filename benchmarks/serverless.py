@@ -27,7 +27,8 @@ the epoch means of the load as their forecast:
   (``decode_drain_s``, default output mean x TBT SLO);
 * ``energyopt+merge``: the rolling MILP pricing no drain (removed decode
   instances are merged away), with energyopt's online policy inside each epoch
-  (``POLICY``): decode merging, each decision by the merge MILP where the
+  (``POLICY``): decode merging, decode kept at its modelled SLO capacity for the
+  observed rate (the planned capacity / load fraction), each decision by the merge MILP where the
   candidate set has at most 400 (request, destination) pairs, by the priced greedy
   otherwise, reading its decode figures from the rate table compiled from the
   load's file (families/serverless/tables.py); and prefill scaled to the observed rate,
@@ -47,14 +48,16 @@ benchmark's H100 options, seeded) by size, which is what the 400-pair limit rest
 on; then the fast algorithm's gap to the whole-horizon MILP (plan and bound) on
 instances/serverless/azure-conv-small.yaml and on the two loads.
 
-With ``--floor-limit S`` it also prints, per load, the proven lower bound of the
-whole-horizon MILP at 15-s windows each at its mean rate (whole instances, cold
-starts priced, no drain: what any plan that keeps its instances within their
+With ``--floor-limit S`` (default 60; 0: none) it also prints, per load, the
+proven lower bound of the whole-horizon MILP at 15-s windows each at its mean rate
+(whole instances, cold starts priced, no drain: what any plan that keeps its instances within their
 planned capacity and knows every 15-s rate ahead needs on the model), solved for S
-seconds, against autoscale.
+seconds, against autoscale, and beside each target (the targets: 30 % fewer
+GPU-seconds than static; 5 % fewer than autoscale on the Azure load and 10 % on
+the bursty one; TTFT and TBT attainment within 1 point of static's).
 
 Run: python benchmarks/serverless.py [--minutes 58] [--bursty-minutes 30] [--copies 8]
-[--epoch-s 30] [--floor-limit 0] [DATA_DIR]; --write-instances FOLDER writes
+[--epoch-s 30] [--floor-limit 60] [DATA_DIR]; --write-instances FOLDER writes
 instances/serverless/ (60-s epochs).
 """
 
@@ -104,14 +107,27 @@ GPU-seconds than static provisioning on the Azure load (27.5 % at 300 s): a shor
 epoch plans closer to the rate from the forecast, and a prefill cold start (4.4 s of
 weight load) fits well inside one. Longer epochs are measured with ``--epoch-s``
 (docs/formulations/serverless.md); a run covers whole epochs only."""
+LOAD_FRACTION = 0.85
+"""Every contender plans instances at 85 % of the modelled SLO capacity: the queueing
+model takes every prompt at the mean length, and the trace's spread of prompt
+lengths (and bursts below 15 s) costs TTFT attainment at full modelled load."""
 POLICY = MergePolicy(
-    headroom=0.0, prefill_headroom=0.0, prefill_wait_s=0.5, prefill_release_margin=0.1
+    headroom=LOAD_FRACTION - 1.0,
+    prefill_headroom=0.0,
+    prefill_wait_s=0.5,
+    prefill_release_margin=0.1,
 )
-"""energyopt's online policy in every epoch: decode instances kept and prefill
-instances kept cover the rate observed over the last 20 s (the planned capacities
-already hold 15 % in reserve: ``LOAD_FRACTION``); a prefill instance goes only where
-the others keep 10 % to spare, one more starts when a prompt would wait 0.5 s, and
-prefill stays as planned while the epoch's forecast is over 1.5x the rate observed."""
+"""energyopt's online policy in every epoch: decode instances kept cover the rate
+observed over the last 20 s, and at an epoch boundary the epoch's forecast, at their
+modelled SLO capacity (the planned capacity / ``LOAD_FRACTION``: headroom
+``LOAD_FRACTION - 1``, the same rule on every load); prefill instances
+kept cover the observed rate at the planned capacity (its 15 % reserve stays: the
+reserve is for the prompt-length spread in prefill's queue, whereas a decode step at
+the batch limit, 64, takes 22 ms against the 50-ms TBT SLO, and the policy sees the
+rate every 5 s and starts decode again when short). A prefill instance goes only
+where the others keep 10 % to spare, one more starts when a prompt would wait 0.5 s,
+and prefill stays as planned while the epoch's forecast is over 1.5x the rate
+observed."""
 FLOOR_WINDOW_S = 15.0
 INSTANCE_EPOCH_S = 60.0
 """Epoch of the bundled instances (the small one stays small enough for the exact
@@ -119,13 +135,10 @@ whole-horizon MILP in seconds)."""
 PEAK_WINDOW_S = 15.0
 """Every contender plans an epoch for its largest 15-s rate (perfect forecast)."""
 JITTER_S = 30.0
-LOAD_FRACTION = 0.85
-"""Every contender plans instances at 85 % of the modelled SLO capacity: the queueing
-model takes every prompt at the mean length, and the trace's spread of prompt
-lengths (and bursts below 15 s) costs TTFT attainment at full modelled load."""
 BURSTY_RPS = 40.0
 GPU_S_VS_STATIC = 0.30
-GPU_S_VS_AUTOSCALE = 0.10
+GPU_S_VS_AUTOSCALE = {"azure": 0.05, "bursty": 0.10}
+"""The issue's targets against per-epoch autoscaling, by load (name prefix)."""
 ATTAINMENT_POINTS = 1.0
 MODEL: dict[str, Any] = {
     "name": "chat",
@@ -232,7 +245,12 @@ def contenders(
     return out, p, solve_s
 
 
-def table(name: str, results: dict[str, ServerlessSimResult], wall_s: float) -> bool:
+def table(
+    name: str,
+    results: dict[str, ServerlessSimResult],
+    wall_s: float,
+    floor_gpu_s: float | None = None,
+) -> bool:
     static, auto = results["static"], results["autoscale"]
     print(f"\n{name}: {results['static'].requests:,} requests (simulated in {wall_s:.0f} s)")
     print(
@@ -252,14 +270,23 @@ def table(name: str, results: dict[str, ServerlessSimResult], wall_s: float) -> 
     vs_auto = 1 - eo.gpu_s / auto.gpu_s
     d_ttft = 100 * (static.ttft_attainment - eo.ttft_attainment)
     d_tbt = 100 * (static.tbt_attainment - eo.tbt_attainment)
+    target = next(v for k, v in GPU_S_VS_AUTOSCALE.items() if name.startswith(k))
+
+    def beside(ref: float) -> str:
+        if floor_gpu_s is None:
+            return "; floor not solved"
+        return f"; the floor {100 * (1 - floor_gpu_s / ref):.1f} % fewer ({floor_gpu_s:,.0f} GPU-s)"
+
     checks = [
         (
-            f"GPU-seconds vs static: {100 * vs_static:.1f} % fewer (target >= 30 %)",
+            f"GPU-seconds vs static: {100 * vs_static:.1f} % fewer (target >= "
+            f"{100 * GPU_S_VS_STATIC:.0f} %{beside(static.gpu_s)})",
             vs_static >= GPU_S_VS_STATIC,
         ),
         (
-            f"GPU-seconds vs autoscale: {100 * vs_auto:.1f} % fewer (target >= 10 %)",
-            vs_auto >= GPU_S_VS_AUTOSCALE,
+            f"GPU-seconds vs autoscale: {100 * vs_auto:.1f} % fewer (target >= "
+            f"{100 * target:.0f} %{beside(auto.gpu_s)})",
+            vs_auto >= target,
         ),
         (
             f"attainment vs static: TTFT {-d_ttft:+.2f}, TBT {-d_tbt:+.2f} points "
@@ -386,7 +413,7 @@ def floor(
     max_batch: int,
     auto_gpu_s: float,
     limit_s: float,
-) -> None:
+) -> float | None:
     """The whole-horizon MILP at 15-s windows each at its mean rate, no drain: its
     proven bound is the least GPU-seconds of any plan of whole instances whose planned
     capacity covers every window's mean rate, cold starts priced."""
@@ -397,6 +424,11 @@ def floor(
     p = build_problem(ServerlessFile.model_validate(doc))
     lp = solve_relaxation(p, time_limit_s=limit_s)
     res = solve_milp(p, time_limit_s=limit_s)
+    print(
+        f"  the floor: least GPU-s of whole instances at their planned capacity covering "
+        f"every {FLOOR_WINDOW_S:g}-s window's mean rate, known ahead (cold starts priced, "
+        f"no drain; {limit_s:g} s per solve)"
+    )
     for label, bound in (("LP (fluid)", lp.bound), ("MILP (whole instances)", res.bound)):
         if bound is None:
             print(f"  {name}: {label}: no bound in {limit_s:g} s")
@@ -405,6 +437,7 @@ def floor(
             f"  {name}: {label} bound at {FLOOR_WINDOW_S:g}-s mean rates {bound:,.0f} GPU-s, "
             f"{100 * (1 - bound / auto_gpu_s):.1f} % below autoscale's {auto_gpu_s:,.0f}"
         )
+    return res.bound
 
 
 def write_instances(data: Path, folder: Path, max_batch: int) -> None:
@@ -447,7 +480,7 @@ def main() -> None:
     ap.add_argument("--epoch-s", type=float, default=EPOCH_S, help="planning epoch (s)")
     ap.add_argument("--merge-sets", type=int, default=80, help="random merge candidate sets")
     ap.add_argument(
-        "--floor-limit", type=float, default=0.0, help="s per floor solve (0: no floor)"
+        "--floor-limit", type=float, default=60.0, help="s per floor solve (0: no floor)"
     )
     ap.add_argument("--write-instances", metavar="FOLDER", help="write the bundled instances")
     args = ap.parse_args()
@@ -461,31 +494,25 @@ def main() -> None:
     }
     problems = []
     met = []
-    autoscale = {}
     for name, (arr, minutes) in loads.items():
         t0 = time.perf_counter()
         results, p, _ = contenders(
             name, arr, minutes, args.max_batch, args.milp_limit, args.epoch_s
         )
-        met.append(table(name, results, time.perf_counter() - t0))
-        problems.append(p)
-        autoscale[name] = results["autoscale"].gpu_s
-    if args.floor_limit > 0:
-        print(
-            f"\nthe floor: least GPU-s of whole instances at their planned capacity covering "
-            f"every {FLOOR_WINDOW_S:g}-s window's mean rate, known ahead (cold starts priced, "
-            "no drain)"
-        )
-        for name, (arr, minutes) in loads.items():
+        wall_s = time.perf_counter() - t0
+        bound = None
+        if args.floor_limit > 0:
             span_s = whole_epochs(minutes, args.epoch_s) * args.epoch_s  # the contenders'
-            floor(
+            bound = floor(
                 name,
                 arr.before(span_s),
                 span_s / 60.0,
                 args.max_batch,
-                autoscale[name],
+                results["autoscale"].gpu_s,
                 args.floor_limit,
             )
+        met.append(table(name, results, wall_s, bound))
+        problems.append(p)
     if args.merge_sets > 0:
         merge_sets(problems[0], args.merge_sets)
     print("\nfast algorithm vs the whole-horizon MILP (GPU-seconds):")

@@ -643,3 +643,52 @@ def test_a_negative_prefill_headroom_is_refused() -> None:
         MergePolicy(prefill_headroom=-0.1)
     with pytest.raises(ValueError, match="surge_ratio"):
         MergePolicy(prefill_headroom=0.1, surge_ratio=0.5)
+
+
+def test_decode_kept_at_slo_capacity_never_falls_short_of_the_observed_rate() -> None:
+    """With ``headroom = load_fraction - 1`` the decode instances kept (up or loading)
+    must cover the observed rate at their modelled SLO capacity (planned capacity /
+    load fraction) after every merge step, up to what the plan's pools hold; and
+    the policy frees no fewer GPU-seconds than at the planned capacity."""
+    from energyopt.families.serverless.figures import plan_targets
+    from energyopt.families.serverless.sim import _Sim
+
+    p = _two_node_forecast(40.0)
+    res = family("serverless").solve(p, "fast", time_limit_s=10, rel_gap=1e-6, progress=QUIET)
+    assert res.plan is not None
+    lf = p.spec.options.load_fraction
+    policy = MergePolicy(headroom=lf - 1.0)
+    checked = []
+
+    class Checked(_Sim):
+        def consolidate(self, now: float, forecast: bool = False) -> None:
+            super().consolidate(now, forecast)
+            figs = self.figures_of(0)
+            want = self.targets[min(self.epoch, self.p.n_epochs - 1)]
+            planned = sum(figs[k[2]].capacity_rps * c for k, c in want.items() if k[3] == "decode")
+            held = sum(
+                figs[i.key[2]].capacity_rps
+                for i in self.instances.values()
+                if i.key[3] == "decode" and i.released_at is None and not i.draining
+            )
+            need = float(self.rate_est[0]) * lf
+            assert held >= min(need, planned) - 1e-9, (now, held, need, planned)
+            checked.append(need)
+
+    # a load that falls to a quarter and comes back: decode is merged, then restarted
+    low, high = _arrivals(10.0, 60.0, 8), _arrivals(36.0, 60.0, 9)
+    arrivals = Arrivals(
+        time_s=np.concatenate([high.time_s, low.time_s + 60.0]),
+        workload=np.concatenate([high.workload, low.workload]),
+        prompt_tokens=np.concatenate([high.prompt_tokens, low.prompt_tokens]),
+        output_tokens=np.concatenate([high.output_tokens, low.output_tokens]),
+        names=("chat",),
+    )
+    got = Checked(p, plan_targets(p, res.plan), arrivals, policy).run()
+    assert got.requests == got.finished == len(arrivals)
+    assert len(checked) > 10 and max(checked) > 0
+    at_plan = simulate(p, res.plan, arrivals, MergePolicy())
+    assert got.gpu_s <= at_plan.gpu_s + 1e-6
+    assert got.tbt_attainment >= at_plan.tbt_attainment - 0.01
+    with pytest.raises(ValueError, match="headroom"):
+        MergePolicy(headroom=-1.0)

@@ -43,6 +43,11 @@ class MergePolicy:
     GPU-seconds objective) and the largest candidate set, in (request, destination)
     pairs, that the merge MILP decides (``max_pairs`` 0: the greedy always).
 
+    A negative ``headroom`` (above -1) keeps decode instances at more than their
+    planned capacity: ``load_fraction - 1`` keeps them at their modelled SLO
+    capacity (the planned capacity / load fraction) for both the observed rate and,
+    at an epoch boundary, the epoch's forecast.
+
     With ``prefill_headroom`` set, the policy also scales prefill inside an epoch:
     the prefill instances kept must cover the rate observed over the last
     ``prefill_window_s`` times (1 + ``prefill_headroom``); spare ones are released
@@ -71,6 +76,8 @@ class MergePolicy:
     surge_ratio: float = 1.5
 
     def __post_init__(self) -> None:
+        if self.headroom <= -1:
+            raise ValueError(f"headroom {self.headroom} is -1 or less")
         if self.prefill_headroom is not None and self.prefill_headroom < 0:
             raise ValueError(f"prefill_headroom {self.prefill_headroom} is negative")
         if self.surge_ratio < 1:

@@ -561,8 +561,10 @@ class _Sim:
     def consolidate(self, now: float, forecast: bool = False) -> None:
         """The online merge step, per model: the decode instances kept must cover the
         observed rate with headroom (and, at an epoch boundary, the epoch's forecast
-        rate). If they do not, start instances of the plan's pools again, up to the
-        plan's count; otherwise ``decide_merge`` on the instances that are up
+        rate, times 1 + headroom where the headroom is negative: a policy that keeps
+        decode at its modelled SLO capacity, ``headroom = load_fraction - 1``). If
+        they do not, start instances of the plan's pools again, up to the plan's
+        count; otherwise ``decide_merge`` on the instances that are up
         chooses which to release and where their requests go."""
         pol = self.merging
         assert pol is not None
@@ -572,7 +574,11 @@ class _Sim:
             figs = self.figures_of(m)
             need = float(self.rate_est[m]) * (1.0 + pol.headroom)
             if forecast:
-                need = max(need, float(self.p.demand[m, min(self.epoch, self.p.n_epochs - 1)]))
+                # the forecast is exact: a positive headroom (for the observed rate's
+                # noise) does not inflate it, a negative one (instances kept at their
+                # modelled SLO capacity, above the planned) applies to it too
+                planned = float(self.p.demand[m, min(self.epoch, self.p.n_epochs - 1)])
+                need = max(need, planned * (1.0 + min(pol.headroom, 0.0)))
             active = sorted(self.decode_candidates(m, None, now), key=lambda i: i.iid)
             loading = [
                 self.instances[i]
