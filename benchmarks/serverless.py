@@ -22,6 +22,10 @@ the epoch means of the load as their forecast:
   by the fast per-phase algorithm, held all the time;
 * ``autoscale``: the fast per-phase algorithm every epoch, no merging (removed
   decode instances drain);
+* ``autoscale, decode at capacity``: the same, with decode sized at its full
+  modelled SLO capacity (``solve_fast(decode_load_fraction=1.0)``; prefill at 85 %),
+  the rule energyopt+merge's online policy keeps decode at: what an autoscaler takes
+  of that rule's gain without energyopt;
 * ``energyopt``: the joint MILP one epoch at a time (rolling), no merging (to
   attribute the gain); a decode instance it removes is priced for its drain
   (``decode_drain_s``, default output mean x TBT SLO);
@@ -41,7 +45,8 @@ the epoch means of the load as their forecast:
 
 It prints GPU-seconds, energy, TTFT and TBT attainment, merges and migrated
 bytes, the ratios to static and to autoscale, and the issue's targets as met /
-not met, and per merging contender its merge decisions: how many the MILP solved,
+not met, energyopt+merge against ``autoscale, decode at capacity`` (GPU-seconds and
+attainment; no target), and per merging contender its merge decisions: how many the MILP solved,
 the greedy's value against the MILP's and its proven bound; then the merge MILP
 against the greedy on random candidate sets (Llama-3.1-8B decode instances on the
 benchmark's H100 options, seeded) by size, which is what the 400-pair limit rests
@@ -67,6 +72,7 @@ import argparse
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +134,10 @@ rate every 5 s and starts decode again when short). A prefill instance goes only
 where the others keep 10 % to spare, one more starts when a prompt would wait 0.5 s,
 and prefill stays as planned while the epoch's forecast is over 1.5x the rate
 observed."""
+AT_CAPACITY = "autoscale, decode at capacity"
+DECODE_LOAD_FRACTION = 1.0
+"""Decode's load fraction in ``AT_CAPACITY``: the modelled SLO capacity, as the
+``POLICY`` keeps energyopt's decode (``headroom = LOAD_FRACTION - 1``)."""
 FLOOR_WINDOW_S = 15.0
 INSTANCE_EPOCH_S = 60.0
 """Epoch of the bundled instances (the small one stays small enough for the exact
@@ -214,6 +224,7 @@ def contenders(
     for label, prob, solver in (
         ("static", p_static, solve_fast),
         ("autoscale", p, solve_fast),
+        (AT_CAPACITY, p, partial(solve_fast, decode_load_fraction=DECODE_LOAD_FRACTION)),
         ("energyopt", p, solve_rolling),
     ):
         t0 = time.perf_counter()
@@ -252,15 +263,16 @@ def table(
     floor_gpu_s: float | None = None,
 ) -> bool:
     static, auto = results["static"], results["autoscale"]
+    width = max(16, *(len(k) for k in results))
     print(f"\n{name}: {results['static'].requests:,} requests (simulated in {wall_s:.0f} s)")
     print(
-        f"{'contender':<16} {'GPU-s':>9} {'/static':>8} {'/autosc':>8} {'kWh':>7} "
+        f"{'contender':<{width}} {'GPU-s':>9} {'/static':>8} {'/autosc':>8} {'kWh':>7} "
         f"{'TTFT att':>8} {'TBT att':>8} {'merges':>6} {'migr GB':>8} {'starts':>6} "
         f"{'freed':>5}"
     )
     for label, r in results.items():
         print(
-            f"{label:<16} {r.gpu_s:>9,.0f} {r.gpu_s / static.gpu_s:>8.3f} "
+            f"{label:<{width}} {r.gpu_s:>9,.0f} {r.gpu_s / static.gpu_s:>8.3f} "
             f"{r.gpu_s / auto.gpu_s:>8.3f} {r.energy_j / 3.6e6:>7.3f} "
             f"{100 * r.ttft_attainment:>7.2f}% {100 * r.tbt_attainment:>7.2f}% "
             f"{r.merges:>6} {r.migrated_bytes / 1e9:>8.1f} {r.starts:>6} {r.released:>5}"
@@ -296,6 +308,17 @@ def table(
     ]
     for text, ok in checks:
         print(f"  {'met    ' if ok else 'not met'}  {text}")
+    cap = results.get(AT_CAPACITY)
+    if cap is not None:
+        fewer = 100 * (1 - eo.gpu_s / cap.gpu_s)
+        print(
+            f"  (no target) energyopt+merge vs {AT_CAPACITY}: GPU-s ratio "
+            f"{eo.gpu_s / cap.gpu_s:.3f} ({abs(fewer):.1f} % "
+            f"{'fewer' if fewer >= 0 else 'more'}; it is {100 * (1 - cap.gpu_s / auto.gpu_s):.1f} "
+            f"% below autoscale); attainment TTFT "
+            f"{100 * eo.ttft_attainment:.2f} % vs {100 * cap.ttft_attainment:.2f} %, TBT "
+            f"{100 * eo.tbt_attainment:.2f} % vs {100 * cap.tbt_attainment:.2f} %"
+        )
     for label, r in results.items():
         if not r.decisions:
             continue

@@ -692,3 +692,52 @@ def test_decode_kept_at_slo_capacity_never_falls_short_of_the_observed_rate() ->
     assert got.tbt_attainment >= at_plan.tbt_attainment - 0.01
     with pytest.raises(ValueError, match="headroom"):
         MergePolicy(headroom=-1.0)
+
+
+def _decode_per_epoch(plan: Any) -> list[tuple[int, float]]:
+    """(decode instances, decode GPUs) in each epoch of a serverless plan."""
+    return [
+        (
+            sum(pl.count for pl in ep.pools if pl.phase == "decode"),
+            sum(pl.count * pl.tp * pl.share_pct / 100 for pl in ep.pools if pl.phase == "decode"),
+        )
+        for ep in plan.epochs
+    ]
+
+
+@pytest.mark.parametrize("name", ["azure-conv-small", "azure-conv-2x8-h100"])
+def test_the_fast_algorithm_at_decode_capacity_never_needs_more_decode(name: str) -> None:
+    """``solve_fast``'s default plans decode at the file's load fraction (the plan
+    and cost of giving it explicitly, accepted by the verifier); decode at its full
+    modelled SLO capacity (1.0, the benchmark's ``autoscale, decode at capacity``)
+    never holds more decode instances or GPUs in an epoch than at the file's 0.85,
+    and no decode pool above that capacity."""
+    from energyopt.families.serverless.formulations.model import load_serverless
+    from energyopt.families.serverless.solvers.fast import solve_fast
+
+    p = load_serverless(ROOT / "instances" / "serverless" / f"{name}.yaml")
+    lf = p.spec.options.load_fraction
+    assert lf == pytest.approx(0.85)
+    default = solve_fast(p)
+    explicit = solve_fast(p, decode_load_fraction=lf)
+    assert default.plan is not None and explicit.plan is not None
+    assert default.plan == explicit.plan and default.objective == explicit.objective
+    assert family("serverless").verify(p, default.plan) == []
+    full = solve_fast(p, decode_load_fraction=1.0)
+    assert full.plan is not None and full.objective is not None
+    assert default.objective is not None and full.objective <= default.objective + 1e-9
+    for t, ((n85, g85), (n100, g100)) in enumerate(
+        zip(_decode_per_epoch(default.plan), _decode_per_epoch(full.plan), strict=True)
+    ):
+        assert n100 <= n85 and g100 <= g85 + 1e-9, (t, n85, n100)
+    opts = {(o.share_pct, o.tp, o.clock_mhz): i for i, o in enumerate(p.options)}
+    for ep in full.plan.epochs:
+        for pl in ep.pools:
+            if pl.phase == "decode":
+                cap = p.cap_decode[0, opts[(pl.share_pct, pl.tp, pl.clock_mhz)]] / lf
+                assert pl.rate_rps <= pl.count * cap * (1 + 1e-9)
+    assert sum(n for n, _ in _decode_per_epoch(full.plan)) < sum(
+        n for n, _ in _decode_per_epoch(default.plan)
+    )
+    with pytest.raises(ValueError, match="decode_load_fraction"):
+        solve_fast(p, decode_load_fraction=1.5)

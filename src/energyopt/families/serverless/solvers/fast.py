@@ -53,9 +53,10 @@ class _Tables:
     """The problem's per-option figures the algorithm reads in every epoch, taken
     once: GPUs per instance, and per (model, pool kind) the capacity (rps) and the
     cost of an instance serving at it for an epoch; per model the costs of holding,
-    starting and stopping an instance and of serving 1 rps per phase."""
+    starting and stopping an instance and of serving 1 rps per phase. Decode
+    capacities are the problem's times ``decode_scale``."""
 
-    def __init__(self, p: ServerlessProblem) -> None:
+    def __init__(self, p: ServerlessProblem, decode_scale: float = 1.0) -> None:
         self.gpus = p.gpus_of()
         self.instance = [p.instance_cost(m) for m in range(p.n_models)]
         self.start = [p.start_cost(m) for m in range(p.n_models)]
@@ -70,6 +71,8 @@ class _Tables:
         for m in range(p.n_models):
             for kind in (PREFILL_NV, PREFILL_NET, DECODE):
                 caps = np.array([pool_capacity(p, m, o, kind) for o in range(p.n_options)])
+                if kind == DECODE and decode_scale != 1.0:
+                    caps = caps * decode_scale
                 phase = "decode" if kind == DECODE else "prefill"
                 self.caps[m, kind] = caps
                 self.per_instance[m, kind] = self.instance[m] + caps * self.serve[m, phase]
@@ -118,9 +121,21 @@ def solve_fast(
     time_limit_s: float = 60.0,
     rel_gap: float = 1e-6,
     progress: Progress = quiet,
+    decode_load_fraction: float | None = None,
 ) -> Result[ServerlessPlan]:
-    """The fast algorithm's plan (heuristic: no bound)."""
+    """The fast algorithm's plan (heuristic: no bound).
+
+    ``decode_load_fraction`` sizes decode at that share of the modelled SLO
+    capacity instead of the file's ``options.load_fraction`` (prefill keeps the
+    file's); ``None`` (the default) plans both phases at the file's. With another
+    fraction the plan's decode pools carry rates the verifier, which checks every
+    pool at the file's fraction, may refuse; the replay (``sim.simulate``) reads
+    only the instance counts. The objective is the plan's cost as the algorithm
+    prices it, cold starts and drains included."""
     t0 = time.perf_counter()
+    file_fraction = p.spec.options.load_fraction
+    if decode_load_fraction is not None and not 0.0 < decode_load_fraction <= 1.0:
+        raise ValueError(f"decode_load_fraction must be in (0, 1], not {decode_load_fraction}")
     names = [n.name for n in p.spec.nodes]
     models = [m.name for m in p.spec.models]
     pools: list[list[Pool]] = []
@@ -128,7 +143,7 @@ def solve_fast(
     total = 0.0
     prev: dict[tuple[int, int, int, int], int] = {}
     deadline = t0 + time_limit_s
-    tb = _Tables(p)
+    tb = _Tables(p, 1.0 if decode_load_fraction is None else decode_load_fraction / file_fraction)
     for t in range(p.n_epochs):
         if time.perf_counter() > deadline:
             return _out_of_time(t, p.n_epochs, time.perf_counter() - t0)
