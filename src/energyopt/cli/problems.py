@@ -307,8 +307,8 @@ CATALOG_HELP = "extra catalog file (gpus:/models: lists); overrides entries by n
 
 DEFAULT_LIMITS = (
     "60 s for every solver of every kind but serving; a serving solver's preset sets its "
-    "own (solvers/*.toml: 120 s for highs-exact, highs-per-gpu, highs-pattern, highs-plain, "
-    "bnp, cpsat and pop; 30 s for shadow-price and colgen)"
+    "own (solvers/*.toml: 60 s for auto; 120 s for highs-exact, highs-per-gpu, highs-pattern, "
+    "highs-plain, bnp, cpsat and pop; 30 s for shadow-price and colgen)"
 )
 """The time limits ``solve`` uses without ``--time-limit`` (tests/test_cli_inputs.py
 checks them against the families and the presets)."""

@@ -14,8 +14,11 @@ from energyopt.spec.io import read_data, validation_problems
 
 Backend = Literal["highs", "cpsat"]
 Formulation = Literal[
-    "auto", "pattern", "per_gpu", "plain", "colgen", "shadow_price", "pop", "branch_price"
+    "auto", "pattern", "per_gpu", "plain", "colgen", "shadow_price", "pop", "branch_price", "best"
 ]
+"""``auto``: the configuration formulation where it applies, else per-GPU; ``best``:
+the method the instance's shape calls for, each with its own preset's settings
+(``families.serving.solvers.solve.auto_choice``)."""
 
 
 MIP_NODES = 2_000

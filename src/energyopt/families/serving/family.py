@@ -18,7 +18,10 @@ from energyopt.spec.instance import Instance
 from energyopt.spec.plan import Plan
 from energyopt.verify.violation import Violation
 
-DEFAULT_SOLVER = "highs-exact"
+DEFAULT_SOLVER = "auto"
+"""The preset ``solve`` runs without ``--solver``: the method the instance's shape calls
+for (``solvers/auto.toml``; ``benchmarks/serving_auto.py`` compares it with every
+preset)."""
 EXACT_FORMULATIONS = ("auto", "pattern", "per_gpu", "plain")
 SERVING_UNITS = {
     "power": "W",
@@ -116,7 +119,7 @@ class ServingFamily(TableFamily[Problem, Plan]):
         return format_problem(problem, build_op_table(problem))
 
     def solvers(self) -> list[SolverEntry[Problem, Plan]]:
-        """One entry per preset in ``solvers/*.toml``, ``highs-exact`` first."""
+        """One entry per preset in ``solvers/*.toml``, the default (``auto``) first."""
         from energyopt.solvers.presets import available_presets
 
         names = sorted(available_presets(), key=lambda n: (n != DEFAULT_SOLVER, n))

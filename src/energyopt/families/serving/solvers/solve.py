@@ -22,7 +22,7 @@ from energyopt.families.serving.verify import evaluate_plan
 from energyopt.formulations.errors import BackendFailure, FormulationNotApplicable
 from energyopt.perf.oppoints import OpTable, build_op_table
 from energyopt.progress import Progress
-from energyopt.solvers.presets import SolverPreset
+from energyopt.solvers.presets import SolverPreset, load_preset
 from energyopt.solvers.result import (
     INFEASIBLE,
     NO_SOLUTION,
@@ -43,6 +43,49 @@ class PlanVerificationError(SolverError):
 
 def _quiet(_: str) -> None:
     return None
+
+
+AUTO_BNP_GPUS = 256
+"""Up to this many GPUs the ``auto`` preset runs branch-and-price: on the bundled
+fleets of 16, 64 and 256 GPUs its plan was the best of every preset's at 60 s (and
+proven optimal on 16 and 64), on fleet-1024 4.1 % above its bound where the
+configuration MILP (``highs-exact``) held 0.46 % (``benchmarks/serving_auto.py``)."""
+
+AUTO_EXACT_GAP_GPUS = 16
+"""Up to this many GPUs the ``auto`` preset closes the exact presets' gap (its own,
+1e-4) rather than branch-and-price's 1e-3: it costs seconds there (quickstart
+4.6 s against 1.8 s) and proves the plan optimal instead of within 0.1 %; on
+fleet-64 it took 41.6 s against 25.9 s, too close to the 60-s limit on a loaded
+machine."""
+
+AUTO_COLGEN_GPUS = 2048
+"""Above this many GPUs the ``auto`` preset runs column generation, which stops on
+counted work; on fleet-4096 it found the configuration MILP's plan (both stop at
+the time limit there)."""
+
+
+def auto_choice(problem: Problem, table: OpTable) -> tuple[str, str]:
+    """The preset the ``auto`` preset runs on ``problem``, and why.
+
+    Where the configuration formulation applies: branch-and-price (``bnp``) up to
+    ``AUTO_BNP_GPUS`` GPUs, the configuration MILP (``highs-exact``) up to
+    ``AUTO_COLGEN_GPUS``, column generation (``colgen``) above. Where it does not
+    (GPUs with a current state, for example): the exact per-GPU MILP
+    (``highs-exact``, which falls back to it). The chosen preset runs with its own
+    settings (gap, node limits, iterations) at the ``auto`` preset's time limit, but
+    with the ``auto`` preset's own gap up to ``AUTO_EXACT_GAP_GPUS`` GPUs; an
+    explicit gap replaces either.
+    """
+    try:
+        pat.check_applicable(problem, table)
+    except pat.PatternNotApplicable as exc:
+        return "highs-exact", f"the configuration formulation does not apply: {exc}"
+    n = len(problem.gpus)
+    if n > AUTO_COLGEN_GPUS:
+        return "colgen", f"{n:,} GPUs, more than {AUTO_COLGEN_GPUS:,}"
+    if n > AUTO_BNP_GPUS:
+        return "highs-exact", f"the configuration formulation applies, {n:,} GPUs"
+    return "bnp", f"the configuration formulation applies, {n:,} GPUs"
 
 
 def choose_formulation(preset: SolverPreset, problem: Problem, table: OpTable) -> str:
@@ -85,6 +128,13 @@ def solve(
         return Result(
             INFEASIBLE, None, None, time.perf_counter() - start, None, preset.name, log, missing
         )
+    if preset.formulation == "best":
+        choice, why = auto_choice(problem, table)
+        chosen = load_preset(choice)
+        note(f"{preset.name}: runs {choice} ({why})")
+        if rel_gap is None and len(problem.gpus) > AUTO_EXACT_GAP_GPUS:
+            gap = chosen.rel_gap
+        preset = chosen.model_copy(update={"name": f"{preset.name} ({choice})"})
     formulation = choose_formulation(preset, problem, table)
     note(
         f"formulation: {formulation}, backend: {preset.backend}, time limit {limit:g} s, "
