@@ -45,11 +45,14 @@ def _quiet(_: str) -> None:
     return None
 
 
-AUTO_BNP_GPUS = 256
-"""Up to this many GPUs the ``auto`` preset runs branch-and-price: on the bundled
-fleets of 16, 64 and 256 GPUs its plan was the best of every preset's at 60 s (and
-proven optimal on 16 and 64), on fleet-1024 4.1 % above its bound where the
-configuration MILP (``highs-exact``) held 0.46 % (``benchmarks/serving_auto.py``)."""
+AUTO_BNP_GPUS = 64
+"""Up to this many GPUs the ``auto`` preset runs branch-and-price. On the bundled
+fleets of 16 and 64 GPUs it proved its plan optimal in 15-30 s at a load average of
+2-2.5, where the configuration MILP (``highs-exact``) stopped at 0.007 % and 2.98 %;
+on fleet-256 it ran into the 60-s limit and its plan varied with the machine's load
+(0.26-0.39 % above the bound) where the configuration MILP held 0.33 % in 7-11 s;
+on fleet-1024 4.1 % against 0.46 % (``benchmarks/serving_auto.py``). Fleets
+between 64 and 256 GPUs were not measured."""
 
 AUTO_EXACT_GAP_GPUS = 16
 """Up to this many GPUs the ``auto`` preset closes the exact presets' gap (its own,
