@@ -712,7 +712,7 @@ def test_the_fast_algorithm_at_decode_capacity_never_needs_more_decode(name: str
     modelled SLO capacity (1.0, the benchmark's ``autoscale, decode at capacity``)
     never holds more decode instances or GPUs in an epoch than at the file's 0.85,
     and no decode pool above that capacity."""
-    from energyopt.families.serverless.formulations.model import load_serverless
+    from energyopt.families.serverless.formulations.model import build_problem, load_serverless
     from energyopt.families.serverless.solvers.fast import solve_fast
 
     p = load_serverless(ROOT / "instances" / "serverless" / f"{name}.yaml")
@@ -725,6 +725,12 @@ def test_the_fast_algorithm_at_decode_capacity_never_needs_more_decode(name: str
     assert family("serverless").verify(p, default.plan) == []
     full = solve_fast(p, decode_load_fraction=1.0)
     assert full.plan is not None and full.objective is not None
+    # refused at the file's fraction, it is a verified plan of the same instance at
+    # load fraction 1.0 (prefill pools are then below their capacity)
+    assert family("serverless").verify(p, full.plan) != []
+    options = p.spec.options.model_copy(update={"load_fraction": 1.0})
+    at_capacity = build_problem(p.spec.model_copy(update={"options": options}), name)
+    assert family("serverless").verify(at_capacity, full.plan) == []
     assert default.objective is not None and full.objective <= default.objective + 1e-9
     for t, ((n85, g85), (n100, g100)) in enumerate(
         zip(_decode_per_epoch(default.plan), _decode_per_epoch(full.plan), strict=True)

@@ -127,11 +127,13 @@ def solve_fast(
 
     ``decode_load_fraction`` sizes decode at that share of the modelled SLO
     capacity instead of the file's ``options.load_fraction`` (prefill keeps the
-    file's); ``None`` (the default) plans both phases at the file's. With another
-    fraction the plan's decode pools carry rates the verifier, which checks every
-    pool at the file's fraction, may refuse; the replay (``sim.simulate``) reads
-    only the instance counts. The objective is the plan's cost as the algorithm
-    prices it, cold starts and drains included."""
+    file's); ``None`` (the default) plans both phases at the file's. With a larger
+    fraction the plan is one of the same instance at that load fraction (the
+    verifier of that instance accepts it; prefill pools are then below their
+    capacity), not of the file's: the verifier at the file's fraction refuses its
+    decode pools. The replay (``sim.simulate``) reads only the instance counts. The
+    objective is the plan's cost as the algorithm prices it, cold starts and drains
+    included."""
     t0 = time.perf_counter()
     file_fraction = p.spec.options.load_fraction
     if decode_load_fraction is not None and not 0.0 < decode_load_fraction <= 1.0:
