@@ -12,7 +12,7 @@ Usage: python benchmarks/taskgraph.py [--cp-time S] [--skip-cp] [--skip-scale] [
    and gap), where CP-SAT finishes within ``--cp-time``.
 3. Scale: the list scheduler on graphs of about 10,000 tasks (time in s).
 
-Every schedule is checked by verify.taskgraph.check_schedule; a violation stops
+Every schedule is checked by families.taskgraph.verify.check_schedule; a violation stops
 the run.
 """
 

@@ -10,7 +10,7 @@ by a share f of tokens is used in a step of b tokens with probability
 q = 1 - (1 - f)^b and then serves b f / q tokens; the step's time is the dense
 part plus the used experts' times, less a round trip for each co-activated pair
 on one remote device; the TBT percentile is bounded by Cantelli (mean + sqrt(p /
-(1 - p)) sd). It knows nothing of ``formulations.moe_edge`` (no option tables, no
+(1 - p)) sd). It knows nothing of ``families.moe_edge.formulations`` (no option tables, no
 configurations, no programs).
 
 The generator sets the TBT limit (and the TTFT limit and power cap where drawn)

@@ -10,7 +10,7 @@ placement's steady power at its SLO capacity) breaks a cap or budget, and solves
 routed rates of the rest as an LP with scipy. A placement that carries rate costs its
 power line's fixed part plus its part per request; an idle one costs nothing. It
 knows each objective of ``options.objective`` from its definition in
-docs/formulations/serving.md, not from ``formulations.serving.costs``.
+docs/formulations/serving.md, not from ``families.serving.formulations.costs``.
 """
 
 from __future__ import annotations
