@@ -8,7 +8,8 @@ percentile row binds and some instances have no plan at all. For each solver:
 
 - a returned plan passes the verifier and its objective is the plan's own cost;
 - bound <= exhaustive optimum <= objective;
-- the exact solvers (``milp``, ``auto`` on these sizes) return the optimum with
+- the exact solvers (``milp``, ``auto`` on these sizes, and ``milp`` with every
+  configuration refined by HiGHS rather than enumerated) return the optimum with
   status optimal, and prove infeasibility where no plan exists; no solver calls a
   feasible instance infeasible or returns a plan for an infeasible one; a run that
   says ``converged`` is within its gap (any solver).
@@ -40,13 +41,17 @@ from tests.moe_edge_exhaustive import (
 SEED = 3
 INSTANCES = 14
 GAP = 1e-6
-EXACT = {"milp", "auto"}
+EXACT = {"milp", "auto", "milp-highs"}
 CATALOG = tiny_catalog()
 CASES = random_instances(SEED, INSTANCES)
 
 
 def _solve(doc: dict[str, Any], solver: str = "milp") -> Any:
+    """``solver`` through the family; ``milp-highs`` is ``milp`` with every
+    configuration refined by HiGHS (none enumerated)."""
     p = build_problem(MoeEdgeFile.model_validate(doc), "<test>", CATALOG)
+    if solver == "milp-highs":
+        return solve_milp(p, time_limit_s=60, rel_gap=GAP, enumerate_up_to=0)
     fam = family("moe-edge")
     return fam.solve(p, solver, time_limit_s=60, rel_gap=GAP, progress=lambda _: None)
 
@@ -64,7 +69,7 @@ def test_the_random_instances_cover_every_feature() -> None:
     assert sum(o.feasible < 0.05 * o.plans for _, _, o in CASES if o.value is not None) >= 5
 
 
-@pytest.mark.parametrize("solver", ["milp", "auto", "lagrangian"])
+@pytest.mark.parametrize("solver", ["milp", "auto", "milp-highs", "lagrangian"])
 def test_solver_agrees_with_the_exhaustive_optimum(solver: str) -> None:
     failures: list[str] = []
     for k, (doc, spec, opt) in enumerate(CASES):
@@ -108,7 +113,7 @@ def test_the_single_feasible_plan_is_found() -> None:
     doc = _fixture()
     opt = exhaustive_optimum(MoeEdgeFile.model_validate(doc), CATALOG)
     assert opt.feasible == 1 and opt.plans == 13_122 and opt.value is not None
-    for solver in ("milp", "auto", "lagrangian"):
+    for solver in ("milp", "auto", "milp-highs", "lagrangian"):
         res = _solve(doc, solver)
         assert res.plan is not None, (solver, res.status, res.log)
         assert opt.plan is not None and res.plan.placement == opt.plan.placement
@@ -117,6 +122,7 @@ def test_the_single_feasible_plan_is_found() -> None:
     tighter["slo"]["tbt_ms"] = 2.68
     assert exhaustive_optimum(MoeEdgeFile.model_validate(tighter), CATALOG).value is None
     assert _solve(tighter).status == INFEASIBLE
+    assert _solve(tighter, "milp-highs").status == INFEASIBLE
 
 
 def _fixture() -> dict[str, Any]:
@@ -269,11 +275,15 @@ def test_a_plan_worth_exactly_the_cutoff_keeps_the_bound_below_it(seed: int, k: 
     doc, spec, opt = random_instances(seed, k + 1)[k]
     assert opt.value is not None
     p = build_problem(MoeEdgeFile.model_validate(doc), "<test>", CATALOG)
-    r = family("moe-edge").solve(p, "milp", time_limit_s=60, rel_gap=1e-4, progress=lambda _: None)
-    assert r.status == OPTIMAL
-    assert r.bound is not None and r.bound <= opt.value * (1 + 1e-9)
-    assert r.bound <= r.objective
-    assert not evaluate_moe_edge(spec, CATALOG, r.plan).violations
+    fam = family("moe-edge")
+    for r in (
+        solve_milp(p, time_limit_s=60, rel_gap=1e-4, enumerate_up_to=0),
+        fam.solve(p, "milp", time_limit_s=60, rel_gap=1e-4, progress=lambda _: None),
+    ):
+        assert r.status == OPTIMAL
+        assert r.bound is not None and r.bound <= opt.value * (1 + 1e-9)
+        assert r.bound <= r.objective
+        assert not evaluate_moe_edge(spec, CATALOG, r.plan).violations
 
 
 def test_the_lagrangian_repair_places_no_expert_where_it_does_not_fit() -> None:
@@ -295,7 +305,7 @@ def test_the_verifier_and_the_solvers_share_one_memory_rule() -> None:
     and the verifier refuses 8 bytes over and accepts a GPU filled exactly."""
     doc, spec, opt = random_instances(2001, 8)[7]
     assert opt.value is not None and opt.plan is not None
-    for solver in ("lagrangian", "milp"):
+    for solver in ("lagrangian", "milp", "milp-highs"):
         r = _solve(doc, solver)
         assert not evaluate_moe_edge(spec, CATALOG, r.plan).violations
         assert r.objective >= opt.value * (1 - 1e-9)

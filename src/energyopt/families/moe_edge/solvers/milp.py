@@ -15,6 +15,11 @@ at the time limit with its last bound. The first time a relaxed optimum breaks t
 row, the tangent form at its variance (a restriction: its plans meet the row) is
 solved once for an early plan to prune with.
 
+A configuration of at most ``ENUMERATE_PLANS`` placements (tiny instances) is
+enumerated instead (``enumeration.py``): its bound is its exact optimum, not the
+optimum less HiGHS' gap, so an instance made only of such configurations ends with
+the bound equal to the objective, or proven infeasible.
+
 Configurations that relabelling identical GPUs makes equal are solved once
 (``MoeEdgeProblem.canonical_configs``), most promising (least unpriced bound)
 first while their costs are cheap to list. The bound is the least configuration
@@ -51,6 +56,7 @@ from energyopt.families.moe_edge.formulations.model import (
     MoeEdgeProblem,
     config_costs,
 )
+from energyopt.families.moe_edge.solvers.enumeration import enumerate_config, placement_count
 from energyopt.families.moe_edge.spec import MoeEdgePlan
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.progress import Progress, quiet
@@ -74,7 +80,19 @@ SORT_SHARE = 0.1
 BREAK_TOL = 1e-9
 """Relative distance under which a new breakpoint is taken as an existing one."""
 BOUND_TOL = 1e-9
+ENUMERATE_PLANS = 1 << 18
+"""A configuration of at most this many placements (262,144: every expert of a
+2-layer, 4-expert model at one of 4 options is 65,536) is enumerated, not refined
+with HiGHS: its exact optimum in well under a second."""
 """Relative amount by which a bound may exceed the plan's objective (rounding)."""
+
+
+def algorithm(enumerate_up_to: int) -> str:
+    """What ``solve_milp`` runs, in words."""
+    text = "HiGHS branch and cut per configuration, TBT row refined to exactness"
+    if enumerate_up_to > 0:
+        text += f"; configurations of at most {enumerate_up_to:,} placements enumerated"
+    return text
 
 
 def sound_bound(objective: float, bound: float | None, log: list[str]) -> float | None:
@@ -196,6 +214,8 @@ class ConfigOutcome:
     """Optimal within the gap, proven infeasible, or proven no better than the cutoff."""
     rounds: int
     """Programs solved."""
+    enumerated: int = 0
+    """Placements enumerated (0: the configuration was refined with HiGHS)."""
 
 
 def solve_config(
@@ -205,10 +225,19 @@ def solve_config(
     cutoff: float | None,
     deadline: float,
     rel_gap: float,
+    enumerate_up_to: int = 0,
 ) -> ConfigOutcome:
     """Refine configuration ``c``'s relaxation until its optimum meets the true TBT
     row, it is infeasible, or it cannot beat ``cutoff`` (the best objective found
-    elsewhere); ``deadline`` is a ``time.perf_counter()`` value."""
+    elsewhere); ``deadline`` is a ``time.perf_counter()`` value. A configuration of
+    at most ``enumerate_up_to`` placements is enumerated instead: its bound is then
+    its exact optimum (inf when it has no plan), whatever ``rel_gap``."""
+    if enumerate_up_to > 0 and placement_count(p, c) <= enumerate_up_to:
+        listed = enumerate_config(p, c, deadline)
+        if listed.complete:
+            exact = np.inf if listed.plan is None else listed.plan[0]
+            return ConfigOutcome(exact, listed.plan, True, 0, listed.placements)
+        return ConfigOutcome(unpriced_bound(p, c), listed.plan, False, 0, listed.placements)
     vm = v_max(c)
     breaks = [0.0, vm]
     exclude: list[IntArray] = []
@@ -273,9 +302,13 @@ def solve_milp(
     time_limit_s: float = 60.0,
     rel_gap: float = 1e-6,
     progress: Progress = quiet,
+    enumerate_up_to: int = ENUMERATE_PLANS,
 ) -> Result[MoeEdgePlan]:
     """Exact within ``rel_gap`` over every configuration (or the best plan and bound at
-    the time limit). Objective in J/token or ms/token."""
+    the time limit). Objective in J/token or ms/token. Configurations of at most
+    ``enumerate_up_to`` placements are enumerated (their bound is their optimum, so
+    an instance made only of them ends with the bound equal to the objective); 0
+    refines every configuration with HiGHS."""
     t0 = time.perf_counter()
     count = p.n_canonical_configs()
     first = next(p.iter_canonical_configs())
@@ -304,6 +337,7 @@ def solve_milp(
     unvisited = False
     left_open: list[Config] = []
     rounds = 0
+    enumerated = listed_configs = 0
     log: list[str] = []
     # first pass: every configuration in a share of the time; second and later
     # passes: those left open, least bound first, in the time the first left over
@@ -327,7 +361,11 @@ def solve_milp(
                 continue
             cutoff = None if best is None else best[0]
             pre = max(unpriced_bound(p, c), bounds.get(config, -np.inf))
-            if cutoff is not None and relative_gap(cutoff, pre) <= rel_gap + 1e-12:
+            # a configuration cheap to enumerate is pruned only by a bound at the cutoff
+            # itself, so that the run can end with the bound equal to the objective
+            enumerable = enumerate_up_to > 0 and placement_count(p, c) <= enumerate_up_to
+            prune_gap = 0.0 if enumerable else rel_gap
+            if cutoff is not None and relative_gap(cutoff, pre) <= prune_gap + 1e-12:
                 bounds[config] = pre
                 continue
             left = time_limit_s - reserve_s - (time.perf_counter() - t0)
@@ -337,9 +375,16 @@ def solve_milp(
             if best is None:
                 share = max(share, 0.5 * left)  # a first plan matters more than an even split
             out = solve_config(
-                p, c, cutoff=cutoff, deadline=time.perf_counter() + share, rel_gap=rel_gap
+                p,
+                c,
+                cutoff=cutoff,
+                deadline=time.perf_counter() + share,
+                rel_gap=rel_gap,
+                enumerate_up_to=enumerate_up_to,
             )
             rounds += out.rounds
+            enumerated += out.enumerated
+            listed_configs += out.enumerated > 0
             bounds[config] = max(pre, out.bound)
             if not out.closed:
                 left_open.append(config)
@@ -364,6 +409,11 @@ def solve_milp(
         f"{count:,} configurations ({p.n_configs():,} before symmetry), "
         f"{rounds} programs in {passes} passes, "
         + (
+            f"{enumerated:,} placements of {listed_configs} configurations enumerated, "
+            if listed_configs
+            else ""
+        )
+        + (
             "all closed"
             if all_done
             else f"{count - len(bounds) + len(left_open):,} left open or unvisited"
@@ -384,7 +434,7 @@ def solve_milp(
             diagnosis=diagnosis(p) if proven else [],
             termination=Termination.INFEASIBLE if proven else termination,
             formulation=FORMULATION_NAME,
-            algorithm="HiGHS branch and cut per configuration, TBT row refined to exactness",
+            algorithm=algorithm(enumerate_up_to),
         )
     obj, config, choice = best
     bound_or_none = sound_bound(obj, bound_or_none, log)
@@ -403,7 +453,7 @@ def solve_milp(
         log=log,
         termination=termination,
         formulation=FORMULATION_NAME,
-        algorithm="HiGHS branch and cut per configuration, TBT row refined to exactness",
+        algorithm=algorithm(enumerate_up_to),
     )
 
 
