@@ -31,10 +31,17 @@ class LowerBounds:
         m = self.makespan if makespan is None else max(makespan, self.makespan)
         return max(tg.idle_total_w * tg.ms(m) / 1e3 + self.dyn_j, self.priced_j)
 
-    def objective(self, tg: TaskGraph) -> float:
-        """A lower bound on the file's objective (energy and makespan bounds both hold,
-        and every objective is nondecreasing in both)."""
-        return objective_value(tg.objective, tg.ms(self.makespan), self.energy_j(tg))
+    def objective(self, tg: TaskGraph, incumbent: float | None = None) -> float:
+        """A lower bound on the optimum of the file's objective (in its unit).
+
+        Energy and makespan bounds both hold and every objective is nondecreasing in
+        both, so the objective at (makespan bound, energy bound) is one. For EDP and
+        ED^2P, given the objective of a known schedule (``incumbent``), the larger of
+        that and ``product_bound`` (the energy bound made to follow the makespan)."""
+        plain = objective_value(tg.objective, tg.ms(self.makespan), self.energy_j(tg))
+        if incumbent is None or tg.objective not in ("edp", "ed2p"):
+            return plain
+        return max(plain, product_bound(tg, self, incumbent))
 
 
 def lower_bounds(tg: TaskGraph) -> LowerBounds:
@@ -61,7 +68,46 @@ def lower_bounds(tg: TaskGraph) -> LowerBounds:
     return LowerBounds(makespan, least_dyn, priced_energy_j(tg, makespan))
 
 
-def priced_energy_j(tg: TaskGraph, makespan_lb: int) -> float:
+PRODUCT_INTERVALS = 40
+"""Makespan intervals ``product_bound`` splits [bound, horizon] into (geometric)."""
+
+
+def product_bound(tg: TaskGraph, lb: LowerBounds, incumbent: float) -> float:
+    """Lower bound on the optimal EDP or ED^2P given a schedule of objective
+    ``incumbent`` (J*s or J*s^2).
+
+    An optimal schedule has objective <= ``incumbent`` and energy >= P M (every GPU
+    idles at least until the makespan M), so M <= H with P H^2 = incumbent (EDP) or
+    P H^3 = incumbent (ED^2P). [makespan bound, H] is cut into intervals [a, b]; a
+    schedule whose makespan lies in [a, b] has energy >= E(a, b), the larger of
+    P a + sum of least above-idle energies and the Lagrangian bound of
+    ``priced_energy_j`` with M in [a, b], and so objective >= a E(a, b) (EDP) or
+    a^2 E(a, b) (ED^2P). The least of these over the intervals bounds the optimum.
+    Unlike the single point (makespan bound, energy bound), it charges a short
+    makespan for the fast clocks it needs."""
+    unit_s = tg.unit_ms / 1e3
+    idle = tg.idle_total_w * unit_s  # J per grid unit
+    power = 2 if tg.objective == "edp" else 3
+    if idle <= 0 or incumbent <= 0:
+        return 0.0
+    horizon = (incumbent / (idle * unit_s ** (power - 1))) ** (1 / power) * (1 + 1e-9) + 1
+    low = float(lb.makespan)
+    if horizon <= low:
+        return objective_value(tg.objective, tg.ms(low), lb.energy_j(tg))
+    ratio = max((horizon / low) ** (1 / PRODUCT_INTERVALS), 1.0 + 1e-6)
+    best = math.inf
+    a = low
+    while a < horizon:
+        b = min(a * ratio, horizon)
+        energy = max(
+            idle * a + lb.dyn_j, priced_energy_j(tg, math.ceil(a - 1e-9), upper=math.floor(b))
+        )
+        best = min(best, objective_value(tg.objective, tg.ms(a), energy))
+        a = b if b > a else horizon
+    return best
+
+
+def priced_energy_j(tg: TaskGraph, makespan_lb: int, upper: int | None = None) -> float:
     """Lagrangian lower bound on the energy of any feasible schedule (J).
 
     A schedule of makespan M (grid units) draws E = P M + sum_i dyn_i + transitions,
@@ -71,8 +117,9 @@ def priced_energy_j(tg: TaskGraph, makespan_lb: int) -> float:
 
         E >= sum_i min over (t, option) of (dyn + lambda_t dur) + (P - sum_t lambda_t n_t) M,
 
-    and M >= ``makespan_lb`` where the bracket is >= 0, M <= the deadline where it
-    is < 0 (energy_within), so every lambda gives a bound. At lambda_t = P / n_GPUs
+    and M >= ``makespan_lb`` where the bracket is >= 0, M <= the deadline (energy_within)
+    or ``upper`` (grid units: for schedules of makespan at most that) where it is
+    < 0, so every lambda gives a bound. At lambda_t = P / n_GPUs
     each task carries its share of the idle power for as long as it runs, which is
     what a slow clock costs; under a deadline a larger price forces the faster,
     costlier options. The best lambda is searched by coordinate ascent (golden
@@ -96,6 +143,8 @@ def priced_energy_j(tg: TaskGraph, makespan_lb: int) -> float:
             dyn[t, i, :k] = o.dyn_j
             dur[t, i, :k] = o.dur
     deadline = tg.deadline
+    if upper is not None:
+        deadline = upper if deadline is None else min(deadline, upper)
 
     def value(lam: np.ndarray) -> float:
         priced = (dyn + lam[:, None, None] * dur).min(axis=2).min(axis=0)

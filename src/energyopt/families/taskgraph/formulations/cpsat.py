@@ -84,6 +84,7 @@ def build_cp_model(tg: TaskGraph, horizon: int) -> CpTaskGraph:
         m.add(end[i] == start[i] + sum(d * x for x, d in dur_terms))
     for g in range(gpus):
         m.add_no_overlap(intervals[g])
+    _break_gpu_symmetry(m, tg, on)
     for j in range(n):
         for i, nbytes in tg.preds[j]:
             m.add(start[j] >= end[i])
@@ -146,6 +147,50 @@ def build_cp_model(tg: TaskGraph, horizon: int) -> CpTaskGraph:
     return cp
 
 
+def interchangeable_gpus(tg: TaskGraph) -> list[list[int]]:
+    """Classes of GPUs (ascending, two or more each) that any schedule may swap: one
+    type, and swapping any two of a class leaves every route's latency and bandwidth
+    to every GPU unchanged. Swapping them in a schedule changes no duration, power,
+    transfer or clock change, so it keeps the schedule feasible and its objective."""
+
+    def alike(a: int, b: int) -> bool:
+        if tg.gpu_type[a] != tg.gpu_type[b]:
+            return False
+        for table in (tg.route_latency_ms, tg.route_gbps):
+            if table[a][b] != table[b][a]:
+                return False
+            for h in range(tg.n_gpus):
+                if h not in (a, b) and (table[a][h] != table[b][h] or table[h][a] != table[h][b]):
+                    return False
+        return True
+
+    classes: list[list[int]] = []
+    for g in range(tg.n_gpus):
+        for c in classes:
+            if all(alike(g, h) for h in c):
+                c.append(g)
+                break
+        else:
+            classes.append([g])
+    return [c for c in classes if len(c) > 1]
+
+
+def _break_gpu_symmetry(m: cp_model.CpModel, tg: TaskGraph, on: dict[tuple[int, int], Any]) -> None:
+    """Within each class of ``interchangeable_gpus``, GPUs are first used in class
+    order along the graph's topological order: a task may run on the class's r-th GPU
+    only if an earlier task runs on its (r-1)-th. Valid: relabelling a class's GPUs
+    by first use maps any schedule to one that meets this, at the same objective."""
+    order = list(tg.topo_order)
+    for cls in interchangeable_gpus(tg):
+        for p, i in enumerate(order):
+            for r in range(1, len(cls)):
+                lit = on.get((i, cls[r]))
+                if lit is None:
+                    continue
+                earlier = [on[q, cls[r - 1]] for q in order[:p] if (q, cls[r - 1]) in on]
+                m.add_bool_or([~lit, *earlier])
+
+
 def _ancestors(tg: TaskGraph) -> list[set[int]]:
     anc: list[set[int]] = [set() for _ in range(tg.n_tasks)]
     for i in tg.topo_order:
@@ -206,8 +251,24 @@ def _circuit(
     return hints
 
 
+def relabelled(tg: TaskGraph, s: Schedule) -> Schedule:
+    """``s`` with the GPUs of each class of ``interchangeable_gpus`` renamed in order of
+    first use along the topological order (what ``_break_gpu_symmetry`` asks); the
+    same durations, transfers, clock changes and objective."""
+    rename = list(range(tg.n_gpus))
+    order = list(tg.topo_order)
+    for cls in interchangeable_gpus(tg):
+        used = [g for g in dict.fromkeys(s.gpu[i] for i in order) if g in cls]
+        used += [g for g in cls if g not in used]
+        for target, g in zip(cls, used, strict=True):
+            rename[g] = target
+    return Schedule(tuple(rename[g] for g in s.gpu), s.option, s.start)
+
+
 def hint(cp: CpTaskGraph, tg: TaskGraph, s: Schedule) -> None:
-    """Give CP-SAT a known schedule as a starting point."""
+    """Give CP-SAT a known schedule as a starting point (relabelled to meet the
+    symmetry-breaking rows)."""
+    s = relabelled(tg, s)
     for (i, g, k), x in cp.present.items():
         cp.model.add_hint(x, s.gpu[i] == g and s.option[i] == k)
     for i, v in enumerate(cp.start):

@@ -49,12 +49,42 @@ def heft_max_clock(tg: TaskGraph, rank: list[float] | None = None) -> Schedule:
     return heft(tg, options, rank)
 
 
-def heft(tg: TaskGraph, options: list[list[int]], rank: list[float] | None = None) -> Schedule:
+def heft_gpu_clocks(tg: TaskGraph, clock_mhz: list[int], energy_weight: float) -> Schedule:
+    """HEFT with every GPU at one clock (``clock_mhz[g]``, MHz; a task without that
+    clock on g runs at its nearest clock above it, else its fastest), placing each task
+    where finish + ``energy_weight`` x above-idle energy (grid units per J) is least.
+
+    No GPU ever changes its clock when every task has the GPU's clock, so no
+    transition time or energy is paid; with slow GPUs beside fast ones, tasks whose
+    time barely follows the clock (memory-bound) go where they cost less energy.
+    """
+    options: list[list[int]] = []
+    for i in range(tg.n_tasks):
+        row: list[int] = []
+        for g in range(tg.n_gpus):
+            if not tg.can_run(i, g):
+                row.append(-1)
+                continue
+            clocks = tg.opts(i, g).clock_mhz
+            above = [k for k, c in enumerate(clocks) if c >= clock_mhz[g]]
+            row.append(min(above, key=lambda k: clocks[k]) if above else tg.max_clock_option(i, g))
+        options.append(row)
+    return heft(tg, options, energy_weight=energy_weight)
+
+
+def heft(
+    tg: TaskGraph,
+    options: list[list[int]],
+    rank: list[float] | None = None,
+    energy_weight: float = 0.0,
+) -> Schedule:
     """HEFT placement with insertion, task ``i`` on GPU ``g`` at option ``options[i][g]``.
 
-    ``options[i][g]`` is -1 where ``i`` cannot run on ``g``. Ties in finish time
-    go to the lower dynamic energy, then the lower GPU index. ``rank`` replaces
-    the upward ranks (it must decrease along every edge).
+    ``options[i][g]`` is -1 where ``i`` cannot run on ``g``. Each task goes to the
+    GPU of least finish + ``energy_weight`` x its above-idle energy there (grid
+    units per J; 0: earliest finish); ties go to the lower dynamic energy, then the
+    lower GPU index. ``rank`` replaces the upward ranks (it must decrease along
+    every edge).
     """
     rank = upward_ranks(tg) if rank is None else rank
     pos = {t: k for k, t in enumerate(tg.topo_order)}
@@ -65,7 +95,7 @@ def heft(tg: TaskGraph, options: list[list[int]], rank: list[float] | None = Non
     start = [0] * tg.n_tasks
     end = [0] * tg.n_tasks
     for i in order:
-        best: tuple[int, float, int, int] | None = None
+        best: tuple[float, int, float, int, int] | None = None
         for g in range(tg.n_gpus):
             k = options[i][g]
             if k < 0:
@@ -75,11 +105,11 @@ def heft(tg: TaskGraph, options: list[list[int]], rank: list[float] | None = Non
             for p, nbytes in tg.preds[i]:
                 ready = max(ready, end[p] + tg.transfer(nbytes, gpu[p], g))
             t = _earliest_gap(starts[g], ends[g], ready, o.dur[k])
-            key = (t + o.dur[k], o.dyn_j[k], g, t)
+            key = (t + o.dur[k] + energy_weight * o.dyn_j[k], t + o.dur[k], o.dyn_j[k], g, t)
             if best is None or key < best:
                 best = key
         assert best is not None  # every task can run somewhere (checked on load)
-        finish, _, g, t = best
+        _, finish, _, g, t = best
         gpu[i], start[i], end[i] = g, t, finish
         at = bisect.bisect_left(starts[g], t)
         starts[g].insert(at, t)

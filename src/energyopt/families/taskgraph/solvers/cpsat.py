@@ -63,7 +63,7 @@ def solve_cpsat(
     ``search_evals`` is passed to the warm-starting list scheduler."""
     begin = time.perf_counter()
     say = progress or (lambda _line: None)
-    warm = solve_heuristic(tg, search_evals=search_evals)
+    warm = solve_heuristic(tg, search_evals=search_evals, time_limit_s=time_limit_s / 4)
     log = [f"heuristic: {line}" for line in warm.log]
     if warm.plan is not None and warm.objective is not None:
         horizon = horizon_from(tg, warm.objective)
@@ -98,15 +98,17 @@ def solve_cpsat(
                 ["no schedule meets the deadline (proved by CP-SAT)"],
             )
         raise RuntimeError("CP-SAT calls a model infeasible that has a known schedule")
-    cheap = lower_bounds(tg).objective(tg)
-    bound: float | None = cheap
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        bound = max(cheap, solver.best_objective_bound * cp.objective_scale)
     best = warm.plan
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         s = _read(cp, tg, solver)
         if best is None or totals(tg, s).objective < totals(tg, best).objective:
             best = s
+    incumbent = None if best is None else totals(tg, best).objective
+    bound: float | None = lower_bounds(tg).objective(tg, incumbent)
+    if warm.bound is not None:
+        bound = max(bound or 0.0, warm.bound)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        bound = max(bound or 0.0, solver.best_objective_bound * cp.objective_scale)
     if best is None:
         return Result(
             NO_SOLUTION,
