@@ -24,7 +24,7 @@ from energyopt.families.taskgraph.formulations.model import TaskGraph
 from energyopt.families.taskgraph.formulations.schedule import Schedule, earliest_starts, totals
 from energyopt.families.taskgraph.solvers.cpsat import solve_cpsat
 from energyopt.families.taskgraph.solvers.heuristic import solve_heuristic
-from energyopt.families.taskgraph.spec import OBJECTIVE_KINDS, ObjectiveKind
+from energyopt.families.taskgraph.spec import OBJECTIVE_KINDS, ObjectiveKind, TopologyLink
 from energyopt.families.taskgraph.verify import check_schedule
 from energyopt.solvers.result import OPTIMAL, relative_gap
 
@@ -229,3 +229,97 @@ def test_under_a_deadline_the_priced_bound_pays_for_the_faster_clocks() -> None:
     assert lb.priced_j > plain * 1.1
     assert r.bound == pytest.approx(lb.priced_j, rel=1e-12)
     assert r.gap < 0.2 < relative_gap(r.objective, plain)
+
+
+def _brute_force(tg: TaskGraph) -> float:
+    """Least objective over every placement, clock and GPU order (earliest starts:
+    for a fixed placement, clocks and order they give the least makespan, and the
+    energy depends on nothing else)."""
+    n = tg.n_tasks
+    best = float("inf")
+    gpus_of = [[g for g in range(tg.n_gpus) if tg.can_run(i, g)] for i in range(n)]
+    for gpu in itertools.product(*gpus_of):
+        for option in itertools.product(*(range(len(tg.opts(i, gpu[i]).dur)) for i in range(n))):
+            groups = [[i for i in range(n) if gpu[i] == g] for g in range(tg.n_gpus)]
+            for seqs in itertools.product(*(itertools.permutations(t) for t in groups)):
+                try:
+                    start = earliest_starts(tg, list(gpu), list(option), [list(q) for q in seqs])
+                except ValueError:  # an order against the graph
+                    continue
+                s = Schedule(tuple(gpu), tuple(option), tuple(start))
+                if tg.deadline is None or s.makespan(tg) <= tg.deadline:
+                    best = min(best, totals(tg, s).objective)
+    return best
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layers=st.integers(1, 2),
+    width=st.integers(1, 2),
+    gpus=st.integers(1, 2),
+    mixed=st.booleans(),
+    seed=st.integers(0, 10_000),
+    kind=st.sampled_from(OBJECTIVE_KINDS),
+    epsilon=st.sampled_from([0.0, 0.05, 0.5]),
+    transition_ms=st.sampled_from([0.0, 0.3]),
+)
+def test_every_bound_is_at_most_the_brute_force_optimum(
+    layers: int,
+    width: int,
+    gpus: int,
+    mixed: bool,
+    seed: int,
+    kind: ObjectiveKind,
+    epsilon: float,
+    transition_ms: float,
+) -> None:
+    """On graphs of up to 4 tasks, 1 to 3 GPUs (two alike, or one of another type
+    beside), 2 clocks per type: the optimum by enumeration of every placement, clock
+    and order is >= the cheap bound, >= the EDP/ED^2P interval bound given any
+    incumbent at or above the optimum, and >= CP-SAT's reported bound; CP-SAT (with
+    its GPU symmetry breaking) reaches the optimum where it proves optimality."""
+    more = platform("L40S", 1, prefix="big") if mixed else []
+    spec = layered(layers, width, platform("L4", gpus) + more, seed=seed)
+    spec = spec.model_copy(
+        update={
+            "objective": spec.objective.model_copy(update={"kind": kind, "epsilon": epsilon}),
+            "clocks_mhz": {"L4": (1065, 2040), "L40S": (1305, 2520)}
+            if mixed
+            else {"L4": (1065, 2040)},
+            "dvfs": spec.dvfs.model_copy(update={"transition_ms": transition_ms}),
+        }
+    )
+    tg = build_taskgraph(spec)
+    exact = _brute_force(tg)
+    lb = lower_bounds(tg)
+    assert lb.objective(tg) <= exact * (1 + 1e-9)
+    for incumbent in (exact, exact * 1.3):
+        assert lb.objective(tg, incumbent) <= exact * (1 + 1e-9)
+    r = solve_cpsat(tg, time_limit_s=20, workers=1, search_evals=4)
+    assert r.plan is not None and r.objective is not None and r.bound is not None
+    _agree(tg, r.plan)
+    assert r.bound <= exact * (1 + 1e-9)
+    assert r.objective >= exact * (1 - 1e-9)
+    if r.status == OPTIMAL:
+        assert r.objective <= exact * (1 + 2e-4)
+
+
+def test_interchangeable_gpus_follow_the_topology() -> None:
+    """GPUs of one type on one host are interchangeable; a GPU behind a slower link is
+    not, nor is a GPU of another type."""
+    from energyopt.families.taskgraph.formulations.cpsat import interchangeable_gpus
+
+    same = _with(layered(1, 2, platform("L4", 3), seed=0), "energy")
+    assert interchangeable_gpus(same) == [[0, 1, 2]]
+    mixed = _with(
+        layered(1, 2, platform("L4", 2) + platform("L40S", 1, prefix="big"), seed=0), "energy"
+    )
+    assert interchangeable_gpus(mixed) == [[0, 1]]
+    spec = layered(1, 2, platform("L4", 3), seed=0)
+    links = [
+        {"a": "gpu0", "b": "sw", "bandwidth_gbps": 25},
+        {"a": "gpu1", "b": "sw", "bandwidth_gbps": 25},
+        {"a": "gpu2", "b": "sw", "bandwidth_gbps": 5},
+    ]
+    tg = build_taskgraph(spec.model_copy(update={"links": tuple(TopologyLink(**x) for x in links)}))
+    assert interchangeable_gpus(tg) == [[0, 1]]
