@@ -49,7 +49,7 @@ def _heuristic(
 ) -> Result[Schedule]:
     from energyopt.families.taskgraph.solvers.heuristic import solve_heuristic
 
-    return solve_heuristic(tg, progress=progress)
+    return solve_heuristic(tg, progress=progress, time_limit_s=time_limit_s or DEFAULT_TIME_LIMIT_S)
 
 
 class TaskGraphFamily(TableFamily[TaskGraph, Schedule]):
@@ -119,7 +119,9 @@ class TaskGraphFamily(TableFamily[TaskGraph, Schedule]):
                 "heuristic",
                 self.kind,
                 "certified bound",
-                "HEFT placement, slack reclaiming and local search; bound from task minima",
+                "HEFT placement, slack reclaiming, local search and per-GPU clocks; "
+                "Lagrangian bound",
+                ("time limit",),
                 run=_heuristic,
             ),
         ]

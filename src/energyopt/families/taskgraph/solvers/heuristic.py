@@ -559,7 +559,7 @@ def solve_heuristic(
         "heuristic",
         log,
         termination=Termination.HEURISTIC,
-        algorithm="HEFT placement, slack reclaiming and local search",
+        algorithm="HEFT placement, slack reclaiming, local search and per-GPU clocks",
     )
 
 
