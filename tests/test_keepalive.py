@@ -371,9 +371,10 @@ def test_the_lagrangian_finds_a_plan_where_no_greedy_order_does() -> None:
 def test_the_lagrangian_falls_back_on_the_rolling_milp_when_the_path_master_fails(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Same tight instance, with the path master and its dive finding nothing: the
-    rolling-horizon MILP's plan is taken (its states read back from its plan file),
-    it verifies, and the bound is still the Lagrangian's."""
+    """Same tight instance, with the repair (which finds a plan there at the LP's
+    prices), the path master and its dive finding nothing: the rolling-horizon
+    MILP's plan is taken (its states read back from its plan file), it verifies,
+    and the bound is still the Lagrangian's."""
     from energyopt.families.keepalive.solvers import lagrangian as kl
 
     data = yaml.safe_load((ROOT / "instances/keepalive/azure-llm-2nodes.yaml").read_text())
@@ -381,6 +382,7 @@ def test_the_lagrangian_falls_back_on_the_rolling_milp_when_the_path_master_fail
         data["functions"][f]["arrivals"][t] = count
     spec = KeepAliveFile.model_validate(data)
     p = build_problem(spec)
+    monkeypatch.setattr(kl, "best_repair", lambda *a, **k: None)
     monkeypatch.setattr(kl, "solve_path_master", lambda *a, **k: None)
     monkeypatch.setattr(kl, "dive", lambda *a, **k: None)
     lag = kl.solve_lagrangian(p)

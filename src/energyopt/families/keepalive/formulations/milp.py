@@ -19,7 +19,10 @@ Rows:
   moves into them, over the window) within the node's budget;
 - per function with an SLO: requests arriving in a state slower than the SLO at
   most the function's remaining allowance;
-- with a cap: requests arriving in a cold state at most the remaining allowance.
+- with a cap: requests arriving in a cold state at most the remaining allowance;
+- per node memory cover and window (formulations/cuts.py): at most k of the
+  cover's states held. Valid for every plan, so the optimum is unchanged; they
+  close most of the LP's gap, which the memory rows' fractional warm states make.
 
 The objective is the energy of the range, J: every column's move energy plus the
 energy of holding its target state and serving its requests in the window. For
@@ -124,13 +127,16 @@ def build_milp(
     *,
     minimise: Literal["energy", "late"] = "energy",
     late_cap: float = math.inf,
+    cuts: bool = True,
 ) -> Milp:
     """The MILP of windows ``first`` .. ``last - 1`` (default all), each function
     starting from ``start`` (default: nothing kept), with ``slo_left`` late requests
     per function and ``cold_left`` cold starts allowed (default: the whole horizon's).
     ``minimise`` "late": the objective is the requests starting later than their
     function's limit (the throughput objective's first stage); ``late_cap``: at most
-    that many such requests over all functions (its second stage)."""
+    that many such requests over all functions (its second stage). ``cuts``: with
+    the memory cover rows of formulations/cuts.py (valid for every plan, so the
+    optimum is the same; the LP bound is stronger)."""
     stop = p.n_windows if last is None else last
     init = np.full(p.n_functions, p.source_state, dtype=np.int64) if start is None else start
     slo = p.slo_budget if slo_left is None else slo_left
@@ -233,6 +239,19 @@ def build_milp(
     offset += 3 * n_nt
     lo.append(np.full(3 * n_nt, -np.inf))
     hi.append(np.concatenate([np.tile(c, width) for c in (p.gpu_cap, p.host_cap, p.power_cap)]))
+    # memory covers (formulations/cuts.py): per cover and window, at most ``most``
+    # of its members held
+    if cuts and len(p.covers):
+        cov = p.covers
+        member = cov.matrix.T.tocsr()[fn * n_s + into].tocoo()  # (columns, K)
+        keep = real[member.row]
+        col_idx, k_idx = member.row[keep], member.col[keep]
+        rows.append(offset + k_idx * width + (win[col_idx] - first))
+        colsl.append(cols[col_idx])
+        vals.append(np.ones(len(col_idx)))
+        lo.append(np.full(len(cov) * width, -np.inf))
+        hi.append(np.repeat(cov.most, width))
+        offset += len(cov) * width
     # SLO allowances
     with_slo = np.flatnonzero(np.isfinite(slo))
     slo_row = np.full(n_f, -1)

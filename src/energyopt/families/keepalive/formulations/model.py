@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -23,6 +24,9 @@ from energyopt.families.keepalive.spec import (
 )
 from energyopt.spec.errors import SpecError
 from energyopt.spec.io import parse, read_data
+
+if TYPE_CHECKING:
+    from energyopt.families.keepalive.formulations.cuts import Covers
 
 FloatArray = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
@@ -131,6 +135,14 @@ class KeepAliveProblem:
         states = np.arange(self.n_states)
         f = np.arange(self.n_functions)[:, None, None]
         return self.move_j(f, states[None, :, None], states[None, None, :])
+
+    @cached_property
+    def covers(self) -> Covers:
+        """The memory cover inequalities of every node (formulations/cuts.py), computed
+        on first use."""
+        from energyopt.families.keepalive.formulations.cuts import memory_covers
+
+        return memory_covers(self)
 
     def energy_of(self, states: IntArray) -> float:
         """Energy of the (F, T) states over the horizon, J: every window's held states,

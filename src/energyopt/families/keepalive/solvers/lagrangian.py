@@ -29,6 +29,7 @@ import numpy as np
 
 from energyopt.families.keepalive.formulations.milp import FORMULATION_NAME
 from energyopt.families.keepalive.formulations.model import FloatArray, IntArray, KeepAliveProblem
+from energyopt.families.keepalive.solvers.lp_prices import lp_prices
 from energyopt.families.keepalive.solvers.paths import (
     PathPool,
     dive,
@@ -37,6 +38,7 @@ from energyopt.families.keepalive.solvers.paths import (
 )
 from energyopt.families.keepalive.solvers.programmes import (
     DENSE_CELLS,
+    MAX_LATE_STATES,
     TOL,
     OutOfTime,
     Prices,
@@ -52,6 +54,12 @@ from energyopt.solvers.subgradient import PolyakControl, projected_step
 
 REPAIR_EVERY = 10
 """Subgradient iterations between repairs."""
+FIRST_PASS_CELLS = 2_000_000
+"""Cells of dynamic programme (``first_pass_cells`` per pass) the first repair may
+take past the time limit, so that a plan comes back from a limit shorter than it;
+an instance whose one pass is larger keeps the limit and may have no plan."""
+LP_SHARE = 0.5
+"""Most of the time limit the LP for the starting prices may take."""
 
 
 def shortest_paths(p: KeepAliveProblem, y: Prices) -> tuple[FloatArray, IntArray]:
@@ -121,6 +129,8 @@ def dual_point(p: KeepAliveProblem, y: Prices) -> tuple[float, IntArray, FloatAr
     value -= float((y.gpu * p.gpu_cap[:, None]).sum() + (y.host * p.host_cap[:, None]).sum())
     value -= float((y.power * p.power_cap[:, None]).sum())
     value -= float((y.slo * budget).sum()) + y.cold * cap
+    most, scale = p.covers.most[:, None], p.covers.scale[:, None]
+    value -= float((y.cover * scale * most).sum())
     g = np.concatenate(
         [
             (gpu - p.gpu_cap[:, None]).ravel(),
@@ -128,6 +138,7 @@ def dual_point(p: KeepAliveProblem, y: Prices) -> tuple[float, IntArray, FloatAr
             (power - p.power_cap[:, None]).ravel(),
             np.where(slo_on, late - budget, 0.0),
             [colds - cap if cold_on else 0.0],
+            (scale * (p.covers.held(states) - most)).ravel(),
         ]
     )
     return value, states, g
@@ -186,7 +197,7 @@ def _place(
     """(plan, None) placing the functions in ``order`` at the costs ``guide`` gives,
     or (None, the first function that finds no path that fits)."""
     cost_all, factor = priced_costs(
-        p, Prices(guide.gpu, guide.host, guide.power, guide.slo * 0, 0.0)
+        p, Prices(guide.gpu, guide.host, guide.power, guide.slo * 0, 0.0, guide.cover)
     )
     cold = p.is_cold()
     free_gpu = np.tile(p.gpu_cap[:, None], (1, p.n_windows)).astype(np.float64)
@@ -195,6 +206,8 @@ def _place(
     states = np.zeros((p.n_functions, p.n_windows), dtype=np.int64)
     late_penalty = float(np.max(p.state_j)) + 1.0
     for f in order:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise OutOfTime
         cost = cost_all[f] + cold_penalty * p.arrivals[f][:, None] * cold[None, :]
         path = one_function(
             p, int(f), cost, factor, free_gpu, free_host, free_power, late_penalty, deadline
@@ -267,6 +280,40 @@ def best_repair(p: KeepAliveProblem, y: Prices, deadline: float | None = None) -
     return best
 
 
+def first_pass_cells(p: KeepAliveProblem) -> int:
+    """Cells of one greedy pass's dynamic programmes: per function, windows x states
+    x the late-request counts its SLO programme tracks (1 where it tracks none)."""
+    budget = np.where(np.isfinite(p.slo_budget), p.slo_budget, 0.0)
+    width = np.minimum(np.floor(budget + 1e-9), MAX_LATE_STATES) + 1
+    return int(width.sum()) * p.n_windows * p.n_states
+
+
+def first_repair(p: KeepAliveProblem) -> IntArray | None:
+    """The repair at true costs in the first order of ``repair_orders`` (a function
+    that finds no path moves to the front; a broken cold-start cap raises the
+    penalty on cold requests), run whatever the time for at most FIRST_PASS_CELLS
+    cells of dynamic programme in all (counted work: the one step of
+    ``solve_lagrangian`` that does not stop at its deadline); None where no plan
+    comes within that work."""
+    passes = FIRST_PASS_CELLS // max(1, first_pass_cells(p))
+    order = [int(f) for f in repair_orders(p)[0]]
+    step = _mean_move_j(p) / max(1.0, float(p.arrivals.mean()))
+    penalty = 0.0
+    for _ in range(passes):
+        states, failed = _place(p, Prices.zero(p), penalty, order)
+        if states is None:
+            assert failed is not None
+            if order[0] == failed:
+                return None
+            order.remove(failed)
+            order.insert(0, failed)
+        elif feasible_states(p, states):
+            return states
+        else:
+            penalty = max(4.0 * penalty, step)
+    return None
+
+
 def _rolling_plan(p: KeepAliveProblem, deadline: float) -> tuple[IntArray | None, str]:
     """The rolling-horizon MILP's plan as states (None without one) and a log line."""
     from energyopt.families.keepalive.formulations.milp import MAX_COLUMNS, milp_columns
@@ -291,12 +338,31 @@ def solve_lagrangian(
     rel_gap: float = 1e-4,
     max_iterations: int = 300,
     progress: Progress = quiet,
+    lp_start: bool = True,
 ) -> Result[KeepAlivePlan]:
     """Projected subgradient on the coupling rows with repairs; the best plan, the
-    best dual value as its certified lower bound, J."""
+    best dual value as its certified lower bound, J. ``lp_start`` False: from zero
+    prices, with no LP solved.
+
+    The prices start at the LP's optimal prices of the strengthened programme
+    (solvers/lp_prices.py) where it is small enough, at most ``LP_SHARE`` of the
+    time limit; the bound is always L(y) at prices the method evaluated itself.
+    The time limit is kept by every step (each dual point, repair and master
+    checks it; one dual point always runs, so that there is a bound) except the
+    first repair (``first_repair``), which takes at most FIRST_PASS_CELLS of
+    counted work, so that a plan comes back even from a limit shorter than that.
+    The status then says time limit."""
     t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
+    log: list[str] = []
     control = PolyakControl(theta=1.0, patience=10)
     y = Prices.zero(p)
+    if lp_start:
+        start, line = lp_prices(p, LP_SHARE * time_limit_s)
+        log.append(line)
+        progress(f"lagrangian: {line}")
+        if start is not None:
+            y = start
     prices = y.vector()
     best_bound = -np.inf
     best_plan: IntArray | None = None
@@ -305,13 +371,18 @@ def solve_lagrangian(
     termination = Termination.EFFORT_LIMIT
     pool = PathPool(p)
     while iterations < max_iterations:
+        if iterations > 0 and time.perf_counter() >= deadline:
+            termination = Termination.TIME_LIMIT
+            break
         iterations += 1
         value, paths, g = dual_point(p, y)
         pool.offer(paths)
         if control.observe(value):
             best_bound = max(best_bound, value)
         if iterations == 1 or iterations % REPAIR_EVERY == 0:
-            states = best_repair(p, y, t0 + time_limit_s)
+            states = best_repair(p, y, deadline)
+            if states is None and best_plan is None and time.perf_counter() >= deadline:
+                states = first_repair(p)
             if states is not None:
                 pool.offer(states)
                 cost = plan_energy(p, states)
@@ -321,7 +392,7 @@ def solve_lagrangian(
         if np.isfinite(upper) and relative_gap(upper, best_bound) <= rel_gap:
             termination = Termination.CONVERGED
             break
-        if time.perf_counter() - t0 > time_limit_s:
+        if time.perf_counter() >= deadline:
             termination = Termination.TIME_LIMIT
             break
         target = upper if np.isfinite(upper) else value + 0.1 * abs(value) + 1.0
@@ -335,8 +406,22 @@ def solve_lagrangian(
             termination = Termination.CONVERGED
             break
         y = Prices.of(p, prices)
-    log = [f"{iterations} subgradient iterations, best dual {best_bound:,.3f} J"]
-    deadline = t0 + time_limit_s
+    log.append(f"{iterations} subgradient iterations, best dual {best_bound:,.3f} J")
+    if (
+        best_plan is not None
+        and relative_gap(upper, best_bound) > rel_gap
+        and time.perf_counter() < deadline
+    ):
+        # the pooled paths (dual points' and repairs') chosen jointly
+        chosen = solve_path_master(p, pool, time_limit_s=deadline - time.perf_counter())
+        if chosen is not None and plan_energy(p, chosen) < upper:
+            upper, best_plan = plan_energy(p, chosen), chosen
+            log.append(f"path master over {pool.size():,} paths: {upper:,.0f} J")
+            progress(f"lagrangian: path master {upper:,.0f} J")
+        if relative_gap(upper, best_bound) <= rel_gap:
+            termination = Termination.CONVERGED
+        elif time.perf_counter() >= deadline:
+            termination = Termination.TIME_LIMIT
     if best_plan is None and time.perf_counter() >= deadline:
         log.append("the time limit came before any repair found a plan")
     elif best_plan is None:

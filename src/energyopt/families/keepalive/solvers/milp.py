@@ -45,14 +45,16 @@ def solve_milp(
     time_limit_s: float = 60.0,
     rel_gap: float = 1e-6,
     progress: Progress = quiet,
+    cuts: bool = True,
 ) -> Result[KeepAlivePlan]:
     """The whole horizon's MILP: the optimum within ``rel_gap`` or, at the time
     limit, the best plan with HiGHS' bound. Objective in J, or for the throughput
-    objective in requests/s (:func:`solve_throughput`)."""
+    objective in requests/s (:func:`solve_throughput`). ``cuts``: with the memory
+    cover rows (formulations/cuts.py; the same optimum, a stronger LP)."""
     if p.maximises_throughput:
         return solve_throughput(p, time_limit_s=time_limit_s, rel_gap=rel_gap, progress=progress)
     t0 = time.perf_counter()
-    milp = build_milp(p)
+    milp = build_milp(p, cuts=cuts)
     progress(f"milp: {len(milp):,} columns, {milp.matrix.shape[0]:,} rows")
     run = _run(milp, time_limit_s - (time.perf_counter() - t0), rel_gap)
     wall = time.perf_counter() - t0

@@ -238,6 +238,7 @@ class PathLp:
                 budget[2 * k : 3 * k].reshape(shape),
                 np.zeros(p.n_functions),
                 float(budget[3 * k]),
+                np.zeros((len(p.covers), p.n_windows)),
             )
             added = 0
             try:

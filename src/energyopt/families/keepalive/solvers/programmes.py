@@ -34,37 +34,66 @@ for one function (its predecessors are held for every cell); past it, the penalt
 
 @dataclass(frozen=True)
 class Prices:
-    """Prices of the coupling rows: per node and window (N, T), per function (F,), one cap."""
+    """Prices of the coupling rows: per node and window (N, T), per function (F,), one
+    cap, and per memory cover and window (K, T) (``KeepAliveProblem.covers``)."""
 
     gpu: FloatArray
     host: FloatArray
     power: FloatArray
     slo: FloatArray
     cold: float
+    cover: FloatArray
 
     @staticmethod
     def zero(p: KeepAliveProblem) -> Prices:
         shape = (p.n_nodes, p.n_windows)
         return Prices(
-            np.zeros(shape), np.zeros(shape), np.zeros(shape), np.zeros(p.n_functions), 0.0
+            np.zeros(shape),
+            np.zeros(shape),
+            np.zeros(shape),
+            np.zeros(p.n_functions),
+            0.0,
+            np.zeros((len(p.covers), p.n_windows)),
         )
 
     def vector(self) -> FloatArray:
         return np.concatenate(
-            [self.gpu.ravel(), self.host.ravel(), self.power.ravel(), self.slo, [self.cold]]
+            [
+                self.gpu.ravel(),
+                self.host.ravel(),
+                self.power.ravel(),
+                self.slo,
+                [self.cold],
+                self.cover.ravel(),
+            ]
         )
 
     @staticmethod
     def of(p: KeepAliveProblem, v: FloatArray) -> Prices:
         k = p.n_nodes * p.n_windows
         shape = (p.n_nodes, p.n_windows)
+        cold = 3 * k + p.n_functions
         return Prices(
             v[:k].reshape(shape),
             v[k : 2 * k].reshape(shape),
             v[2 * k : 3 * k].reshape(shape),
-            v[3 * k : 3 * k + p.n_functions],
-            float(v[-1]),
+            v[3 * k : cold],
+            float(v[cold]),
+            v[cold + 1 :].reshape(len(p.covers), p.n_windows),
         )
+
+
+def cover_costs(p: KeepAliveProblem, cover: FloatArray) -> FloatArray:
+    """(F, T, S) price of the memory covers each state of each window is a member of,
+    at the cover prices ``cover`` (K, T), J (zero where no cover is priced). A
+    cover's row is priced as scaled by ``Covers.scale``: J per GB of scale."""
+    shape = (p.n_functions, p.n_windows, p.n_states)
+    if not np.any(cover):
+        return np.zeros(shape)
+    per_state = p.covers.priced(cover * p.covers.scale[:, None])  # (F S, T)
+    return np.ascontiguousarray(
+        per_state.reshape(p.n_functions, p.n_states, p.n_windows).transpose(0, 2, 1)
+    )
 
 
 def priced_costs(p: KeepAliveProblem, y: Prices) -> tuple[FloatArray, FloatArray]:
@@ -82,6 +111,7 @@ def priced_costs(p: KeepAliveProblem, y: Prices) -> tuple[FloatArray, FloatArray
         + y.host[node, :].T[None, :, :] * p.host_gb[:, None, :]
         + late
         + cold
+        + cover_costs(p, y.cover)
     )
     return np.where(p.allowed[:, None, :], cost, np.inf), factor
 
@@ -221,7 +251,7 @@ def one_function(
             value[step[0, b], b] = start[0, b]
     backs: list[IntArray] = []
     for t in range(1, n_t):
-        if deadline is not None and t % 64 == 0 and time.perf_counter() > deadline:
+        if deadline is not None and time.perf_counter() > deadline:
             raise OutOfTime
         if dense is not None:
             total = value[:, :, None] + dense[t][None]  # (late so far, from, to)
