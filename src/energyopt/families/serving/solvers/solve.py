@@ -24,6 +24,7 @@ from energyopt.perf.oppoints import OpTable, build_op_table
 from energyopt.progress import Progress
 from energyopt.solvers.presets import SolverPreset, load_preset
 from energyopt.solvers.result import (
+    FEASIBLE,
     INFEASIBLE,
     NO_SOLUTION,
     Result,
@@ -60,6 +61,18 @@ AUTO_EXACT_GAP_GPUS = 16
 4.6 s against 1.8 s) and proves the plan optimal instead of within 0.1 %; on
 fleet-64 it took 41.6 s against 25.9 s, too close to the 60-s limit on a loaded
 machine."""
+
+PER_GPU_INCUMBENT_GPUS = 16
+"""Above this many GPUs, where the configuration formulation applies, the per-GPU
+MILP first takes a plan from column generation on the configuration formulation
+(in ``INCUMBENT_SHARE`` of its time), and keeps the better of that plan and its
+own. On fleet-64 (72,320 columns) and fleet-256 HiGHS had not solved the per-GPU
+model's root LP when a 60-s limit struck, and ``highs-per-gpu`` and
+``highs-plain`` ended with no plan on a feasible instance. Pyomo cannot hand
+HiGHS a starting plan, so the two searches run one after the other."""
+
+INCUMBENT_SHARE = 0.25
+"""Share of the per-GPU solve's time given to the configuration incumbent."""
 
 AUTO_COLGEN_GPUS = 2048
 """Above this many GPUs the ``auto`` preset runs column generation, which stops on
@@ -228,8 +241,14 @@ def _solve_per_gpu(
             f"{u}: no GPU can serve it at any candidate operating point" for u in pm.unservable
         ]
         return Result(INFEASIBLE, None, None, 0.0, None, preset.name, [], reasons)
+    incumbent = _configuration_incumbent(problem, table, preset, deadline, gap, note)
     left = max(1.0, deadline - time.perf_counter())
     out = run_backend(pm.model, preset, time_limit_s=left, rel_gap=gap, progress=note)
+    if incumbent is not None:
+        own = None if out.objective is None else out.objective - pm.idle_fixed_cost()
+        taken = _better_of(incumbent, own, out.bound, gap, note)
+        if taken is not None:
+            return taken
     bound = out.bound
     if preset.backend == "cpsat" and out.status != INFEASIBLE:
         # CP-SAT's bound is its relaxation's; the LP relaxation may be tighter.
@@ -249,3 +268,80 @@ def _solve_per_gpu(
     status = plan_status(out.status, objective, bound, gap)
     plan = finish_plan(problem, table, decisions, status, objective, bound, preset.name)
     return Result(status, objective, bound, out.wall_s, plan, preset.name, out.log)
+
+
+def _configuration_incumbent(
+    problem: Problem,
+    table: OpTable,
+    preset: SolverPreset,
+    deadline: float,
+    gap: float,
+    note: Progress,
+) -> ServingResult | None:
+    """A plan from column generation on the configuration formulation, in
+    ``INCUMBENT_SHARE`` of the time to ``deadline``, for a per-GPU solve of more than
+    ``PER_GPU_INCUMBENT_GPUS`` GPUs where that formulation applies; None otherwise
+    or when it finds none."""
+    if len(problem.gpus) <= PER_GPU_INCUMBENT_GPUS:
+        return None
+    try:
+        pat.check_applicable(problem, table)
+    except pat.PatternNotApplicable:
+        return None
+    now = time.perf_counter()
+    colgen = load_preset("colgen").model_copy(update={"name": preset.name})
+    try:
+        found = solve_configurations(
+            problem, table, colgen, now + INCUMBENT_SHARE * (deadline - now), gap, note,
+            exact=False,
+        )
+    except (FormulationNotApplicable, BackendFailure) as exc:
+        note(f"no configuration incumbent ({exc})")
+        return None
+    if found.plan is None or found.objective is None:
+        note("no configuration incumbent: column generation found no plan")
+        return None
+    note(
+        f"configuration incumbent: {found.objective:,.3f} "
+        f"({time.perf_counter() - now:.1f} s); the per-GPU MILP runs in the rest"
+    )
+    return found
+
+
+def _better_of(
+    incumbent: ServingResult,
+    milp_objective: float | None,
+    milp_bound: float | None,
+    gap: float,
+    note: Progress,
+) -> ServingResult | None:
+    """``incumbent`` with the better of both bounds when the per-GPU MILP found no
+    cheaper plan (``milp_objective``, its plan's cost, None without one); None when
+    the MILP's plan is kept.
+
+    Both formulations state the same problem, so the larger of their lower bounds
+    is valid for either plan."""
+    assert incumbent.objective is not None and incumbent.plan is not None
+    if milp_objective is not None and milp_objective <= incumbent.objective:
+        return None
+    bounds = [b for b in (incumbent.bound, milp_bound) if b is not None]
+    bound = max(bounds) if bounds else None
+    why = (
+        "the per-GPU MILP found no plan in its time"
+        if milp_objective is None
+        else "the per-GPU MILP found no cheaper plan"
+    )
+    note(f"{why}: keeping the configuration incumbent")
+    status = plan_status(FEASIBLE, incumbent.objective, bound, gap)
+    plan = incumbent.plan.model_copy(update={"bound": bound, "status": str(status)})
+    return Result(
+        status,
+        incumbent.objective,
+        bound,
+        incumbent.wall_s,
+        plan,
+        incumbent.solver,
+        incumbent.log,
+        fallback=f"{why}; the plan is column generation's on the configuration formulation",
+        algorithm="colgen incumbent + " + "per-GPU MILP",
+    )
