@@ -16,7 +16,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from energyopt.backends.highs import mixed_lp, solve_mip
-from energyopt.families.keepalive.formulations.cuts import memory_covers, prefix_covers
+from energyopt.families.keepalive.formulations.cuts import (
+    memory_covers,
+    packing_sets,
+    prefix_covers,
+)
 from energyopt.families.keepalive.formulations.milp import build_milp
 from energyopt.families.keepalive.formulations.model import (
     KeepAliveProblem,
@@ -84,17 +88,24 @@ def test_each_cover_holds_exactly_the_most_that_fit(weights: list[float], capaci
 
 
 def test_covers_close_the_bundled_lp_gap() -> None:
-    """On the bundled two-node instance the covers raise the LP bound to within 1 %
-    of the optimum and leave the optimum as it is."""
+    """On the bundled two-node instance the covers raise the LP bound to within 0.1 %
+    of the optimum and leave the optimum as it is; the packing covers are the two
+    sets of both 32B models and one more model (any three warm need three GPUs)."""
     p = load_keepalive(INSTANCES / "azure-llm-2nodes.yaml")
     assert len(p.covers) > 0
+    names = [fn.name for fn in p.spec.functions]
+    sets = {frozenset(names[int(c) // p.n_states] for c in cols) for cols, _ in packing_sets(p)}
+    assert sets == {
+        frozenset({"qwen3-32b", "deepseek-r1-distill-32b", "llama-3.1-8b"}),
+        frozenset({"qwen3-32b", "deepseek-r1-distill-32b", "opt-6.7b"}),
+    }
     before, after = _solve(p, False, False), _solve(p, True, False)
     optimum, strengthened = _solve(p, False, True), _solve(p, True, True)
     assert before is not None and after is not None
     assert optimum is not None and strengthened is not None
     assert _close(strengthened, optimum)
     assert before < 0.9 * optimum  # the arc-flow LP's gap
-    assert 0.99 * optimum < after <= optimum * (1 + TOL)
+    assert 0.999 * optimum < after <= optimum * (1 + TOL)
 
 
 @settings(
@@ -150,7 +161,8 @@ def test_lagrangian_keeps_a_tiny_time_limit_with_a_verified_plan() -> None:
 
 def test_lagrangian_reaches_the_strengthened_bound() -> None:
     """With time to solve the LP for its starting prices, the Lagrangian's bound on
-    the bundled instance is the strengthened LP's (within 1 % of the optimum)."""
+    the bundled instance is the strengthened LP's (within 0.1 % of the optimum), and
+    its plan is within 0.2 % of its bound."""
     p = load_keepalive(INSTANCES / "azure-llm-2nodes.yaml")
     after, optimum = _solve(p, True, False), _solve(p, True, True)
     assert after is not None and optimum is not None
@@ -158,4 +170,4 @@ def test_lagrangian_reaches_the_strengthened_bound() -> None:
     assert result.bound is not None and result.objective is not None
     assert after * (1 - TOL) <= result.bound <= optimum * (1 + TOL)
     assert result.objective >= optimum * (1 - TOL)
-    assert result.gap is not None and result.gap < 0.02
+    assert result.gap is not None and result.gap < 0.002

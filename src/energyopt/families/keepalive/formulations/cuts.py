@@ -22,6 +22,19 @@ the plans allow.) The row leaves every plan feasible, so the strengthened
 programme has the same optimum; its LP (and the Lagrangian that prices it) is a
 bound no weaker than before.
 
+A packing cover spans the N nodes: N + 1 functions whose warm GPU memory no
+assignment to their permitted nodes fits at once (each node's capacity, counting
+only these warm states; tried by enumerating the N^(N + 1) assignments), so
+
+    sum_{f in C} sum_n x[f, t, warm on n] <= N          every window t.
+
+Valid: a plan holds each function warm on at most one node per window, and if
+all N + 1 were warm their memory would be held on the nodes, which no assignment
+fits (anything else held only adds). On the bundled two-node instance both 32B
+models warm leave no room for a third warm model; the node covers cannot see it
+(the LP splits every function half and half over the two nodes), these do.
+Sought only for N <= MAX_PACKING_NODES and at most MAX_PACKING_SETS candidate sets.
+
 The covers taken are the prefixes of a node's pairs sorted heaviest first: the
 prefix of the m heaviest has k(m) = the number of its lightest pairs that fit,
 non-decreasing in m, so for each k only the longest prefix is kept (it implies
@@ -32,6 +45,8 @@ of one more.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +61,10 @@ from energyopt.families.keepalive.formulations.model import (
 MAX_COVER_MOST = 16
 """Largest right-hand side k of a cover that is kept (wider covers cut little and
 add one row per window each)."""
+MAX_PACKING_NODES = 3
+"""Most nodes for which packing covers (sets over all nodes) are sought."""
+MAX_PACKING_SETS = 2_000
+"""Most candidate sets of N + 1 functions a packing-cover search tries."""
 MIN_DEPTH = 0.05
 """Least share of one more member that the memory row alone lets the LP hold past
 a cover's k for the cover to be kept (shallower covers cut almost nothing)."""
@@ -58,10 +77,10 @@ float slack; counting more as fitting only weakens a cover)."""
 class Covers:
     """K cover inequalities, each applied in every window: ``matrix`` (K, F S), 1
     where state s of function f (column f S + s) is a member, at most ``most`` (K,)
-    of them held at once on ``node`` (K,). ``scale`` (K,), GB per member: the node's
-    capacity / (most + 1), a factor a subgradient method may multiply a cover's row
-    by so that its price moves at the pace of the memory rows' (a positive multiple
-    of a valid row is valid)."""
+    of them held at once on ``node`` (K,; -1: a packing cover over all nodes).
+    ``scale`` (K,), GB per member: the capacity / (most + 1), a factor a
+    subgradient method may multiply a cover's row by so that its price moves at
+    the pace of the memory rows' (a positive multiple of a valid row is valid)."""
 
     matrix: sp.csr_matrix
     most: FloatArray
@@ -123,7 +142,8 @@ def prefix_covers(weights: FloatArray, capacity: float) -> list[tuple[int, int]]
 
 
 def memory_covers(p: KeepAliveProblem) -> Covers:
-    """The cover inequalities of every node's GPU and host memory (module docstring)."""
+    """The cover inequalities of every node's GPU and host memory, then the packing
+    covers over all nodes (module docstring)."""
     n_s = p.n_states
     node = p.node_of()
     rows: list[IntArray] = []
@@ -145,6 +165,12 @@ def memory_covers(p: KeepAliveProblem) -> Covers:
                 most.append(float(k))
                 nodes.append(n)
                 scale.append(float(caps[n]) / (k + 1))
+    for members, k in packing_sets(p):
+        rows.append(np.full(len(members), len(most), dtype=np.int64))
+        cols.append(members)
+        most.append(float(k))
+        nodes.append(-1)
+        scale.append(float(p.gpu_cap.min()) / (k + 1))
     n_rows = len(most)
     row = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
     col = np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64)
@@ -154,3 +180,31 @@ def memory_covers(p: KeepAliveProblem) -> Covers:
         node=np.asarray(nodes, dtype=np.int64),
         scale=np.asarray(scale, dtype=np.float64),
     )
+
+
+def packing_sets(p: KeepAliveProblem) -> list[tuple[IntArray, int]]:
+    """Packing covers over all nodes: (columns f S + s of the warm states, on every
+    permitted node, of N + 1 functions whose warm GPU memory cannot be held at once
+    on the N nodes, N). Only for N <= MAX_PACKING_NODES and at most
+    MAX_PACKING_SETS candidate sets (module docstring)."""
+    n_n, n_s = p.n_nodes, p.n_states
+    warm_gb = p.gpu_gb[:, :n_n]  # (F, N): the warm state on each node
+    permitted = p.allowed[:, :n_n]
+    heavy = np.flatnonzero((warm_gb * permitted).max(axis=1) > 0)
+    if n_n > MAX_PACKING_NODES or math.comb(len(heavy), n_n + 1) > MAX_PACKING_SETS:
+        return []
+    room = p.gpu_cap * (1 + FIT_TOL) + FIT_TOL
+    # every assignment of N + 1 functions to nodes: (A, N + 1) node indices
+    assign = np.array(list(itertools.product(range(n_n), repeat=n_n + 1)), dtype=np.int64)
+    out: list[tuple[IntArray, int]] = []
+    for chosen in itertools.combinations(heavy, n_n + 1):
+        fns = np.array(chosen, dtype=np.int64)
+        weight = warm_gb[fns[None, :], assign]  # (A, N + 1)
+        ok = permitted[fns[None, :], assign].all(axis=1)
+        load = np.zeros((len(assign), n_n))
+        np.add.at(load, (np.arange(len(assign))[:, None], assign), weight)
+        if np.any(ok & np.all(load <= room[None, :], axis=1)):
+            continue
+        f_idx, n_idx = np.nonzero(permitted[fns])
+        out.append((fns[f_idx] * n_s + n_idx, n_n))
+    return out
