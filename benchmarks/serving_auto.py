@@ -19,9 +19,10 @@ calibrated on the clock sweeps and power measurements in ``../shared/data/``.
 Run: python benchmarks/serving_auto.py [--limit 60] [--instances a,b]
 [--presets p,q] [--big-presets p,q] (every preset: about 35 minutes on a shared
 2-core machine). Instances with more than 256 GPUs are solved only with the
-``--big-presets`` (default auto, highs-exact, bnp, colgen): the per-GPU and plain
-MILPs and CP-SAT spend their whole limit there without a plan (on fleet-64 and
-fleet-256 already: no plan after 70-121 s).
+``--big-presets`` (default auto, highs-exact, bnp, colgen): there HiGHS does not
+solve the per-GPU and plain MILPs' root LP within the limit (on fleet-64 already),
+so those presets return the configuration-formulation plan they start from, and
+CP-SAT spends its whole limit on them.
 """
 
 from __future__ import annotations
