@@ -235,7 +235,9 @@ def _least_time_and_energy(p: CollectiveProblem, c: Collective) -> tuple[float, 
 def test_the_per_collective_bounds_hold_across_nodes_with_degraded_nics(seed: int) -> None:
     """The pooled, per-node (NIC cut) and straggler terms of the time bound and the
     HBM term of the energy bound stay below the least time and energy of every
-    candidate, and within 3x of them (they are not vacuous)."""
+    candidate, and within 3x of them (they are not vacuous); a broadcast over
+    several nodes within 4x (its bound also covers rings whose channels run out of
+    step, ``costmodel.ring_broadcast_bound_us``)."""
     rng = np.random.default_rng(100 + seed)
     layout = [[2, 2], [2, 1], [3, 2], [1, 1, 1]][seed]
     n = sum(layout)
@@ -252,8 +254,9 @@ def test_the_per_collective_bounds_hold_across_nodes_with_degraded_nics(seed: in
         t, e = _least_time_and_energy(p, c)
         assert time_bound_us(p, c) <= t * (1 + 1e-9), c.op
         assert energy_bound_j(p, c) <= e * (1 + 1e-9), c.op
-        assert time_bound_us(p, c) >= t / 3, c.op
-        assert energy_bound_j(p, c) >= e / 3, c.op
+        within = 4 if c.op == "broadcast" and p.n_nodes > 1 else 3
+        assert time_bound_us(p, c) >= t / within, c.op
+        assert energy_bound_j(p, c) >= e / within, c.op
 
 
 def test_an_all_reduce_bound_counts_both_halves_of_the_traffic() -> None:

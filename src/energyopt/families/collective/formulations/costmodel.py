@@ -28,6 +28,7 @@ from energyopt.families.collective.formulations.constants import (
     PROTOCOL_STEP_US,
 )
 from energyopt.families.collective.formulations.model import (
+    SWITCH,
     CollectiveProblem,
     FloatArray,
     IntArray,
@@ -363,22 +364,115 @@ def _port_capacities(p: CollectiveProblem) -> tuple[FloatArray, ...]:
 
 def time_bound_us(p: CollectiveProblem, c: Collective) -> float:
     """A lower bound on the time of every schedule of ``c`` (any algorithm, protocol,
-    chunking, channels and clock): launch, route latency, and for some rank its
-    step overhead (times its straggler factor: every rank takes part in a flow,
-    whose overhead is the slower end's) plus its bytes through its links at full
-    capacity. Pooled over ranks, a rank's share of bytes over capacity is at least
-    the pool's: all ranks' bytes through all their links, and each node's bytes
-    across the network through its ranks' NICs, bound the busiest rank too."""
+    chunking, channels and clock), us: launch plus the least over the protocols of
+    ``protocol_bound_us`` (every flow of a schedule runs the schedule's one protocol,
+    so the bound of that protocol holds for it).
+
+    ``protocol_bound_us``'s bandwidth terms rest on the channels of a schedule
+    meeting the same links in the same steps (flows of different steps do not
+    contend in the cost model, so channels out of step could each take a link's
+    full capacity). Every schedule but one keeps them in step: synthesized,
+    tree, halving-doubling, direct, hierarchical_direct and hierarchical
+    broadcasts run the same program on every channel, and rings and hierarchical
+    rings, rotated per channel, still give every rank one flow in and one out per
+    step and channel (so the per-rank and per-node pools hold). A ring broadcast
+    over several nodes is the one: each channel's rotated ring reaches a rank in
+    another step, so for a broadcast there the bound is the lesser of that and
+    ``ring_broadcast_bound_us``."""
+    bound = p.rates.launch_us + min(protocol_bound_us(p, c, pr) for pr in PROTOCOL_STEP_US)
+    if c.op == "broadcast" and p.n_nodes > 1 and p.n > p.n_nodes:
+        bound = min(bound, ring_broadcast_bound_us(p, c))
+    return bound
+
+
+def ring_broadcast_bound_us(p: CollectiveProblem, c: Collective) -> float:
+    """A lower bound on every ring broadcast's time, us: launch plus, at the best
+    protocol, the largest of
+
+    - the chain: the ring's n - 1 hops run one after another (a rank forwards only
+      what has landed), each at least the protocol's step overhead times the slower
+      end's factor (the slowest rank ends at least one hop) plus its route's latency;
+      the ring enters every node, so at least N - 1 hops cross between nodes;
+    - the root: it sends in the first step of every channel (its place is the same
+      in all), so its out-ports carry the message at the protocol's efficiency;
+    - every other node: each channel enters it once with the whole channel's share.
+      The ring's hop number there differs between channels only by where the root
+      sits in its rotated run of ranks, which takes at most g (the root's node's
+      rank count) values; channels of one hop number entering through one NIC share
+      it in the same steps, so the node takes in at most g times its NICs' capacity."""
+    n, nodes = p.n, p.n_nodes
+    m = float(c.bytes)
+    node_of = np.asarray(p.node_of)
+    cross = min(p.least_route_us(node_of == k) for k in range(nodes))
+    _, cap_out, nic_in, _ = _port_capacities(p)
+    g_root = int((node_of == node_of[c.root]).sum())
+    routes = (nodes - 1) * cross + (n - nodes) * p.least_route_us()
+    best = np.inf
+    for protocol, alpha in PROTOCOL_STEP_US.items():
+        eff = PROTOCOL_EFFICIENCY[protocol]
+        chain = alpha * (n - 1 + float(np.max(p.slowdown)) - 1.0) + routes
+        root = (
+            alpha * float(p.slowdown[c.root])
+            + m / (float(cap_out[c.root]) * eff) / 1e3
+            + p.least_route_us()
+        )
+        term = max(chain, root)
+        for k in range(nodes):
+            inside = node_of == k
+            if not inside[c.root]:
+                take = m / (g_root * float(nic_in[inside].sum()) * eff) / 1e3
+                term = max(term, alpha + take + p.least_route_us(inside))
+        best = min(best, term)
+    return p.rates.launch_us + float(best)
+
+
+def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -> float:
+    """A lower bound on the time after launch of every schedule of ``c`` that runs
+    ``protocol``, us. Every flow's occupancy is at least the protocol's step overhead
+    times the slower end's straggler factor plus its bytes over its rate, and its
+    rate is at most its links' capacity shared by the step's flows on them times the
+    protocol's efficiency (a lower clock only lowers it). The terms, each valid alone:
+
+    - busiest rank: for rank r its overhead (times its factor) plus the bytes it must
+      receive or send through its ports at full capacity times the efficiency; pooled
+      over ranks (all bytes through all ports) as well; and the route latency after.
+      A rank's steps of one channel run one after another, and in an all-reduce every
+      rank takes part in at least two steps of one channel (the chain below), so its
+      overhead counts twice there.
+    - per node (several nodes): the bytes that must cross into or out of the node
+      through its NICs; the last lands a cross-node route's latency later.
+    - all-reduce chain: rank r's contribution leaves it in one flow and the sum that
+      holds it comes back in a later flow of the same piece's channel (the sender
+      starts only once what it forwards has landed), so r pays its overhead twice,
+      once going out and once coming in, plus a route out of and one into r. On
+      several nodes the rank where a piece's sum first forms received a
+      contribution from another node before (one crossing), and the ranks of
+      another node receive the sum after (a second crossing): two overheads and
+      two cross-node latencies; and rank r's own receipt of the sum (its factor)
+      follows one crossing. For a node, every byte's sum either forms inside (it
+      crosses out after) or outside (it crosses in after), and none of those
+      second crossings starts before an overhead and a crossing: the node's NICs,
+      in and out together, carry the m bytes after that.
+    - reductions (all-reduce, reduce-scatter): n - 1 of every element's bytes must
+      be reduced; a reducing flow into r carries its bytes over a link and adds them
+      at the GPU's memory bandwidth / 3 shared by r's reducing flows of the step, slowed
+      by r's factor; ``reduce_rates_gbs`` is the most a rank reduces per us in this
+      way, and pooled over the ranks that bounds the busiest reducer."""
     n = p.n
+    alpha = PROTOCOL_STEP_US[protocol]
+    eff = PROTOCOL_EFFICIENCY[protocol]
     into, out = _needs(c, n)
     cap_in, cap_out, nic_in, nic_out = _port_capacities(p)
     least_route = p.least_route_us()
-    alpha = min(PROTOCOL_STEP_US.values())
-    per_rank = np.maximum(into / cap_in, out / cap_out) / 1e3
     slow = np.maximum(1.0, p.slowdown)
+    per_rank = np.maximum(into / cap_in, out / cap_out) / eff / 1e3
     total = _total_needs(c, n)
-    pooled = max(total / float(cap_in.sum()), total / float(cap_out.sum())) / 1e3
-    busiest = max(float(np.max(alpha * slow + per_rank)), alpha + pooled) + least_route
+    pooled = max(total / float(cap_in.sum()), total / float(cap_out.sum())) / eff / 1e3
+    # an all-reduce's rank takes part in two steps of one channel (the chain below)
+    steps = 2.0 if c.op == "all_reduce" else 1.0
+    busiest = (
+        max(float(np.max(steps * alpha * slow + per_rank)), steps * alpha + pooled) + least_route
+    )
     node_of = np.asarray(p.node_of)
     for node in set(p.node_of) if p.n_nodes > 1 else ():
         # The bytes that must leave or enter this node cross the network: the last
@@ -387,8 +481,59 @@ def time_bound_us(p: CollectiveProblem, c: Collective) -> float:
         need_in, need_out = _cut_needs(c, n, int(inside.sum()), bool(inside[c.root]))
         cut = max(need_in / float(nic_in[inside].sum()), need_out / float(nic_out[inside].sum()))
         least_cross = p.least_route_us(inside)
-        busiest = max(busiest, alpha + cut / 1e3 + least_cross)
-    return p.rates.launch_us + busiest
+        busiest = max(busiest, alpha + cut / eff / 1e3 + least_cross)
+    if c.op == "all_reduce":
+        routes = p.route_us + np.diag(np.full(n, np.inf))
+        chain = 2.0 * alpha * slow + routes.min(axis=1) + routes.min(axis=0)
+        busiest = max(busiest, float(chain.max()))
+        if p.n_nodes > 1:
+            # the sum forms first at some rank w: a contribution from another node
+            # crossed into w's node before, and the sum crosses to the ranks of
+            # another node after; rank r also receives the sum in a flow of its own
+            cross = min(p.least_route_us(node_of == k) for k in range(p.n_nodes))
+            into_r = routes.min(axis=0)
+            busiest = max(
+                busiest,
+                2.0 * (alpha + cross),
+                float(np.max(alpha + cross + alpha * slow + into_r)),
+            )
+            for node in range(p.n_nodes):
+                # bytes whose sum forms inside cross out after it forms, the others
+                # cross in after theirs: m in all, none before alpha + cross
+                ports = float(nic_in[node_of == node].sum() + nic_out[node_of == node].sum())
+                late = float(c.bytes) / (ports * eff) / 1e3
+                busiest = max(busiest, 2.0 * (alpha + cross) + late)
+    if c.op in ("all_reduce", "reduce_scatter"):
+        reduced = (n - 1) * float(c.bytes)
+        rates = reduce_rates_gbs(p, eff)
+        busiest = max(busiest, alpha + reduced / float(rates.sum()) / 1e3 + least_route)
+    return busiest
+
+
+def reduce_rates_gbs(p: CollectiveProblem, eff: float) -> FloatArray:
+    """(n,): the most bytes per ns each rank can receive and reduce together, GB/s.
+
+    A reducing flow f into rank r of a step carries b bytes over an in-port e of
+    capacity C_e shared by k_e >= k_re flows of the step (k_re of them reducing into r
+    through e) at efficiency ``eff``, and reduces them at most at H / k_r (H: the
+    GPU's memory bandwidth / 3, shared by r's k_r reducing flows of the step) slowed
+    by r's factor s: its occupancy is at least b (k_re / (eff C_e) + s k_r / H). The
+    step lasts at least as long as each of them, so its reduced bytes are at most its
+    time times sum_e x_e eff C_e H / (x_e H + s eff C_e) with x_e = k_re / k_r. Each term
+    grows with x_e, so x_e = 1 for every port bounds it, and each term is at most
+    x_e H / s, so the sum is at most H / s too; the lesser of the two is returned."""
+    h = p.gpu.memory_bandwidth_gbps / HBM_TOUCHES_PER_REDUCED_BYTE
+    g = p.graph
+    out = np.zeros(p.n)
+    for r, name in enumerate(p.ranks):
+        s = max(1.0, float(p.slowdown[r]))
+        ports = []
+        for u, _, d in g.in_edges(name, data=True):
+            hop = min(d["gbs"], g[SWITCH][u]["gbs"]) if u.endswith(":nic") else d["gbs"]
+            ports.append(eff * hop)
+        combined = sum(cap * h / (h + s * cap) for cap in ports)
+        out[r] = min(combined, h / s)
+    return out
 
 
 def energy_bound_j(p: CollectiveProblem, c: Collective) -> float:

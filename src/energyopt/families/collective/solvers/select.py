@@ -87,7 +87,7 @@ def structures(p: CollectiveProblem, c: Collective) -> Iterator[Structure]:
     sizes = [list(p.node_of).count(k) for k in range(p.n_nodes)]
     slow = [r for r in range(p.n) if p.slowdown[r] > 1.0]
     orders: list[tuple[tuple[int, ...] | None, int]] = [(None, 0)]
-    if slow:
+    if slow and len(slow) < p.n:  # a tree keeps at most n - 1 ranks leaves
         rest = [r for r in range(p.n) if r not in slow]
         orders.append((tuple(rest + slow), len(slow)))
     weighted = rail_weights(p)

@@ -1,0 +1,236 @@
+"""The collective time and energy bounds against verified plans: on small random
+instances (degraded links, stragglers) the bound of every collective is at most the
+verifier's figure of every plan drawn, whether a candidate schedule (any algorithm,
+channels, chunks, order, protocol, clock) or a random synthesized one (random relay
+and reduction trees, pieces, channels and chunks); and the exhaustive search finds
+the least candidate."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from energyopt.families.collective.formulations.costmodel import energy_bound_j, time_bound_us
+from energyopt.families.collective.formulations.model import CollectiveProblem, build_problem
+from energyopt.families.collective.formulations.schedules import program_of
+from energyopt.families.collective.solvers.select import Evaluator, structures
+from energyopt.families.collective.spec import (
+    OPS,
+    PROTOCOLS,
+    Choice,
+    Collective,
+    CollectiveFile,
+    CollectivePlan,
+    Op,
+    Transfer,
+)
+from energyopt.families.collective.verify import evaluate_collective, execute
+
+from .spec_docs import collective_doc
+
+LAYOUTS = ([2], [3], [4], [2, 2], [2, 1], [1, 1, 1], [3, 2], [1, 3])
+
+
+def _problem(seed: int, layout: list[int], op: Op, size: int, root: int) -> CollectiveProblem:
+    rng = random.Random(seed)
+    n = sum(layout)
+    gpus = [f"n{k}/{i}" for k, g in enumerate(layout) for i in range(g)]
+    links: list[dict[str, Any]] = []
+    for gpu in rng.sample(gpus, rng.randint(0, min(2, n))):
+        kind = rng.choice(["nvlink", "nic"] if len(layout) > 1 else ["nvlink"])
+        links.append({"gpu": gpu, "link": kind, "factor": rng.uniform(0.1, 1.0)})
+    stragglers = [
+        {"gpu": gpu, "slowdown": rng.uniform(1.0, 4.0)}
+        for gpu in rng.sample(gpus, rng.randint(0, min(2, n)))
+    ]
+    doc = collective_doc(
+        layout,
+        [{"name": "c", "op": op, "bytes": size, "root": root % n}],
+        health={"links": links, "stragglers": stragglers},
+    )
+    return build_problem(CollectiveFile.model_validate(doc))
+
+
+def _copy_rounds(
+    rng: random.Random,
+    n: int,
+    holders: list[set[int]],
+    need: list[set[int]],
+    step: int,
+    relay: bool,
+) -> list[Transfer]:
+    """Copies of every piece from its holders until every rank of ``need`` holds it,
+    from step ``step`` on, a random share of the holders sending in each step."""
+    out: list[Transfer] = []
+    while any(not need[q] <= holders[q] for q in range(len(holders))):
+        new: list[tuple[int, int]] = []
+        for q, have in enumerate(holders):
+            missing = sorted(need[q] - have)
+            if not missing:
+                continue
+            spare = sorted(set(range(n)) - have - need[q]) if relay else []
+            for a in sorted(have):
+                pool = missing + (spare if rng.random() < 0.3 else [])
+                if pool and rng.random() < 0.6:
+                    b = rng.choice(pool)
+                    if b in missing:
+                        missing.remove(b)
+                    else:
+                        spare.remove(b)
+                    new.append((q, b))
+                    out.append(Transfer(step=step, src=a, dst=b, piece=q))
+        for q, b in new:
+            holders[q].add(b)
+        step += 1
+    return out
+
+
+def _reduce_rounds(
+    rng: random.Random, n: int, pieces: int, dest: list[int] | None
+) -> tuple[list[Transfer], list[int], int]:
+    """Random reduction trees of every piece: pairs of live partial sums merge (the
+    sender's into the receiver's) until one is left, at ``dest[q]`` when given.
+    Returns the sends, the rank holding each full sum and the next free step."""
+    live = [set(range(n)) for _ in range(pieces)]
+    out: list[Transfer] = []
+    step = 0
+    while any(len(x) > 1 for x in live):
+        for q in range(pieces):
+            ranks = sorted(live[q])
+            rng.shuffle(ranks)
+            while len(ranks) >= 2:
+                a, b = ranks.pop(), ranks.pop()
+                if dest is not None and a == dest[q]:
+                    a, b = b, a
+                if rng.random() < 0.8:
+                    out.append(Transfer(step=step, src=a, dst=b, piece=q, reduce=True))
+                    live[q].discard(a)
+        step += 1
+    return out, [next(iter(x)) for x in live], step
+
+
+def _synthesized(rng: random.Random, p: CollectiveProblem, c: Collective) -> Choice:
+    """A random synthesized schedule of ``c`` that the verifier accepts."""
+    n = p.n
+    k = rng.randint(1, 2)
+    owner: list[int] | None = None
+    dest: list[int] | None = None
+    if c.op == "all_gather":
+        pieces = n * k
+        owner = [q % n for q in range(pieces)]
+        sends = _copy_rounds(
+            rng, n, [{owner[q]} for q in range(pieces)], [set(range(n))] * pieces, 0, False
+        )
+    elif c.op == "broadcast":
+        pieces = k
+        sends = _copy_rounds(
+            rng, n, [{c.root} for _ in range(pieces)], [set(range(n))] * k, 0, False
+        )
+    elif c.op == "all_to_all":
+        pieces = n * n * k
+        owner = [(q // k) // n for q in range(pieces)]
+        dest = [(q // k) % n for q in range(pieces)]
+        sends = _copy_rounds(
+            rng, n, [{owner[q]} for q in range(pieces)], [{dest[q]} for q in range(pieces)], 0, True
+        )
+    elif c.op == "reduce_scatter":
+        pieces = n * k
+        dest = [q % n for q in range(pieces)]
+        sends, _, _ = _reduce_rounds(rng, n, pieces, dest)
+    else:
+        pieces = k * rng.randint(1, n)
+        sends, full, step = _reduce_rounds(rng, n, pieces, None)
+        sends += _copy_rounds(
+            rng, n, [{full[q]} for q in range(pieces)], [set(range(n))] * pieces, step, False
+        )
+    return Choice(
+        collective="c",
+        algorithm="synthesized",
+        protocol=rng.choice(PROTOCOLS),
+        chunks=rng.choice([1, 2, 3]),
+        channels=rng.choice([1, 2, 3]),
+        clock_mhz=rng.choice(p.clocks_mhz),
+        pieces=pieces,
+        piece_owner=tuple(owner) if owner is not None else None,
+        piece_dest=tuple(dest) if dest is not None else None,
+        transfers=tuple(sends),
+    )
+
+
+def _candidate(rng: random.Random, p: CollectiveProblem, c: Collective) -> Choice:
+    """A random candidate schedule of ``c`` (selection's space), with a random
+    protocol and clock."""
+    s = rng.choice(list(structures(p, c)))
+    return Choice(
+        collective="c",
+        algorithm=s.algorithm,
+        protocol=rng.choice(PROTOCOLS),
+        chunks=s.chunks,
+        channels=s.channels,
+        clock_mhz=rng.choice(p.clocks_mhz),
+        order=s.order,
+        leaves=s.leaves,
+        rail_weights=s.weights,
+    )
+
+
+@settings(
+    max_examples=120,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(
+    seed=st.integers(0, 10_000),
+    layout=st.sampled_from(LAYOUTS),
+    op=st.sampled_from(OPS),
+    log_size=st.integers(8, 27),
+    root=st.integers(0, 7),
+    synthesized=st.booleans(),
+)
+def test_the_bounds_hold_for_every_verified_plan(
+    seed: int, layout: list[int], op: Op, log_size: int, root: int, synthesized: bool
+) -> None:
+    p = _problem(seed, layout, op, 1 << log_size, root)
+    c = p.collectives[0]
+    rng = random.Random(seed + 1)
+    choice = _synthesized(rng, p, c) if synthesized else _candidate(rng, p, c)
+    prog = program_of(
+        c.op,
+        choice.algorithm,
+        p.n,
+        p.node_of,
+        p.local_of,
+        c.root,
+        choice.channels,
+        choice.order,
+        choice.leaves,
+        choice,
+        choice.rail_weights,
+    )
+    assert execute(prog, c) == []
+    ev = evaluate_collective(p, CollectivePlan(choices=(choice,)))
+    assert ev.violations == []
+    assert time_bound_us(p, c) <= ev.time_us["c"] * (1 + 1e-9)
+    assert energy_bound_j(p, c) <= ev.energy_j["c"] * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_the_bound_is_reached_where_one_schedule_meets_every_term(op: Op) -> None:
+    """On one healthy node the bound of a large copy collective is the pooled bytes
+    over all ports at Simple (bandwidth-bound): the best candidate is within 5 % of it."""
+    p = build_problem(
+        CollectiveFile.model_validate(
+            collective_doc([4], [{"name": "c", "op": op, "bytes": 1 << 28}])
+        )
+    )
+    c = p.collectives[0]
+    ev = Evaluator(p)
+    best = min(ev.best(c, s, "c").time_us for s in structures(p, c))
+    assert time_bound_us(p, c) <= best * (1 + 1e-9)
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert best <= 1.05 * time_bound_us(p, c)
