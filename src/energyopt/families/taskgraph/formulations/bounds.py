@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -146,14 +147,23 @@ def priced_energy_j(tg: TaskGraph, makespan_lb: int, upper: int | None = None) -
     if upper is not None:
         deadline = upper if deadline is None else min(deadline, upper)
 
+    subsets = _clock_subsets(tg, dyn.shape[2], counts)
+
     def value(lam: np.ndarray) -> float:
-        priced = (dyn + lam[:, None, None] * dur).min(axis=2).min(axis=0)
+        priced_all = dyn + lam[:, None, None] * dur
+        if subsets is None:
+            tasks = float(priced_all.min(axis=2).min(axis=0).sum())
+        else:
+            masks, extra = subsets
+            change = tg.transition_j + lam * tg.transition  # J per clock change, per type
+            per_combo = np.where(masks, priced_all[None], np.inf).min(axis=3).min(axis=1)
+            tasks = float((per_combo.sum(axis=1) + extra @ change).min())
         slope = idle_per_unit - float(lam @ counts)
         if slope >= 0:
-            return float(priced.sum()) + slope * makespan_lb
+            return tasks + slope * makespan_lb
         if deadline is None:
             return -math.inf
-        return float(priced.sum()) + slope * deadline
+        return tasks + slope * deadline
 
     lam = np.zeros(n_types)
     best = value(lam)
@@ -211,3 +221,58 @@ def _golden_max(value: Pricing, lam: np.ndarray, t: int, hi: float) -> tuple[flo
         if fy > fx:
             x, fx = y, fy
     return x, float(fx)
+
+
+SUBSET_COMBOS = 64
+"""``priced_energy_j`` counts clock changes by clock subsets when there are at most
+this many choices of a clock set per GPU type (one type of 6 clocks) ..."""
+SUBSET_WORK = 200_000
+"""... and choices x types x tasks x option slots stays below this (small graphs)."""
+
+
+def _clock_subsets(
+    tg: TaskGraph, width: int, counts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every choice of a clock set S_t per GPU type, as (masks [choice, type, task,
+    option slot]: the option's clock is in S_t; changes [choice, type]:
+    max(0, |S_t| - n_t)); None when clock changes are free or the choices are too
+    many.
+
+    A schedule whose tasks on type t use the clocks S_t changes clock at least
+    |S_t| - n_t times on the n_t GPUs of that type (each GPU that runs tasks at c
+    clocks changes at least c - 1 times), and each change costs ``transition_j`` and
+    stalls its GPU ``transition`` units, which the busy-time price covers as well."""
+    if tg.transition <= 0 and tg.transition_j <= 0:
+        return None
+    n, n_types = tg.n_tasks, len(tg.types)
+    clock_sets: list[list[int]] = []
+    for t in range(n_types):
+        if counts[t] == 0:
+            clock_sets.append([])
+            continue
+        clock_sets.append(sorted({c for o in tg.options[t] for c in o.clock_mhz}))
+    combos = 1
+    for clocks in clock_sets:
+        combos *= 2 ** len(clocks)
+    if combos > SUBSET_COMBOS or combos * n_types * n * width > SUBSET_WORK:
+        return None
+    per_type: list[list[tuple[np.ndarray, int]]] = []
+    for t, clocks in enumerate(clock_sets):
+        choices = []
+        for bits in range(2 ** len(clocks)):
+            chosen = {c for j, c in enumerate(clocks) if bits >> j & 1}
+            mask = np.zeros((n, width), dtype=bool)
+            for i, o in enumerate(tg.options[t]):
+                for k, c in enumerate(o.clock_mhz):
+                    mask[i, k] = c in chosen
+            choices.append((mask, max(0, len(chosen) - int(counts[t]))))
+        per_type.append(choices)
+    masks: list[np.ndarray] = []
+    extra: list[list[int]] = []
+    for combo in itertools.product(*per_type):
+        stacked = np.stack([m for m, _ in combo])
+        if not stacked.any(axis=(0, 2)).all():
+            continue  # some task has no option in the chosen clocks
+        masks.append(stacked)
+        extra.append([c for _, c in combo])
+    return np.stack(masks), np.array(extra, dtype=float)
