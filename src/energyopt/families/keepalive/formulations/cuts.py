@@ -48,15 +48,17 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
 
-from energyopt.families.keepalive.formulations.model import (
-    FloatArray,
-    IntArray,
-    KeepAliveProblem,
-)
+if TYPE_CHECKING:  # model.py imports this module for its ``covers``
+    from energyopt.families.keepalive.formulations.model import (
+        FloatArray,
+        IntArray,
+        KeepAliveProblem,
+    )
 
 MAX_COVER_MOST = 16
 """Largest right-hand side k of a cover that is kept (wider covers cut little and
