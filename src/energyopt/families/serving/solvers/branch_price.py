@@ -613,6 +613,10 @@ def solve_branch_price(
     if pool_plan is not None and pool_plan[0] < best_value - 1e-9 * abs(best_value):
         return _pool_result(pool_plan, min(bound, pool_plan[0]), gap, t0, preset, note, termination)
     wall = time.perf_counter() - t0
+    if termination == Termination.EFFORT_LIMIT and relative_gap(best_value, bound) <= gap:
+        # The tree stopped on its node limit, and a later step (the exact finish,
+        # the pool bound) closed the gap: the run stopped on its own rule.
+        termination = Termination.CONVERGED
     if better is not None and better.plan is not None and better.objective is not None:
         bound = min(bound, better.objective)
         status = status_at(better.objective, bound, gap)
