@@ -54,7 +54,7 @@ from energyopt.solvers.subgradient import PolyakControl, projected_step
 
 REPAIR_EVERY = 10
 """Subgradient iterations between repairs."""
-FIRST_PASS_CELLS = 2_000_000
+FIRST_PASS_CELLS = 10_000_000
 """Cells of dynamic programme (``first_pass_cells`` per pass) the first repair may
 take past the time limit, so that a plan comes back from a limit shorter than it;
 an instance whose one pass is larger keeps the limit and may have no plan."""
