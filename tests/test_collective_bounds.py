@@ -234,3 +234,48 @@ def test_the_bound_is_reached_where_one_schedule_meets_every_term(op: Op) -> Non
     assert time_bound_us(p, c) <= best * (1 + 1e-9)
     if op in ("all_gather", "reduce_scatter", "all_to_all"):
         assert best <= 1.05 * time_bound_us(p, c)
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_the_exhaustive_search_finds_the_least_candidate_and_proves_what_it_can(
+    seed: int,
+) -> None:
+    """``exact`` scores every candidate: its objective is the brute-force least over
+    every candidate, protocol and clock; its bound is at most that; the collectives
+    its log names proven optimal have time equal to their bound."""
+    from energyopt.families import certify, family
+    from energyopt.families.collective.solvers.select import collective_bound
+    from energyopt.progress import quiet
+
+    fam = family("collective")
+    layout = [[4], [2, 2]][seed - 3]
+    cols = [
+        {"name": "ag", "op": "all_gather", "bytes": 1 << 22, "count": 2},
+        {"name": "rs", "op": "reduce_scatter", "bytes": 1 << 22},
+        {"name": "ar", "op": "all_reduce", "bytes": 1 << 16, "count": 3},
+    ]
+    doc = collective_doc(layout, cols, health={"stragglers": [{"gpu": "n0/1", "slowdown": 2}]})
+    p = build_problem(CollectiveFile.model_validate(doc))
+    r = fam.solve(p, "exact", time_limit_s=600, rel_gap=1e-6, progress=quiet)
+    certify(fam, p, r, 1e-6, lambda _: None)
+    assert r.plan is not None and r.objective is not None and r.bound is not None
+    ev = Evaluator(p)
+    least = {
+        p.name_of(i): min(ev.best(c, s, "x").time_us for s in structures(p, c))
+        for i, c in enumerate(p.collectives)
+    }
+    brute = sum(c.count * least[p.name_of(i)] for i, c in enumerate(p.collectives))
+    assert r.objective == pytest.approx(brute, rel=1e-9)
+    assert r.bound <= r.objective * (1 + 1e-9)
+    assert r.log[0].startswith("exhaustive: all ")
+    proven_line = [x for x in r.log if x.startswith("proven optimal over every schedule")]
+    names = proven_line[0].split(": ", 1)[1].split(", ") if proven_line else []
+    for i, c in enumerate(p.collectives):
+        bound = collective_bound(p, c)
+        if p.name_of(i) in names:
+            assert least[p.name_of(i)] == pytest.approx(bound, rel=1e-6)
+        else:
+            assert least[p.name_of(i)] > bound
+    auto = fam.solve(p, "auto", time_limit_s=600, rel_gap=1e-6, progress=quiet)
+    assert auto.algorithm.startswith("exhaustive search over the candidate space")
+    assert auto.objective is not None and auto.objective <= r.objective * (1 + 1e-9)

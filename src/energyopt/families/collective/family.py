@@ -28,6 +28,15 @@ def _auto(
     return solve_synthesis(p, time_limit_s=limit, keep_better=True, progress=progress)
 
 
+def _exact(
+    p: CollectiveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
+) -> Result[CollectivePlan]:
+    from energyopt.families.collective.solvers.exact import solve_exhaustive
+
+    limit = time_limit_s or DEFAULT_TIME_LIMIT_S
+    return solve_exhaustive(p, time_limit_s=limit, progress=progress)
+
+
 def _select(
     p: CollectiveProblem, time_limit_s: float | None, rel_gap: float | None, progress: Progress
 ) -> Result[CollectivePlan]:
@@ -106,9 +115,19 @@ class CollectiveFamily(TableFamily[CollectiveProblem, CollectivePlan]):
                 "auto",
                 self.kind,
                 "certified bound",
-                "selection among candidate schedules, and MILP synthesis up to 8 ranks; the better",
+                "exhaustive search over the candidate schedules where the trace is small "
+                "(else selection within the limit), and MILP synthesis up to 8 ranks; the better",
                 ("time limit",),
                 run=_auto,
+            ),
+            SolverEntry(
+                "exact",
+                self.kind,
+                "certified bound",
+                "exhaustive search over every candidate schedule, protocol and clock; "
+                "each collective proven optimal where its least candidate meets the bound",
+                ("time limit",),
+                run=_exact,
             ),
             SolverEntry(
                 "select",

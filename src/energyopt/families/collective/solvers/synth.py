@@ -16,6 +16,12 @@ from energyopt.families.collective.formulations.synthesis import (
     build_milp,
     decode_schedule,
 )
+from energyopt.families.collective.solvers.exact import (
+    EXACT_MAX_CANDIDATES,
+    certificate_lines,
+    exhaustive,
+    search_size,
+)
 from energyopt.families.collective.solvers.select import (
     CHANNELS,
     Evaluator,
@@ -115,8 +121,12 @@ def solve_synthesis(
 ) -> Result[CollectivePlan]:
     """Every collective's MILP schedule (``keep_better``: or the selected candidate
     where that is better), all within ``time_limit_s`` seconds. Selection runs
-    first (in half the limit when the MILP can take the ranks, else in all of it);
-    then each distinct collective's MILP gets an equal share of what is left. A
+    first: for ``keep_better`` on a trace whose ``exact.search_size`` is at most
+    ``EXACT_MAX_CANDIDATES``, the exhaustive search with all of the limit (every
+    candidate, when it finishes); otherwise in half the limit when the MILP can take
+    the ranks, else in all of it. Then each distinct collective's MILP gets an equal
+    share of what is left. The log ends with each collective's certificate
+    (``exact.certificate_lines``). A
     collective the MILP cannot take (more than MAX_RANKS ranks, no schedule within
     its share, or a share under MIN_MILP_S) keeps the selected candidate, and the
     log says so."""
@@ -124,9 +134,14 @@ def solve_synthesis(
     deadline = t0 + time_limit_s
     ev = Evaluator(p)
     small = p.n <= MAX_RANKS
-    sel = select_all(p, ev, t0 + time_limit_s / 2 if small else deadline, progress)
+    if keep_better and search_size(p) <= EXACT_MAX_CANDIDATES:
+        # small enough to search every candidate: the MILP gets what is left
+        sel, found = exhaustive(p, ev, deadline, progress)
+    else:
+        sel = select_all(p, ev, t0 + time_limit_s / 2 if small else deadline, progress)
+        found = []
     scored = list(sel.scored)
-    log = list(sel.log)
+    log = [*found, *sel.log]
     cut = not sel.complete
     if not small:
         log.insert(
@@ -169,6 +184,9 @@ def solve_synthesis(
             f"under {MIN_MILP_S:g} s); selected instead"
         )
     algorithm = "selection and MILP synthesis" if keep_better else "time-expanded MILP synthesis"
+    if found:
+        algorithm = "exhaustive search over the candidate space and MILP synthesis"
+    log.extend(certificate_lines(p, scored))
     return plan_result(
         p,
         scored,
