@@ -209,3 +209,51 @@ def test_the_restricted_master_never_certifies_a_bound_above_the_optimum(
     assert verify_plan(problem, result.plan) == []
     assert result.bound <= optimum.value * (1 + TOL) + TOL
     assert result.objective >= optimum.value * (1 - TOL) - TOL
+
+
+def test_clearing_prices_keep_the_covers_within_a_scarce_types_free_gpus() -> None:
+    """With the type the covers want most cut to 60 % of what they take, its clearing
+    price (0 in the LP, whose count rows do not bind) rises until the covers fit
+    its free GPUs, and the packing at those prices costs less than at the LP's,
+    where the units that come last find the type full."""
+    problem = load_problem(ROOT / "instances" / "fleet-64.yaml")
+    root = root_of(problem)
+    assert root is not None and root.session is not None
+    prog, table = root.prog, root.prog.table
+    kept = rp._kept_counts(root.session, prog)
+    assert kept is not None
+    _, residual, free = kept
+    zero = dict.fromkeys(table.type_names, 0.0)
+    demand = rp._type_demand(prog, residual, zero)
+    scarce = max(demand, key=lambda n: demand[n])
+    room = int(0.6 * demand[scarce])
+    assert room >= 1
+    cut = dict(free)
+    for c in prog.classes:
+        if c.type_name == scarce:
+            cut[c.index] = min(cut[c.index], room)
+            room -= cut[c.index]
+    room_left = {n: sum(cut[c.index] for c in prog.classes if c.type_name == n) for n in zero}
+    assert demand[scarce] > room_left[scarce]
+    prices = rp._clearing_prices(prog, residual, cut, zero)
+    assert prices[scarce] > 0.0
+    assert all(v >= 0.0 for v in prices.values())
+    assert rp._type_demand(prog, residual, prices)[scarce] <= room_left[scarce] + 1e-9
+    at_lp = rp._pack_at(zero, prog, residual, cut)
+    at_clearing = rp._pack_at(prices, prog, residual, cut)
+    assert at_clearing is not None
+    assert at_lp is None or at_clearing[0] <= at_lp[0] + 1e-6
+
+
+def test_clearing_prices_leave_the_lp_prices_where_every_type_has_room() -> None:
+    problem = load_problem(ROOT / "instances" / "fleet-64.yaml")
+    root = root_of(problem)
+    assert root is not None and root.session is not None
+    prog = root.prog
+    kept = rp._kept_counts(root.session, prog)
+    assert kept is not None
+    _, residual, _ = kept
+    lp = {n: 1.5 for n in prog.table.type_names}
+    demand = rp._type_demand(prog, residual, lp)
+    plenty = {c.index: int(np.ceil(sum(demand.values()))) + 1 for c in prog.classes}
+    assert rp._clearing_prices(prog, residual, plenty, lp) == lp

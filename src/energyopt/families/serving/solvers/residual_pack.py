@@ -26,8 +26,12 @@ Here instead:
    each clock apart, so the partial use of a cover at a clock of its own would
    keep a GPU on alone; on fleet-64 this takes the plan from 4.8 % to 3.9 % above
    the bound, on fleet-256 from 3.4 % to 3.2 %);
-5. steps 2-4 run with the LP's GPU prices times each of PRICE_SCALES, and the
-   cheapest packing is kept;
+5. steps 2-4 run with GPU prices times each of PRICE_SCALES, and the cheapest
+   packing is kept; the prices are the LP's, raised for a type the covers would
+   overrun to where they fit its free GPUs (``_clearing_prices``: on fleet-4096
+   the LP prices every type at 0, the covers wanted 1,264 of the 1,212 H100s
+   left free by the TP groups, and the plan went from 10.8 % to 2.8 % above the
+   bound);
 6. one LP over the columns in use, every count fixed, routes the demand (so
    rates and budgets hold exactly) and gives the plan's objective.
 
@@ -127,9 +131,12 @@ def residual_pack(
     lp_price = dict.fromkeys(prog.table.type_names, np.inf)
     for c in prog.classes:
         lp_price[c.type_name] = min(lp_price[c.type_name], -float(prog.lp.duals.count[c.index]))
+    # A type whose free GPUs the covers would overrun at the LP's prices is priced
+    # up to where they fit (``_clearing_prices``); the scales then run from there.
+    price = _clearing_prices(prog, residual, free, lp_price)
     best: tuple[float, list[Column]] | None = None
-    for scale in PRICE_SCALES if any(v > 0 for v in lp_price.values()) else (1.0,):
-        packed = _pack_at({n: scale * v for n, v in lp_price.items()}, prog, residual, free)
+    for scale in PRICE_SCALES if any(v > 0 for v in price.values()) else (1.0,):
+        packed = _pack_at({n: scale * v for n, v in price.items()}, prog, residual, free)
         if packed is not None and (best is None or packed[0] < best[0] - 1e-9):
             best = packed
     if best is None:
@@ -169,6 +176,81 @@ def _pack_at(
         type_name, short = packed
         reserve[type_name] += short
     return None
+
+
+CLEARING_STEPS = 8
+"""Bisection steps of ``_clearing_prices`` per scarce GPU type."""
+CLEARING_ROUNDS = 2
+"""Passes of ``_clearing_prices`` over the GPU types (pricing one type up moves
+covers onto the others)."""
+
+
+def _type_demand(
+    prog: pat.PatternProgram, residual: NDArray[np.float64], count_price: dict[str, float]
+) -> dict[str, float]:
+    """GPUs of each type (sum of the cover pieces' shares, in whole GPUs) that the
+    covers of ``_choose`` take at ``count_price`` when no type runs out."""
+    table = prog.table
+    unlimited = {c.index: len(table.units) * 10**6 for c in prog.classes}
+    chosen = _choose(prog, residual, unlimited, dict.fromkeys(table.type_names, 0), count_price)
+    demand = dict.fromkeys(table.type_names, 0.0)
+    for op, _ in chosen or []:
+        name = table.type_names[int(table.gpu_type[op])]
+        demand[name] += float(table.share[op]) / table.share_capacity[name]
+    return demand
+
+
+def _clearing_prices(
+    prog: pat.PatternProgram,
+    residual: NDArray[np.float64],
+    free: dict[int, int],
+    start: dict[str, float],
+) -> dict[str, float]:
+    """Prices per GPU of each type (objective units per GPU), at least ``start``,
+    at which the residual covers take no more GPUs of a type than it has free.
+
+    Covers go largest rate first within each type's free GPUs, so at prices that
+    leave a type scarce (the LP's, when its count rows do not bind) the last units
+    find it full and fall back to another type whatever that costs them. On
+    fleet-4096 the LP prices every type at 0 while the covers want 1,264 H100s of
+    the 1,212 its TP groups leave free; the small qwen2.5 units came last and were
+    served by 14 to 22 A100s each at 630 MHz (up to 3.5 times their cheapest
+    cover), and the plan was 10.8 % above the bound. Priced so that the H100s
+    just suffice, the units that lose least by leaving them do (the plan: 2.8 %
+    above the bound).
+
+    Per scarce type: a bisection (CLEARING_STEPS) between its price and an upper
+    end, doubled from the dearest on-cost until the covers fit; CLEARING_ROUNDS
+    passes over the types, since pricing one type up moves covers onto the
+    others. A type that no price tried clears (every unit needs it) keeps the
+    last upper end: the packing's reserve handles the rest."""
+    table, costs = prog.table, prog.costs
+    room = dict.fromkeys(table.type_names, 0.0)
+    for c in prog.classes:
+        room[c.type_name] += free[c.index]
+    price = {n: max(0.0, v) for n, v in start.items()}
+    top = max(costs.on_cost.values())
+    for _ in range(CLEARING_ROUNDS):
+        changed = False
+        for name in table.type_names:
+            if _type_demand(prog, residual, price)[name] <= room[name] + 1e-9:
+                continue
+            lo, hi = price[name], max(price[name], top)
+            for _ in range(CLEARING_STEPS):
+                if _type_demand(prog, residual, {**price, name: hi})[name] <= room[name] + 1e-9:
+                    break
+                lo, hi = hi, 2.0 * hi
+            for _ in range(CLEARING_STEPS):
+                mid = 0.5 * (lo + hi)
+                if _type_demand(prog, residual, {**price, name: mid})[name] <= room[name] + 1e-9:
+                    hi = mid
+                else:
+                    lo = mid
+            price[name] = hi
+            changed = True
+        if not changed:
+            break
+    return price
 
 
 def _kept_counts(
@@ -363,22 +445,40 @@ def _consolidate(
     def piece_cost(op: int, rate: float) -> float:
         return float(costs.op_fixed[op]) + float(costs.op_cost[op]) * rate
 
+    # Pruning only (the moves tried are the same): a piece needs a bin with share
+    # room for its unit's smallest op of the type, and a bin's pieces at least
+    # that much room in all of its type's other bins together.
+    least: dict[tuple[int, int], int] = {}  # (unit, type) -> least share of its ops
+    for (u, t, _), ops in by_key.items():
+        small = min(int(table.share[op]) for op in ops)
+        least[(u, t)] = min(least.get((u, t), small), small)
+    of_type: dict[int, list[int]] = {}
+    room: dict[int, int] = {}  # share room left in a type's live bins
+    for j, (tj, _, bj) in enumerate(bins):
+        of_type.setdefault(tj, []).append(j)
+        room[tj] = room.get(tj, 0) + limits[tj][0] - bj.share
     order = sorted(range(len(bins)), key=lambda i: (bins[i][2].share, i))
     for i in order:
         t, clock, b = bins[i]
         share_capacity, usable, power_cap = limits[t]
+        need = sum(least[(int(table.unit[op]), t)] for op in b.ops)
+        if need > room[t] - (share_capacity - b.share):
+            continue
         saved = costs.on_cost[(table.type_names[t], clock)]
         saved += sum(piece_cost(op, r) for op, r in zip(b.ops, b.rates, strict=True))
         added = 0.0
+        taken = 0
         undo: list[tuple[_Bin, _Bin]] = []  # (bin, its state before the move)
         moved = True
         for op, rate in sorted(
             zip(b.ops, b.rates, strict=True), key=lambda it: -int(table.share[it[0]])
         ):
             u = int(table.unit[op])
+            smallest = least[(u, t)]
             best: tuple[float, int, int] | None = None  # (cost, bin, op)
-            for j, (tj, fj, bj) in enumerate(bins):
-                if j == i or not alive[j] or tj != t:
+            for j in of_type[t]:
+                fj, bj = bins[j][1], bins[j][2]
+                if j == i or not alive[j] or bj.share + smallest > share_capacity:
                     continue
                 for cand in by_key.get((u, t, fj), []):
                     if float(table.capacity_rps[cand]) < rate - RESIDUAL_TOL:
@@ -395,8 +495,10 @@ def _consolidate(
             undo.append((target, _copy(target)))
             target.add(table, best[2], rate)
             added += best[0]
+            taken += int(table.share[best[2]])
         if moved and added < saved - 1e-9:
             alive[i] = False
+            room[t] -= share_capacity - b.share + taken
             continue
         for target, before in reversed(undo):
             _restore(target, before)
