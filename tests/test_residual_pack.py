@@ -257,3 +257,37 @@ def test_clearing_prices_leave_the_lp_prices_where_every_type_has_room() -> None
     demand = rp._type_demand(prog, residual, lp)
     plenty = {c.index: int(np.ceil(sum(demand.values()))) + 1 for c in prog.classes}
     assert rp._clearing_prices(prog, residual, plenty, lp) == lp
+
+
+def test_tp_counts_with_a_small_fraction_are_rounded_down_and_their_rate_covered() -> None:
+    """Each LP TP count is kept rounded up, or rounded down where its fractional part
+    is at most TP_ROUND_UP_ABOVE; the rate a rounded-down group no longer serves is
+    left to the covers, so kept groups and residuals add up to every unit's rate.
+    On fleet-256 (every unit has a single-GPU point) some counts are rounded down,
+    so the rule is exercised."""
+    problem = load_problem(ROOT / "instances" / "fleet-256.yaml")
+    root = root_of(problem)
+    assert root is not None and root.session is not None
+    prog, table, mp = root.prog, root.prog.table, root.session.mp
+    kept = rp._kept_counts(root.session, prog)
+    assert kept is not None
+    counts, residual, _ = kept
+    lp = root.session.solve()
+    z = lp.x[np.asarray(mp.z_var)]
+    served = np.zeros(len(table.units))
+    down = 0
+    for j, col in enumerate(prog.columns[: len(z)]):
+        if col.gpus_per_use == 1 or z[j] <= 1e-9:
+            assert counts[j] == 0
+            continue
+        frac = z[j] - np.floor(z[j] + 1e-9)
+        if frac <= rp.TP_ROUND_UP_ABOVE:
+            assert counts[j] == np.floor(z[j] + 1e-9)
+            down += frac > 1e-9
+        else:
+            assert counts[j] == np.ceil(z[j])
+        for op, r, cap in zip(col.ops, mp.r_vars[j], col.capacity, strict=True):
+            served[int(table.unit[op])] += min(float(lp.x[r]), counts[j] * cap)
+    assert down >= 1
+    rates = np.array([u.rate_rps for u in table.units])
+    assert np.allclose(served + residual, rates, atol=1e-6)
