@@ -48,7 +48,9 @@ def root_of(problem: Problem) -> Root[LpSession] | None:
     )
 
 
-def packed_plan(problem: Problem) -> tuple[Root[LpSession], float, object] | None:
+def packed_plan(
+    problem: Problem, tp_round_up_above: float = 0.0
+) -> tuple[Root[LpSession], float, object] | None:
     """(root, objective, plan) of residual packing at the root LP, or None."""
     try:
         root = root_of(problem)
@@ -57,7 +59,7 @@ def packed_plan(problem: Problem) -> tuple[Root[LpSession], float, object] | Non
     if root is None:
         return None
     assert root.session is not None
-    found = residual_pack(root.session, root.prog)
+    found = residual_pack(root.session, root.prog, tp_round_up_above=tp_round_up_above)
     if found is None:
         return None
     objective, values = found
@@ -75,10 +77,13 @@ def packed_plan(problem: Problem) -> tuple[Root[LpSession], float, object] | Non
     return root, objective, plan
 
 
+@pytest.mark.parametrize("tp_round_up_above", [0.0, rp.TP_ROUND_UP_ABOVE])
 @pytest.mark.parametrize("k", range(len(RANDOM)))
-def test_a_packed_plan_verifies_and_never_beats_the_optimum(k: int) -> None:
+def test_a_packed_plan_verifies_and_never_beats_the_optimum(
+    k: int, tp_round_up_above: float
+) -> None:
     _, problem, opt = RANDOM[k]
-    out = packed_plan(problem)
+    out = packed_plan(problem, tp_round_up_above)
     if out is None:
         return
     _, objective, plan = out
@@ -269,7 +274,7 @@ def test_tp_counts_with_a_small_fraction_are_rounded_down_and_their_rate_covered
     root = root_of(problem)
     assert root is not None and root.session is not None
     prog, table, mp = root.prog, root.prog.table, root.session.mp
-    kept = rp._kept_counts(root.session, prog)
+    kept = rp._kept_counts(root.session, prog, rp.TP_ROUND_UP_ABOVE)
     assert kept is not None
     counts, residual, _ = kept
     lp = root.session.solve()

@@ -24,7 +24,7 @@ from energyopt.families.serving.solvers.highs_direct import padded_start
 from energyopt.families.serving.solvers.lp_dive import lp_dive
 from energyopt.families.serving.solvers.master_lp import LpSession
 from energyopt.families.serving.solvers.pattern_root import Root, solve_root
-from energyopt.families.serving.solvers.residual_pack import residual_pack
+from energyopt.families.serving.solvers.residual_pack import TP_ROUND_UP_ABOVE, residual_pack
 from energyopt.families.serving.solvers.restricted_master import (
     RESTRICTED_MASTER_COLUMNS,
     column_offsets,
@@ -183,7 +183,10 @@ def solve_configurations(
         # the packing is already within the target gap.
         assert root.session is not None
         found: list[tuple[str, tuple[float, np.ndarray] | None]] = [
-            ("residual packing", residual_pack(root.session, prog))
+            (
+                "residual packing",
+                residual_pack(root.session, prog, tp_round_up_above=TP_ROUND_UP_ABOVE),
+            )
         ]
         packed = found[0][1]
         if packed is None or relative_gap(packed[0], lower) > gap:

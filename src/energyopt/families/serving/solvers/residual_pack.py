@@ -7,7 +7,8 @@ Here instead:
 
 1. the LP's tensor-parallel counts are rounded up (a TP group cannot share its
    GPUs), serving at the LP's rates, except that a fractional part of at most
-   TP_ROUND_UP_ABOVE is rounded down; every other unit's rate, and what the
+   ``tp_round_up_above`` (TP_ROUND_UP_ABOVE in the configuration solve) is
+   rounded down; every other unit's rate, and what the
    groups rounded down no longer serve, is left to cover;
 2. each such unit (largest rate first) gets its own cheapest cover by
    single-GPU operating points: n equal uses of one point, or m full uses of one
@@ -118,14 +119,16 @@ many more of its GPUs back from the residual choice."""
 
 
 def residual_pack(
-    session: LpSession, prog: pat.PatternProgram
+    session: LpSession, prog: pat.PatternProgram, *, tp_round_up_above: float = 0.0
 ) -> tuple[float, NDArray[np.float64]] | None:
     """(objective, integer-master values) of a residual-packing plan from the
     session's current LP solution, or None (see the module docstring). The packed
     configurations join ``prog`` as columns (a session that holds a prefix of
     ``prog.columns`` takes them at its next ``add``); the session itself is not
-    changed."""
-    base = _kept_counts(session, prog)
+    changed. ``tp_round_up_above``: an LP TP count whose fractional part is at most
+    this is rounded down (0: every one up; TP_ROUND_UP_ABOVE is what the
+    configuration solve passes)."""
+    base = _kept_counts(session, prog, tp_round_up_above)
     if base is None:
         return None
     counts, residual, free = base
@@ -256,22 +259,27 @@ def _clearing_prices(
 
 
 TP_ROUND_UP_ABOVE = 0.3
-"""A TP count of the LP is rounded up only where its fractional part exceeds this;
-at or below it the count is rounded down and the rest of the unit's rate joins
-the covers (where the unit has a single-GPU operating point). An extra group
-for a fraction of 0.3 leaves 70 % of its GPUs idle. Plans from the root
-(residual packing alone; rounded up always / at 0.3 / at 0.5): fleet-64 8,053.4 /
-7,896.4 / 7,896.4 W, fleet-256 29,262.0 / 28,987.2 / 29,154.9 W, fleet-1024
-113,088.1 / 112,890.8 / 113,254.1 W, fleet-4096 454,230.5 / 451,040.8 /
-452,549.3 W."""
+"""In the configuration solve (``configurations.solve_configurations``) a TP count
+of the LP is rounded up only where its fractional part exceeds this; at or below
+it the count is rounded down and the rest of the unit's rate joins the covers
+(where the unit has a single-GPU operating point). An extra group for a fraction
+of 0.3 leaves 70 % of its GPUs idle. Plans from the root (residual packing alone;
+rounded up always / at 0.3 / at 0.5): fleet-64 8,053.4 / 7,896.4 / 7,896.4 W,
+fleet-256 29,262.0 / 28,987.2 / 29,154.9 W, fleet-1024 113,088.1 / 112,890.8 /
+113,254.1 W, fleet-4096 454,230.5 / 451,040.8 / 452,549.3 W. Branch-and-price
+keeps rounding every count up (the default of ``residual_pack``): on fleet-64
+its better root plan gave its clock-pool MILP a tighter cut-off (7,839.3 W
+instead of 7,972.7 W), which HiGHS did not finish in the 30 s left, where it
+proved 7,746.8 W optimal in 16 s before; the run ended 0.90 % above its bound
+instead of optimal."""
 
 
 def _kept_counts(
-    session: LpSession, prog: pat.PatternProgram
+    session: LpSession, prog: pat.PatternProgram, round_up_above: float = 0.0
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], dict[int, int]] | None:
     """(kept count per column, residual req/s per unit, free GPUs per class): the
     LP's tensor-parallel columns rounded up (down where the fractional part is at
-    most TP_ROUND_UP_ABOVE and the unit has a single-GPU operating point), each
+    most ``round_up_above`` and the unit has a single-GPU operating point), each
     serving at most the LP's rate (a TP group cannot share its GPUs); every
     shared column at 0. None when that overfills a class."""
     table, mp = prog.table, session.mp
@@ -288,7 +296,7 @@ def _kept_counts(
             continue
         whole = np.floor(z[j] + 1e-9)
         splits = all(single[int(table.unit[op])] for op in col.ops)
-        if splits and z[j] - whole <= TP_ROUND_UP_ABOVE:
+        if splits and z[j] - whole <= round_up_above:
             counts[j] = whole
         else:
             counts[j] = np.ceil(z[j] - 1e-9)
