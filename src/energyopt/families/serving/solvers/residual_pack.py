@@ -31,10 +31,10 @@ Here instead:
    the bound, on fleet-256 from 3.4 % to 3.2 %);
 5. steps 2-4 run with GPU prices times each of PRICE_SCALES, and the cheapest
    packing is kept; the prices are the LP's, raised for a type the covers would
-   overrun to where they fit its free GPUs (``_clearing_prices``: on fleet-4096
-   the LP prices every type at 0, the covers wanted 1,264 of the 1,212 H100s
-   left free by the TP groups, and the plan went from 10.8 % to 2.8 % above the
-   bound);
+   overrun to where they fit its free GPUs, and then tried at CLEARED_SCALES
+   only (``_clearing_prices``: on fleet-4096 the LP prices every type at 0,
+   the covers wanted 1,264 of the 1,212 H100s left free by the TP groups, and
+   the plan went from 10.8 % to 2.8 % above the bound);
 6. one LP over the columns in use, every count fixed, routes the demand (so
    rates and budgets hold exactly) and gives the plan's objective.
 
@@ -113,6 +113,13 @@ units and runs out early: on fleet-4096 the packing cost 2.3 % above the bound
 at the LP's price of an H100 (37 W) and 1.1 % at 1.25 times it; on fleet-10240
 4.1 % and 1.2 % at 1.1 times it (measured when power was priced per request
 only)."""
+CLEARED_SCALES = (1.0, 1.1)
+"""The scales tried where ``_clearing_prices`` raised a price: the type then just
+fits, and dearer prices only push more units off it. Packing costs at the
+clearing prices times 1 / 1.1 / 1.25 / 1.5 / 2: fleet-4096 409,685 / 408,161 /
+409,406 / 413,457 / 455,253 W; fleet-10240 1,004,141 / 1,003,975 / 1,003,970 /
+1,004,085 / 1,004,871 W, where the five packings took 3.5 / 6.2 / 17.8 / 1.6 /
+1.7 s (the run overran its 60-s limit by 22 s with all five)."""
 MAX_TRIES = 12
 """Packings at most: when a GPU type runs out of free GPUs, the next try keeps that
 many more of its GPUs back from the residual choice."""
@@ -139,8 +146,10 @@ def residual_pack(
     # A type whose free GPUs the covers would overrun at the LP's prices is priced
     # up to where they fit (``_clearing_prices``); the scales then run from there.
     price = _clearing_prices(prog, residual, free, lp_price)
+    raised = any(price[n] > max(0.0, lp_price[n]) for n in price)
+    scales = CLEARED_SCALES if raised else PRICE_SCALES
     best: tuple[float, list[Column]] | None = None
-    for scale in PRICE_SCALES if any(v > 0 for v in price.values()) else (1.0,):
+    for scale in scales if any(v > 0 for v in price.values()) else (1.0,):
         packed = _pack_at({n: scale * v for n, v in price.items()}, prog, residual, free)
         if packed is not None and (best is None or packed[0] < best[0] - 1e-9):
             best = packed
