@@ -20,7 +20,7 @@ import pyomo.environ as pyo
 from pyomo.common.errors import InfeasibleConstraintException
 from pyomo.repn.plugins.standard_form import LinearStandardFormCompiler
 
-from energyopt.backends.highs import quiet_highs
+from energyopt.backends.highs import mixed_lp, quiet_highs
 from energyopt.progress import Progress
 
 
@@ -170,29 +170,20 @@ def solve_milp(
 def _as_highs(form: Any) -> tuple[highspy.HighsLp, bool]:
     """The compiled standard form as a HiGHS model (minimising; Pyomo's compiler
     negates a maximised objective), and whether it has integer columns."""
-    n = len(form.columns)
-    a = form.A.tocsc() if form.A.shape[1] == n else form.A
-    lp = highspy.HighsLp()
-    lp.num_col_ = n
-    lp.num_row_ = a.shape[0]
-    inf = float(highspy.kHighsInf)
-    cost = np.asarray(form.c[[0], :].toarray()).ravel() if n else np.zeros(0)
-    lp.col_cost_ = cost.astype(np.float64)
-    lp.col_lower_ = np.array([-inf if v.lb is None else float(v.lb) for v in form.columns])
-    lp.col_upper_ = np.array([inf if v.ub is None else float(v.ub) for v in form.columns])
+    columns = form.columns
     senses = np.array([row.bound_type for row in form.rows], dtype=np.int64)
     rhs = np.asarray(form.rhs, dtype=np.float64)
-    lp.row_lower_ = np.where(senses == 1, -inf, rhs)
-    lp.row_upper_ = np.where(senses == -1, inf, rhs)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = a.indptr.astype(np.int32)
-    lp.a_matrix_.index_ = a.indices.astype(np.int32)
-    lp.a_matrix_.value_ = a.data.astype(np.float64)
-    kinds = [v.is_integer() for v in form.columns]
-    lp.integrality_ = [
-        highspy.HighsVarType.kInteger if k else highspy.HighsVarType.kContinuous for k in kinds
-    ]
-    return lp, any(kinds)
+    integer = np.array([v.is_integer() for v in columns], dtype=np.bool_)
+    lp = mixed_lp(
+        np.asarray(form.c[[0], :].toarray()).ravel() if columns else np.zeros(0),
+        form.A,
+        np.where(senses == 1, -np.inf, rhs),
+        np.where(senses == -1, np.inf, rhs),
+        np.array([-np.inf if v.lb is None else float(v.lb) for v in columns]),
+        np.array([np.inf if v.ub is None else float(v.ub) for v in columns]),
+        integer,
+    )
+    return lp, bool(integer.any())
 
 
 def _load(model: Any, columns: list[Any], values: np.ndarray) -> None:
