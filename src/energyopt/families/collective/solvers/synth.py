@@ -10,6 +10,11 @@ import numpy as np
 
 from energyopt.backends.highs import quiet_highs
 from energyopt.families.collective.formulations.model import CollectiveProblem
+from energyopt.families.collective.formulations.rail_direct import (
+    RAIL_DIRECT_OPS,
+    applicable,
+    rail_direct_choice,
+)
 from energyopt.families.collective.formulations.synthesis import (
     MAX_RANKS,
     Synthesis,
@@ -27,9 +32,11 @@ from energyopt.families.collective.solvers.select import (
     Evaluator,
     Scored,
     Structure,
+    Winners,
     collective_bound,
     objective_key,
     plan_result,
+    rail_weights,
     root_key,
     select_all,
 )
@@ -42,6 +49,58 @@ ROUNDS = 3
 MIN_MILP_S = 0.1
 """Least time share worth a MILP: a collective whose share of what is left of the
 limit is smaller keeps selection's schedule."""
+
+
+RAIL_PARTS = (1, 2, 4, 8)
+"""Pieces per rank of the rail-direct schedules searched (more let the rail weights
+be met more closely, at more flows)."""
+RAIL_CHUNKS = (1, 2, 4, 8)
+"""Pipelined chunks of the rail-direct schedules searched."""
+RAIL_CHANNELS = (1, 2, 4, 8, 16)
+"""Channels of the rail-direct schedules searched."""
+
+
+def rail_direct_search(
+    p: CollectiveProblem, ev: Evaluator, scored: list[Scored], deadline: float
+) -> tuple[int, bool]:
+    """Offer every all-gather, reduce-scatter and all-reduce of a trace on equal nodes
+    the rail-direct schedules (``formulations/rail_direct.py``: ``RAIL_PARTS`` pieces
+    per rank, equal or health-weighted rails, ``RAIL_CHANNELS`` x ``RAIL_CHUNKS``, every
+    protocol and, for the energy objective, clock) until ``deadline`` (perf_counter
+    seconds); ``scored[i]`` is replaced where one is better by the objective. Returns
+    (collectives improved, whether every schedule was scored)."""
+    weighted = rail_weights(p)
+    improved = 0
+    complete = True
+    for op in RAIL_DIRECT_OPS:
+        idx = [i for i, c in enumerate(p.collectives) if c.op == op]
+        if not idx or not applicable(p, op):
+            continue
+        sizes = sorted({p.collectives[i].bytes for i in idx})
+        at = {b: j for j, b in enumerate(sizes)}
+        w = Winners.empty(len(sizes))
+        probe = Collective(op=op, bytes=1)
+        for parts in RAIL_PARTS:
+            for weights in (None, weighted) if weighted is not None else (None,):
+                if parts == 1 and weights is not None:
+                    continue  # one piece per rank: every piece stays on its own rail
+                choice = rail_direct_choice(p, probe, op, parts, weights)
+                for ch in RAIL_CHANNELS:
+                    for k in RAIL_CHUNKS:
+                        if time.perf_counter() >= deadline:
+                            complete = False
+                            break
+                        s = Structure("synthesized", ch, k, None, 0)
+                        ev.offer_best(w, op, 0, s, np.asarray(sizes, dtype=np.float64), choice)
+        for i in idx:
+            j = at[p.collectives[i].bytes]
+            if w.which[j] is None:
+                continue
+            x = w.scored(j, p.name_of(i))
+            if objective_key(p, x) < objective_key(p, scored[i]):
+                scored[i] = x
+                improved += 1
+    return improved, complete
 
 
 def synthesized_best(ev: Evaluator, c: Collective, name: str, syn: Synthesis) -> Scored:
@@ -143,6 +202,17 @@ def solve_synthesis(
     scored = list(sel.scored)
     log = [*found, *sel.log]
     cut = not sel.complete
+    if keep_better and any(applicable(p, c.op) for c in p.collectives):
+        # rail-direct schedules (several equal nodes): half of what is left when the
+        # MILP takes the ranks too, else all of it
+        left = deadline - time.perf_counter()
+        improved, done = rail_direct_search(p, ev, scored, deadline - (left / 2 if small else 0.0))
+        log.append(
+            f"rail-direct schedules: {improved} collectives improved on selection's"
+            + ("" if done else " (cut by the time limit)")
+        )
+        cut = cut or not done
+        progress(log[-1])
     if not small:
         log.insert(
             0,
