@@ -190,19 +190,30 @@ class ItemCosts:
         return np.asarray(np.minimum(self.active, self.idle))
 
 
-def item_costs(cls: GpuClass, table: OpTable, costs: Costs, duals: Duals) -> ItemCosts:
-    """Each op's share of a configuration's reduced cost for class ``cls`` (``ItemCosts``)."""
-    rc = item_reduced_costs(table, costs, duals, cls.index)
-    common = -duals.power[cls.index] * table.peak_power_w
+def item_costs(
+    cls: GpuClass,
+    table: OpTable,
+    costs: Costs,
+    duals: Duals,
+    ops: NDArray[np.int64] | None = None,
+) -> ItemCosts:
+    """Each op's share of a configuration's reduced cost for class ``cls``
+    (``ItemCosts``); of the ops ``ops`` only, in their order, when given (the same
+    values as the whole table's at those ops, computed on them alone)."""
+    at: NDArray[np.int64] | slice = slice(None) if ops is None else ops
+    rc = costs.op_cost[at] - duals.demand[table.unit[at]]
+    common = -duals.power[cls.index] * table.peak_power_w[at]
     if cls.index in duals.held:
-        common = common - duals.held[cls.index]
-    idle = np.full(len(table), np.inf)
-    kept = kept_mask(cls, table)
-    if kept.any():
-        common = common - costs.migration_penalty * kept
-        if costs.migration_penalty > 0:
-            idle = np.where(kept, common, np.inf)
-    active = common + costs.op_fixed + table.capacity_rps * np.minimum(0.0, rc)
+        common = common - duals.held[cls.index][at]
+    n = len(table) if ops is None else len(ops)
+    idle = np.full(n, np.inf)
+    if cls.state_units:
+        kept = kept_mask(cls, table)[at]
+        if kept.any():
+            common = common - costs.migration_penalty * kept
+            if costs.migration_penalty > 0:
+                idle = np.where(kept, common, np.inf)
+    active = common + costs.op_fixed[at] + table.capacity_rps[at] * np.minimum(0.0, rc)
     return ItemCosts(np.asarray(active), np.asarray(idle))
 
 

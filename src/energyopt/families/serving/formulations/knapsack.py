@@ -97,7 +97,7 @@ def item_values(
 ) -> NDArray[np.float64]:
     """How much each item can lower a configuration's reduced cost: minus its share
     of it at best (``columns.item_costs``); negative where it can only raise it."""
-    best = item_costs(cls, table, costs, duals).best[ks.items]
+    best = item_costs(cls, table, costs, duals, ks.items).best
     return np.asarray(-best, dtype=np.float64)
 
 

@@ -9,30 +9,50 @@ costs are in the instance's objective units (W for power).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 
 from energyopt.families.serving.formulations.classes import GpuClass
-from energyopt.families.serving.formulations.columns import Duals, price_configs, priced_column
+from energyopt.families.serving.formulations.columns import (
+    Column,
+    Duals,
+    base_cost,
+    item_costs,
+    price_configs,
+    priced_column,
+    shared_column,
+)
+from energyopt.families.serving.formulations.configs import CAP_REL_TOL, ConfigSet
+from energyopt.families.serving.formulations.costs import Costs
 from energyopt.families.serving.formulations.knapsack import (
     COARSE_STEP_GB,
+    IntArray,
     KnapsackItems,
     best_configuration,
     greedy_configuration,
     repair_and_fill,
 )
-from energyopt.families.serving.formulations.pattern import (
-    PatternProgram,
-    column_reduced_cost,
-    knapsack_pricing,
-)
+from energyopt.families.serving.formulations.pattern import PatternProgram
 from energyopt.families.serving.solvers.master_lp import LpSession
+from energyopt.perf.oppoints import OpTable
 
 RC_TOL = 1e-6
 """A column enters when its reduced cost is below -RC_TOL x max(1, |LP value|)."""
 COLUMNS_PER_ROUND = 8
-"""Columns added per (class, clock) and round at most."""
+"""Columns added per (class, clock) and round at most, from a listed set; from a
+knapsack, at most this or one per UNITS_PER_COLUMN of its units, the more."""
+UNITS_PER_COLUMN = 128
+"""Units of a knapsack pricing problem per greedy configuration of a round (above
+COLUMNS_PER_ROUND x this many units). With a fixed number per round, each round
+lowered the LP by about the same amount whatever the fleet (25,000 W per five
+rounds on fleets of 10,240 and 25,600 GPUs), so the rounds grew with the fleet
+and column generation grew quadratically."""
 MAX_ROUNDS = 500
 EXACT = 2
 """Pricing effort whose knapsack is exact (see ``knapsack_price``)."""
@@ -45,6 +65,7 @@ def generate_columns(
     *,
     session: LpSession | None = None,
     max_rounds: int = MAX_ROUNDS,
+    pricer: Pricer | None = None,
 ) -> str:
     """Column generation to LP optimality over all configurations
     (``deadline`` a ``time.perf_counter`` value), at most ``max_rounds`` rounds, in
@@ -57,8 +78,12 @@ def generate_columns(
     out), "rounds" (``max_rounds``) or "time" (``deadline``). Knapsack-priced
     configurations are searched with the coarse DP first; the exact DP runs when
     the coarse one finds nothing (and at the time limit), so every bound reported
-    comes from exact pricing.
+    comes from exact pricing. ``pricer`` solves the pricing problems (in this
+    process when None; ``dask_pricing.DaskPricer`` spreads them over Dask workers
+    with the same columns in the same order).
     """
+    data = PricingData.of(prog)
+    pricer = pricer or _PRICER.get()
     if session is None:
         session = LpSession(prog.problem, prog.table, prog.costs, prog.classes, prog.columns)
     for rnd in range(max_rounds):
@@ -66,10 +91,10 @@ def generate_columns(
             session.add(prog.columns[len(session.mp.z_var) :])
         prog.lp = session.solve()
         effort = EXACT if prog.enumerated else 0
-        added, best, bound = price_round(prog, effort=effort)
+        added, best, bound = price_round(prog, effort=effort, pricer=pricer, data=data)
         while not added and effort < EXACT:
             effort += 1
-            added, best, bound = price_round(prog, effort=effort)
+            added, best, bound = price_round(prog, effort=effort, pricer=pricer, data=data)
         if bound is not None:
             prog.bound = max(prog.bound, bound)
         prog.rounds = rnd + 1
@@ -91,76 +116,229 @@ def generate_columns(
             log(f"column generation stopped after {max_rounds} rounds; bound is Lagrangian")
     session.add(prog.columns[len(session.mp.z_var) :])
     prog.lp = session.solve()
-    _, _, bound = price_round(prog, effort=EXACT, add=False)
+    _, _, bound = price_round(prog, effort=EXACT, add=False, pricer=pricer, data=data)
     if bound is not None:
         prog.bound = max(prog.bound, bound)
     return why
 
 
+@dataclass(frozen=True)
+class PricingData:
+    """What pricing reads that stays fixed while columns are generated: the
+    operating points, objective coefficients, classes, listed configurations and
+    knapsack items of a ``PatternProgram`` (shipped once to each Dask worker)."""
+
+    table: OpTable
+    costs: Costs
+    classes: list[GpuClass]
+    configs: dict[tuple[str, int], ConfigSet]
+    knapsacks: dict[tuple[str, int], KnapsackItems]
+
+    @classmethod
+    def of(cls, prog: PatternProgram) -> PricingData:
+        """The pricing data of ``prog`` (shared, not copied)."""
+        return cls(prog.table, prog.costs, prog.classes, prog.configs, prog.knapsacks)
+
+
+PricingTask = tuple[int, str, tuple[str, int]]
+"""(class index, "configs" or "knapsack", (GPU type, clock MHz)): one pricing problem."""
+
+
+@dataclass(frozen=True)
+class Priced:
+    """The answer of one pricing problem: ``low``, a lower bound on its least
+    reduced cost (-inf when the pricing proved none), and ``found``, the improving
+    columns (reduced cost below the round's tolerance) with their reduced costs,
+    in the order they join the program (objective units, W for power)."""
+
+    low: float
+    found: list[tuple[float, Column]]
+
+
+def pricing_tasks(data: PricingData) -> list[PricingTask]:
+    """Every pricing problem of a round, in the order their columns are added: per
+    class, its listed (type, clock) pairs, then its knapsack-priced ones."""
+    tasks: list[PricingTask] = []
+    for cls in data.classes:
+        for (type_name, clock), cs in data.configs.items():
+            if type_name == cls.type_name and len(cs) > 0:
+                tasks.append((cls.index, "configs", (type_name, clock)))
+        for (type_name, clock), ks in data.knapsacks.items():
+            if type_name == cls.type_name and len(ks) > 0:
+                tasks.append((cls.index, "knapsack", (type_name, clock)))
+    return tasks
+
+
+class Pricer(Protocol):
+    """Solves a round's pricing problems; serial here, on Dask workers in
+    ``dask_pricing``. Answers come back in the order of ``tasks``."""
+
+    def price(
+        self,
+        data: PricingData,
+        tasks: list[PricingTask],
+        duals: Duals,
+        effort: int,
+        tol: float,
+        build: bool,
+    ) -> list[Priced]: ...
+
+
+_PRICER: ContextVar[Pricer | None] = ContextVar("energyopt_pricer", default=None)
+
+
+@contextmanager
+def using_pricer(pricer: Pricer) -> Iterator[None]:
+    """Column generation inside the block prices with ``pricer`` where its caller
+    names none (``dask_pricing.pricing_on`` sets a Dask one this way)."""
+    token = _PRICER.set(pricer)
+    try:
+        yield
+    finally:
+        _PRICER.reset(token)
+
+
+class SerialPricer:
+    """Prices every problem in this process, one after the other."""
+
+    def price(
+        self,
+        data: PricingData,
+        tasks: list[PricingTask],
+        duals: Duals,
+        effort: int,
+        tol: float,
+        build: bool,
+    ) -> list[Priced]:
+        return [price_task(data, task, duals, effort, tol, build) for task in tasks]
+
+
+def price_task(
+    data: PricingData,
+    task: PricingTask,
+    duals: Duals,
+    effort: int,
+    tol: float,
+    build: bool = True,
+) -> Priced:
+    """Solve one pricing problem at ``duals`` (``knapsack_price``'s ``effort``):
+    the columns whose reduced cost is below ``tol`` (at most COLUMNS_PER_ROUND of
+    the listed configurations, least first; the knapsack's repaired
+    configurations in the order found), built only when ``build``."""
+    cls_index, kind, key = task
+    cls = data.classes[cls_index]
+    table, costs = data.table, data.costs
+    clock = key[1]
+    found: list[tuple[float, Column]] = []
+    if kind == "configs":
+        cs = data.configs[key]
+        rc = price_configs(cls, cs, table, costs, duals)
+        for j in np.argsort(rc)[:COLUMNS_PER_ROUND]:
+            if rc[j] >= tol:
+                break
+            ops = tuple(int(o) for o in cs.ops(int(j)))
+            col = priced_column(cls, table, costs, duals, clock, ops) if build else _NO_COLUMN
+            found.append((float(rc[j]), col))
+        return Priced(float(rc.min()), found)
+    ks = data.knapsacks[key]
+    ic = item_costs(cls, table, costs, duals, ks.items)
+    best = ic.best
+    values = np.asarray(-best, dtype=np.float64)
+    base = base_cost(cls, table, costs, duals, clock)
+    low, configurations = knapsack_price(ks, values, base, cls.power_cap_w, effort=effort)
+    for ops in configurations:
+        if not ops:
+            continue
+        at = np.searchsorted(ks.items, np.asarray(ops, dtype=np.int64))
+        rc_found = _configuration_rc(cls, ks, best, base, at)
+        if rc_found < tol:
+            idle = tuple(
+                o for o, i in zip(ops, at.tolist(), strict=True) if ic.idle[i] < ic.active[i]
+            )
+            col = shared_column(cls, table, costs, clock, ops, idle) if build else _NO_COLUMN
+            found.append((rc_found, col))
+    return Priced(low, found)
+
+
+_NO_COLUMN = Column(-1, 0, (), 1, 0.0, 0.0, (), 0.0, False)
+"""Stands for a column that was not built (a bound-only pricing round)."""
+
+
+def _configuration_rc(
+    cls: GpuClass, ks: KnapsackItems, best: NDArray[np.float64], base: float, at: IntArray
+) -> float:
+    """Reduced cost of the configuration of the items at positions ``at`` of ``ks``
+    (``best``: each item's cost at its best, as ``columns.price_configs`` sums it;
+    +inf over the class's power cap)."""
+    start = np.zeros(1, dtype=np.int64)
+    rc = base + float(np.add.reduceat(best[at], start)[0])
+    worst = ks.on_power_w + float(np.add.reduceat(ks.peak_w[at], start)[0])
+    return rc if worst <= cls.power_cap_w * (1 + CAP_REL_TOL) else float("inf")
+
+
 def price_round(
-    prog: PatternProgram, *, effort: int, add: bool = True
+    prog: PatternProgram,
+    *,
+    effort: int,
+    add: bool = True,
+    pricer: Pricer | None = None,
+    data: PricingData | None = None,
 ) -> tuple[int, float, float | None]:
     """Price every class at the current duals: (columns added, best reduced cost,
-    Lagrangian bound or None when some pricing was not exact)."""
+    Lagrangian bound or None when some pricing was not exact). ``pricer`` solves
+    the pricing problems (in this process when None); the columns join ``prog``
+    in the same order whichever pricer solved them."""
     assert prog.lp is not None
-    table, costs, duals = prog.table, prog.costs, prog.lp.duals
+    data = data or PricingData.of(prog)
+    tasks = pricing_tasks(data)
     tol = -RC_TOL * max(1.0, abs(prog.lp.objective))
+    answers = (pricer or SerialPricer()).price(data, tasks, prog.lp.duals, effort, tol, add)
     added = 0
     best = 0.0
-    correction = 0.0
-    for cls in prog.classes:
-        class_min = 0.0
-        for (type_name, clock), cs in prog.configs.items():
-            if type_name != cls.type_name or len(cs) == 0:
-                continue
-            rc = price_configs(cls, cs, table, costs, duals)
-            class_min = min(class_min, float(rc.min()))
-            for j in np.argsort(rc)[:COLUMNS_PER_ROUND]:
-                if rc[j] >= tol:
-                    break
-                best = min(best, float(rc[j]))
-                if add:
-                    ops = tuple(int(o) for o in cs.ops(int(j)))
-                    added += prog.add(priced_column(cls, table, costs, duals, clock, ops))
-        for (type_name, clock), ks in prog.knapsacks.items():
-            if type_name != cls.type_name or len(ks) == 0:
-                continue
-            low, found = knapsack_price(prog, cls, ks, duals, effort=effort)
-            class_min = min(class_min, low)
-            for ops in found:
-                if not ops:
-                    continue
-                rc_found = float(column_reduced_cost(prog, cls, clock, ops)[0])
-                if rc_found < tol:
-                    best = min(best, rc_found)
-                    if add:
-                        added += prog.add(priced_column(cls, table, costs, duals, clock, ops))
-        correction += cls.size * class_min
+    class_min = dict.fromkeys(range(len(data.classes)), 0.0)
+    for (cls_index, _, _), answer in zip(tasks, answers, strict=True):
+        class_min[cls_index] = min(class_min[cls_index], answer.low)
+        for rc, col in answer.found:
+            best = min(best, rc)
+            if add:
+                added += prog.add(col)
+    correction = sum(cls.size * class_min[cls.index] for cls in data.classes)
     bound = prog.lp.objective + correction if np.isfinite(correction) else None
     return added, best, bound
 
 
+def greedy_columns(ks: KnapsackItems) -> int:
+    """Greedy configurations a knapsack pricing problem offers per round at most:
+    COLUMNS_PER_ROUND, or one per UNITS_PER_COLUMN of its units where that is more."""
+    return max(COLUMNS_PER_ROUND, len(np.unique(ks.units)) // UNITS_PER_COLUMN)
+
+
 def knapsack_price(
-    prog: PatternProgram, cls: GpuClass, ks: KnapsackItems, duals: Duals, *, effort: int
+    ks: KnapsackItems,
+    values: NDArray[np.float64],
+    base: float,
+    power_cap_w: float,
+    *,
+    effort: int,
 ) -> tuple[float, list[tuple[int, ...]]]:
     """(lower bound on the class's least reduced cost at this clock, configurations
     worth pricing exactly), from the knapsack pricing problem
-    (``pattern.knapsack_pricing``).
+    (``pattern.knapsack_pricing``: ``values`` per item, ``base`` the cost of one
+    GPU on with nothing placed; ``power_cap_w`` the class's cap, W).
 
-    ``effort`` 0 picks up to COLUMNS_PER_ROUND greedy configurations on disjoint
-    units, 1 runs the coarse DP (both fast and proving nothing: the first element
+    ``effort`` 0 picks up to ``greedy_columns(ks)`` greedy configurations on
+    disjoint units, 1 runs the coarse DP (both fast and proving nothing: the first element
     is then -inf), 2 the exact DP that the bound comes from.
     """
-    pricing = knapsack_pricing(prog, cls, ks, duals)
-    base, values, order = pricing.base, pricing.values, pricing.order
+    order = np.argsort(-values, kind="stable")
     if effort == 0:
         found: list[tuple[int, ...]] = []
         left = values.copy()
-        for _ in range(COLUMNS_PER_ROUND):
+        for _ in range(greedy_columns(ks)):
             value, chosen = greedy_configuration(ks, left)
             if not chosen or base - value >= 0:
                 break
-            found.append(repair_and_fill(ks, values, chosen, order, cls.power_cap_w))
+            found.append(repair_and_fill(ks, values, chosen, order, power_cap_w))
             taken = np.isin(ks.units, ks.units[chosen])
             left[taken] = 0.0
         return -np.inf, found
@@ -172,4 +350,4 @@ def knapsack_price(
         low = -np.inf
     if effort >= EXACT and not chosen:
         low = min(0.0, base)
-    return low, ([repair_and_fill(ks, values, chosen, order, cls.power_cap_w)] if chosen else [])
+    return low, ([repair_and_fill(ks, values, chosen, order, power_cap_w)] if chosen else [])

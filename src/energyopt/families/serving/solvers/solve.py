@@ -122,8 +122,20 @@ def solve(
     time_limit_s: float | None = None,
     rel_gap: float | None = None,
     progress: Progress | None = None,
+    scheduler: str | None = None,
 ) -> ServingResult:
-    """Minimum-objective plan for ``problem``, verified, with its bound and gap."""
+    """Minimum-objective plan for ``problem``, verified, with its bound and gap.
+
+    ``scheduler``: column generation prices on the Dask cluster there (an address
+    such as ``tcp://host:8786``, or ``local:N`` for N local worker processes;
+    ``dask_pricing``), with the same plan and bound as in this process."""
+    if scheduler is not None:
+        from energyopt.families.serving.solvers.dask_pricing import pricing_on
+
+        with pricing_on(scheduler):
+            return solve(
+                problem, preset, time_limit_s=time_limit_s, rel_gap=rel_gap, progress=progress
+            )
     say = progress or _quiet
     start = time.perf_counter()
     limit = time_limit_s if time_limit_s is not None else preset.time_limit_s
