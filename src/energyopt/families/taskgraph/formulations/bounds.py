@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from energyopt.families.taskgraph.formulations.idle import ForcedIdle, forced_idle
 from energyopt.families.taskgraph.formulations.model import TaskGraph, objective_value
 
 Pricing = Callable[[np.ndarray], float]
@@ -26,6 +27,7 @@ class LowerBounds:
     makespan: int  # grid units
     dyn_j: float  # sum over tasks of the least above-idle energy of any option
     priced_j: float = 0.0  # the Lagrangian energy bound (J), see ``priced_energy_j``
+    idle: ForcedIdle | None = None  # the graph's forced waits, see ``idle.forced_idle``
 
     def energy_j(self, tg: TaskGraph, makespan: int | None = None) -> float:
         """Least energy of a schedule of makespan >= ``makespan`` (default the bound), J."""
@@ -47,9 +49,10 @@ class LowerBounds:
 
 def lower_bounds(tg: TaskGraph) -> LowerBounds:
     """Makespan >= the longest chain of fastest durations (no transfers) and >= the
-    fastest total work spread over all GPUs; energy >= idle power x that makespan
-    plus every task's least above-idle energy (transitions cost >= 0), and >= the
-    Lagrangian bound of ``priced_energy_j``."""
+    fastest GPU time the tasks take, forced waits included (``idle.forced_idle``:
+    sum_i mult_i d_i + gaps <= G M), spread over all GPUs; energy >= idle power x that
+    makespan plus every task's least above-idle energy (transitions cost >= 0), and
+    >= the Lagrangian bound of ``priced_energy_j``."""
     fastest = []
     least_dyn = 0.0
     for i in range(tg.n_tasks):
@@ -64,9 +67,11 @@ def lower_bounds(tg: TaskGraph) -> LowerBounds:
     for i in tg.topo_order:
         finish[i] = fastest[i] + max((finish[p] for p, _ in tg.preds[i]), default=0)
     chain = max(finish)
-    work = math.ceil(sum(fastest) / tg.n_gpus)
+    idle = forced_idle(tg)
+    taken = sum(m * d for m, d in zip(idle.mult, fastest, strict=True)) + idle.gaps
+    work = math.ceil(taken / tg.n_gpus)
     makespan = max(chain, work)
-    return LowerBounds(makespan, least_dyn, priced_energy_j(tg, makespan))
+    return LowerBounds(makespan, least_dyn, priced_energy_j(tg, makespan, idle=idle), idle)
 
 
 PRODUCT_INTERVALS = 40
@@ -101,14 +106,17 @@ def product_bound(tg: TaskGraph, lb: LowerBounds, incumbent: float) -> float:
     while a < horizon:
         b = min(a * ratio, horizon)
         energy = max(
-            idle * a + lb.dyn_j, priced_energy_j(tg, math.ceil(a - 1e-9), upper=math.floor(b))
+            idle * a + lb.dyn_j,
+            priced_energy_j(tg, math.ceil(a - 1e-9), upper=math.floor(b), idle=lb.idle),
         )
         best = min(best, objective_value(tg.objective, tg.ms(a), energy))
         a = b if b > a else horizon
     return best
 
 
-def priced_energy_j(tg: TaskGraph, makespan_lb: int, upper: int | None = None) -> float:
+def priced_energy_j(
+    tg: TaskGraph, makespan_lb: int, upper: int | None = None, idle: ForcedIdle | None = None
+) -> float:
     """Lagrangian lower bound on the energy of any feasible schedule (J).
 
     A schedule of makespan M (grid units) draws E = P M + sum_i dyn_i + transitions,
@@ -123,8 +131,17 @@ def priced_energy_j(tg: TaskGraph, makespan_lb: int, upper: int | None = None) -
     < 0, so every lambda gives a bound. At lambda_t = P / n_GPUs
     each task carries its share of the idle power for as long as it runs, which is
     what a slow clock costs; under a deadline a larger price forces the faster,
-    costlier options. The best lambda is searched by coordinate ascent (golden
-    section per type on a concave function); any point it stops at is valid.
+    costlier options.
+
+    The GPU time the graph's shape leaves without tasks (``idle``, default
+    ``idle.forced_idle(tg)``) adds one more row over all G GPUs,
+    sum_i mult_i d_i + gaps <= G M, priced at mu >= 0: each task's price becomes
+    dyn + lambda_t d + mu mult_i d, the bracket loses mu G and mu gaps is added. A task
+    that runs alone (mult = G) then pays for the waits of every other GPU while it
+    runs, which is what slows the chain of panel factorizations of a tiled Cholesky.
+
+    The best multipliers are searched by coordinate ascent (golden section per
+    multiplier on a concave function); any point it stops at is valid.
     """
     unit_s = tg.unit_ms / 1e3
     n_types = len(tg.types)
@@ -146,36 +163,47 @@ def priced_energy_j(tg: TaskGraph, makespan_lb: int, upper: int | None = None) -
     deadline = tg.deadline
     if upper is not None:
         deadline = upper if deadline is None else min(deadline, upper)
+    forced = forced_idle(tg) if idle is None else idle
+    # one multiplier per GPU type, and one (the last) for the row over all GPUs
+    # when the graph forces waits; ``capacity`` is the GPUs each row covers
+    total_row = forced.any
+    capacity = np.append(counts, float(tg.n_gpus)) if total_row else counts
+    taken = dur * np.asarray(forced.mult, float)[None, :, None]
+    gaps = float(forced.gaps)
 
     subsets = _clock_subsets(tg, dyn.shape[2], counts)
 
     def value(lam: np.ndarray) -> float:
-        priced_all = dyn + lam[:, None, None] * dur
+        priced_all = dyn + lam[:n_types, None, None] * dur
+        if total_row:
+            priced_all = priced_all + lam[n_types] * taken
         if subsets is None:
             tasks = float(priced_all.min(axis=2).min(axis=0).sum())
         else:
             masks, extra = subsets
-            change = tg.transition_j + lam * tg.transition  # J per clock change, per type
+            change = tg.transition_j + lam[:n_types] * tg.transition  # J per change, per type
             per_combo = np.where(masks, priced_all[None], np.inf).min(axis=3).min(axis=1)
             tasks = float((per_combo.sum(axis=1) + extra @ change).min())
-        slope = idle_per_unit - float(lam @ counts)
+        if total_row:
+            tasks += float(lam[n_types]) * gaps
+        slope = idle_per_unit - float(lam @ capacity)
         if slope >= 0:
             return tasks + slope * makespan_lb
         if deadline is None:
             return -math.inf
         return tasks + slope * deadline
 
-    lam = np.zeros(n_types)
+    lam = np.zeros(len(capacity))
     best = value(lam)
     for _ in range(ASCENT_ROUNDS):
         before = best
-        for t in range(n_types):
-            if counts[t] == 0:
+        for t in range(len(capacity)):
+            if capacity[t] == 0:
                 continue
-            rest = float(lam @ counts) - lam[t] * counts[t]
-            hi = max(idle_per_unit - rest, 0.0) / counts[t]
+            rest = float(lam @ capacity) - lam[t] * capacity[t]
+            hi = max(idle_per_unit - rest, 0.0) / capacity[t]
             if deadline is not None:
-                hi = _widened(value, lam, t, max(hi, idle_per_unit / counts[t]))
+                hi = _widened(value, lam, t, max(hi, idle_per_unit / capacity[t]))
             lam[t], got = _golden_max(value, lam, t, hi)
             best = max(best, got)
         if best <= before * (1 + 1e-12):
