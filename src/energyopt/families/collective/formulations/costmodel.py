@@ -317,8 +317,11 @@ def _needs(c: Collective, n: int) -> tuple[FloatArray, FloatArray]:
     elif c.op == "reduce_scatter":
         out[:] = m * (n - 1) / n
     elif c.op == "all_reduce":
+        # each element's sum needs r's contribution, and r holds its sum at the
+        # end: something of every element comes in, and something goes out (r's
+        # contribution, or a sum r formed that another rank still needs)
         into[:] = m
-        out[:] = m * (n - 1) / n
+        out[:] = m
     elif c.op == "broadcast":
         into[:] = m
         into[c.root] = 0.0
@@ -436,23 +439,19 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
     - busiest rank: for rank r its overhead (times its factor) plus the bytes it must
       receive or send through its ports at full capacity times the efficiency; pooled
       over ranks (all bytes through all ports) as well; and the route latency after.
-      A rank's steps of one channel run one after another, and in an all-reduce every
-      rank takes part in at least two steps of one channel (the chain below), so its
-      overhead counts twice there.
+      One step can be all a rank takes part in, even in an all-reduce: every rank
+      may send its input to every other rank in one step, each reducing all it
+      receives (the one-step exchange), so the overhead counts once.
     - per node (several nodes): the bytes that must cross into or out of the node
       through its NICs; the last lands a cross-node route's latency later.
-    - all-reduce chain: rank r's contribution leaves it in one flow and the sum that
-      holds it comes back in a later flow of the same piece's channel (the sender
-      starts only once what it forwards has landed), so r pays its overhead twice,
-      once going out and once coming in, plus a route out of and one into r. On
-      several nodes the rank where a piece's sum first forms received a
-      contribution from another node before (one crossing), and the ranks of
-      another node receive the sum after (a second crossing): two overheads and
-      two cross-node latencies; and rank r's own receipt of the sum (its factor)
-      follows one crossing. For a node, every byte's sum either forms inside (it
-      crosses out after) or outside (it crosses in after), and none of those
-      second crossings starts before an overhead and a crossing: the node's NICs,
-      in and out together, carry the m bytes after that.
+    - all nodes (all-reduce, several nodes): the nodes are N parties that must all
+      learn every element's sum, and a byte crossing between nodes is a one-way
+      call. N parties need at least 2(N - 1) one-way calls to all learn everything
+      (directed gossip), so at least 2(N - 1)m bytes cross, pooled over every NIC.
+    - all-reduce chain: rank r's sum holds another rank's contribution, so a flow
+      lands at r (its overhead at least r's factor, a route into r); on several
+      nodes another node's contribution crossed first: either that crossing lands
+      at r, or it lands in r's node and a later flow brings it to r.
     - reductions (all-reduce, reduce-scatter): n - 1 of every element's bytes must
       be reduced; a reducing flow into r carries its bytes over a link and adds them
       at the GPU's memory bandwidth / 3 shared by r's reducing flows of the step, slowed
@@ -468,11 +467,7 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
     per_rank = np.maximum(into / cap_in, out / cap_out) / eff / 1e3
     total = _total_needs(c, n)
     pooled = max(total / float(cap_in.sum()), total / float(cap_out.sum())) / eff / 1e3
-    # an all-reduce's rank takes part in two steps of one channel (the chain below)
-    steps = 2.0 if c.op == "all_reduce" else 1.0
-    busiest = (
-        max(float(np.max(steps * alpha * slow + per_rank)), steps * alpha + pooled) + least_route
-    )
+    busiest = max(float(np.max(alpha * slow + per_rank)), alpha + pooled) + least_route
     node_of = np.asarray(p.node_of)
     for node in set(p.node_of) if p.n_nodes > 1 else ():
         # The bytes that must leave or enter this node cross the network: the last
@@ -484,25 +479,22 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
         busiest = max(busiest, alpha + cut / eff / 1e3 + least_cross)
     if c.op == "all_reduce":
         routes = p.route_us + np.diag(np.full(n, np.inf))
-        chain = 2.0 * alpha * slow + routes.min(axis=1) + routes.min(axis=0)
-        busiest = max(busiest, float(chain.max()))
+        # a flow brings another rank's contribution to r
+        busiest = max(busiest, float(np.max(alpha * slow + routes.min(axis=0))))
         if p.n_nodes > 1:
-            # the sum forms first at some rank w: a contribution from another node
-            # crossed into w's node before, and the sum crosses to the ranks of
-            # another node after; rank r also receives the sum in a flow of its own
+            crossing = node_of[:, None] != node_of[None, :]
             cross = min(p.least_route_us(node_of == k) for k in range(p.n_nodes))
-            into_r = routes.min(axis=0)
-            busiest = max(
-                busiest,
-                2.0 * (alpha + cross),
-                float(np.max(alpha + cross + alpha * slow + into_r)),
-            )
-            for node in range(p.n_nodes):
-                # bytes whose sum forms inside cross out after it forms, the others
-                # cross in after theirs: m in all, none before alpha + cross
-                ports = float(nic_in[node_of == node].sum() + nic_out[node_of == node].sum())
-                late = float(c.bytes) / (ports * eff) / 1e3
-                busiest = max(busiest, 2.0 * (alpha + cross) + late)
+            into_cross = np.where(crossing, routes, np.inf).min(axis=0)
+            into_inside = np.where(~crossing, routes, np.inf).min(axis=0)
+            # another node's contribution reaches r: its crossing lands at r, or in
+            # r's node and a later flow brings it to r
+            relayed = alpha + cross + alpha * slow + into_inside
+            reach = np.minimum(alpha * slow + into_cross, relayed)
+            busiest = max(busiest, float(np.max(reach)))
+            # directed gossip among the nodes: 2(N - 1) m bytes cross, over every NIC
+            crossing_bytes = 2.0 * (p.n_nodes - 1) * float(c.bytes)
+            nics = min(float(nic_in.sum()), float(nic_out.sum()))
+            busiest = max(busiest, alpha + crossing_bytes / (nics * eff) / 1e3 + cross)
     if c.op in ("all_reduce", "reduce_scatter"):
         reduced = (n - 1) * float(c.bytes)
         rates = reduce_rates_gbs(p, eff)
