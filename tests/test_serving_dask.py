@@ -18,6 +18,7 @@ from energyopt.families.serving.solvers.colgen import (
     SerialPricer,
     generate_columns,
     greedy_columns,
+    using_pricer,
 )
 from energyopt.families.serving.solvers.solve import solve
 from energyopt.perf.oppoints import build_op_table
@@ -40,9 +41,7 @@ def _make_fleet() -> Any:
 @pytest.fixture(scope="module")
 def fleet() -> Problem:
     """96 GPUs of three types, 40 workloads: every (type, clock) priced by knapsack."""
-    data = _make_fleet()(
-        96, 40, 3, 4, None, 0.6, ["H100-SXM5-80GB", "A100-SXM4-80GB", "L40S"]
-    )
+    data = _make_fleet()(96, 40, 3, 4, None, 0.6, ["H100-SXM5-80GB", "A100-SXM4-80GB", "L40S"])
     return resolve(Instance.model_validate(data), "fleet-96")
 
 
@@ -51,7 +50,7 @@ def pricer() -> Any:
     pytest.importorskip("distributed")
     from energyopt.families.serving.solvers.dask_pricing import DaskPricer
 
-    with DaskPricer("local:2") as p:
+    with DaskPricer("local:2", min_items=0) as p:
         yield p
 
 
@@ -73,16 +72,27 @@ def test_dask_pricing_generates_the_serial_columns_and_bound(fleet: Problem, pri
     assert np.array_equal(remote.lp.x, serial.lp.x)
 
 
-def test_dask_solve_gives_the_serial_plan_and_bound(fleet: Problem) -> None:
-    pytest.importorskip("distributed")
+def test_dask_solve_gives_the_serial_plan_and_bound(fleet: Problem, pricer: Any) -> None:
     preset = load_preset("colgen")
     # An effort-bound run (no time cut): the same work in either process.
     local = solve(fleet, preset, time_limit_s=600)
-    remote = solve(fleet, preset, time_limit_s=600, scheduler="local:2")
+    with using_pricer(pricer):
+        remote = solve(fleet, preset, time_limit_s=600)
     assert local.plan is not None and remote.plan is not None
     assert remote.objective == local.objective
     assert remote.bound == local.bound
     assert remote.plan.model_dump(exclude={"wall_s"}) == local.plan.model_dump(exclude={"wall_s"})
+
+
+def test_solve_on_a_small_fleet_prices_in_process_with_the_serial_result(
+    fleet: Problem,
+) -> None:
+    pytest.importorskip("distributed")
+    preset = load_preset("colgen")
+    local = solve(fleet, preset, time_limit_s=600)
+    remote = solve(fleet, preset, time_limit_s=600, scheduler="local:1")
+    assert remote.plan is not None and local.plan is not None
+    assert (remote.objective, remote.bound) == (local.objective, local.bound)
 
 
 def test_local_scheduler_needs_a_worker_count() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from energyopt.cli.common import (
@@ -144,6 +145,16 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _pricing_on(scheduler: str | None) -> AbstractContextManager[Any]:
+    """Column generation prices on the Dask cluster at ``scheduler`` inside the block
+    (serving; a no-op when None)."""
+    if scheduler is None:
+        return nullcontext()
+    from energyopt.families.serving.solvers.dask_pricing import pricing_on
+
+    return pricing_on(scheduler)
+
+
 def cmd_solve(args: argparse.Namespace) -> int:
     from energyopt.families import certify, solver_entry
     from energyopt.solvers.result import INFEASIBLE
@@ -155,11 +166,16 @@ def cmd_solve(args: argparse.Namespace) -> int:
         from energyopt.spec.io import file_format
 
         file_format(output_path(args.output))  # refuse an unknown suffix before the solve
+    if args.scheduler is not None and fam.kind != "serving":
+        raise SpecError(
+            [f"--scheduler: {args.file} is a {fam.kind} problem; it applies to serving"]
+        )
     problem = fam.load(args.file, args.catalog)
     say = progress(args.quiet)
-    result = fam.solve(
-        problem, entry.name, time_limit_s=args.time_limit, rel_gap=args.gap, progress=say
-    )
+    with _pricing_on(args.scheduler):
+        result = fam.solve(
+            problem, entry.name, time_limit_s=args.time_limit, rel_gap=args.gap, progress=say
+        )
     certify(fam, problem, result, args.gap if args.gap is not None else 1e-4, say)
     if result.plan is None:
         err(f"{args.file}: no plan ({result.status}) after {result.wall_s:.1f} s")
@@ -354,6 +370,13 @@ def configure(sub: Any) -> None:
     )
     p.add_argument("-o", "--output", help="write the plan (JSON, YAML or TOML by suffix)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="serving: price column generation on a Dask cluster (an address, or local:N "
+        "for N local worker processes; needs energyopt[dask])",
+    )
     p.set_defaults(func=cmd_solve)
 
     p = sub.add_parser("verify", help="check a plan file against its problem file")

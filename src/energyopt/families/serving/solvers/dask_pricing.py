@@ -44,6 +44,12 @@ BATCHES_PER_WORKER = 2
 """Batches of pricing problems per worker and round (fewer messages than one per
 problem; more than one evens out problems of unequal cost)."""
 LOCAL_PREFIX = "local:"
+MIN_ITEMS = 20_000
+"""Below this many pricing items in all (knapsack items plus listed configurations'
+ops), a round is priced in the calling process: its problems take milliseconds,
+less than a round trip to the workers (the quickstart's branch-and-price, a few
+hundred tiny rounds, ran into its 60-s limit on Dask and converged in 20 s
+without). The answers are the same either way."""
 
 
 def _distributed() -> Any:
@@ -81,6 +87,13 @@ def price_batch(
     return [price_task(data, task, duals, effort, tol, build) for task in batch]
 
 
+def _items(data: PricingData) -> int:
+    """Pricing items of ``data``: knapsack items and listed configurations' ops."""
+    return sum(len(ks) for ks in data.knapsacks.values()) + sum(
+        len(cs.flat) for cs in data.configs.values()
+    )
+
+
 def _shipped(data: PricingData) -> PricingData:
     """``data`` as the workers get it: a class of several GPUs with its first GPU
     only, its state dropped (pricing reads a class's GPUs only for the state of a
@@ -97,9 +110,10 @@ class DaskPricer:
     module docstring). Use it as a context manager: leaving it closes the client
     and a LocalCluster it started."""
 
-    def __init__(self, scheduler: str) -> None:
+    def __init__(self, scheduler: str, *, min_items: int = MIN_ITEMS) -> None:
         dist = _distributed()
         self.scheduler = scheduler
+        self.min_items = min_items
         self._cluster: Any = None
         n_local = local_workers(scheduler)
         try:
@@ -133,9 +147,12 @@ class DaskPricer:
         tol: float,
         build: bool,
     ) -> list[Priced]:
-        """Answers to ``tasks``, in their order, from the workers."""
+        """Answers to ``tasks``, in their order, from the workers (in this process
+        when ``data`` has fewer than ``min_items`` items)."""
         if not tasks:
             return []
+        if _items(data) < self.min_items:
+            return price_batch(data, tasks, duals, effort, tol, build)
         if self._data is not data:
             self._data_future = self.client.scatter(_shipped(data), broadcast=True, hash=False)
             self._data = data

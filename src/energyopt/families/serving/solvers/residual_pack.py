@@ -50,6 +50,7 @@ values are the instance's objective units (W for power), rates req/s.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -183,9 +184,7 @@ def _pack_at(
                 - costs.migration_penalty * kept_units(prog.classes[col.cls], table, col.ops)
                 for col in columns
             )
-            cost += float(
-                sum(costs.op_fixed[op] + costs.op_cost[op] * rate for op, rate in pieces)
-            )
+            cost += float(sum(costs.op_fixed[op] + costs.op_cost[op] * rate for op, rate in pieces))
             return cost, columns
         type_name, short = packed
         reserve[type_name] += short
@@ -490,15 +489,22 @@ def _consolidate(
     for (u, t, _), ops in by_key.items():
         small = min(int(table.share[op]) for op in ops)
         least[(u, t)] = min(least.get((u, t), small), small)
-    of_type: dict[int, list[int]] = {}
     room: dict[int, int] = {}  # share room left in a type's live bins
-    for j, (tj, _, bj) in enumerate(bins):
-        of_type.setdefault(tj, []).append(j)
+    # Per (type, clock): the bins with share room at the start, in order (a full
+    # bin never gains room: moves only add to bins, and undoing one restores it).
+    open_at: dict[tuple[int, int], list[int]] = {}
+    for j, (tj, fj, bj) in enumerate(bins):
         room[tj] = room.get(tj, 0) + limits[tj][0] - bj.share
+        if bj.share < limits[tj][0]:
+            open_at.setdefault((tj, fj), []).append(j)
+    # (unit, type) -> its single-GPU ops of the type, clock by clock as by_key lists them
+    of_unit: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for (u, t, f), ops in by_key.items():
+        of_unit.setdefault((u, t), []).extend((f, op) for op in ops)
     order = sorted(range(len(bins)), key=lambda i: (bins[i][2].share, i))
     for i in order:
         t, clock, b = bins[i]
-        share_capacity, usable, power_cap = limits[t]
+        share_capacity = limits[t][0]
         need = sum(least[(int(table.unit[op]), t)] for op in b.ops)
         if need > room[t] - (share_capacity - b.share):
             continue
@@ -512,20 +518,18 @@ def _consolidate(
             zip(b.ops, b.rates, strict=True), key=lambda it: -int(table.share[it[0]])
         ):
             u = int(table.unit[op])
-            smallest = least[(u, t)]
-            best: tuple[float, int, int] | None = None  # (cost, bin, op)
-            for j in of_type[t]:
-                fj, bj = bins[j][1], bins[j][2]
-                if j == i or not alive[j] or bj.share + smallest > share_capacity:
-                    continue
-                for cand in by_key.get((u, t, fj), []):
-                    if float(table.capacity_rps[cand]) < rate - RESIDUAL_TOL:
-                        continue
-                    if not bj.fits(table, cand, share_capacity, usable, power_cap):
-                        continue
-                    c = piece_cost(cand, rate)
-                    if best is None or c < best[0]:
-                        best = (c, j, cand)
+            best = _cheapest_move(
+                table,
+                bins,
+                alive,
+                open_at,
+                of_unit[(u, t)],
+                i,
+                rate,
+                least[(u, t)],
+                limits[t],
+                piece_cost,
+            )
             if best is None:
                 moved = False
                 break
@@ -541,6 +545,56 @@ def _consolidate(
         for target, before in reversed(undo):
             _restore(target, before)
     return [bins[i] for i in range(len(bins)) if alive[i]]
+
+
+def _cheapest_move(
+    table: OpTable,
+    bins: list[tuple[int, int, _Bin]],
+    alive: list[bool],
+    open_at: dict[tuple[int, int], list[int]],
+    candidates: list[tuple[int, int]],
+    source: int,
+    rate: float,
+    smallest: int,
+    limits: tuple[int, float, float],
+    piece_cost: Callable[[int, float], float],
+) -> tuple[float, int, int] | None:
+    """(cost, bin, op) of the cheapest move of a piece at ``rate`` req/s out of bin
+    ``source``: one of its unit's ``candidates`` ((clock, op) of the bin's type)
+    with room for the rate, into a live bin of its clock that it fits; among
+    equal costs the first bin, then the first op. None when none fits.
+
+    The candidates are tried by cost, each against the open bins of its clock
+    (``open_at``) in order, so a piece no longer scans every bin of its type."""
+    share_capacity, usable, power_cap = limits
+    t = bins[source][0]
+    priced = sorted(
+        (piece_cost(op, rate), k, f, op)
+        for k, (f, op) in enumerate(candidates)
+        if float(table.capacity_rps[op]) >= rate - RESIDUAL_TOL
+    )
+    at = 0
+    while at < len(priced):
+        cost = priced[at][0]
+        level = []
+        while at < len(priced) and priced[at][0] == cost:
+            level.append(priced[at])
+            at += 1
+        found: tuple[int, int, int] | None = None  # (bin, candidate order, op)
+        for _, k, f, op in level:
+            for j in open_at.get((t, f), []):
+                if found is not None and j > found[0]:
+                    break
+                bj = bins[j][2]
+                if j == source or not alive[j] or bj.share + smallest > share_capacity:
+                    continue
+                if bj.fits(table, op, share_capacity, usable, power_cap):
+                    if found is None or (j, k) < found[:2]:
+                        found = (j, k, op)
+                    break
+        if found is not None:
+            return cost, found[0], found[2]
+    return None
 
 
 def _copy(b: _Bin) -> _Bin:
