@@ -23,6 +23,7 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
+from energyopt.families.taskgraph.formulations.idle import forced_idle
 from energyopt.families.taskgraph.formulations.model import TaskGraph
 from energyopt.families.taskgraph.formulations.schedule import Schedule
 
@@ -104,6 +105,13 @@ def build_cp_model(tg: TaskGraph, horizon: int) -> CpTaskGraph:
         busy = [(x, tg.opts(i, gg).dur[k]) for (i, gg, k), x in present.items() if gg == g]
         if busy:
             m.add(sum(d * x for x, d in busy) <= makespan)
+    idle = forced_idle(tg)
+    if idle.any:
+        # Redundant as well: a task that runs alone keeps every other GPU waiting and
+        # the graph forces waits around such tasks (idle.forced_idle), so the GPU
+        # time of the tasks, counted that way, fits in G x the makespan.
+        taken = [(x, idle.mult[i] * tg.opts(i, g).dur[k]) for (i, g, k), x in present.items()]
+        m.add(sum(c * x for x, c in taken) + idle.gaps <= gpus * makespan)
     transition_terms: list[tuple[Any, int]] = []
     arcs: dict[int, list[tuple[int, int, Any]]] = {}
     if tg.transition > 0 or tg.transition_j > 0:

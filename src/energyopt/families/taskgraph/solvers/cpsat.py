@@ -34,6 +34,15 @@ from energyopt.solvers.result import (
     relative_gap,
 )
 
+SEARCH_SHARE = 0.93
+"""Share of the time left after the warm start that CP-SAT's search may take ..."""
+CLOSING_S = 1.0
+"""... less this (s): on a loaded machine CP-SAT stops a few seconds past its limit
+(its workers check the clock between steps) and the bounds and the checker run after
+it, so the whole solve stays within ``time_limit_s``."""
+MIN_SEARCH_S = 0.1
+"""Least search time (s), even when the warm start used up the limit."""
+
 
 def horizon_from(tg: TaskGraph, objective: float) -> int:
     """Largest makespan (grid units) a schedule of objective <= ``objective`` can have."""
@@ -76,7 +85,10 @@ def solve_cpsat(
     cp = build_cp_model(tg, horizon)
     if warm.plan is not None:
         hint(cp, tg, warm.plan)
-    solver = cp_solver(time_limit_s - (time.perf_counter() - begin), rel_gap / 4, workers)
+    remaining = time_limit_s - (time.perf_counter() - begin)
+    solver = cp_solver(
+        max(MIN_SEARCH_S, SEARCH_SHARE * remaining - CLOSING_S), rel_gap / 4, workers
+    )
     status = solver.solve(cp.model, _Progress(say, cp.objective_scale))
     name = solver.status_name(status)
     log.append(
