@@ -1,5 +1,6 @@
-"""Rail-direct schedules (formulations/rail_direct.py): the verifier accepts them on
-random equal-node topologies with degraded links and stragglers, every collective's
+"""Rail-direct schedules and the rail exchange (formulations/rail_direct.py): the
+verifier accepts them on random equal-node topologies with degraded links and
+stragglers, every collective's
 bound stays at most their verified time, the rails carry what the weights give them,
 and ``auto`` keeps one only where it beats the exhaustive search's candidate."""
 
@@ -18,6 +19,7 @@ from energyopt.families.collective.formulations.rail_direct import (
     RAIL_DIRECT_OPS,
     applicable,
     rail_direct_choice,
+    rail_exchange_choice,
     rail_of_pieces,
 )
 from energyopt.families.collective.formulations.schedules import program_of
@@ -72,7 +74,8 @@ def test_rail_direct_schedules_verify_and_stay_above_the_bound(
     rng = random.Random(seed + 7)
     g = layout[0]
     weights = [rng.uniform(0.05, 1.0) for _ in range(g)] if weighted else None
-    choice = rail_direct_choice(p, c, "c", parts, weights).model_copy(
+    make = rail_exchange_choice if op == "all_reduce" and rng.random() < 0.5 else rail_direct_choice
+    choice = make(p, c, "c", parts, weights).model_copy(
         update={
             "protocol": rng.choice(PROTOCOLS),
             "channels": rng.choice([1, 2, 3]),
@@ -113,6 +116,8 @@ def test_a_rail_direct_schedule_needs_equal_nodes_and_its_ops(layout: list[int],
     assert not applicable(p, op)
     with pytest.raises(ValueError, match="rail-direct schedule needs"):
         rail_direct_choice(p, p.collectives[0], "c", 2)
+    with pytest.raises(ValueError, match="rail exchange needs"):
+        rail_exchange_choice(p, p.collectives[0], "c", 2)
 
 
 def test_auto_keeps_a_rail_direct_schedule_only_where_it_is_better() -> None:

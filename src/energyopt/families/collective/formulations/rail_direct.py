@@ -14,6 +14,15 @@ loaded in proportion to ``weights`` (a degraded NIC or a straggler's rail carrie
 less), the pieces of a rank staying on its own rail as far as its rail's share
 allows.
 
+The rail exchange is an all-reduce in three steps: the message is cut into pieces,
+each given a rail (in proportion to ``weights``); in step 0 every rank of a node
+sends its input of a piece to the node's rank of the piece's rail, which reduces
+them; in step 1 the rail's ranks of all nodes exchange those node sums, each
+reducing the N - 1 it receives (their rank sets are the nodes, disjoint); in step 2
+each sends the full sum to the other ranks of its node. One crossing per piece
+instead of the two of reduce-scatter then all-gather, at N - 1 times the bytes on
+the NICs: the better for small messages.
+
 A reduce-scatter is that all-gather reversed (every send turned round and
 reducing, steps in reverse order: each rank receives a piece at most once in the
 all-gather, so the reversal is a reduction tree into the piece's owner), and an
@@ -28,7 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from energyopt.families.collective.formulations.model import CollectiveProblem
+from energyopt.families.collective.formulations.model import CollectiveProblem, IntArray
 from energyopt.families.collective.spec import Choice, Collective, Op, Transfer
 
 RAIL_DIRECT_OPS: tuple[Op, ...] = ("all_gather", "reduce_scatter", "all_reduce")
@@ -48,13 +57,7 @@ def rail_of_pieces(
     node's g x parts pieces are spread over the rails in proportion to ``weights``
     (one share per local index, None: equal), each rank's own rail first."""
     g = p.n // p.n_nodes
-    w = np.full(g, 1.0 / g) if weights is None else np.asarray(weights, dtype=np.float64)
-    if len(w) != g or np.any(w < 0) or w.sum() <= 0:
-        raise ValueError(f"rail weights: need {g} non-negative shares, got {list(w)}")
-    quota = np.floor(w / w.sum() * g * parts).astype(np.int64)
-    order = np.argsort(-(w / w.sum() * g * parts - quota), kind="stable")
-    for i in order[: g * parts - int(quota.sum())]:
-        quota[i] += 1
+    quota = _quota(g, parts, weights)
     rank = {(p.node_of[r], p.local_of[r]): r for r in range(p.n)}
     owner: list[int] = []
     rail: list[int] = []
@@ -75,6 +78,66 @@ def rail_of_pieces(
                 owner.append(rank[(k, i)])
                 rail.append(lane)
     return owner, rail
+
+
+def _quota(g: int, parts: int, weights: Sequence[float] | None) -> IntArray:
+    """Pieces per rail of ``g * parts`` in proportion to ``weights`` (largest
+    remainders; None: equal)."""
+    w = np.full(g, 1.0 / g) if weights is None else np.asarray(weights, dtype=np.float64)
+    if len(w) != g or np.any(w < 0) or w.sum() <= 0:
+        raise ValueError(f"rail weights: need {g} non-negative shares, got {list(w)}")
+    share = w / w.sum() * g * parts
+    quota: IntArray = np.floor(share).astype(np.int64)
+    order = np.argsort(-(share - quota), kind="stable")
+    for i in order[: g * parts - int(quota.sum())]:
+        quota[i] += 1
+    return quota
+
+
+def rail_exchange_choice(
+    p: CollectiveProblem,
+    c: Collective,
+    name: str,
+    parts: int,
+    weights: Sequence[float] | None = None,
+) -> Choice:
+    """The rail exchange all-reduce of ``c`` (module docstring) with ``g * parts``
+    pieces spread over the rails by ``weights``, as a synthesized ``Choice`` (one
+    channel, one chunk, Simple at the max clock); ValueError where it does not
+    exist (an all-reduce on at least two equal nodes of at least 2 ranks)."""
+    if c.op != "all_reduce" or not applicable(p, c.op):
+        raise ValueError(
+            f"{name}: a rail exchange needs an all-reduce on at least two equal nodes of at "
+            "least 2 ranks"
+        )
+    if parts < 1:
+        raise ValueError(f"{name}: parts must be at least 1, got {parts}")
+    g = p.n // p.n_nodes
+    quota = _quota(g, parts, weights)
+    rails = [lane for lane in range(g) for _ in range(int(quota[lane]))]
+    rank = {(p.node_of[r], p.local_of[r]): r for r in range(p.n)}
+    transfers: list[Transfer] = []
+    for q, lane in enumerate(rails):
+        for a in range(p.n_nodes):
+            head = rank[(a, lane)]
+            others = [rank[(a, j)] for j in range(g) if j != lane]
+            transfers.extend(
+                Transfer(step=0, src=r, dst=head, piece=q, reduce=True) for r in others
+            )
+            transfers.extend(
+                Transfer(step=1, src=rank[(b, lane)], dst=head, piece=q, reduce=True)
+                for b in range(p.n_nodes)
+                if b != a
+            )
+            transfers.extend(Transfer(step=2, src=head, dst=r, piece=q) for r in others)
+    return Choice(
+        collective=name,
+        algorithm="synthesized",
+        protocol="simple",
+        clock_mhz=p.gpu.max_sm_clock_mhz,
+        pieces=len(rails),
+        transfers=tuple(sorted(transfers, key=lambda t: (t.step, t.src, t.dst, t.piece))),
+    )
 
 
 def all_gather_sends(

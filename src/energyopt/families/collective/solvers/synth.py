@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from itertools import product
 
 import highspy
 import numpy as np
@@ -14,6 +15,7 @@ from energyopt.families.collective.formulations.rail_direct import (
     RAIL_DIRECT_OPS,
     applicable,
     rail_direct_choice,
+    rail_exchange_choice,
 )
 from energyopt.families.collective.formulations.synthesis import (
     MAX_RANKS,
@@ -54,9 +56,9 @@ limit is smaller keeps selection's schedule."""
 RAIL_PARTS = (1, 2, 4, 8)
 """Pieces per rank of the rail-direct schedules searched (more let the rail weights
 be met more closely, at more flows)."""
-RAIL_CHUNKS = (1, 2, 4, 8)
+RAIL_CHUNKS = (1, 2, 4)
 """Pipelined chunks of the rail-direct schedules searched."""
-RAIL_CHANNELS = (1, 2, 4, 8, 16)
+RAIL_CHANNELS = (2, 4, 8, 16)
 """Channels of the rail-direct schedules searched."""
 
 
@@ -64,8 +66,9 @@ def rail_direct_search(
     p: CollectiveProblem, ev: Evaluator, scored: list[Scored], deadline: float
 ) -> tuple[int, bool]:
     """Offer every all-gather, reduce-scatter and all-reduce of a trace on equal nodes
-    the rail-direct schedules (``formulations/rail_direct.py``: ``RAIL_PARTS`` pieces
-    per rank, equal or health-weighted rails, ``RAIL_CHANNELS`` x ``RAIL_CHUNKS``, every
+    the rail-direct schedules, and every all-reduce the rail exchange too
+    (``formulations/rail_direct.py``: ``RAIL_PARTS`` pieces per rank or rail, equal or
+    health-weighted rails, ``RAIL_CHANNELS`` x ``RAIL_CHUNKS``, every
     protocol and, for the energy objective, clock) until ``deadline`` (perf_counter
     seconds); ``scored[i]`` is replaced where one is better by the objective. Returns
     (collectives improved, whether every schedule was scored)."""
@@ -80,11 +83,16 @@ def rail_direct_search(
         at = {b: j for j, b in enumerate(sizes)}
         w = Winners.empty(len(sizes))
         probe = Collective(op=op, bytes=1)
+        makers = [rail_direct_choice]
+        if op == "all_reduce":
+            makers.insert(0, rail_exchange_choice)
         for parts in RAIL_PARTS:
-            for weights in (None, weighted) if weighted is not None else (None,):
+            for weights, make in product(
+                (None, weighted) if weighted is not None else (None,), makers
+            ):
                 if parts == 1 and weights is not None:
                     continue  # one piece per rank: every piece stays on its own rail
-                choice = rail_direct_choice(p, probe, op, parts, weights)
+                choice = make(p, probe, op, parts, weights)
                 for ch in RAIL_CHANNELS:
                     for k in RAIL_CHUNKS:
                         if time.perf_counter() >= deadline:
