@@ -174,8 +174,11 @@ def run_load(name: str, ev: Evaluation, verbose: bool) -> tuple[list[str], bool]
             extra = (
                 f"{stats.decisions} dec, {per:.2f}/{stats.max_lookups} lookups (budget "
                 f"{runs[planner].result.online_budget}), boosts {stats.boosts}, restores "
-                f"{stats.restores}, trims {stats.trims}, shifts {stats.shifts}, spills "
-                f"{stats.spills}, wakes {stats.wakes}"
+                f"{stats.restores}, harvests {stats.trims} ({stats.harvest_shares} with "
+                f"shares), shifts {stats.shifts}, spills {stats.spills}, wakes "
+                f"{stats.wakes}; GPU-s above / below the plan's clock "
+                f"{stats.above_plan_s:.0f} / {stats.below_plan_s:.0f}; risk by rate / "
+                f"queue {stats.risk_rate} / {stats.risk_queue}"
             )
             ok = (
                 points >= -TARGET_POINTS

@@ -30,13 +30,16 @@ class OnlinePolicy:
     """Everything a simulator (or a serving system) needs to run the online control:
     the operating-point lookups, the global scheduler's thresholds, and whether
     (and how) the local scheduler runs; ``max_chunk`` is its largest prefill chunk
-    (tokens)."""
+    (tokens); ``errors``: the observed forecast errors whose spread
+    (``ErrorHeadroom.spread``) sets each workload's harvest margin at every plan
+    (None: ``OnlineConfig.harvest_margin``)."""
 
     lookups: OpLookups
     config: OnlineConfig = field(default_factory=OnlineConfig)
     local: bool = True
     local_config: LocalConfig = field(default_factory=LocalConfig)
     max_chunk: int = 4096
+    errors: ErrorHeadroom | None = None
 
 
 __all__ = [

@@ -6,19 +6,28 @@ Per request of workload w (``route``), in order:
 1. *Candidates*: the next instance of a precomputed weighted cycle over the
    plan's rates (smooth weighted round robin unrolled into ``SCHEDULE_SLOTS``
    entries when the instances change) and the next one of a plain rotation.
-   The one with the smaller expected backlog ``(queued + 1) / capacity`` wins.
-2. *Risk*: the instance is at risk when its observed rate (an exponentially
-   weighted meter, ``rate_tau_s``) exceeds both its planned rate (which the
-   plan was verified at) and ``risk_utilization`` x its SLO capacity at the
-   GPU's current clock and share, or its queue exceeds
-   ``backlog_fraction`` x capacity x TTFT SLO (the requests it can start
-   within that part of the SLO).
+   The cycle's instance takes the request unless it has a queue and the other
+   one's expected backlog ``(queued + 1) / capacity`` is smaller (with both
+   queues empty the plan's split stands: a faster, boosted instance does not
+   draw the load of its slower neighbours).
+2. *Risk*: by its rate, when the instance's observed rate (an exponentially
+   weighted meter, ``rate_tau_s``) exceeds ``risk_utilization`` x its SLO
+   capacity at the GPU's current clock and share; at or above the plan's clock
+   also its planned rate (which the plan was verified at), that limit raised by
+   the meter's ``risk_z``-sigma Poisson noise there (a rate within the noise of
+   the planned rate is the load the plan was made for). By its queue, when it
+   exceeds ``backlog_fraction`` x capacity x TTFT SLO (the requests it can start
+   within that part of the SLO), and at least ``queue_floor`` requests.
 3. *Reactions*, cheapest first, while at risk:
    a. **clock boost**: ``raise_to`` gives the lowest clock at or above the
       current one at which the slice covers the load plus the backlog's drain
-      rate; the GPU's estimated power at that clock (static on-power plus, for
-      each open slice, its fixed part and its marginal power per request/s x its
-      observed rate) must fit the GPU's cap and
+      rate (the table's load grid rounds up: the clock below its answer is
+      checked with its exact capacity); a boost for a queue alone goes up at
+      most ``queue_boost_steps`` candidate clocks, once per ``hold_s``; from
+      below the plan's clock no higher than the plan's while the rate is within
+      the plan's. The GPU's estimated power at that clock (static on-power plus,
+      for each open slice, its fixed part and its marginal power per request/s x
+      its observed rate) must fit the GPU's cap and
       the node's budget, else the highest clock that fits (bisection over the
       type's clocks). The power limit set with it is that estimate x
       ``limit_margin``, clamped to [type minimum, cap]. Never above the type's
@@ -38,17 +47,27 @@ Per request of workload w (``route``), in order:
    clock; every queue therefore stays bounded.
 
 ``tick`` (after an iteration of an instance, and for the candidates of every
-decision), at most once per ``hold_s`` per GPU, lowers a boosted GPU back to the
-plan's clock and shares once ``hold_s`` has passed since its last change and
-every instance on it is calm at
-the plan's settings: its observed rate within ``calm_utilization /
-risk_utilization`` of the larger of its planned rate and ``risk_utilization`` x
-its capacity at the plan's clock and share (hysteresis), and its queue below its
-risk level. On a GPU that is not boosted it **trims**: with ``raise_to`` from the
-type's lowest clock it finds the lowest clock at which every slice covers its
-observed rate / ``calm_utilization`` and lowers the clock to it when that is
-below the current one (also below the plan's: the plan was sized for the peak
-of the forecast plus headroom). A slice at risk later boosts it back up.
+decision) looks at a GPU at most once per ``hold_s``. A boosted GPU returns to
+the plan's clock and shares when every instance on it is calm at the plan's
+settings: its observed rate within ``calm_utilization / risk_utilization`` of
+the larger of its planned rate and ``risk_utilization`` x its capacity at the
+plan's clock and share, and its queue below its risk level. Otherwise the GPU
+is **harvested**: lowered to the cheapest clock at which every slice covers
+its *need*, its observed rate r x (1 + m), m its workload's harvest margin
+(``set_margins``: the spread of its observed forecast errors,
+``ErrorHeadroom.spread``; ``harvest_margin`` without them), at least the
+meter's ``error_z``-sigma noise at r. Per slice: the lowest clock whose
+capacity in its share covers the need (``raise_to`` from the type's lowest
+clock, then the clock below its answer with the exact capacity), the plan's
+clock at most while its rate is within the plan's (plus half the ``risk_z``
+noise); the GPU's clock is the largest of them. With MPS and two or more slices,
+one clock lower is tried with the shares re-divided (each slice's cheapest
+share covering its need there, ``raise_to`` with nothing used) when they fit the
+GPU. A harvest only lowers, never while a queue is at its risk level, and may
+go below the plan's clock (the plan was sized for the forecast's peak plus
+headroom). Below the plan's clock the rate test of step 2 has no floor at the
+planned rate: a harvested slice is raised as soon as its rate reaches its
+capacity, before its SLO is at risk (the hysteresis is the margin m).
 
 Every step is O(1) in the fleet size: a decision touches at most 2 +
 ``spill_probes`` instances and one GPU (with its co-located instances, at most
@@ -88,7 +107,13 @@ class OnlineConfig:
     limit_margin: float = 1.15
     shift: bool = True
     wake: bool = True
-    trim: bool = True
+    trim: bool = True  # harvest: lower clocks (and shares) to the observed load
+    harvest_margin: float = 0.1  # harvest margin without observed forecast errors
+    error_z: float = 1.2816  # rate-meter noise counted in a harvest margin, sigmas
+    risk_z: float = 2.3263  # rate-meter noise above the planned rate that is no risk, sigmas
+    min_rate_rps: float = 0.05  # rates below this count as this in a harvest, req/s
+    queue_floor: int = 2  # a queue up to this is never a risk, requests
+    queue_boost_steps: int = 2  # most candidate clocks one boost for a queue raises
 
 
 @dataclass
@@ -109,6 +134,13 @@ class OnlineStats:
     refused: int = 0  # changes the GPU control refused (the scheduler's view stays)
     over_budget: int = 0  # decisions that used more lookups than the stated budget
     shed_by_workload: dict[int, int] = field(default_factory=dict)
+    risk_rate: int = 0  # decisions whose chosen instance was at risk by its observed rate
+    risk_queue: int = 0  # ... by its queue alone
+    above_plan_s: float = 0.0  # GPU-seconds at a clock above the plan's (s)
+    below_plan_s: float = 0.0  # GPU-seconds at a clock below the plan's (s)
+    boost_steps: int = 0  # candidate-clock steps the boosts raised, summed
+    harvest_shares: int = 0  # harvests that re-divided the shares of a GPU
+    harvest_blocked: int = 0  # harvests not made: a slice's queue at its risk level
 
 
 @dataclass
@@ -138,8 +170,8 @@ def lookup_budget(slots_per_gpu: int, clocks: int) -> int:
     A calm decision makes two ticks and nothing else (6k + 2 at most)."""
     k = slots_per_gpu
     probes = math.ceil(math.log2(max(clocks, 1))) + 1
-    tick = 3 * k + 1
-    boost = 1 + probes * (1 + k) + k
+    tick = 5 * k + 1
+    boost = 2 + probes * (1 + k) + k
     return tick + max(boost + k + 7, tick)
 
 
@@ -175,6 +207,7 @@ class GlobalScheduler:
         self.workloads = [_Workload(rate=RateMeter(self.cfg.wake_tau_s)) for _ in ttft_s]
         self.node_power_w: dict[str, float] = {}
         self.off: list[str] = []
+        self.margins: list[float] = []  # per workload (set_margins); empty: the config's
         self.epoch = 0  # plans seen; a slot of an older plan is refreshed
         caps = [
             max(len(s) for s in lookups.shares.values()) if lookups.shares else 1,
@@ -187,15 +220,19 @@ class GlobalScheduler:
 
     # -- state from the plan -----------------------------------------------------------
 
-    def set_gpus(self, gpus: list[GpuInfo]) -> None:
-        """The GPUs as a new plan leaves them (clocks, on/off); boosts end, and the
-        instances given next by ``set_instances`` get the new plan's capacities."""
+    def set_gpus(self, gpus: list[GpuInfo], now_s: float | None = None) -> None:
+        """The GPUs as a new plan leaves them (clocks, on/off) at ``now_s`` (s; default:
+        the last decision's time); boosts end, and the instances given next by
+        ``set_instances`` get the new plan's capacities."""
+        now = self.now_s if now_s is None else now_s
+        self.now_s = now
         self.epoch += 1
         self.off = []
         for info in gpus:
             old = self.gpus.get(info.id)
-            state = GpuState(info, info.clock_mhz, info.clock_mhz)
+            state = GpuState(info, info.clock_mhz, info.clock_mhz, clock_since_s=now)
             if old is not None:
+                self._account(old, now)
                 state.slots = [s for s in old.slots if s.info.id in self.slots]
             self.gpus[info.id] = state
             for s in state.slots:
@@ -283,14 +320,21 @@ class GlobalScheduler:
         wl.cursor += 1
         b = wl.order[wl.rotor % len(wl.order)]
         wl.rotor += 1
-        chosen = a if b is a or _backlog(a) <= _backlog(b) else b
+        # the weighted cycle's instance unless it has a queue that the other one would
+        # start sooner (with both queues empty, the plan's split stands)
+        chosen = a if b is a or a.info.view.queued == 0 or _backlog(a) <= _backlog(b) else b
         other = b if chosen is a else a
         w_rate = wl.rate.add(now_s)
         self.tick(other.info.id, now_s)
         chosen.rate.add(now_s)
-        risky = self._at_risk(chosen, now_s)
+        cause = self._risk(chosen, now_s)
+        risky = cause > 0
         if risky:
-            self._boost(chosen, now_s)
+            if cause == 1:
+                st.risk_rate += 1
+            else:
+                st.risk_queue += 1
+            self._boost(chosen, now_s, cause)
             risky = self._at_risk(chosen, now_s)
             if risky and self.cfg.shift and self.mps:
                 self._shift(chosen, now_s)
@@ -319,12 +363,32 @@ class GlobalScheduler:
         return chosen.info.id
 
     def _at_risk(self, s: Slot, now_s: float) -> bool:
+        return self._risk(s, now_s) > 0
+
+    def _risk(self, s: Slot, now_s: float) -> int:
+        """0: not at risk; 1: at risk by the observed rate; 2: by the queue alone."""
         cap = s.capacity_rps
-        load = s.rate.read(now_s)
-        return (
-            load > max(self.cfg.risk_utilization * cap, s.info.planned_rps)
-            or s.info.view.queued > self.cfg.backlog_fraction * cap * s.ttft_s
-        )
+        limit = self.cfg.risk_utilization * cap
+        g = s.gpu
+        if g is None or g.clock >= g.plan_clock:
+            # at the plan's clock or above: not before the rate exceeds the planned rate
+            # (the plan was verified at it) by more than the meter's noise there
+            limit = max(limit, s.info.planned_rps)
+            limit *= 1.0 + self._noise(limit, self.cfg.risk_z)
+        rate = s.rate.read(now_s)
+        if rate > limit:
+            return 1
+        if s.info.view.queued > self._queue_risk(cap, s.ttft_s):
+            return 2
+        return 0
+
+    def _queue_risk(self, capacity_rps: float, ttft_s: float) -> float:
+        """Queue above which a slice is at risk: the requests it starts within
+        ``backlog_fraction`` x its TTFT SLO at ``capacity_rps``, at least
+        ``queue_floor`` (requests that arrived during the iteration in progress wait
+        for the next one: a queue that short is no sign of overload)."""
+        cfg = self.cfg
+        return max(float(cfg.queue_floor), cfg.backlog_fraction * capacity_rps * ttft_s)
 
     def _need_rps(self, s: Slot, now_s: float) -> float:
         """Load the slice must cover: the observed rate plus draining the backlog."""
@@ -374,12 +438,29 @@ class GlobalScheduler:
         node = g.info.node
         self.node_power_w[node] = self.node_power_w.get(node, 0.0) - g.power_w + power_w
         g.power_w = power_w
+        self._account(g, now_s)
         g.clock = clock
         g.changed_s = now_s
         t = g.info.gpu_type
         for s in g.slots:
             s.capacity_rps = self.lk.capacity_rps(s.info.label, t, clock, s.share)
         return True
+
+    def account(self, now_s: float) -> None:
+        """Bring ``OnlineStats.above_plan_s`` and ``below_plan_s`` up to ``now_s`` (s)
+        for every GPU (at the end of a run)."""
+        for g in self.gpus.values():
+            self._account(g, now_s)
+
+    def _account(self, g: GpuState, now_s: float) -> None:
+        """Add the time since ``g``'s last clock change to the GPU-seconds above or below
+        its plan's clock (``OnlineStats.above_plan_s``, ``below_plan_s``)."""
+        dt = max(now_s - g.clock_since_s, 0.0)
+        if g.clock > g.plan_clock:
+            self.stats.above_plan_s += dt
+        elif g.clock < g.plan_clock:
+            self.stats.below_plan_s += dt
+        g.clock_since_s = now_s
 
     def _set_shares(self, g: GpuState, shares: list[tuple[Slot, int]], now_s: float) -> bool:
         """Give the slices ``shares`` (slice, percent) on ``g`` through the GPU control,
@@ -393,7 +474,10 @@ class GlobalScheduler:
             s.share = pct
         return True
 
-    def _boost(self, s: Slot, now_s: float) -> None:
+    def _boost(self, s: Slot, now_s: float, cause: int = 1) -> None:
+        """Raise ``s``'s GPU to cover its load (see module docs); a slice at risk by its
+        queue alone (``cause`` 2) raises it by at most ``queue_boost_steps`` candidate
+        clocks, once per ``hold_s``."""
         g = s.gpu
         if g is None or not g.info.on:
             return
@@ -401,14 +485,32 @@ class GlobalScheduler:
         clocks = self.lk.clocks.get(t, ())
         if not clocks or g.clock >= clocks[-1]:
             return
+        if cause == 2 and g.boosted and now_s - g.changed_s < self.cfg.hold_s:
+            return
         # share in use by everything but this slice's own share: the answer fits in it
         others = self.lk.share_capacity[t] - s.share
-        want, _ = self.lk.raise_to(s.info.label, t, g.clock, others, self._need_rps(s, now_s))
+        need = self._need_rps(s, now_s)
+        want, _ = self.lk.raise_to(s.info.label, t, g.clock, others, need)
         if want < 0:
             want = clocks[-1]
         want = min(want, clocks[-1], g.info.max_clock_mhz)
         if want <= g.clock:
             return
+        # raise_to answers on the table's load grid (rounded up): the clock below its
+        # answer may cover the load already (its exact capacity, one lookup)
+        i = _index_at_least(clocks, want)
+        below = clocks[i - 1] if i > 0 else g.clock
+        if below > g.clock and self.lk.capacity_rps(s.info.label, t, below, s.share) >= need:
+            want = below
+        if cause == 2:
+            step = _index_at_least(clocks, g.clock) + self.cfg.queue_boost_steps
+            want = min(want, clocks[min(step, len(clocks) - 1)])
+        if g.clock < g.plan_clock and want > g.plan_clock:
+            # harvested: back to the plan's clock (verified at the planned rate) while
+            # the slice's rate is within its plan's
+            safe = max(self.cfg.risk_utilization * s.plan_capacity_rps, s.info.planned_rps)
+            if s.rate.read(now_s) <= safe * (1.0 + self._noise(safe, self.cfg.risk_z)):
+                want = g.plan_clock
         power = self._power(g, want)
         if not self._fits(g, power):
             self.stats.capped += 1
@@ -426,10 +528,12 @@ class GlobalScheduler:
             if best < 0:
                 return
             want, power = clocks[best], best_w
+        before = g.clock
         if not self._set_clock(g, want, power, now_s):
             return
         g.boosted = True
         self.stats.boosts += 1
+        self.stats.boost_steps += _index_at_least(clocks, want) - _index_at_least(clocks, before)
 
     def _shift(self, s: Slot, now_s: float) -> None:
         g = s.gpu
@@ -524,71 +628,164 @@ class GlobalScheduler:
         self.stats.wakes += 1
         self.act.wake(gid, workload, clock, now_s)
 
+    def set_margins(self, margins: list[float]) -> None:
+        """Per-workload harvest margins (fractions of the observed rate; the error
+        quantile above the median of each workload's recent forecast errors,
+        ``ErrorHeadroom.spread``), in force until the next call."""
+        if len(margins) != len(self.workloads):
+            raise ValueError(f"margins: {len(margins)} values for {len(self.workloads)} workloads")
+        for k, m in enumerate(margins):
+            if not m >= 0.0:
+                raise ValueError(f"margins[{k}]: {m} is not a fraction >= 0")
+        self.margins = list(margins)
+
+    def _noise(self, rate_rps: float, z: float | None = None) -> float:
+        """The rate meter's ``z``-sigma (default ``error_z``) Poisson noise at
+        ``rate_rps``, as a fraction of it (the meter's variance at rate r is
+        r / (2 ``rate_tau_s``))."""
+        cfg = self.cfg
+        sigmas = cfg.error_z if z is None else z
+        return sigmas / math.sqrt(2.0 * max(rate_rps, cfg.min_rate_rps) * cfg.rate_tau_s)
+
+    def _need(self, o: Slot, now_s: float) -> float:
+        """Rate (req/s) slice ``o`` must cover below its plan's clock: its observed rate
+        r x (1 + its workload's margin, at least the meter's noise at r)."""
+        r = o.rate.read(now_s)
+        m = self.margins[o.info.workload] if self.margins else self.cfg.harvest_margin
+        return max(r, self.cfg.min_rate_rps) * (1.0 + max(m, self._noise(r)))
+
+    def _slice_clock(self, g: GpuState, o: Slot, now_s: float, need: float) -> int:
+        """Lowest candidate clock of ``g`` at which slice ``o`` in its share holds the
+        SLO for a harvest (-1: none): the plan's clock while o has its plan share and
+        its observed rate is within its plan's safe rate (plus half the meter's noise
+        there: the rate test of ``_risk`` fires at the full noise); below it, the
+        lowest clock whose capacity covers ``need``. ``raise_to`` answers on the
+        table's load grid (rounded up), so the clock below its answer is checked
+        with the exact capacity. Two lookups."""
+        t = g.info.gpu_type
+        clocks = self.lk.clocks[t]
+        used = self.lk.share_capacity[t] - o.share
+        c, _ = self.lk.raise_to(o.info.label, t, clocks[0], used, need)
+        if (c < 0 or c > g.plan_clock) and o.share == o.plan_share:
+            safe = max(self.cfg.risk_utilization * o.plan_capacity_rps, o.info.planned_rps)
+            if o.rate.read(now_s) <= safe * (1.0 + 0.5 * self._noise(safe, self.cfg.risk_z)):
+                c = g.plan_clock
+        if c < 0:
+            return c
+        i = _index_at_least(clocks, c)
+        if i > 0 and self.lk.capacity_rps(o.info.label, t, clocks[i - 1], o.share) >= need:
+            c = clocks[i - 1]
+        return c
+
     def tick(self, instance: int, now_s: float) -> None:
-        """Lower a boosted GPU of ``instance`` back to the plan once calm."""
+        """At most once per ``hold_s`` per GPU: return a boosted GPU of ``instance`` to
+        the plan once calm, else harvest (see module docs)."""
         s = self.slots.get(instance)
         if s is None or s.gpu is None:
             return
         g = s.gpu
         if now_s - g.changed_s < self.cfg.hold_s:
             return
-        if not g.boosted:
-            if self.cfg.trim:
-                self._trim(g, now_s)
+        g.changed_s = now_s  # look again after another hold
+        if g.boosted and self._restore(g, now_s):
             return
+        if self.cfg.trim:
+            self._harvest(g, now_s)
+
+    def _calm(self, g: GpuState, now_s: float) -> bool:
+        """Every slice on ``g`` is within its plan's safe rate and queue (the larger of
+        its planned rate and ``risk_utilization`` x its plan capacity, times
+        ``calm_utilization / risk_utilization``)."""
         cfg = self.cfg
         calm = cfg.calm_utilization / cfg.risk_utilization
         for o in g.slots:
-            load = o.rate.read(now_s)
             safe = max(cfg.risk_utilization * o.plan_capacity_rps, o.info.planned_rps)
-            if load > calm * safe or o.info.view.queued > (
-                cfg.backlog_fraction * o.plan_capacity_rps * o.ttft_s
+            if o.rate.read(now_s) > calm * safe or o.info.view.queued > self._queue_risk(
+                o.plan_capacity_rps, o.ttft_s
             ):
-                g.changed_s = now_s  # look again after another hold
-                return
+                return False
+        return True
+
+    def _restore(self, g: GpuState, now_s: float) -> bool:
+        """Return boosted ``g`` to the plan's clock and shares when calm; True if it is
+        back (or no longer above the plan's clock with the plan's shares)."""
+        if g.clock <= g.plan_clock and all(o.share == o.plan_share for o in g.slots):
+            g.boosted = False  # lowered by a harvest already
+            return False
+        if not self._calm(g, now_s):
+            return False
         back = [(o, o.plan_share) for o in g.slots if o.share != o.plan_share]
         if back and not self._set_shares(g, back, now_s):
-            g.changed_s = now_s  # try again after another hold
-            return
+            return False
         if g.clock != g.plan_clock:
             if not self._set_clock(g, g.plan_clock, self._power(g, g.plan_clock), now_s):
-                g.changed_s = now_s
-                return
+                return False
         else:
             for o in g.slots:
                 o.capacity_rps = o.plan_capacity_rps
         g.boosted = False
         self.stats.restores += 1
+        return True
 
-    def _trim(self, g: GpuState, now_s: float) -> None:
-        """Lower a calm GPU to the lowest clock at which every slice on it covers its
-        observed rate at ``calm_utilization`` of capacity (possibly below the
-        plan's clock: the plan was sized for the forecast's peak). Looked at once
-        per ``hold_s``."""
-        g.changed_s = now_s
+    def _harvest(self, g: GpuState, now_s: float) -> None:
+        """Lower ``g`` to the cheapest clock (and, with MPS, shares) at which every slice
+        covers ``_need``: per slice the lowest clock covering it in its share
+        (``raise_to`` from the type's lowest clock), the largest of them; then, with
+        two or more slices, one clock lower with the shares re-divided when every
+        slice's cheapest share there covers it and they fit the GPU. Only lowers; not
+        while a slice's queue is at its risk level. At most 4k + 1 lookups (k
+        slices)."""
         if not g.slots or not g.info.on:
             return
         t = g.info.gpu_type
         clocks = self.lk.clocks.get(t, ())
         if not clocks or g.clock <= clocks[0]:
             return
-        cfg = self.cfg
+        units = self.lk.share_capacity[t]
+        needs: list[float] = []
         target = clocks[0]
         for o in g.slots:
-            if o.share != o.plan_share or o.info.view.queued > (
-                cfg.backlog_fraction * o.capacity_rps * o.ttft_s
-            ):
+            if o.info.view.queued > self._queue_risk(o.capacity_rps, o.ttft_s):
+                self.stats.harvest_blocked += 1
                 return
-            need = max(o.rate.read(now_s), 1e-6) / cfg.calm_utilization
-            used = self.lk.share_capacity[t] - o.share
-            c, _ = self.lk.raise_to(o.info.label, t, clocks[0], used, need)
+            need = self._need(o, now_s)
+            c = self._slice_clock(g, o, now_s, need)
             if c < 0:
                 return
+            needs.append(need)
             target = max(target, c)
+        shares: list[tuple[Slot, int]] = []
+        i = _index_at_least(clocks, target)
+        if self.mps and len(g.slots) > 1 and i > 0 and clocks[i - 1] < g.clock:
+            lower = clocks[i - 1]
+            total = 0
+            for o, need in zip(g.slots, needs, strict=True):
+                c, share = self.lk.raise_to(o.info.label, t, lower, 0, need)
+                if c != lower:
+                    break
+                total += share
+                shares.append((o, share))
+            else:
+                if total <= units:
+                    target = lower
+            if target != lower:
+                shares = []
         if target >= g.clock:
             return
-        if self._set_clock(g, target, self._power(g, target), now_s):
-            self.stats.trims += 1
+        old = [(o, o.share) for o, _ in shares]
+        changed = [(o, pct) for o, pct in shares if o.share != pct]
+        if changed and not self._set_shares(g, changed, now_s):
+            return
+        if not self._set_clock(g, target, self._power(g, target), now_s):
+            if changed:
+                self._set_shares(g, old, now_s)
+            return
+        if changed:
+            self.stats.harvest_shares += 1
+        self.stats.trims += 1
+        if g.boosted and g.clock <= g.plan_clock and all(o.share == o.plan_share for o in g.slots):
+            g.boosted = False
+            self.stats.restores += 1  # a boost ended (by a harvest to or below the plan)
 
 
 def _client(s: Slot) -> str:

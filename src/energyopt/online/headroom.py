@@ -54,6 +54,25 @@ class ErrorHeadroom:
             if f > 0:
                 hist.append(obs[:, k] / f - 1.0)
 
+    def spread(self) -> FloatArray:
+        """Per workload, how far above its typical window rate a window's rate goes: the
+        ``quantile`` of its samples' ``1 + error`` over their median, minus 1, clipped
+        to [0, ``max_headroom`` - 1]; ``default`` - 1 until ``min_samples`` samples
+        exist. Fractions; the forecast's bias (the median error) cancels, so it applies
+        to an observed rate (the online control's harvest margin)."""
+        top = self.max_headroom - 1.0
+        out = np.full(len(self.history), min(max(self.default - 1.0, 0.0), top))
+        for k, hist in enumerate(self.history):
+            if not hist:
+                continue
+            samples = np.concatenate(list(hist))
+            if samples.size < self.min_samples:
+                continue
+            typical = 1.0 + float(np.median(samples))
+            high = 1.0 + float(np.quantile(samples, self.quantile))
+            out[k] = top if typical <= 0.0 else min(max(high / typical - 1.0, 0.0), top)
+        return out
+
     def headroom(self) -> FloatArray:
         """Multiplier of each workload's raw forecast."""
         out = np.full(len(self.history), self.default)

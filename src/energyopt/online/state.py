@@ -117,6 +117,7 @@ class GpuState:
     power_w: float = 0.0  # estimated draw at the current clock and observed loads
     limit_w: float = 0.0  # power limit the scheduler set (0: the plan's)
     changed_s: float = -math.inf  # last clock or share change
+    clock_since_s: float = 0.0  # time of the last clock change (or of the plan), s
     boosted: bool = False
     slots: list[Slot] = field(default_factory=list)
 

@@ -281,6 +281,8 @@ class Simulator:
                     self.apply_plan(new, t)
         end = max(self.window_s, self.now)
         self.meter.close(end)
+        if self.ctl is not None:
+            self.ctl.account(end)
         arrived = sum(s.arrived for s in self.stats)
         return SimResult(
             energy_j=self.meter.window_j,
@@ -625,8 +627,11 @@ class Simulator:
                     g.gtype.power_limit_min_w,
                 )
                 for k, (gid, g) in enumerate(self.gpus.items())
-            ]
+            ],
+            now,
         )
+        if self.policy.errors is not None:
+            self.ctl.set_margins(self.policy.errors.spread().tolist())
         for g in self.gpus.values():
             g.power_limit_w = None
         for w in self.entry:

@@ -4,7 +4,7 @@ planner for a plan, check it, and apply it in the simulator."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -198,6 +198,8 @@ def run_planner(
             max_headroom=ev.online.max_headroom,
             min_headroom=ev.online.min_headroom,
         )
+        if policy is not None:  # the harvest margins follow the same errors
+            policy = replace(policy, errors=errors)
     unit = fc.model_copy(update={"headroom": 1.0})
     expected_now: list[dict[str, float]] = [{}]  # the load the epoch's plan should carry
     expected_at: list[dict[str, float]] = [{}]  # that of the plan in force
