@@ -333,7 +333,9 @@ def test_the_exhaustive_search_finds_the_least_candidate_and_proves_what_it_can(
     assert auto.objective is not None and auto.objective <= r.objective * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("layout", [[2], [8], [1, 1], [2, 2], [4, 4], [1, 1, 1, 1]])
+@pytest.mark.parametrize(
+    "layout", [[2], [8], [1, 1], [2, 2], [4, 4], [1, 1, 1], [2, 2, 2], [1, 1, 1, 1]]
+)
 def test_the_bound_holds_for_the_one_step_exchange_all_reduce(layout: list[int]) -> None:
     """Every rank sends its input to every other rank in one step and reduces all it
     receives: each rank takes part in one step only, and on several nodes no sum

@@ -302,9 +302,9 @@ def energies_j(
     t_us: FloatArray,
 ) -> FloatArray:
     """``energy_j`` for each message size of ``message_bytes`` and its time ``t_us``, J."""
-    return p.n * rank_power_w(p, channels, clock_mhz) * np.asarray(
-        t_us
-    ) * 1e-6 + memory_energies_j(fl, message_bytes)
+    return p.n * rank_power_w(p, channels, clock_mhz) * np.asarray(t_us) * 1e-6 + memory_energies_j(
+        fl, message_bytes
+    )
 
 
 def _needs(c: Collective, n: int) -> tuple[FloatArray, FloatArray]:
@@ -448,6 +448,11 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
       learn every element's sum, and a byte crossing between nodes is a one-way
       call. N parties need at least 2(N - 1) one-way calls to all learn everything
       (directed gossip), so at least 2(N - 1)m bytes cross, pooled over every NIC.
+      And a crossing whose sender holds another node's contribution to an element
+      lands at least two overheads and two cross-node latencies after the start (its
+      sender's input crossed before); a schedule faster than that has none, so each
+      node receives every element from each of the N - 1 others apart: N(N - 1)m
+      bytes cross. The lesser of the two holds.
     - all-reduce chain: rank r's sum holds another rank's contribution, so a flow
       lands at r (its overhead at least r's factor, a route into r); on several
       nodes another node's contribution crossed first: either that crossing lands
@@ -495,6 +500,12 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
             crossing_bytes = 2.0 * (p.n_nodes - 1) * float(c.bytes)
             nics = min(float(nic_in.sum()), float(nic_out.sum()))
             busiest = max(busiest, alpha + crossing_bytes / (nics * eff) / 1e3 + cross)
+            # a crossing whose sender holds another node's contribution lands no
+            # sooner than two overheads and two crossings; without one, every node
+            # hears from each of the N - 1 others: N(N - 1) m bytes cross
+            all_pairs = p.n_nodes * (p.n_nodes - 1) * float(c.bytes)
+            one_crossing = alpha + all_pairs / (nics * eff) / 1e3 + cross
+            busiest = max(busiest, min(2.0 * (alpha + cross), one_crossing))
     if c.op in ("all_reduce", "reduce_scatter"):
         reduced = (n - 1) * float(c.bytes)
         rates = reduce_rates_gbs(p, eff)
