@@ -37,6 +37,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
+import numpy as np
+
 from energyopt.families.taskgraph.formulations.bounds import lower_bounds
 from energyopt.families.taskgraph.formulations.heft import (
     heft_gpu_clocks,
@@ -449,11 +451,82 @@ def _clock_lists(tg: TaskGraph) -> list[tuple[int, ...]]:
     return out
 
 
+SEED_PRICES = (1.0, 2.0, 4.0, 8.0, 16.0)
+"""Busy-time prices, in multiples of one GPU's idle power, at which
+``priced_clock_levels`` suggests per-GPU clocks."""
+
+
+def priced_clock_levels(
+    tg: TaskGraph, clocks: list[tuple[int, ...]], rounding: str = "down"
+) -> list[list[int]]:
+    """Per-GPU clock levels (indices into ``clocks`` of each GPU's type) suggested by
+    the busy-time prices of the Lagrangian bound: at a price lambda (J per grid
+    unit) every task takes the (type, option) of least above-idle energy + lambda x
+    duration; each type's GPUs are shared among its clocks in proportion to the time
+    the tasks chose there, the shares rounded ``down`` (the GPUs left over at the
+    maximum clock, which leaves room for a deadline) or to the ``nearest`` (largest
+    remainders); slowest clocks on the lowest GPU indices, as the descent keeps them.
+    On a saturated graph of memory- and compute-bound tasks this puts about as many
+    GPUs at the lowest clock as the memory-bound work fills, which one-GPU-at-a-time
+    descent from the maximum does not reach within its evaluations. Distinct
+    suggestions, in ``SEED_PRICES`` order."""
+    n_types = len(tg.types)
+    gpus_of = [[g for g in range(tg.n_gpus) if tg.gpu_type[g] == t] for t in range(n_types)]
+    width = max((len(o.dur) for per in tg.options for o in per), default=0)
+    if tg.n_tasks == 0 or width == 0:
+        return []
+    dyn = np.full((n_types, tg.n_tasks, width), np.inf)
+    dur = np.zeros((n_types, tg.n_tasks, width))
+    level = np.zeros((n_types, tg.n_tasks, width), dtype=np.int64)
+    for t in range(n_types):
+        if not gpus_of[t]:
+            continue
+        for i, o in enumerate(tg.options[t]):
+            k = len(o.dur)
+            dyn[t, i, :k] = o.dyn_j
+            dur[t, i, :k] = o.dur
+            level[t, i, :k] = [clocks[t].index(c) for c in o.clock_mhz]
+    per_gpu_idle = tg.idle_total_w * tg.unit_ms / 1e3 / tg.n_gpus  # J per grid unit
+    rows = np.arange(tg.n_tasks)
+    out: list[list[int]] = []
+    for price in SEED_PRICES:
+        cost = (dyn + price * per_gpu_idle * dur).transpose(1, 0, 2).reshape(tg.n_tasks, -1)
+        pick = cost.argmin(axis=1)
+        t_of, k_of = pick // width, pick % width
+        chosen_dur = dur[t_of, rows, k_of]
+        chosen_level = level[t_of, rows, k_of]
+        levels = [len(clocks[tg.gpu_type[g]]) - 1 for g in range(tg.n_gpus)]
+        for t in range(n_types):
+            n = len(gpus_of[t])
+            load = np.bincount(
+                chosen_level[t_of == t],
+                weights=chosen_dur[t_of == t],
+                minlength=len(clocks[t]),
+            )
+            if n == 0 or load.sum() <= 0:
+                continue
+            quota = load / load.sum() * n
+            counts = np.floor(quota).astype(int)
+            spare = n - int(counts.sum())
+            if rounding == "down":  # the GPUs left over run at the maximum clock
+                counts[-1] += spare
+            else:  # largest remainders
+                for v in np.argsort(-(quota - counts), kind="stable")[:spare]:
+                    counts[v] += 1
+            ladder = [v for v in range(len(clocks[t])) for _ in range(int(counts[v]))]
+            for g, v in zip(gpus_of[t], ladder, strict=True):
+                levels[g] = v
+        if levels not in out:
+            out.append(levels)
+    return out
+
+
 def gpu_clock_descent(
     tg: TaskGraph, stop_at: float, evals: int = GPU_CLOCK_EVALS
 ) -> tuple[Schedule, float] | None:
     """Best schedule of HEFT with one clock per GPU (``heft_gpu_clocks``), the clocks
-    lowered one GPU and one level at a time from the maximum while the objective
+    lowered one GPU and one level at a time, from the maximum or from the best of the
+    suggestions of ``priced_clock_levels`` if one is better, while the objective
     falls (first improvement: the fastest GPU first, each to its lowest clock first;
     the deadline, if any, must hold), until ``evals`` HEFT runs or the clock
     ``time.perf_counter()`` passes ``stop_at`` (s). Where no move helps, the other
@@ -482,6 +555,27 @@ def gpu_clock_descent(
 
     best = run(level, weight)
     used = 1
+    for rounding in ("down", "nearest"):
+        seeds = priced_clock_levels(tg, clocks, rounding)
+        if tg.deadline is not None:
+            # highest price (fewest slow GPUs) first, each at two energy weights, and
+            # no lower price once one meets the deadline at neither
+            seeds.reverse()
+        for seed in seeds:
+            met = False
+            for w in weights[:2] if tg.deadline is not None else weights[:1]:
+                if used >= evals or time.perf_counter() >= stop_at:
+                    return best
+                got = run(seed, w)
+                used += 1
+                if got is None:
+                    continue
+                met = True
+                if best is None or got[1] < best[1] * (1 - 1e-9):
+                    best, level, weight = got, seed, w
+                break
+            if not met:
+                break
     improved = best is not None
     while improved and best is not None:
         improved = False
@@ -563,8 +657,12 @@ def solve_heuristic(
         limit = math.inf if time_limit_s is None else time_limit_s
         found = gpu_clock_descent(tg, start + max(spent, limit - 2.0 * spent))
         if found is not None:
-            s, _ = found
-            s, obj = _best_clocks(tg, s)
+            # re-clocked, or as HEFT left it if that is better (at one clock per GPU
+            # there are no clock changes, which the re-clocking may add)
+            held, held_obj = found
+            s, obj = _best_clocks(tg, held)
+            if held_obj < obj:
+                s, obj = held, held_obj
             log.append(f"per-GPU clock HEFT, re-clocked: objective {obj:.9g}")
             say(f"per-GPU clocks: objective {obj:.6g}")
             if obj < best_obj:
