@@ -159,15 +159,17 @@ def lookup_budget(slots_per_gpu: int, clocks: int) -> int:
     """Most table lookups of one decision with ``slots_per_gpu`` = k slices on a GPU
     and a type of ``clocks`` candidate clocks:
 
-    * one ``tick`` of the other candidate's GPU: a trim (k ``raise_to``, a power
-      estimate of 1 + k, the k new capacities) or a restore (fewer): 3k + 1;
-    * a boost: one ``raise_to``, up to ``ceil(log2 clocks) + 1`` power estimates
-      of 1 + k (the first, then a bisection under the cap), the k new capacities;
+    * one ``tick`` of the other candidate's GPU: a harvest (per slice a ``raise_to``
+      and a capacity, then per slice a ``raise_to`` for the share re-division, a
+      power estimate of 1 + k, the k new capacities) or a restore (fewer): 5k + 1;
+    * a boost: one ``raise_to`` and one capacity, up to ``ceil(log2 clocks) + 1``
+      power estimates of 1 + k (the first, then a bisection under the cap), the k
+      new capacities;
     * a share shift: one capacity per donor (k - 1) and one for the receiver: k;
     * a wake: a capacity, a ``raise_to``, an on-power and a slice power, then the
       new instance's three capacities (current, plan and highest clock): 7.
 
-    A calm decision makes two ticks and nothing else (6k + 2 at most)."""
+    A calm decision makes two ticks and nothing else (10k + 2 at most)."""
     k = slots_per_gpu
     probes = math.ceil(math.log2(max(clocks, 1))) + 1
     tick = 5 * k + 1
@@ -707,8 +709,9 @@ class GlobalScheduler:
         return True
 
     def _restore(self, g: GpuState, now_s: float) -> bool:
-        """Return boosted ``g`` to the plan's clock and shares when calm; True if it is
-        back (or no longer above the plan's clock with the plan's shares)."""
+        """Return boosted ``g`` to the plan's clock and shares when calm. True when it
+        did, or tried and the GPU control refused (again after another hold); False
+        when it is not calm (or no longer above the plan: a harvest may lower it)."""
         if g.clock <= g.plan_clock and all(o.share == o.plan_share for o in g.slots):
             g.boosted = False  # lowered by a harvest already
             return False
@@ -716,10 +719,10 @@ class GlobalScheduler:
             return False
         back = [(o, o.plan_share) for o in g.slots if o.share != o.plan_share]
         if back and not self._set_shares(g, back, now_s):
-            return False
+            return True
         if g.clock != g.plan_clock:
             if not self._set_clock(g, g.plan_clock, self._power(g, g.plan_clock), now_s):
-                return False
+                return True
         else:
             for o in g.slots:
                 o.capacity_rps = o.plan_capacity_rps
