@@ -3,7 +3,8 @@ with its pricing on Dask workers.
 
 Usage: python benchmarks/fleet_100k.py [--sizes 1024 4096 10240 25600 102400]
        [--limit 900] [--modes serial dask] [--dask-at-largest-only] [--scheduler local:2]
-       [--cache DIR]
+       [--cache DIR] [--runs FILE]
+       python benchmarks/fleet_100k.py --report FILE [FILE ...]
 
 The fleets come from benchmarks/make_fleet.py, seeded (seed 1), with nodes of
 H100-SXM5-80GB, A100-SXM4-80GB and L40S in turn and one workload per 10.24 GPUs
@@ -27,6 +28,10 @@ independent verifier accepts the plan. Then the growth exponents between
 consecutive sizes, log(y2/y1) / log(n2/n1) for n GPUs (1 = linear), and the
 target line: fleet-102400 within 1.5 % in at most 15 minutes, met or not met,
 with the load average over the run (other jobs share this machine).
+
+Each finished run is appended as one JSON line to ``--runs`` (default
+``runs.jsonl`` in the cache), so a long series can be split over several
+invocations (or machines) and reported together with ``--report``.
 """
 
 from __future__ import annotations
@@ -248,14 +253,22 @@ def main() -> None:
     parser.add_argument(
         "--cache", type=Path, default=Path.home() / ".cache" / "energyopt" / "fleet_100k"
     )
+    parser.add_argument("--runs", type=Path, default=None, help="JSON lines of finished runs")
+    parser.add_argument("--report", nargs="+", type=Path, help="report these runs files only")
     parser.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.report:
+        saved = [json.loads(ln) for f in args.report for ln in f.read_text().splitlines() if ln]
+        report(sorted(((r["size"], r["mode"], r["data"]) for r in saved), key=lambda r: r[0]))
+        return
     if args.one:
         path, gpus, scheduler, limit = args.one
         sched = None if scheduler == "-" else scheduler
         print(json.dumps(one_run(Path(path), int(gpus), sched, float(limit))))
         return
     largest = max(args.sizes)
+    runs: Path = args.runs or args.cache / "runs.jsonl"
+    runs.parent.mkdir(parents=True, exist_ok=True)
     print(f"time limit {args.limit:g} s per run; one process per run; {os.cpu_count()} cores")
     rows: list[tuple[int, str, dict[str, Any]]] = []
     for gpus in sorted(args.sizes):
@@ -267,6 +280,8 @@ def main() -> None:
             data = spawn(path, gpus, sched, args.limit, timeout_s=args.limit * 2 + 600)
             rows.append((gpus, mode, data))
             print(f"  ran {gpus:,} GPUs {mode}: " + data.get("error", "ok"), flush=True)
+            with runs.open("a") as out:
+                out.write(json.dumps({"size": gpus, "mode": mode, "data": data}) + "\n")
     report(rows)
 
 
