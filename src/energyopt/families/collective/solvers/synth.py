@@ -216,7 +216,8 @@ def solve_synthesis(
         left = deadline - time.perf_counter()
         improved, done = rail_direct_search(p, ev, scored, deadline - (left / 2 if small else 0.0))
         log.append(
-            f"rail-direct schedules: {improved} collectives improved on selection's"
+            f"rail-direct schedules: {improved} collectives improved on selection's "
+            "(their schedules lie outside the candidate space)"
             + ("" if done else " (cut by the time limit)")
         )
         cut = cut or not done
