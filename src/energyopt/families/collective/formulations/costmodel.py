@@ -453,6 +453,9 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
       sender's input crossed before); a schedule faster than that has none, so each
       node receives every element from each of the N - 1 others apart: N(N - 1)m
       bytes cross. The lesser of the two holds.
+    - all-reduce one-step ranks (``one_step_ranks_us``): a rank that takes part in
+      one step only must get every other such rank's contribution directly in it;
+      the others pay two overheads.
     - all-reduce chain: rank r's sum holds another rank's contribution, so a flow
       lands at r (its overhead at least r's factor, a route into r); on several
       nodes another node's contribution crossed first: either that crossing lands
@@ -483,6 +486,7 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
         least_cross = p.least_route_us(inside)
         busiest = max(busiest, alpha + cut / eff / 1e3 + least_cross)
     if c.op == "all_reduce":
+        busiest = max(busiest, one_step_ranks_us(p, c, protocol) + least_route)
         routes = p.route_us + np.diag(np.full(n, np.inf))
         # a flow brings another rank's contribution to r
         busiest = max(busiest, float(np.max(alpha * slow + routes.min(axis=0))))
@@ -511,6 +515,42 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
         rates = reduce_rates_gbs(p, eff)
         busiest = max(busiest, alpha + reduced / float(rates.sum()) / 1e3 + least_route)
     return busiest
+
+
+def one_step_ranks_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -> float:
+    """A lower bound on when an all-reduce's busiest rank ends its last flow, us (the
+    route latency after it and launch not included), by how many ranks take part
+    in one step only.
+
+    Let S be the ranks that take part in one step only (of a channel; every
+    schedule runs its channels in step, ``time_bound_us``). A rank sends its
+    contribution only in its steps, and receives only in its steps what its senders
+    held at the start of the step, so the contribution of q in S reaches r in S only
+    if q's step is not after r's; both ways, all of S share one step, and each of
+    them receives the contribution of each other one directly in it: (|S| - 1) m
+    bytes into each. Every other rank takes part in two steps or more. A rank's
+    steps run one after another, each at least the overhead plus its bytes in over
+    its ports' capacity at the efficiency, so rank r is busy for at least
+    alpha steps_r + I_r / (eta C_r); the busiest at least the average of that
+    weighted by C_r / sum C: alpha (2 - the k largest weights) + sum I / (eta sum C)
+    with k = |S|, and sum I at least the gossip's 2(n - 1) m and k max(k - 1, 1) m +
+    (n - k) m. A rank of S alone takes alpha + (k - 1) m / (eta C_r). The least of
+    the larger of the two over k = 0..n holds whatever S is."""
+    n = p.n
+    alpha = PROTOCOL_STEP_US[protocol]
+    eff = PROTOCOL_EFFICIENCY[protocol]
+    cap_in = _port_capacities(p)[0]
+    total = float(cap_in.sum())
+    heaviest = np.concatenate(([0.0], np.cumsum(np.sort(cap_in)[::-1] / total)))
+    m = float(c.bytes)
+    best = np.inf
+    for k in range(n + 1):
+        into = max(2.0 * (n - 1), k * max(k - 1, 1) + (n - k)) * m
+        term = alpha * (2.0 - float(heaviest[k])) + into / (eff * total) / 1e3
+        if k >= 2:
+            term = max(term, alpha + (k - 1) * m / (eff * float(cap_in.max())) / 1e3)
+        best = min(best, term)
+    return float(best)
 
 
 def reduce_rates_gbs(p: CollectiveProblem, eff: float) -> FloatArray:
