@@ -389,3 +389,40 @@ def test_the_bound_holds_for_a_ring_broadcast_whose_channels_run_out_of_step() -
     node_cut = 1e-3 * c.bytes / p.rates.network_gbs
     assert ev.time_us["c"] < node_cut  # the channels out of step beat the NIC's capacity
     assert time_bound_us(p, c) <= ev.time_us["c"]
+
+
+@pytest.mark.parametrize(("layout", "k"), [([8], 2), ([8], 3), ([8], 5), ([2, 2], 2), ([4, 4], 3)])
+def test_the_bound_holds_where_some_ranks_take_one_step_and_others_two(
+    layout: list[int], k: int
+) -> None:
+    """Ranks 0..k-1 take part in one step only: they swap their inputs directly and
+    take the sum of the others from a hub, which gathered it the step before and
+    passes the full sum on after. The bound's one-step term (k such ranks, the
+    others two overheads) stays at most the plan's time at every protocol and size."""
+    n = sum(layout)
+    ones, hub, rest = list(range(k)), k, list(range(k + 1, n))
+    sends = [Transfer(step=0, src=r, dst=hub, piece=0, reduce=True) for r in rest]
+    sends += [Transfer(step=1, src=hub, dst=a, piece=0, reduce=True) for a in ones]
+    sends += [
+        Transfer(step=1, src=a, dst=b, piece=0, reduce=True)
+        for a in ones
+        for b in [*ones, hub]
+        if a != b
+    ]
+    sends += [Transfer(step=2, src=hub, dst=r, piece=0) for r in rest]
+    for size in (256, 1 << 14, 1 << 20):
+        doc = collective_doc(layout, [{"name": "c", "op": "all_reduce", "bytes": size}])
+        p = build_problem(CollectiveFile.model_validate(doc))
+        for protocol in PROTOCOLS:
+            plan = Choice(
+                collective="c",
+                algorithm="synthesized",
+                protocol=protocol,
+                channels=4,
+                clock_mhz=1980,
+                pieces=1,
+                transfers=tuple(sends),
+            )
+            ev = evaluate_collective(p, CollectivePlan(choices=(plan,)))
+            assert ev.violations == []
+            assert time_bound_us(p, p.collectives[0]) <= ev.time_us["c"] * (1 + 1e-9)
