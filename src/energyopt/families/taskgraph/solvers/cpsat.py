@@ -34,6 +34,10 @@ from energyopt.solvers.result import (
     relative_gap,
 )
 
+WARM_SEARCH_SHARE = 0.125
+"""Share of the time limit the warm start's placement search may use past its default
+evaluations (graphs up to 200 tasks): on cholesky-4x4, 400 evaluations instead of 100
+found 14.209 J instead of 14.273 J, a better hint and cut-off for CP-SAT."""
 SEARCH_SHARE = 0.93
 """Share of the time left after the warm start that CP-SAT's search may take ..."""
 CLOSING_S = 1.0
@@ -72,7 +76,12 @@ def solve_cpsat(
     ``search_evals`` is passed to the warm-starting list scheduler."""
     begin = time.perf_counter()
     say = progress or (lambda _line: None)
-    warm = solve_heuristic(tg, search_evals=search_evals, time_limit_s=time_limit_s / 4)
+    warm = solve_heuristic(
+        tg,
+        search_evals=search_evals,
+        time_limit_s=time_limit_s / 4,
+        search_s=WARM_SEARCH_SHARE * time_limit_s,
+    )
     log = [f"heuristic: {line}" for line in warm.log]
     if warm.plan is not None and warm.objective is not None:
         horizon = horizon_from(tg, warm.objective)

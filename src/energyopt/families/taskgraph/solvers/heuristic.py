@@ -387,52 +387,84 @@ def _moved(tg: TaskGraph, base: Schedule, task: int, gpu: int) -> Schedule:
     return Schedule(tuple(gpus), tuple(option), tuple(earliest_starts(tg, gpus, option, seqs)))
 
 
+class _Budget:
+    """Evaluations left to a placement search: ``evals`` of them, then more until
+    ``time.perf_counter()`` passes ``until`` (s). ``extra_s`` is the time spent past
+    the ``evals``."""
+
+    def __init__(self, evals: int, until: float) -> None:
+        self.left = evals
+        self.until = until
+        self.extra_from: float | None = None if evals > 0 else time.perf_counter()
+
+    def more(self) -> bool:
+        return self.left > 0 or time.perf_counter() < self.until
+
+    def spend(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.extra_from = time.perf_counter()
+
+    @property
+    def extra_s(self) -> float:
+        """Seconds spent since the ``evals`` ran out (0 while they last)."""
+        return 0.0 if self.extra_from is None else time.perf_counter() - self.extra_from
+
+
 def _local_search(
-    tg: TaskGraph, base: Schedule, best: Schedule, best_obj: float, evals: list[int]
+    tg: TaskGraph, base: Schedule, best: Schedule, best_obj: float, budget: _Budget
 ) -> tuple[Schedule, float]:
     """First-improvement moves of single tasks to other GPUs, each re-clocked, while
-    ``evals[0]`` evaluations remain. Moves must keep the max-clock makespan within
-    the deadline."""
+    the budget lasts. Moves must keep the max-clock makespan within the deadline."""
     improved = True
-    while improved and evals[0] > 0:
+    while improved and budget.more():
         improved = False
         for i in tg.topo_order:
             for g in range(tg.n_gpus):
-                if g == base.gpu[i] or not tg.can_run(i, g) or evals[0] <= 0:
+                if g == base.gpu[i] or not tg.can_run(i, g) or not budget.more():
                     continue
                 cand = _moved(tg, base, i, g)
                 if tg.deadline is not None and cand.makespan(tg) > tg.deadline:
                     continue
-                evals[0] -= 1
                 s, obj = _best_clocks(tg, cand)
+                budget.spend()
                 if obj < best_obj * (1 - 1e-9):
                     base, best, best_obj, improved = cand, s, obj, True
     return best, best_obj
 
 
 def improve_placement(
-    tg: TaskGraph, base: Schedule, best: Schedule, best_obj: float, evals: int, seed: int = 0
-) -> tuple[Schedule, float]:
+    tg: TaskGraph,
+    base: Schedule,
+    best: Schedule,
+    best_obj: float,
+    evals: int,
+    seed: int = 0,
+    until: float = -math.inf,
+) -> tuple[Schedule, float, float]:
     """Local search from HEFT's placement, then from HEFT runs on randomly perturbed
-    ranks (+-20%), until ``evals`` re-clocked placements have been evaluated."""
-    budget = [evals]
+    ranks (+-20%), until ``evals`` re-clocked placements have been evaluated and
+    ``time.perf_counter()`` has passed ``until`` (s; default: evaluations only).
+    Returns the best schedule, its objective and the seconds spent past the
+    ``evals``."""
+    budget = _Budget(evals, until)
     best, best_obj = _local_search(tg, base, best, best_obj, budget)
     rng = random.Random(seed)
     ranks = upward_ranks(tg)
-    while budget[0] > 0:
+    while budget.more():
         noisy = [r * (1.0 + rng.uniform(-0.2, 0.2)) for r in ranks]
         for i in reversed(tg.topo_order):  # keep ranks decreasing along every edge
             for j, _ in tg.succs[i]:
                 noisy[i] = max(noisy[i], noisy[j] + 1e-6)
         start = heft_max_clock(tg, noisy)
-        budget[0] -= 1
+        budget.spend()
         if tg.deadline is not None and start.makespan(tg) > tg.deadline:
             continue
         s, obj = _best_clocks(tg, start)
         if obj < best_obj * (1 - 1e-9):
             best, best_obj = s, obj
         best, best_obj = _local_search(tg, start, best, best_obj, budget)
-    return best, best_obj
+    return best, best_obj, budget.extra_s
 
 
 GPU_CLOCK_EVALS = 60
@@ -615,11 +647,14 @@ def solve_heuristic(
     progress: Callable[[str], None] | None = None,
     search_evals: int | None = None,
     time_limit_s: float | None = None,
+    search_s: float | None = None,
 ) -> Result[Schedule]:
     """Schedule ``tg`` for its objective; every returned schedule is checked by the caller.
 
     ``search_evals``: re-clocked placements the placement search may evaluate
-    (default min(200, max(20, 2000 / tasks)) up to 200 tasks, none above).
+    (default min(200, max(20, 2000 / tasks)) up to 200 tasks, none above; with the
+    default, it goes on until ``search_s`` seconds after the start if that is given:
+    CP-SAT's warm start asks for it, where a better hint pays).
     ``time_limit_s`` (s, default none) stops the per-GPU clock descent early; it
     does not cut the other steps, which are bounded by their evaluation counts.
     """
@@ -647,15 +682,21 @@ def solve_heuristic(
     say(f"clocks chosen: objective {best_obj:.6g}")
     default = min(200, max(20, 2000 // tg.n_tasks)) if tg.n_tasks <= 200 else 0
     budget = default if search_evals is None else search_evals
+    extra_s = 0.0  # placement search past its default evaluations, s
     if budget > 0:
-        best, best_obj = improve_placement(tg, base, best, best_obj, budget)
+        # with the default budget, CP-SAT's warm start (``search_s``) lets the search
+        # go on past its evaluations; the time it takes there is not charged to the
+        # per-GPU clock descent below
+        until = -math.inf if search_evals is not None or search_s is None else start + search_s
+        best, best_obj, extra_s = improve_placement(tg, base, best, best_obj, budget, until=until)
         log.append(f"after placement moves: objective {best_obj:.9g}")
         say(f"placement moves: objective {best_obj:.6g}")
     if tg.objective != "makespan":
         # leave the re-clocking of the descent's schedule a share of the time limit
-        spent = time.perf_counter() - start
+        now = time.perf_counter()
+        spent = now - start - extra_s
         limit = math.inf if time_limit_s is None else time_limit_s
-        found = gpu_clock_descent(tg, start + max(spent, limit - 2.0 * spent))
+        found = gpu_clock_descent(tg, now + max(0.0, limit - 3.0 * spent))
         if found is not None:
             # re-clocked, or as HEFT left it if that is better (at one clock per GPU
             # there are no clock changes, which the re-clocking may add)
