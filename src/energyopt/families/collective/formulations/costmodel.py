@@ -443,7 +443,13 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
       may send its input to every other rank in one step, each reducing all it
       receives (the one-step exchange), so the overhead counts once.
     - per node (several nodes): the bytes that must cross into or out of the node
-      through its NICs; the last lands a cross-node route's latency later.
+      through its NICs; the last lands a cross-node route's latency later. Where
+      every one of the node's g ranks needs each byte that crosses in, a byte whose
+      first crossing lands later than an overhead and a route inside the node
+      before the end must cross to every rank apart (g times); pooling both over
+      the NICs adds (g - 1)/g of that overhead and route, or the g - 1 more
+      crossings of every byte, whichever is less. The same holds, reversed,
+      where each byte that crosses out must hold all g ranks' contributions.
     - all nodes (all-reduce, several nodes): the nodes are N parties that must all
       learn every element's sum, and a byte crossing between nodes is a one-way
       call. N parties need at least 2(N - 1) one-way calls to all learn everything
@@ -481,10 +487,28 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
         # The bytes that must leave or enter this node cross the network: the last
         # of them lands a cross-node route's latency after its rank sent it.
         inside = node_of == node
-        need_in, need_out = _cut_needs(c, n, int(inside.sum()), bool(inside[c.root]))
-        cut = max(need_in / float(nic_in[inside].sum()), need_out / float(nic_out[inside].sum()))
+        g = int(inside.sum())
+        need_in, need_out = _cut_needs(c, n, g, bool(inside[c.root]))
         least_cross = p.least_route_us(inside)
-        busiest = max(busiest, alpha + cut / eff / 1e3 + least_cross)
+        # every rank of the node needs what crosses in (all-gather, all-reduce,
+        # broadcast), or what crosses out holds every rank's part (reduce-scatter,
+        # all-reduce): the spread after, or the gather before, the crossing
+        spread = 0.0
+        if g > 1:
+            pair = inside[:, None] & inside[None, :] & ~np.eye(n, dtype=bool)
+            spread = (g - 1) / g * (alpha + float(p.route_us[pair].min()))
+        tail_in = spread if c.op in ("all_gather", "all_reduce", "broadcast") else 0.0
+        tail_out = spread if c.op in ("reduce_scatter", "all_reduce") else 0.0
+        for need, nics, tail in (
+            (need_in, float(nic_in[inside].sum()), tail_in),
+            (need_out, float(nic_out[inside].sum()), tail_out),
+        ):
+            if need > 0:
+                # a late byte crosses g times: the tail is at most g - 1 more crossings
+                more = (g - 1) * need / nics / eff / 1e3
+                busiest = max(
+                    busiest, alpha + need / nics / eff / 1e3 + min(tail, more) + least_cross
+                )
     if c.op == "all_reduce":
         busiest = max(busiest, one_step_ranks_us(p, c, protocol) + least_route)
         routes = p.route_us + np.diag(np.full(n, np.inf))
