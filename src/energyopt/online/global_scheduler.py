@@ -479,7 +479,7 @@ class GlobalScheduler:
     def _boost(self, s: Slot, now_s: float, cause: int = 1) -> None:
         """Raise ``s``'s GPU to cover its load (see module docs); a slice at risk by its
         queue alone (``cause`` 2) raises it by at most ``queue_boost_steps`` candidate
-        clocks, once per ``hold_s``."""
+        clocks, once per ``drain_s``, and a harvested GPU at least to the plan's."""
         g = s.gpu
         if g is None or not g.info.on:
             return
@@ -487,7 +487,8 @@ class GlobalScheduler:
         clocks = self.lk.clocks.get(t, ())
         if not clocks or g.clock >= clocks[-1]:
             return
-        if cause == 2 and g.boosted and now_s - g.changed_s < self.cfg.hold_s:
+        harvested = g.clock < g.plan_clock
+        if cause == 2 and not harvested and g.boosted and now_s - g.changed_s < self.cfg.drain_s:
             return
         # share in use by everything but this slice's own share: the answer fits in it
         others = self.lk.share_capacity[t] - s.share
@@ -507,7 +508,9 @@ class GlobalScheduler:
         if cause == 2:
             step = _index_at_least(clocks, g.clock) + self.cfg.queue_boost_steps
             want = min(want, clocks[min(step, len(clocks) - 1)])
-        if g.clock < g.plan_clock and want > g.plan_clock:
+            if harvested:  # a queue on a harvested GPU: the plan's clock at once
+                want = max(want, g.plan_clock)
+        if harvested and want > g.plan_clock:
             # harvested: back to the plan's clock (verified at the planned rate) while
             # the slice's rate is within its plan's
             safe = max(self.cfg.risk_utilization * s.plan_capacity_rps, s.info.planned_rps)

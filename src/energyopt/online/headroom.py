@@ -57,11 +57,12 @@ class ErrorHeadroom:
     def spread(self) -> FloatArray:
         """Per workload, how far above its typical window rate a window's rate goes: the
         ``quantile`` of its samples' ``1 + error`` over their median, minus 1, clipped
-        to [0, ``max_headroom`` - 1]; ``default`` - 1 until ``min_samples`` samples
-        exist. Fractions; the forecast's bias (the median error) cancels, so it applies
-        to an observed rate (the online control's harvest margin)."""
+        to [0, ``max_headroom`` - 1]; ``max_headroom`` - 1 until ``min_samples``
+        samples exist (nothing is known of the load's swings yet). Fractions; the
+        forecast's bias (the median error) cancels, so it applies to an observed rate
+        (the online control's harvest margin)."""
         top = self.max_headroom - 1.0
-        out = np.full(len(self.history), min(max(self.default - 1.0, 0.0), top))
+        out = np.full(len(self.history), top)
         for k, hist in enumerate(self.history):
             if not hist:
                 continue
