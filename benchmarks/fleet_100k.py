@@ -42,10 +42,8 @@ import argparse
 import importlib.util
 import itertools
 import json
-import math
 import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,6 +66,19 @@ STEPS = (  # (name, the progress line that ends it)
 )
 
 
+
+def bench_module(name: str) -> Any:
+    """The sibling script ``benchmarks/<name>.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+_scaling = bench_module("scaling")
+
 def workloads_for(gpus: int) -> int:
     """Workloads of the fleet of ``gpus`` GPUs: one per GPUS_PER_WORKLOAD GPUs."""
     return max(1, round(gpus / GPUS_PER_WORKLOAD))
@@ -78,11 +89,7 @@ def fleet_path(cache: Path, gpus: int) -> Path:
     path = cache / f"fleet-{gpus}-{workloads_for(gpus)}-3types-seed1.yaml"
     if path.exists():
         return path
-    spec = importlib.util.spec_from_file_location("make_fleet", ROOT / "benchmarks/make_fleet.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    data = module.make_fleet(gpus, workloads_for(gpus), 1, 8, None, 0.6, TYPES)
+    data = bench_module("make_fleet").make_fleet(gpus, workloads_for(gpus), 1, 8, None, 0.6, TYPES)
     cache.mkdir(parents=True, exist_ok=True)
     part = path.with_suffix(".part")
     header = (
@@ -173,27 +180,12 @@ def spawn(
     """``one_run`` in a fresh interpreter; an ``error`` entry where it fails."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(path), str(gpus)]
     cmd += [scheduler or "-", str(limit_s), str(gap)]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        return {"error": f"killed after {timeout_s:.0f} s"}
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-    if out.returncode != 0 or not lines:
-        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"exit {out.returncode}: {tail}"}
-    result: dict[str, Any] = json.loads(lines[-1])
+    result: dict[str, Any] = _scaling.run_child(cmd, timeout_s)
     return result
 
 
-def growth(n1: float, n2: float, y1: float | None, y2: float | None) -> float | None:
-    """log(y2/y1) / log(n2/n1); None where a value is missing or not positive."""
-    if y1 is None or y2 is None or y1 <= 0 or y2 <= 0 or n1 == n2:
-        return None
-    return math.log(y2 / y1) / math.log(n2 / n1)
-
-
-def fmt(x: float | None, spec: str = ",.1f") -> str:
-    return "-" if x is None else format(x, spec)
+growth = _scaling.growth
+fmt = _scaling.fmt
 
 
 def report(rows: list[tuple[int, str, dict[str, Any]]]) -> None:

@@ -90,6 +90,12 @@ class Row:
 def spawn(path: Path, solver: str, limit_s: float, timeout_s: float) -> dict[str, Any]:
     """``one_run`` in a fresh interpreter; an ``error`` entry where it fails."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(path), solver, str(limit_s)]
+    return run_child(cmd, timeout_s)
+
+
+def run_child(cmd: list[str], timeout_s: float) -> dict[str, Any]:
+    """Run ``cmd`` (a script's ``--one`` mode) for at most ``timeout_s`` seconds and
+    return the last JSON object it printed; an ``error`` entry where it fails."""
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
