@@ -219,6 +219,7 @@ def solve_configurations(
     # Any plan better than `best` uses only columns whose reduced cost is at most
     # best - LP bound. Widen the column set towards that slack; once all of them
     # are in and the integer solve is optimal, its bound holds for the whole problem.
+    over_limit = False  # the filter's column limit ended the search (not the time)
     for frac in SLACK_STEPS:
         if best is not None and relative_gap(best[0], lower) <= gap:
             break
@@ -243,9 +244,14 @@ def solve_configurations(
             prog.add(col)
         note(
             f"reduced-cost filter: {len(extra or [])} more columns within {slack:,.3f}"
-            + ("" if extra is not None else " (over the limit: skipped)")
+            + (
+                ""
+                if extra is not None
+                else f" (more than {MAX_FILTERED_COLUMNS:,}: skipped; the search stops here)"
+            )
         )
         if extra is None:
+            over_limit = True
             break
         share = 1.0 if complete else 0.8
         # Whole: the bound of this solve is the problem's only if it saw every
@@ -270,11 +276,13 @@ def solve_configurations(
     status = plan_status(FEASIBLE, objective, bound, gap)
     plan = finish_plan(problem, table, decisions, status, objective, bound, preset.name)
     # above the gap, colgen stopped on the integer solve's node limit; the exact
-    # stage on its time share
+    # stage on its time share, or on the filter's column limit
     termination = stop_reason(
         cuts,
         relative_gap(objective, bound) <= gap,
         note,
-        otherwise=Termination.TIME_LIMIT if exact else Termination.EFFORT_LIMIT,
+        otherwise=(
+            Termination.TIME_LIMIT if exact and not over_limit else Termination.EFFORT_LIMIT
+        ),
     )
     return Result(status, objective, bound, wall, plan, preset.name, [], termination=termination)
