@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
-import importlib
 import itertools
 import json
 import math
@@ -32,6 +31,7 @@ import numpy as np
 
 from energyopt.backends.highs import single_threaded_highs
 from energyopt.catalog.problem import Problem, load_problem
+from energyopt.families.serving.dask_client import DASK_CONNECT_TIMEOUT_S, connect, distributed
 from energyopt.perf.oppoints import units_of
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.result import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL
@@ -47,8 +47,6 @@ KIND = "plans"
 STATUS_CODES = {OPTIMAL: 0, FEASIBLE: 1, INFEASIBLE: 2, NO_SOLUTION: 3}
 """Cell status codes; -1 (the fallback) means no decision: key outside the grid."""
 Say = Callable[[str], None]
-DASK_CONNECT_TIMEOUT_S = 30.0
-"""How long to try reaching a Dask scheduler before giving up, seconds."""
 
 
 @dataclass(frozen=True)
@@ -345,16 +343,8 @@ def _solve_on_dask(
     finish: Callable[[Cell, dict[str, Any]], None],
 ) -> None:
     """Solve cells on a Dask distributed cluster; each finished cell is stored at once."""
-    try:
-        dist: Any = importlib.import_module("distributed")  # partly typed: use it as Any
-    except ImportError:
-        raise SpecError(
-            ["--scheduler needs dask.distributed: pip install 'energyopt[dask]'"]
-        ) from None
-    try:
-        client = dist.Client(scheduler, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
-    except OSError as exc:
-        raise SpecError([f"--scheduler {scheduler}: cannot connect: {exc}"]) from None
+    dist = distributed()
+    client = connect(scheduler, DASK_CONNECT_TIMEOUT_S)
     with client:
         futures = {client.submit(solve_cell, base, c.change, *args, pure=False): c for c in todo}
         for fut in dist.as_completed(list(futures)):

@@ -210,7 +210,20 @@ class SerialPricer:
         tol: float,
         build: bool,
     ) -> list[Priced]:
-        return [price_task(data, task, duals, effort, tol, build) for task in tasks]
+        return price_batch(data, tasks, duals, effort, tol, build)
+
+
+def price_batch(
+    data: PricingData,
+    batch: list[PricingTask],
+    duals: Duals,
+    effort: int,
+    tol: float,
+    build: bool,
+) -> list[Priced]:
+    """``price_task`` on each problem of ``batch``, in order (in this process, or on a
+    Dask worker for ``dask_pricing``)."""
+    return [price_task(data, task, duals, effort, tol, build) for task in batch]
 
 
 def price_task(

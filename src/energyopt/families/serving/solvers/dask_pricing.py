@@ -21,25 +21,23 @@ this way; every other step stays in the calling process.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
+from energyopt.families.serving.dask_client import DASK_CONNECT_TIMEOUT_S, connect, distributed
 from energyopt.families.serving.formulations.columns import Duals
 from energyopt.families.serving.solvers.colgen import (
     Priced,
     PricingData,
     PricingTask,
-    price_task,
+    price_batch,
     using_pricer,
 )
 from energyopt.spec.errors import SpecError
 
-DASK_CONNECT_TIMEOUT_S = 30.0
-"""How long to try reaching a Dask scheduler before giving up, seconds."""
 BATCHES_PER_WORKER = 2
 """Batches of pricing problems per worker and round (fewer messages than one per
 problem; more than one evens out problems of unequal cost)."""
@@ -50,16 +48,6 @@ ops), a round is priced in the calling process: its problems take milliseconds,
 less than a round trip to the workers (the quickstart's branch-and-price, a few
 hundred tiny rounds, ran into its 60-s limit on Dask and converged in 20 s
 without). The answers are the same either way."""
-
-
-def _distributed() -> Any:
-    """The ``distributed`` module (partly typed: used as Any); SpecError without it."""
-    try:
-        return importlib.import_module("distributed")
-    except ImportError:
-        raise SpecError(
-            ["--scheduler needs dask.distributed: pip install 'energyopt[dask]'"]
-        ) from None
 
 
 def local_workers(scheduler: str) -> int | None:
@@ -73,18 +61,6 @@ def local_workers(scheduler: str) -> int | None:
             [f"--scheduler {scheduler}: local:N needs N, the number of worker processes, >= 1"]
         )
     return int(text)
-
-
-def price_batch(
-    data: PricingData,
-    batch: list[PricingTask],
-    duals: Duals,
-    effort: int,
-    tol: float,
-    build: bool,
-) -> list[Priced]:
-    """``colgen.price_task`` on each problem of ``batch``, in order (runs on a worker)."""
-    return [price_task(data, task, duals, effort, tol, build) for task in batch]
 
 
 def _items(data: PricingData) -> int:
@@ -111,7 +87,7 @@ class DaskPricer:
     and a LocalCluster it started."""
 
     def __init__(self, scheduler: str, *, min_items: int = MIN_ITEMS) -> None:
-        dist = _distributed()
+        dist = distributed()
         self.scheduler = scheduler
         self.min_items = min_items
         self._cluster: Any = None
@@ -127,7 +103,7 @@ class DaskPricer:
                 )
                 self.client: Any = dist.Client(self._cluster)
             else:
-                self.client = dist.Client(scheduler, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
+                self.client = connect(scheduler, DASK_CONNECT_TIMEOUT_S)
         except OSError as exc:
             self.close()
             raise SpecError([f"--scheduler {scheduler}: cannot connect: {exc}"]) from None
