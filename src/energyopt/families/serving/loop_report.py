@@ -107,6 +107,23 @@ def summary_rows(res: EvaluationResult) -> list[dict[str, float | str | int | No
     return rows
 
 
+def workload_attainment(run: PlannerRun) -> dict[str, float]:
+    """Each workload's SLO attainment in ``run`` (fraction of its arrived requests
+    that met TTFT and TPOT; shed and unfinished requests count as misses)."""
+    return {s.name: s.slo_attainment for s in run.result.stats}
+
+
+def workload_points(run: PlannerRun, ref: PlannerRun) -> dict[str, float]:
+    """Per workload, ``run``'s SLO attainment minus ``ref``'s, in percentage points
+    (negative: ``run`` met fewer of that workload's requests)."""
+    mine = workload_attainment(run)
+    theirs = workload_attainment(ref)
+    missing = sorted(set(theirs) - set(mine))
+    if missing:
+        raise ValueError(f"{run.name}: no attainment for workload(s) {missing} of {ref.name}")
+    return {name: 100.0 * (mine[name] - theirs[name]) for name in theirs}
+
+
 def format_table(res: EvaluationResult) -> list[str]:
     """The comparison table, one line per planner, then notes."""
     ev = res.evaluation
