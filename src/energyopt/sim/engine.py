@@ -61,6 +61,7 @@ ITER_END = 0
 GPU_WAKE = 1
 SERVER_WAKE = 2
 EPOCH = 3
+WATCH = 4
 
 Replan = Callable[[float], Plan | None]
 
@@ -221,15 +222,23 @@ class Simulator:
         self.events.push(t, (code, obj))
 
     def run(
-        self, plan: Plan, epoch_s: float | None = None, replan: Replan | None = None
+        self,
+        plan: Plan,
+        epoch_s: float | None = None,
+        replan: Replan | None = None,
+        watch: tuple[float, Replan] | None = None,
     ) -> SimResult:
-        """Simulate from ``plan`` (in place at time 0); every ``epoch_s`` ask ``replan``."""
+        """Simulate from ``plan`` (in place at time 0); every ``epoch_s`` ask ``replan``.
+        ``watch``: (every this many seconds, a callback) asked between epochs too; a
+        plan it returns is applied at once (a re-plan on surprise)."""
         self.apply_plan(plan, 0.0, initial=True)
         if epoch_s is not None and replan is not None:
             k = 1
             while k * epoch_s < self.window_s - 1e-9:
                 self._push(k * epoch_s, EPOCH, None)
                 k += 1
+        if watch is not None and watch[0] < self.window_s:
+            self._push(watch[0], WATCH, 1)
         times = self.req.arrival_s
         workloads = self.req.workload
         n_arr = len(times)
@@ -279,6 +288,13 @@ class Simulator:
                 new = replan(t)
                 if new is not None:
                     self.apply_plan(new, t)
+            elif code == WATCH and watch is not None:
+                assert isinstance(obj, int)
+                new = watch[1](t)
+                if new is not None:
+                    self.apply_plan(new, t)
+                if (obj + 1) * watch[0] < self.window_s - 1e-9:
+                    self._push((obj + 1) * watch[0], WATCH, obj + 1)
         end = max(self.window_s, self.now)
         self.meter.close(end)
         if self.ctl is not None:

@@ -239,6 +239,22 @@ class OnlineOptions(Spec):
     max_chunk: int = Field(
         default=4096, ge=1, le=1_000_000, description="largest prefill chunk, tokens"
     )
+    replan_on_surprise: bool = Field(
+        default=True,
+        description="re-plan at once (warm-started) when a workload's rate leaves its band",
+    )
+    surprise_s: float = Field(
+        default=10.0, ge=0, le=86_400, description="out of band this long is a surprise, s"
+    )
+    surprise_cooldown_s: float = Field(
+        default=60.0, ge=0, le=86_400, description="least time between surprises of one workload, s"
+    )
+    surprise_window_s: float = Field(
+        default=10.0, gt=0, le=86_400, description="window of the rate the band is checked on, s"
+    )
+    surprise_check_s: float = Field(
+        default=1.0, gt=0, le=86_400, description="time between two checks of the bands, s"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> OnlineOptions:

@@ -12,9 +12,11 @@ import numpy as np
 from energyopt.catalog.problem import Problem, load_problem
 from energyopt.families.serving.planners import Planner, SolverPlanner, make_planner
 from energyopt.families.serving.remap import plan_rates_rps, problem_at_plan_rates, stabilize
+from energyopt.families.serving.solvers.replan import replan as replan_now
 from energyopt.families.serving.verify import evaluate_plan, verify_plan
 from energyopt.online import ErrorHeadroom, OnlineConfig, OnlinePolicy, OpLookups
 from energyopt.online.local_scheduler import LocalConfig
+from energyopt.online.surprise import SurpriseConfig, SurpriseDetector
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.engine import SimResult, Simulator
@@ -65,6 +67,10 @@ class Tally:
     predicted_expected_j: float = 0.0
     headroom: list[list[float]] = field(default_factory=list)  # per epoch, per workload
     planned_rps: list[list[float]] = field(default_factory=list)  # per plan asked, per workload
+    surprise_replans: int = 0  # plans made at once on a surprise (online planners)
+    surprise_fallbacks: int = 0  # of those: the full warm-started solve, not the restricted one
+    surprise_failed: int = 0  # surprises that found no plan (the one in force kept)
+    surprise_s: list[float] = field(default_factory=list)  # wall time of each surprise re-plan
 
 
 @dataclass
@@ -201,6 +207,16 @@ def run_planner(
         if policy is not None:  # the harvest margins follow the same errors
             policy = replace(policy, errors=errors)
     unit = fc.model_copy(update={"headroom": 1.0})
+    detector: SurpriseDetector | None = None
+    if online and ev.online.replan_on_surprise and isinstance(planner, SolverPlanner):
+        detector = SurpriseDetector(
+            len(names),
+            SurpriseConfig(
+                surprise_s=ev.online.surprise_s,
+                cooldown_s=ev.online.surprise_cooldown_s,
+                window_s=ev.online.surprise_window_s,
+            ),
+        )
     expected_now: list[dict[str, float]] = [{}]  # the load the epoch's plan should carry
     expected_at: list[dict[str, float]] = [{}]  # that of the plan in force
 
@@ -248,7 +264,60 @@ def run_planner(
         current_at[0] = at
         expected_at[0] = expected_now[0]
         since[0] = now
+        watch_plan(plan)
         return plan
+
+    def watch_plan(plan: Plan) -> None:
+        """Give the surprise detector the bands of ``plan``: its rate per workload times
+        1 + the workload's error spread (``ErrorHeadroom.spread``)."""
+        if detector is None or errors is None:
+            return
+        routed = plan_rates_rps(plan)
+        detector.set_plan([routed.get(n, 0.0) for n in names], errors.spread())
+
+    def surprise(now: float) -> Plan | None:
+        """A warm-started re-plan for the workloads whose surprise fires at ``now``
+        (solvers/replan.py), each at its observed rate over the detector's window
+        times its headroom; None when none fires or no plan is found."""
+        plan = current[0]
+        if detector is None or errors is None or plan is None:
+            return None
+        span = detector.config.window_s
+        if now < span:
+            return None
+        observed = arrivals.count_between(now - span, now) / span
+        fired = detector.update(now, observed)
+        if not fired:
+            return None
+        routed = plan_rates_rps(plan)
+        headroom = errors.headroom()
+        rates = {
+            names[k]: max(routed.get(names[k], 0.0), float(observed[k] * headroom[k]))
+            for k in fired
+        }
+        own = planner.problem if isinstance(planner, SolverPlanner) else problem
+        preset = planner.preset if isinstance(planner, SolverPlanner) else "highs-exact"
+        out = replan_now(
+            own, plan, rates, preset=preset, full_time_limit_s=planner.spec.time_limit_s
+        )
+        run.surprise_s.append(out.wall_s)
+        if out.plan is None:
+            run.surprise_failed += 1
+            say(f"{planner.name}: t={now:.0f} s: surprise on {sorted(rates)}: no plan")
+            watch_plan(plan)
+            return None
+        run.surprise_replans += 1
+        run.surprise_fallbacks += int(out.method == "full")
+        say(
+            f"{planner.name}: t={now:.0f} s: surprise on {sorted(rates)}: re-planned "
+            f"({out.method}, {len(out.changed_gpus)} GPUs changed, {out.wall_s:.2f} s)"
+        )
+        close(now)
+        current[0] = out.plan
+        current_at[0] = problem_at_plan_rates(own, out.plan)
+        since[0] = now
+        watch_plan(out.plan)
+        return out.plan
 
     def close(now: float) -> None:
         """Add the plan in force since ``since`` to the predicted energies."""
@@ -293,7 +362,8 @@ def run_planner(
         expected_now[0] = dict(zip(names, mean.tolist(), strict=True))
         return decide(now, raw_rates_rps(arrivals, now, ev.epoch_s, fc, window))
 
-    result = sim.run(first, None if planner.static else ev.epoch_s, replan)
+    watch = None if detector is None else (ev.online.surprise_check_s, surprise)
+    result = sim.run(first, None if planner.static else ev.epoch_s, replan, watch)
     close(window)
     return PlannerRun(planner.name, planner.spec.kind, result, run)
 

@@ -102,6 +102,9 @@ def summary_rows(res: EvaluationResult) -> list[dict[str, float | str | int | No
                 "unproven_shortfall_epochs": run.tally.unproven_shortfall_epochs,
                 "unplanned_epochs": run.tally.unplanned_epochs,
                 "rejected_plans": run.tally.rejected_plans,
+                "surprise_replans": run.tally.surprise_replans,
+                "surprise_fallbacks": run.tally.surprise_fallbacks,
+                "surprise_s_max": max(run.tally.surprise_s, default=0.0),
             }
         )
     return rows
@@ -173,6 +176,14 @@ def format_table(res: EvaluationResult) -> list[str]:
             notes.append(f"{row['unplanned_epochs']} epochs without a new plan")
         if row["rejected_plans"]:
             notes.append(f"{row['rejected_plans']} plans rejected by the verifier")
+        if row["surprise_replans"]:
+            fallbacks = row["surprise_fallbacks"]
+            notes.append(
+                f"{row['surprise_replans']} re-plans on surprise (longest "
+                f"{float(row['surprise_s_max'] or 0):.2f} s"
+                + (f"; {fallbacks} by the full solve" if fallbacks else "")
+                + ")"
+            )
         if notes:
             lines.append(f"note: {row['planner']}: " + "; ".join(notes))
     for line in res.skipped:

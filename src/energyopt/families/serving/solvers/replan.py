@@ -452,12 +452,20 @@ def _with_states(problem: Problem, plan: Plan) -> Problem:
 
 def _final(plan: Plan, target: Problem, current: Plan, label: str) -> tuple[Plan, list[str]]:
     """``plan`` with the verifier's per-GPU power and objective on ``target`` (the full
-    problem at the new rates), and its violations there."""
+    problem at the new rates), and its violations there. A GPU whose settings and
+    placements are those of ``current`` keeps ``current``'s entry as it is."""
     ev = evaluate_plan(target, plan)
-    gpus = tuple(
-        gp.model_copy(update={"predicted_power_w": ev.gpu_power_w.get(gp.gpu, 0.0)})
-        for gp in plan.gpus
-    )
+    before = {gp.gpu: gp for gp in current.gpus}
+
+    def priced(gp: GpuPlan) -> GpuPlan:
+        old = before.get(gp.gpu)
+        if old is not None and old.model_copy(update={"predicted_power_w": 0.0}) == (
+            gp.model_copy(update={"predicted_power_w": 0.0})
+        ):
+            return old
+        return gp.model_copy(update={"predicted_power_w": ev.gpu_power_w.get(gp.gpu, 0.0)})
+
+    gpus = tuple(priced(gp) for gp in plan.gpus)
     out = plan.model_copy(
         update={
             "gpus": gpus,
