@@ -549,6 +549,14 @@ def replan(
         penalty = _penalty_w(problem, migration_penalty_w)
         staged: Plan | None = current
         decided: set[str] = set()
+        hit_set = set(hit)
+        together = set(hit) | {
+            p.workload
+            for gp in current.gpus
+            if gp.on and any(q.workload in hit_set for q in gp.placements)
+            for p in gp.placements
+        }
+        points = _mini_table(target, together)
         for group in surprise_groups(current, hit):
             assert staged is not None
             part, ids, why = surprise_milp(
@@ -559,6 +567,7 @@ def replan(
                 penalty_w=penalty,
                 time_limit_s=time_limit_s,
                 rel_gap=rel_gap,
+                points=points,
             )
             decided |= ids
             if part is None:
@@ -711,6 +720,19 @@ def _settings(
     return True
 
 
+def _mini_table(target: Problem, names: set[str]) -> tuple[tuple[Workload, ...], OpTable]:
+    """The workloads ``names`` of ``target`` (single-GPU placements only, where their
+    weights fit one GPU) and their operating points."""
+    everyone = {g.id for g in target.gpus}
+    mini_wl = tuple(
+        w.model_copy(update={"tensor_parallel": (1,)}) if _fits_one_gpu(target, w, everyone) else w
+        for w in target.instance.workloads
+        if w.name in names
+    )
+    mini = target.with_instance(target.instance.model_copy(update={"workloads": mini_wl}))
+    return mini_wl, build_op_table(mini)
+
+
 def surprise_milp(
     problem: Problem,
     current: Plan,
@@ -720,6 +742,7 @@ def surprise_milp(
     penalty_w: float,
     time_limit_s: float,
     rel_gap: float,
+    points: tuple[tuple[Workload, ...], OpTable] | None = None,
 ) -> tuple[Plan | None, set[str], str]:
     """The fast restricted solve: (plan of the GPUs it decides, or None; the GPUs it
     decided over; why there is no plan).
@@ -738,7 +761,8 @@ def surprise_milp(
     share, memory and the cap on the worst-case draw, as the per-GPU formulation's
     rows do. Single-GPU MPS placements only: with a surprised GPU in a
     tensor-parallel group, MIG sharing, or more than ``MAX_CONFIGURATIONS`` settings
-    it returns None and the caller takes the general restricted solve."""
+    it returns None and the caller takes the general restricted solve. ``points``:
+    ``_mini_table`` of a set of workloads holding these (built here otherwise)."""
     hit = set(surprised)
     opts = target.instance.options
     if opts.sharing.mode == "mig":
@@ -748,14 +772,9 @@ def surprise_milp(
     if any(p.tp_group is not None for gp in held for p in gp.placements):
         return None, set(), "a surprised GPU is in a tensor-parallel group"
     names = {p.workload for gp in held for p in gp.placements} | hit
-    everyone = {g.id for g in target.gpus}
-    mini_wl = tuple(
-        w.model_copy(update={"tensor_parallel": (1,)}) if _fits_one_gpu(target, w, everyone) else w
-        for w in target.instance.workloads
-        if w.name in names
-    )
-    mini = target.with_instance(target.instance.model_copy(update={"workloads": mini_wl}))
-    table = build_op_table(mini)
+    if points is None or not names <= {w.name for w in points[0]}:
+        points = _mini_table(target, names)
+    mini_wl, table = points
     unit_of = {(u.workload, u.phase): u.index for u in table.units}
     op_at: dict[tuple[int, str, int, int], int] = {}
     for o in np.flatnonzero(table.tp == 1).tolist():
