@@ -59,7 +59,25 @@ class MergePolicy:
     only while the epoch's forecast is at most ``surge_ratio`` times the need
     observed: a larger forecast announces a surge within the epoch that a cold
     start could not follow, so the plan's instances stay. ``None``: prefill
-    follows the plan."""
+    follows the plan.
+
+    With ``forecast_ceiling``, the epoch's forecast (the file's demand, the rate the
+    plan is made for) bounds the need from above: decode instances are kept for at
+    most the forecast (at the capacity the headroom keeps them at), always; prefill
+    instances at an epoch boundary for at most the forecast, with no release margin
+    on it, so that what a burst that has ended leaves goes when the next epoch's
+    forecast says the burst is over (inside an epoch prefill keeps its margin: a
+    prompt queue feels rate spikes shorter than the forecast's window).
+
+    With ``prefill_attainment`` set as well, the prefill instances kept are sized at
+    their modelled SLO capacity (the planned capacity / the file's load fraction)
+    while the share of prompts whose first token came out within the TTFT SLO over
+    the last ``attainment_window_s`` is at least ``prefill_attainment``, and at their
+    planned capacity otherwise (and while no prompt has come out in the window): the
+    load fraction's reserve covers the prompt-length spread that the queueing model
+    leaves out, and what that spread costs on a given load shows in the TTFTs
+    observed (a first token's time is known when it is sent). The surge gate's test
+    reads the need at planned capacity either way."""
 
     merge_interval_s: float = 5.0
     fill: float = 0.9
@@ -74,6 +92,9 @@ class MergePolicy:
     prefill_wait_s: float = 0.25
     prefill_release_margin: float = 0.0
     surge_ratio: float = 1.5
+    forecast_ceiling: bool = False
+    prefill_attainment: float | None = None
+    attainment_window_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.headroom <= -1:
@@ -84,6 +105,10 @@ class MergePolicy:
             raise ValueError(f"surge_ratio {self.surge_ratio} is below 1")
         if self.prefill_window_s <= 0 or self.prefill_wait_s < 0:
             raise ValueError("prefill_window_s must be positive, prefill_wait_s not negative")
+        if self.prefill_attainment is not None and not 0 < self.prefill_attainment <= 1:
+            raise ValueError(f"prefill_attainment {self.prefill_attainment} is not in (0, 1]")
+        if self.attainment_window_s <= 0:
+            raise ValueError(f"attainment_window_s {self.attainment_window_s} is not positive")
 
     def problem(
         self,

@@ -47,9 +47,10 @@ request must finish exactly once (conservation). Times s, energies J.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -189,6 +190,11 @@ class _Sim:
         self.ttft_slo = [sm.slo.ttft_ms / 1e3 for sm in p.spec.models]
         self.tbt_slo = [sm.slo.tbt_ms / 1e3 for sm in p.spec.models]
         self.max_batch = p.spec.options.max_batch
+        # TTFT outcomes per model: (time s it is known, request, within the SLO) not
+        # yet known (a heap), and those known within the attainment window
+        self.ttft_pending: list[list[tuple[float, int, bool]]] = [[] for _ in range(p.n_models)]
+        self.ttft_seen: list[deque[tuple[float, bool]]] = [deque() for _ in range(p.n_models)]
+        self.ttft_seen_ok = [0] * p.n_models
 
     def table(self, m: int, o: int) -> OptionTables:
         got = self.tables.get((m, o))
@@ -518,6 +524,45 @@ class _Sim:
                 )
                 short -= self.prefill_capacity(inst)
 
+    def note_ttft(self, rid: int, arrived: float, first_token: float) -> None:
+        """Count request ``rid``'s TTFT (arrived and first token sent at these times,
+        s) and, for a policy that reads the TTFT attainment, keep its outcome until it
+        is known: when the first token is sent, or when the SLO passes without it."""
+        m = int(self.arr.workload[rid])
+        ok = first_token - arrived <= self.ttft_slo[m] + 1e-12
+        if ok:
+            self.res.ttft_ok += 1
+        pol = self.merging
+        if pol is not None and pol.prefill_attainment is not None:
+            known = first_token if ok else arrived + self.ttft_slo[m]
+            heapq.heappush(self.ttft_pending[m], (known, rid, ok))
+
+    def ttft_share(self, m: int, now: float, window_s: float) -> float | None:
+        """Share within the TTFT SLO of model m's prompts whose outcome became known
+        in (now - window_s, now] (when the first token was sent, or when the SLO
+        passed without it); None if none did."""
+        pending, seen = self.ttft_pending[m], self.ttft_seen[m]
+        while pending and pending[0][0] <= now:
+            done, _, ok = heapq.heappop(pending)
+            seen.append((done, ok))
+            self.ttft_seen_ok[m] += int(ok)
+        while seen and seen[0][0] <= now - window_s:
+            self.ttft_seen_ok[m] -= int(seen.popleft()[1])
+        return self.ttft_seen_ok[m] / len(seen) if seen else None
+
+    def prefill_scale(self, m: int, now: float) -> float:
+        """Prefill capacity kept per unit of need: the load fraction (instances at
+        their modelled SLO capacity) while the TTFT attainment observed over the
+        policy's window meets ``prefill_attainment``, else 1 (at planned capacity)."""
+        pol = self.merging
+        assert pol is not None
+        if pol.prefill_attainment is None:
+            return 1.0
+        share = self.ttft_share(m, now, pol.attainment_window_s)
+        if share is None or share < pol.prefill_attainment:
+            return 1.0
+        return float(self.p.spec.options.load_fraction)
+
     def scale_prefill(self, now: float, forecast: bool) -> None:
         """In-epoch prefill scaling (``MergePolicy.prefill_headroom``), per model."""
         pol = self.merging
@@ -529,6 +574,16 @@ class _Sim:
             need = float(rates[m]) * (1.0 + pol.prefill_headroom)
             planned = float(self.p.demand[m, t])
             calm = planned <= pol.surge_ratio * need
+            scale = self.prefill_scale(m, now)
+            need *= scale
+            # what a release must leave: the need with the margin; at an epoch
+            # boundary with the forecast ceiling, never more than the new epoch's
+            # forecast (the rate it bounds), so what a burst that has ended leaves
+            # goes at once
+            keep = need * (1.0 + pol.prefill_release_margin)
+            if pol.forecast_ceiling and forecast:
+                need = min(need, planned * scale)
+                keep = min(keep, planned * scale)
             if forecast and not calm:
                 need = max(need, planned)
             up = [i for i in self.prefill_of(m) if not i.draining]
@@ -540,7 +595,7 @@ class _Sim:
                 continue
             for inst in sorted(up, key=lambda i: (-self.prefill_capacity(i), i.free_at, i.iid)):
                 c = self.prefill_capacity(inst)
-                if inst.ready_at > now or cap - c < need * (1.0 + pol.prefill_release_margin):
+                if inst.ready_at > now or cap - c < keep:
                     continue
                 cap -= c
                 inst.draining = True
@@ -562,7 +617,8 @@ class _Sim:
         """The online merge step, per model: the decode instances kept must cover the
         observed rate with headroom (and, at an epoch boundary, the epoch's forecast
         rate, times 1 + headroom where the headroom is negative: a policy that keeps
-        decode at its modelled SLO capacity, ``headroom = load_fraction - 1``). If
+        decode at its modelled SLO capacity, ``headroom = load_fraction - 1``; with
+        ``forecast_ceiling``, never more than the forecast at that capacity). If
         they do not, start instances of the plan's pools again, up to the plan's
         count; otherwise ``decide_merge`` on the instances that are up
         chooses which to release and where their requests go."""
@@ -579,6 +635,9 @@ class _Sim:
                 # modelled SLO capacity, above the planned) applies to it too
                 planned = float(self.p.demand[m, min(self.epoch, self.p.n_epochs - 1)])
                 need = max(need, planned * (1.0 + min(pol.headroom, 0.0)))
+            if pol.forecast_ceiling:  # the epoch's forecast bounds its rate
+                planned = float(self.p.demand[m, min(self.epoch, self.p.n_epochs - 1)])
+                need = min(need, planned * (1.0 + min(pol.headroom, 0.0)))
             active = sorted(self.decode_candidates(m, None, now), key=lambda i: i.iid)
             loading = [
                 self.instances[i]
@@ -715,8 +774,7 @@ class _Sim:
         kv = self.kv_per_token[m] * prompt
         lk = self.p.links[LINKS.index(link or "nvlink")]
         done = inst.free_at + lk.transfer_s(kv)
-        if done - now <= self.ttft_slo[m] + 1e-12:
-            self.res.ttft_ok += 1
+        self.note_ttft(rid, now, done)
         other = {n for n in range(self.p.n_nodes) if n != node}
         self.push(done, _JOIN, rid, node if link == "nvlink" or not other else -1 - node)
         if inst.draining:
