@@ -13,7 +13,9 @@ Loads (one model, Llama-3.1-8B on two nodes of 8 H100-SXM5-80GB):
   the trace's means, seed 1, ``--bursty-minutes`` (default 30).
 
 Every contender plans each 30-s epoch (``--epoch-s``) for the load's own largest
-15-s rate in it (a perfect forecast) at 85 % of the modelled SLO capacity (``load_fraction``).
+15-s rate in it (a perfect forecast) at 85 % of the modelled SLO capacity
+(``load_fraction``); every plan passes the verifier at that fraction, and the replay
+bills what the instances held.
 
 Contenders, all replayed by the request-level simulator (families/serverless/sim.py) with
 the epoch means of the load as their forecast:
@@ -32,13 +34,16 @@ the epoch means of the load as their forecast:
 * ``energyopt+merge``: the rolling MILP pricing no drain (removed decode
   instances are merged away), with energyopt's online policy inside each epoch
   (``POLICY``): decode merging, decode kept at its modelled SLO capacity for the
-  observed rate (the planned capacity / load fraction), each decision by the merge MILP where the
+  observed rate (the planned capacity / load fraction) and never for more than the
+  epoch's forecast, each decision by the merge MILP where the
   candidate set has at most 400 (request, destination) pairs, by the priced greedy
   otherwise, reading its decode figures from the rate table compiled from the
   load's file (families/serverless/tables.py); and prefill scaled to the observed rate,
-  where the epoch's forecast announces no surge;
-* ``merge only``: the same plan and decode merging, prefill as planned (what
-  merging alone gives);
+  where the epoch's forecast announces no surge, at its planned capacity while a
+  prompt has missed its TTFT SLO in the last 300 s and at its modelled SLO capacity
+  otherwise (at an epoch boundary never for more than the new epoch's forecast);
+* ``merge only``: the same plan and decode policy, prefill as planned (what
+  merging and the decode rules alone give);
 * ``merge, greedy`` and ``merge, no limit``: the plan and policy of
   ``energyopt+merge`` with every merge decision by the greedy, and by the merge
   MILP whatever the set's size (the greedy's gap on every decision of the replay).
@@ -53,17 +58,21 @@ benchmark's H100 options, seeded) by size, which is what the 400-pair limit rest
 on; then the fast algorithm's gap to the whole-horizon MILP (plan and bound) on
 instances/serverless/azure-conv-small.yaml and on the two loads.
 
-With ``--floor-limit S`` (default 60; 0: none) it also prints, per load, the
-proven lower bound of the whole-horizon MILP at 15-s windows each at its mean rate
-(whole instances, cold starts priced, no drain: what any plan that keeps its instances within their
-planned capacity and knows every 15-s rate ahead needs on the model), solved for S
-seconds, against autoscale, and beside each target (the targets: 30 % fewer
-GPU-seconds than static; 5 % fewer than autoscale on the Azure load and 10 % on
-the bursty one; TTFT and TBT attainment within 1 point of static's).
+With ``--floor-limit S`` (default 60; 0: none) it also prints, per load, two
+proven lower bounds of the whole-horizon MILP at 15-s windows each at its mean rate
+(whole instances, cold starts priced, no drain), solved for S seconds: at the
+planned capacity (what any plan that keeps its instances within their planned
+capacity and knows every 15-s rate ahead needs on the model), the floor of static,
+autoscale and energyopt; and at the modelled SLO capacity (load fraction 1.0), the
+floor of the contenders that run instances above their planned capacity
+(``ABOVE_PLANNED``). Each row is printed beside its floor, and each target beside
+energyopt+merge's (the targets: 30 % fewer GPU-seconds than static; 5 % fewer than
+autoscale on the Azure load and 10 % on the bursty one; TTFT and TBT attainment
+within 1 point of static's).
 
 Run: python benchmarks/serverless.py [--minutes 58] [--bursty-minutes 30] [--copies 8]
-[--epoch-s 30] [--floor-limit 60] [DATA_DIR]; --write-instances FOLDER writes
-instances/serverless/ (60-s epochs).
+[--epoch-s 30] [--floor-limit 60] [--loads azure bursty] [DATA_DIR];
+--write-instances FOLDER writes instances/serverless/ (60-s epochs).
 """
 
 from __future__ import annotations
@@ -79,6 +88,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from energyopt.families import family
 from energyopt.families.serverless.figures import decode_figures
 from energyopt.families.serverless.formulations.merge import (
     MergeProblem,
@@ -122,19 +132,31 @@ POLICY = MergePolicy(
     prefill_headroom=0.0,
     prefill_wait_s=0.5,
     prefill_release_margin=0.1,
+    forecast_ceiling=True,
+    prefill_attainment=1.0,
+    attainment_window_s=300.0,
 )
 """energyopt's online policy in every epoch: decode instances kept cover the rate
 observed over the last 20 s, and at an epoch boundary the epoch's forecast, at their
 modelled SLO capacity (the planned capacity / ``LOAD_FRACTION``: headroom
-``LOAD_FRACTION - 1``, the same rule on every load); prefill instances
-kept cover the observed rate at the planned capacity (its 15 % reserve stays: the
-reserve is for the prompt-length spread in prefill's queue, whereas a decode step at
-the batch limit, 64, takes 22 ms against the 50-ms TBT SLO, and the policy sees the
-rate every 5 s and starts decode again when short). A prefill instance goes only
-where the others keep 10 % to spare, one more starts when a prompt would wait 0.5 s,
-and prefill stays as planned while the epoch's forecast is over 1.5x the rate
-observed."""
+``LOAD_FRACTION - 1``, the same rule on every load: a decode step at the batch limit,
+64, takes 22 ms against the 50-ms TBT SLO, and the policy sees the rate every 5 s and
+starts decode again when short), never more than the epoch's forecast. Prefill
+instances kept cover the observed rate at the planned capacity (its 15 % reserve is
+for the prompt-length spread in prefill's queue, which the queueing model leaves
+out) while a prompt has missed its TTFT SLO in the last 300 s, and at their modelled
+SLO capacity after 300 s without a miss (what the spread costs shows in the TTFTs
+observed). A prefill instance goes only where the others keep 10 % to spare (at an
+epoch boundary: where they cover the new epoch's forecast), one more starts when a
+prompt would wait 0.5 s, and prefill stays as planned while the epoch's forecast is
+over 1.5x the rate observed."""
 AT_CAPACITY = "autoscale, decode at capacity"
+ABOVE_PLANNED = frozenset(
+    {AT_CAPACITY, "energyopt+merge", "merge only", "merge, greedy", "merge, no limit"}
+)
+"""Contenders whose instances may run above their planned capacity (decode at the
+modelled SLO capacity; energyopt's prefill too after a spell without a TTFT miss):
+their floor is the one at the modelled SLO capacity."""
 DECODE_LOAD_FRACTION = 1.0
 """Decode's load fraction in ``AT_CAPACITY``: the modelled SLO capacity, as the
 ``POLICY`` keeps energyopt's decode (``headroom = LOAD_FRACTION - 1``)."""
@@ -232,6 +254,14 @@ def contenders(
         solve_s[label] = time.perf_counter() - t0
         assert res.plan is not None, f"{label}: {res.log}"
         plans[label] = (prob, res.plan, None)
+    # every plan passes the verifier: at the file's load fraction, and decode sized at
+    # its modelled SLO capacity at load fraction 1.0 (its prefill is within it too)
+    at_capacity = problem_doc(name, demand, max_batch, epoch_s)
+    at_capacity["options"]["load_fraction"] = DECODE_LOAD_FRACTION
+    checked = {AT_CAPACITY: build_problem(ServerlessFile.model_validate(at_capacity))}
+    for label, (prob, plan, _) in plans.items():
+        broken = family("serverless").verify(checked.get(label, prob), plan)
+        assert not broken, f"{label}: the verifier refuses the plan: {broken[0]}"
     # with merging a removed decode instance is gone once its KV caches have moved
     # (a fraction of a second over NVLink), so the merging planner prices no drain
     merge_doc = problem_doc(name, demand, max_batch, epoch_s)
@@ -241,6 +271,8 @@ def contenders(
     res = solve_rolling(p_merge, time_limit_s=limit_s)
     solve_s["energyopt+merge"] = time.perf_counter() - t0
     assert res.plan is not None, f"energyopt+merge: {res.log}"
+    broken = family("serverless").verify(p_merge, res.plan)
+    assert not broken, f"energyopt+merge: the verifier refuses the plan: {broken[0]}"
     plans["energyopt+merge"] = (p_merge, res.plan, POLICY)
     plans["merge only"] = (p_merge, res.plan, replace(POLICY, prefill_headroom=None))
     plans["merge, greedy"] = (p_merge, res.plan, replace(POLICY, max_pairs=0))
@@ -260,20 +292,30 @@ def table(
     name: str,
     results: dict[str, ServerlessSimResult],
     wall_s: float,
-    floor_gpu_s: float | None = None,
+    floors: dict[str, float | None] | None = None,
 ) -> bool:
+    """Print one load's rows, each beside the floor valid for it (``floors``: the
+    proven bound by capacity, ``planned`` and ``modelled``; a contender in
+    ``ABOVE_PLANNED`` gets the one at the modelled SLO capacity), and the targets."""
     static, auto = results["static"], results["autoscale"]
     width = max(16, *(len(k) for k in results))
+    floors = floors or {}
+
+    def floor_of(label: str) -> float | None:
+        return floors.get("modelled" if label in ABOVE_PLANNED else "planned")
+
     print(f"\n{name}: {results['static'].requests:,} requests (simulated in {wall_s:.0f} s)")
     print(
-        f"{'contender':<{width}} {'GPU-s':>9} {'/static':>8} {'/autosc':>8} {'kWh':>7} "
-        f"{'TTFT att':>8} {'TBT att':>8} {'merges':>6} {'migr GB':>8} {'starts':>6} "
-        f"{'freed':>5}"
+        f"{'contender':<{width}} {'GPU-s':>9} {'/static':>8} {'/autosc':>8} {'floor':>7} "
+        f"{'/floor':>7} {'kWh':>7} {'TTFT att':>8} {'TBT att':>8} {'merges':>6} "
+        f"{'migr GB':>8} {'starts':>6} {'freed':>5}"
     )
     for label, r in results.items():
+        fl = floor_of(label)
+        fl_text = f"{fl:>7,.0f} {r.gpu_s / fl:>7.3f}" if fl else f"{'-':>7} {'-':>7}"
         print(
             f"{label:<{width}} {r.gpu_s:>9,.0f} {r.gpu_s / static.gpu_s:>8.3f} "
-            f"{r.gpu_s / auto.gpu_s:>8.3f} {r.energy_j / 3.6e6:>7.3f} "
+            f"{r.gpu_s / auto.gpu_s:>8.3f} {fl_text} {r.energy_j / 3.6e6:>7.3f} "
             f"{100 * r.ttft_attainment:>7.2f}% {100 * r.tbt_attainment:>7.2f}% "
             f"{r.merges:>6} {r.migrated_bytes / 1e9:>8.1f} {r.starts:>6} {r.released:>5}"
         )
@@ -285,9 +327,13 @@ def table(
     target = next(v for k, v in GPU_S_VS_AUTOSCALE.items() if name.startswith(k))
 
     def beside(ref: float) -> str:
-        if floor_gpu_s is None:
+        fl = floor_of("energyopt+merge")
+        if fl is None:
             return "; floor not solved"
-        return f"; the floor {100 * (1 - floor_gpu_s / ref):.1f} % fewer ({floor_gpu_s:,.0f} GPU-s)"
+        return (
+            f"; its floor (modelled SLO capacity) {100 * (1 - fl / ref):.1f} % fewer "
+            f"({fl:,.0f} GPU-s)"
+        )
 
     checks = [
         (
@@ -429,6 +475,38 @@ def gap_to_milp(p: ServerlessProblem, limit_s: float) -> None:
     )
 
 
+def least_gpus(rate: float, options: list[tuple[float, float]]) -> float:
+    """Least GPUs of whole instances whose capacities sum to at least ``rate`` (rps);
+    ``options``: (GPUs of an instance, a multiple of 1/4; its capacity rps). An
+    unbounded knapsack over quarter GPUs (the capacity most u quarters can hold)."""
+    if rate <= 0:
+        return 0.0
+    units = [(round(4 * g), c) for g, c in options if c > 0]
+    assert units and all(u >= 1 for u, _ in units), options
+    best = [0.0]
+    while best[-1] < rate - 1e-9:
+        u = len(best)
+        best.append(max([best[u - 1]] + [best[u - k] + c for k, c in units if k <= u]))
+    return (len(best) - 1) / 4
+
+
+def window_floor(p: ServerlessProblem) -> float:
+    """GPU-seconds no plan of ``p`` can go below: every epoch (a window) and phase
+    apart, the least GPUs of whole instances whose capacities cover the epoch's rate,
+    times the epoch; cold starts, node limits and the NICs left out. A relaxation of
+    the whole-horizon MILP (each epoch's pools of a phase must hold its rate, on
+    either link: the larger capacity of the two is taken), so a valid lower bound,
+    and where HiGHS stops short of the MILP's optimum often the higher one."""
+    total = 0.0
+    for m in range(p.n_models):
+        pre = [(o.gpus, float(p.cap_prefill[m, i].max())) for i, o in enumerate(p.options)]
+        dec = [(o.gpus, float(p.cap_decode[m, i])) for i, o in enumerate(p.options)]
+        for t in range(p.n_epochs):
+            rate = float(p.demand[m, t])
+            total += p.epoch_s * (least_gpus(rate, pre) + least_gpus(rate, dec))
+    return total
+
+
 def floor(
     name: str,
     arrivals: Arrivals,
@@ -436,23 +514,37 @@ def floor(
     max_batch: int,
     auto_gpu_s: float,
     limit_s: float,
+    load_fraction: float = LOAD_FRACTION,
 ) -> float | None:
-    """The whole-horizon MILP at 15-s windows each at its mean rate, no drain: its
-    proven bound is the least GPU-seconds of any plan of whole instances whose planned
-    capacity covers every window's mean rate, cold starts priced."""
+    """The whole-horizon MILP at 15-s windows each at its mean rate, no drain, every
+    instance at ``load_fraction`` of its modelled SLO capacity: its proven bound is the
+    least GPU-seconds of any plan of whole instances whose capacity at that fraction
+    covers every window's mean rate, cold starts priced. At ``LOAD_FRACTION`` (the
+    planned capacity) it is the floor of the contenders that keep their instances
+    within the planned capacity; at 1.0 (the modelled SLO capacity, instances of
+    either phase at any load up to it) it is a floor of those that run above it as
+    well (a plan of instances at 0.85 is one at 1.0 too, so it is the lower)."""
     n = round(minutes * 60.0 / FLOOR_WINDOW_S)
     mean = [float(d) for d in epoch_demand(arrivals, FLOOR_WINDOW_S, n, FLOOR_WINDOW_S)[0]]
     doc = problem_doc(name, mean, max_batch, FLOOR_WINDOW_S)
     doc["models"][0]["decode_drain_s"] = 0.0
+    doc["options"]["load_fraction"] = load_fraction
     p = build_problem(ServerlessFile.model_validate(doc))
     lp = solve_relaxation(p, time_limit_s=limit_s)
     res = solve_milp(p, time_limit_s=limit_s)
+    windows = window_floor(p)
+    at = "planned" if load_fraction == LOAD_FRACTION else "modelled SLO"
     print(
-        f"  the floor: least GPU-s of whole instances at their planned capacity covering "
-        f"every {FLOOR_WINDOW_S:g}-s window's mean rate, known ahead (cold starts priced, "
-        f"no drain; {limit_s:g} s per solve)"
+        f"  the floor at {at} capacity (load fraction {load_fraction:g}): least GPU-s of "
+        f"whole instances covering every {FLOOR_WINDOW_S:g}-s window's mean rate, known "
+        f"ahead (cold starts priced, no drain; {limit_s:g} s per solve)"
     )
-    for label, bound in (("LP (fluid)", lp.bound), ("MILP (whole instances)", res.bound)):
+    bounds = (
+        ("LP (fluid)", lp.bound),
+        ("MILP (whole instances)", res.bound),
+        ("window by window (whole instances, no cold start)", windows),
+    )
+    for label, bound in bounds:
         if bound is None:
             print(f"  {name}: {label}: no bound in {limit_s:g} s")
             continue
@@ -460,7 +552,7 @@ def floor(
             f"  {name}: {label} bound at {FLOOR_WINDOW_S:g}-s mean rates {bound:,.0f} GPU-s, "
             f"{100 * (1 - bound / auto_gpu_s):.1f} % below autoscale's {auto_gpu_s:,.0f}"
         )
-    return res.bound
+    return max(windows, res.bound) if res.bound is not None else windows
 
 
 def write_instances(data: Path, folder: Path, max_batch: int) -> None:
@@ -505,16 +597,27 @@ def main() -> None:
     ap.add_argument(
         "--floor-limit", type=float, default=60.0, help="s per floor solve (0: no floor)"
     )
+    ap.add_argument(
+        "--loads",
+        nargs="+",
+        choices=("azure", "bursty"),
+        default=["azure", "bursty"],
+        help="loads to run (default both)",
+    )
     ap.add_argument("--write-instances", metavar="FOLDER", help="write the bundled instances")
     args = ap.parse_args()
     data = Path(args.data)
     if args.write_instances:
         write_instances(data, Path(args.write_instances), args.max_batch)
         return
-    loads = {
-        f"azure-conv x{args.copies}": (azure(data, args.minutes, args.copies), args.minutes),
-        "bursty": (bursty(args.bursty_minutes), args.bursty_minutes),
-    }
+    loads = {}
+    if "azure" in args.loads:
+        loads[f"azure-conv x{args.copies}"] = (
+            azure(data, args.minutes, args.copies),
+            args.minutes,
+        )
+    if "bursty" in args.loads:
+        loads["bursty"] = (bursty(args.bursty_minutes), args.bursty_minutes)
     problems = []
     met = []
     for name, (arr, minutes) in loads.items():
@@ -523,18 +626,20 @@ def main() -> None:
             name, arr, minutes, args.max_batch, args.milp_limit, args.epoch_s
         )
         wall_s = time.perf_counter() - t0
-        bound = None
+        floors: dict[str, float | None] = {}
         if args.floor_limit > 0:
             span_s = whole_epochs(minutes, args.epoch_s) * args.epoch_s  # the contenders'
-            bound = floor(
-                name,
-                arr.before(span_s),
-                span_s / 60.0,
-                args.max_batch,
-                results["autoscale"].gpu_s,
-                args.floor_limit,
-            )
-        met.append(table(name, results, wall_s, bound))
+            for at, fraction in (("planned", LOAD_FRACTION), ("modelled", 1.0)):
+                floors[at] = floor(
+                    name,
+                    arr.before(span_s),
+                    span_s / 60.0,
+                    args.max_batch,
+                    results["autoscale"].gpu_s,
+                    args.floor_limit,
+                    fraction,
+                )
+        met.append(table(name, results, wall_s, floors))
         problems.append(p)
     if args.merge_sets > 0:
         merge_sets(problems[0], args.merge_sets)
