@@ -118,8 +118,9 @@ from energyopt.spec.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCH_S = 30.0
-"""Planning epoch of every contender (s). At 30 s energyopt uses 31.2 % fewer
-GPU-seconds than static provisioning on the Azure load (27.5 % at 300 s): a short
+"""Planning epoch of every contender (s). At 30 s energyopt uses 34.7 % fewer
+GPU-seconds than static provisioning on the Azure load (2026-12-07; 27.5 % at 300 s
+with the policy of 2026-12-05): a short
 epoch plans closer to the rate from the forecast, and a prefill cold start (4.4 s of
 weight load) fits well inside one. Longer epochs are measured with ``--epoch-s``
 (docs/formulations/serverless.md); a run covers whole epochs only."""
