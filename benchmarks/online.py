@@ -211,7 +211,8 @@ def _online_line(run: PlannerRun) -> str:
     return (
         f"{stats.decisions} dec, {per:.2f} mean / {stats.max_lookups} max lookups (budget "
         f"{run.result.online_budget}), boosts {stats.boosts}, restores {stats.restores}, "
-        f"harvests {stats.trims}, spills {stats.spills}, wakes {stats.wakes}"
+        f"harvests {stats.trims}, spills {stats.spills}, wakes {stats.wakes}, surprise "
+        f"re-plans {run.tally.surprise_replans}"
     )
 
 
@@ -405,7 +406,7 @@ def main() -> None:
     parser.add_argument(
         "--loads",
         default=",".join(LOAD_NAMES),
-        help=f"comma-separated loads to run (default all: {','.join(LOAD_NAMES)})",
+        help=f"comma-separated loads to run, in this order (default all: {','.join(LOAD_NAMES)})",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     args = parser.parse_args()
@@ -420,9 +421,8 @@ def main() -> None:
         flush=True,
     )
     verdicts = []
-    for load in all_loads(args.duration):
-        if load.name not in wanted:
-            continue
+    by_name = {load.name: load for load in all_loads(args.duration)}
+    for load in (by_name[n] for n in dict.fromkeys(wanted)):
         lines, verdict = run_load(load, args.verbose)
         print("\n".join(["", *lines, *verdict_lines(verdict)]), flush=True)
         verdicts.append(verdict)
