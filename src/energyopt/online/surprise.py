@@ -40,9 +40,9 @@ class SurpriseConfig:
     the noise term); ``noise_z``: standard deviations of that count's Poisson noise
     added to the band (0: none)."""
 
-    surprise_s: float = 10.0
+    surprise_s: float = 3.0
     cooldown_s: float = 60.0
-    window_s: float = 10.0
+    window_s: float = 5.0
     noise_z: float = 1.28
 
     def __post_init__(self) -> None:

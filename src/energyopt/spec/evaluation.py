@@ -244,13 +244,13 @@ class OnlineOptions(Spec):
         description="re-plan at once (warm-started) when a workload's rate leaves its band",
     )
     surprise_s: float = Field(
-        default=10.0, ge=0, le=86_400, description="out of band this long is a surprise, s"
+        default=3.0, ge=0, le=86_400, description="out of band this long is a surprise, s"
     )
     surprise_cooldown_s: float = Field(
         default=60.0, ge=0, le=86_400, description="least time between surprises of one workload, s"
     )
     surprise_window_s: float = Field(
-        default=10.0, gt=0, le=86_400, description="window of the rate the band is checked on, s"
+        default=5.0, gt=0, le=86_400, description="window of the rate the band is checked on, s"
     )
     surprise_check_s: float = Field(
         default=1.0, gt=0, le=86_400, description="time between two checks of the bands, s"
