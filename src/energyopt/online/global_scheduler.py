@@ -15,15 +15,18 @@ Per request of workload w (``route``), in order:
    capacity at the GPU's current clock and share; at or above the plan's clock
    also its planned rate (which the plan was verified at), that limit raised by
    the meter's ``risk_z``-sigma Poisson noise there (a rate within the noise of
-   the planned rate is the load the plan was made for). By its queue, when it
+   the planned rate is the load the plan was made for); also when a fast meter
+   of the same arrivals (``fast_tau_s``) exceeds that limit by its own
+   ``risk_z``-sigma noise (a burst's onset, seconds sooner). By its queue, when it
    exceeds ``backlog_fraction`` x capacity x TTFT SLO (the requests it can start
    within that part of the SLO), and at least ``queue_floor`` requests.
 3. *Reactions*, cheapest first, while at risk:
    a. **clock boost**: ``raise_to`` gives the lowest clock at or above the
-      current one at which the slice covers the load plus the backlog's drain
-      rate (the table's load grid rounds up: the clock below its answer is
-      checked with its exact capacity); a boost for a queue alone goes up at
-      most ``queue_boost_steps`` candidate clocks, once per ``hold_s``; from
+      current one at which the slice covers the load (the larger of the two
+      meters) plus the backlog's drain rate (the table's load grid rounds up: the
+      clock below its answer is checked with its exact capacity); a boost for a
+      queue alone goes up at most k x ``queue_boost_steps`` candidate clocks, k
+      the queue over its risk level rounded up, once per ``drain_s``; from
       below the plan's clock no higher than the plan's while the rate is within
       the plan's. The GPU's estimated power at that clock (static on-power plus,
       for each open slice, its fixed part and its marginal power per request/s x
@@ -66,8 +69,9 @@ share covering its need there, ``raise_to`` with nothing used) when they fit the
 GPU. A harvest only lowers, never while a queue is at its risk level, and may
 go below the plan's clock (the plan was sized for the forecast's peak plus
 headroom). Below the plan's clock the rate test of step 2 has no floor at the
-planned rate: a harvested slice is raised as soon as its rate reaches its
-capacity, before its SLO is at risk (the hysteresis is the margin m).
+planned rate: a harvested slice is raised once its rate uses half its margin
+(rate > capacity / (1 + m/2)), to a clock covering r x (1 + m) again (the
+hysteresis is half the margin m).
 
 Every step is O(1) in the fleet size: a decision touches at most 2 +
 ``spill_probes`` instances and one GPU (with its co-located instances, at most
@@ -94,6 +98,7 @@ class OnlineConfig:
     """Thresholds of the global scheduler (dimensionless unless a unit is named)."""
 
     rate_tau_s: float = 10.0
+    fast_tau_s: float = 2.0  # the fast meter's time constant (burst onsets), s
     risk_utilization: float = 1.0
     calm_utilization: float = 0.85
     backlog_fraction: float = 1.0
@@ -282,6 +287,7 @@ class GlobalScheduler:
         gpu = self.gpus.get(info.gpus[0]) if info.tp == 1 else None
         meter = RateMeter(self.cfg.rate_tau_s, value=info.planned_rps, at_s=now_s)
         slot = Slot(info, meter, info.share, info.share, gpu, ttft_s=self.ttft_s[info.workload])
+        slot.fast = RateMeter(self.cfg.fast_tau_s, value=info.planned_rps, at_s=now_s)
         if gpu is not None:
             gpu.slots.append(slot)
         self._refresh(slot)
@@ -329,6 +335,7 @@ class GlobalScheduler:
         w_rate = wl.rate.add(now_s)
         self.tick(other.info.id, now_s)
         chosen.rate.add(now_s)
+        chosen.fast.add(now_s)
         cause = self._risk(chosen, now_s)
         risky = cause > 0
         if risky:
@@ -344,8 +351,9 @@ class GlobalScheduler:
             if risky:
                 alt = self._spill(wl, chosen, now_s)
                 if alt is not None:
-                    chosen.rate.value -= 1.0 / chosen.rate.tau_s
+                    _uncount(chosen)
                     alt.rate.add(now_s)
+                    alt.fast.add(now_s)
                     chosen = alt
                     st.spills += 1
                     risky = False
@@ -360,7 +368,7 @@ class GlobalScheduler:
         if chosen.info.view.queued >= chosen.queue_limit:
             st.shed += 1
             st.shed_by_workload[workload] = st.shed_by_workload.get(workload, 0) + 1
-            chosen.rate.value -= 1.0 / chosen.rate.tau_s
+            _uncount(chosen)
             return None
         return chosen.info.id
 
@@ -372,13 +380,22 @@ class GlobalScheduler:
         cap = s.capacity_rps
         limit = self.cfg.risk_utilization * cap
         g = s.gpu
+        rate = s.rate.read(now_s)
+        z = self.cfg.risk_z
         if g is None or g.clock >= g.plan_clock:
             # at the plan's clock or above: not before the rate exceeds the planned rate
             # (the plan was verified at it) by more than the meter's noise there
             limit = max(limit, s.info.planned_rps)
-            limit *= 1.0 + self._noise(limit, self.cfg.risk_z)
-        rate = s.rate.read(now_s)
-        if rate > limit:
+            slow = limit * (1.0 + self._noise(limit, z))
+        else:
+            # harvested: raised once half the harvest margin is used, before the rate
+            # reaches the lowered clock's capacity (a ramp is met with headroom left)
+            limit /= 1.0 + 0.5 * self._margin(s, rate)
+            slow = limit
+        # the fast meter sees a burst's onset seconds sooner; its larger noise is
+        # counted at the same confidence
+        fast = limit * (1.0 + self._noise(limit, z, self.cfg.fast_tau_s))
+        if rate > slow or s.fast.read(now_s) > fast:
             return 1
         if s.info.view.queued > self._queue_risk(cap, s.ttft_s):
             return 2
@@ -394,7 +411,7 @@ class GlobalScheduler:
 
     def _need_rps(self, s: Slot, now_s: float) -> float:
         """Load the slice must cover: the observed rate plus draining the backlog."""
-        load = s.rate.read(now_s) / self.cfg.risk_utilization
+        load = max(s.rate.read(now_s), s.fast.read(now_s)) / self.cfg.risk_utilization
         return load + s.info.view.queued / self.cfg.drain_s
 
     def _power(self, g: GpuState, clock: int) -> float:
@@ -493,6 +510,8 @@ class GlobalScheduler:
         # share in use by everything but this slice's own share: the answer fits in it
         others = self.lk.share_capacity[t] - s.share
         need = self._need_rps(s, now_s)
+        if harvested:  # back up with the harvest margin again, not to the bare rate
+            need = max(need, self._need(s, now_s))
         want, _ = self.lk.raise_to(s.info.label, t, g.clock, others, need)
         if want < 0:
             want = clocks[-1]
@@ -506,7 +525,10 @@ class GlobalScheduler:
         if below > g.clock and self.lk.capacity_rps(s.info.label, t, below, s.share) >= need:
             want = below
         if cause == 2:
-            step = _index_at_least(clocks, g.clock) + self.cfg.queue_boost_steps
+            # a queue k times its risk level raises up to k x queue_boost_steps clocks:
+            # a short queue is often a long prompt, a long one a burst's onset
+            k = math.ceil(s.info.view.queued / self._queue_risk(s.capacity_rps, s.ttft_s))
+            step = _index_at_least(clocks, g.clock) + self.cfg.queue_boost_steps * max(k, 1)
             want = min(want, clocks[min(step, len(clocks) - 1)])
             if harvested:  # a queue on a harvested GPU: the plan's clock at once
                 want = max(want, g.plan_clock)
@@ -644,20 +666,26 @@ class GlobalScheduler:
                 raise ValueError(f"margins[{k}]: {m} is not a fraction >= 0")
         self.margins = list(margins)
 
-    def _noise(self, rate_rps: float, z: float | None = None) -> float:
-        """The rate meter's ``z``-sigma (default ``error_z``) Poisson noise at
-        ``rate_rps``, as a fraction of it (the meter's variance at rate r is
-        r / (2 ``rate_tau_s``))."""
+    def _noise(self, rate_rps: float, z: float | None = None, tau_s: float | None = None) -> float:
+        """A rate meter's ``z``-sigma (default ``error_z``) Poisson noise at
+        ``rate_rps``, as a fraction of it (the variance of a meter of time constant
+        tau at rate r is r / (2 tau); ``tau_s`` default ``rate_tau_s``)."""
         cfg = self.cfg
         sigmas = cfg.error_z if z is None else z
-        return sigmas / math.sqrt(2.0 * max(rate_rps, cfg.min_rate_rps) * cfg.rate_tau_s)
+        tau = cfg.rate_tau_s if tau_s is None else tau_s
+        return sigmas / math.sqrt(2.0 * max(rate_rps, cfg.min_rate_rps) * tau)
+
+    def _margin(self, o: Slot, rate_rps: float) -> float:
+        """Harvest margin of slice ``o`` at observed rate ``rate_rps`` (fraction): its
+        workload's margin, at least the meter's noise at that rate."""
+        m = self.margins[o.info.workload] if self.margins else self.cfg.harvest_margin
+        return max(m, self._noise(rate_rps))
 
     def _need(self, o: Slot, now_s: float) -> float:
         """Rate (req/s) slice ``o`` must cover below its plan's clock: its observed rate
         r x (1 + its workload's margin, at least the meter's noise at r)."""
         r = o.rate.read(now_s)
-        m = self.margins[o.info.workload] if self.margins else self.cfg.harvest_margin
-        return max(r, self.cfg.min_rate_rps) * (1.0 + max(m, self._noise(r)))
+        return max(r, self.cfg.min_rate_rps) * (1.0 + self._margin(o, r))
 
     def _slice_clock(self, g: GpuState, o: Slot, now_s: float, need: float) -> int:
         """Lowest candidate clock of ``g`` at which slice ``o`` in its share holds the
@@ -821,6 +849,12 @@ class _ActuatorControl:
         slots = {_client(s): s for s in owner.gpus[gpu].slots}
         for client, pct in shares_pct.items():
             owner.act.set_share(slots[client].info.id, pct, owner.now_s)
+
+
+def _uncount(s: Slot) -> None:
+    """Take back the arrival just counted on ``s``'s meters (spilled or shed)."""
+    s.rate.value -= 1.0 / s.rate.tau_s
+    s.fast.value -= 1.0 / s.fast.tau_s
 
 
 def _backlog(s: Slot) -> float:

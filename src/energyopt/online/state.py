@@ -13,6 +13,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
+FAST_TAU_S = 2.0
+"""Default time constant of a slot's fast rate meter (s)."""
+
 
 class InstanceView(Protocol):
     """Live counters of one serving instance (read at decision time)."""
@@ -136,3 +139,5 @@ class Slot:
     ttft_s: float = 1.0
     queue_limit: int = 1
     epoch: int = 0  # the plan its capacities belong to
+    fast: RateMeter = field(default_factory=lambda: RateMeter(FAST_TAU_S))
+    """The same arrivals on a short time constant: the risk test's early warning."""

@@ -224,6 +224,12 @@ class OnlineOptions(Spec):
     rate_tau_s: float = Field(
         default=10.0, gt=0, le=86_400, description="time constant of the observed-rate meters, s"
     )
+    fast_tau_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=86_400,
+        description="time constant of the fast meters that warn of a burst's onset, s",
+    )
     backlog_fraction: float = Field(
         default=1.0, gt=0, le=1_000, description="queue (in TTFT SLOs of capacity) that is at risk"
     )

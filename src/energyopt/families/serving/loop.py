@@ -158,6 +158,7 @@ def online_policy(ev: Evaluation, lookups: OpLookups) -> OnlinePolicy:
         calm_utilization=o.calm_utilization,
         hold_s=o.hold_s,
         rate_tau_s=o.rate_tau_s,
+        fast_tau_s=o.fast_tau_s,
         backlog_fraction=o.backlog_fraction,
         queue_factor=o.queue_factor,
         wake_after_s=o.wake_after_s,
