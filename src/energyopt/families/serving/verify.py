@@ -7,7 +7,7 @@ recomputed from the plan's own settings (GPU type, clock, share, rate, TP size).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +21,7 @@ from energyopt.perf.power import gpu_on_power_w
 from energyopt.perf.queueing import metrics_at, slo_capacity
 from energyopt.spec.cluster import Gpu
 from energyopt.spec.plan import GpuPlan, Placement, Plan
+from energyopt.spec.workload import Phase
 from energyopt.verify.violation import Violation
 
 REL_TOL = 1e-6
@@ -75,6 +76,94 @@ def verify_plan(problem: Problem, plan: Plan) -> list[Violation]:
 
 def evaluate_plan(problem: Problem, plan: Plan) -> PlanEvaluation:
     """Recompute power, service and SLO headroom, and list violations."""
+    return _evaluate(problem, plan, None)
+
+
+@dataclass
+class PlacementFigures:
+    """Figures the verifier computed before, for ``evaluate_plan_incremental``.
+
+    Operating points are keyed by ``OpParams.row_keys`` (every parameter bitwise:
+    workload, SLO, GPU type, clock, share; the rate is not one of them), each key
+    holding the point's profile alive, as its ``id`` is part of the key."""
+
+    capacity: dict[bytes, tuple[float, object]] = field(default_factory=dict)
+    """Point -> (SLO capacity req/s, profile)."""
+    placements: dict[bytes, tuple[bool, float, float, float, float, float, float]] = field(
+        default_factory=dict
+    )
+    """(point, rate, workload rate) -> (stable, TTFT ms, TBT ms, decode batch, memory
+    bytes per GPU, dynamic power W, worst-case draw W) of a placement."""
+
+    def __len__(self) -> int:
+        return len(self.capacity) + len(self.placements)
+
+
+def learn_capacities(
+    problem: Problem,
+    points: Sequence[tuple[str, Phase, str, int, int]],
+    verified: PlacementFigures,
+) -> None:
+    """Compute and keep in ``verified`` the SLO capacity of each single-GPU MPS
+    placement of ``points`` ((workload, phase, GPU type, clock MHz, share %)) that it
+    lacks, the placements' points built as ``evaluate_plan`` builds them; one run of
+    the model over all of them."""
+    usable = 1.0 - problem.instance.options.memory_reserve_fraction
+    specs: list[OpSpec] = []
+    for name, phase, type_name, clock, share in points:
+        gtype = problem.gpu_type(type_name)
+        frac = share / 100.0
+        specs.append(
+            op_spec(
+                problem,
+                problem.instance.workload(name),
+                phase,
+                gtype,
+                clock,
+                (share, None, frac, frac, gtype.memory_gb * usable),
+                1,
+            )
+        )
+    if not specs:
+        return
+    params = build_params(specs)
+    _capacities(params, params.row_keys(), verified)
+
+
+def _capacities(params: OpParams, keys: list[bytes], verified: PlacementFigures) -> FloatArray:
+    """The SLO capacity (req/s) of each point of ``params`` (``keys``: its row keys),
+    from ``verified`` or from one run of the model over those it lacks (then kept)."""
+    todo: dict[bytes, int] = {}
+    for i, key in enumerate(keys):
+        if key not in verified.capacity:
+            todo.setdefault(key, i)
+    if todo:
+        rows = params.take(np.asarray(list(todo.values()), dtype=np.int64))
+        capacity = slo_capacity(rows)
+        for j, key in enumerate(todo):
+            verified.capacity[key] = (float(capacity[j]), rows.profile[j])
+    return np.asarray([verified.capacity[key][0] for key in keys], dtype=np.float64)
+
+
+def evaluate_plan_incremental(
+    problem: Problem, plan: Plan, verified: PlacementFigures
+) -> PlanEvaluation:
+    """``evaluate_plan``, taking the performance figures of each placement whose
+    operating point, rate and workload rate are in ``verified`` from there instead of
+    running the queueing model for it; the placements not there are computed and
+    added to ``verified``. Every check (per GPU: placements, clock, power limit,
+    shares, latency, memory, cap; fleet: demand, budgets, counts, objective) is run
+    on the figures as ``evaluate_plan`` runs it. The model is elementwise (one
+    point's figures do not depend on the others computed with it), so the result
+    equals ``evaluate_plan``'s when ``verified`` holds figures that model computed,
+    as ``evaluate_plan_incremental`` stores them. The ``edp`` objective's delay
+    weights need every placement's design batch: with it every figure is
+    recomputed."""
+    return _evaluate(problem, plan, verified)
+
+
+def _evaluate(problem: Problem, plan: Plan, verified: PlacementFigures | None) -> PlanEvaluation:
+    """``evaluate_plan``; with ``verified``, ``evaluate_plan_incremental``."""
     ev = PlanEvaluation()
     bad = ev.violations.append
     gpus = {g.id: g for g in problem.gpus}
@@ -99,7 +188,7 @@ def evaluate_plan(problem: Problem, plan: Plan) -> PlanEvaluation:
     _check_gpu_settings(problem, plans, gpus, bad)
     _check_shares(problem, plans, bad)
     if checks:
-        _check_performance(problem, checks, plans, gpus, ev)
+        _check_performance(problem, checks, plans, gpus, ev, verified)
     _check_demand(problem, checks, ev)
     _check_budgets(problem, ev)
     ev.gpus_on = sum(1 for gp in plans.values() if gp.on)
@@ -285,6 +374,7 @@ def _check_performance(
     plans: dict[str, GpuPlan],
     gpus: dict[str, Gpu],
     ev: PlanEvaluation,
+    verified: PlacementFigures | None = None,
 ) -> None:
     bad = ev.violations.append
     valid: list[PlacementCheck] = []
@@ -313,9 +403,19 @@ def _check_performance(
     if valid:
         params = build_params([c.spec for c in valid if c.spec is not None])
         rates = np.asarray([c.placement.rate_rps for c in valid], dtype=np.float64)
-        met = metrics_at(params, rates)
-        dynamic, peak = _placement_power(problem, valid, params, rates)
-        if problem.instance.options.objective == "edp":
+        edp = problem.instance.options.objective == "edp"
+        if verified is None or edp:
+            met = metrics_at(params, rates)
+            stable, ttft_ms, tbt_ms = met.stable, met.ttft_ms, met.tbt_ms
+            batch_n, memory_bytes = met.batch, met.memory_bytes
+            dynamic, peak = _placement_power(problem, valid, params, rates)
+        else:
+            figures = _placement_figures(problem, valid, params, rates, verified)
+            stable = np.asarray([f[0] for f in figures], dtype=np.bool_)
+            ttft_ms, tbt_ms, batch_n, memory_bytes, dynamic, peak = (
+                np.asarray([f[k] for f in figures], dtype=np.float64) for k in range(1, 7)
+            )
+        if edp:
             ref_params = _reference_params(problem, valid)
             batch, ref_batch = design_batches([params, ref_params])
             ratio = _delay_ratio(params, batch, ref_params, ref_batch)
@@ -325,7 +425,7 @@ def _check_performance(
             where = f"{'+'.join(g.id for g in c.gpus)} {pl.workload}:{pl.phase}"
             slo = problem.instance.workload(pl.workload).slo
             tol = 1.0 + REL_TOL
-            if not met.stable[i]:
+            if not stable[i]:
                 bad(
                     Violation(
                         "capacity",
@@ -334,47 +434,47 @@ def _check_performance(
                         "(queue grows without bound)",
                     )
                 )
-            elif met.ttft_ms[i] > slo.ttft_ms * tol:
+            elif ttft_ms[i] > slo.ttft_ms * tol:
                 bad(
                     Violation(
                         "ttft",
                         where,
-                        f"p{slo.percentile:g} TTFT {met.ttft_ms[i]:.1f} ms > "
+                        f"p{slo.percentile:g} TTFT {ttft_ms[i]:.1f} ms > "
                         f"SLO {slo.ttft_ms:g} ms at {pl.rate_rps:.4g} req/s",
                     )
                 )
-            elif met.tbt_ms[i] > slo.tbt_ms * tol:
+            elif tbt_ms[i] > slo.tbt_ms * tol:
                 bad(
                     Violation(
                         "tbt",
                         where,
-                        f"p{slo.percentile:g} TBT {met.tbt_ms[i]:.1f} ms > "
+                        f"p{slo.percentile:g} TBT {tbt_ms[i]:.1f} ms > "
                         f"SLO {slo.tbt_ms:g} ms at {pl.rate_rps:.4g} req/s",
                     )
                 )
-            if met.batch[i] > problem.instance.options.max_batch * tol:
-                bad(Violation("batch", where, f"decode batch {met.batch[i]:.0f} exceeds max_batch"))
-            ttft_frac = met.ttft_ms[i] / slo.ttft_ms if pl.phase != "decode" else 0.0
-            tbt_frac = met.tbt_ms[i] / slo.tbt_ms if pl.phase != "prefill" else 0.0
+            if batch_n[i] > problem.instance.options.max_batch * tol:
+                bad(Violation("batch", where, f"decode batch {batch_n[i]:.0f} exceeds max_batch"))
+            ttft_frac = ttft_ms[i] / slo.ttft_ms if pl.phase != "decode" else 0.0
+            tbt_frac = tbt_ms[i] / slo.tbt_ms if pl.phase != "prefill" else 0.0
             for g in c.gpus:
                 ev.headroom[(g.id, f"{pl.workload}:{pl.phase}")] = (
                     float(ttft_frac),
                     float(tbt_frac),
                 )
-                memory[g.id] += float(met.memory_bytes[i]) / 1e9
+                memory[g.id] += float(memory_bytes[i]) / 1e9
                 if g.id in power:
                     power[g.id] += float(dynamic[i]) / len(c.gpus)
                     worst[g.id] += float(peak[i]) / len(c.gpus)
             if (
                 pl.mig_profile is not None
                 and c.spec is not None
-                and met.memory_bytes[i] / 1e9 > c.spec.memory_gb * tol
+                and memory_bytes[i] / 1e9 > c.spec.memory_gb * tol
             ):
                 bad(
                     Violation(
                         "memory",
                         where,
-                        f"needs {met.memory_bytes[i] / 1e9:.1f} GB, "
+                        f"needs {memory_bytes[i] / 1e9:.1f} GB, "
                         f"MIG instance has {c.spec.memory_gb:.1f} GB usable",
                     )
                 )
@@ -412,14 +512,19 @@ def _check_performance(
 
 
 def _placement_power(
-    problem: Problem, valid: list[PlacementCheck], params: OpParams, rates: FloatArray
+    problem: Problem,
+    valid: list[PlacementCheck],
+    params: OpParams,
+    rates: FloatArray,
+    capacity: FloatArray | None = None,
 ) -> tuple[FloatArray, FloatArray]:
     """Each placement's dynamic power at its rate (its power line through the steady
     power at its top rate: its SLO capacity, or its workload's rate if less) and its
-    worst-case draw at capacity (W, whole TP group), recomputed from the model."""
-    first, inverse = params.distinct()
-    rows = params.take(first)
-    capacity = slo_capacity(rows)[inverse]
+    worst-case draw at capacity (W, whole TP group), recomputed from the model
+    (``capacity``: the points' SLO capacities, req/s, computed here when None)."""
+    if capacity is None:
+        first, inverse = params.distinct()
+        capacity = slo_capacity(params.take(first))[inverse]
     unit_rate = np.asarray(
         [problem.instance.workload(c.placement.workload).rate_rps for c in valid],
         dtype=np.float64,
@@ -429,6 +534,49 @@ def _placement_power(
     line, peak = line_and_worst_case(params, top, np.where(capacity > 1e-9, capacity, rates))
     dynamic = line.at(rates)
     return dynamic, np.maximum(peak, dynamic)
+
+
+def _placement_figures(
+    problem: Problem,
+    valid: list[PlacementCheck],
+    params: OpParams,
+    rates: FloatArray,
+    verified: PlacementFigures,
+) -> list[tuple[bool, float, float, float, float, float, float]]:
+    """Each placement's figures (``PlacementFigures.placements``) from ``verified``,
+    or, for those not there, from one run of the model over them (then kept)."""
+    unit_rate = np.asarray(
+        [problem.instance.workload(c.placement.workload).rate_rps for c in valid],
+        dtype=np.float64,
+    )
+    rows = params.row_keys()
+    keys = [
+        row + rates[i : i + 1].tobytes() + unit_rate[i : i + 1].tobytes()
+        for i, row in enumerate(rows)
+    ]
+    todo: dict[bytes, int] = {}
+    for i, key in enumerate(keys):
+        if key not in verified.placements:
+            todo.setdefault(key, i)
+    if todo:
+        index = np.asarray(list(todo.values()), dtype=np.int64)
+        sub, at = params.take(index), rates[index]
+        capacity = _capacities(sub, [rows[i] for i in index], verified)
+        met = metrics_at(sub, at)
+        dynamic, peak = _placement_power(
+            problem, [valid[i] for i in index], sub, at, capacity=capacity
+        )
+        for j, key in enumerate(todo):
+            verified.placements[key] = (
+                bool(met.stable[j]),
+                float(met.ttft_ms[j]),
+                float(met.tbt_ms[j]),
+                float(met.batch[j]),
+                float(met.memory_bytes[j]),
+                float(dynamic[j]),
+                float(peak[j]),
+            )
+    return [verified.placements[key] for key in keys]
 
 
 def _reference_params(problem: Problem, valid: list[PlacementCheck]) -> OpParams:

@@ -47,7 +47,13 @@ from energyopt.families.serving.formulations.assemble import (
 )
 from energyopt.families.serving.remap import plan_rates_rps
 from energyopt.families.serving.solvers.solve import solve
-from energyopt.families.serving.verify import evaluate_plan
+from energyopt.families.serving.verify import (
+    PlacementFigures,
+    PlanEvaluation,
+    evaluate_plan,
+    evaluate_plan_incremental,
+    learn_capacities,
+)
 from energyopt.perf.oppoints import OpTable, build_op_table
 from energyopt.solvers.presets import SolverPreset, load_preset
 from energyopt.spec.cluster import Cluster, CurrentPlacement, Gpu, GpuEntry, GpuState, Node
@@ -70,6 +76,55 @@ FULL_TIME_LIMIT_S = 30.0
 
 RATE_TOL = 1e-9
 """Relative change of a workload's rate below which it is not surprised."""
+
+VERIFIED_POINTS = 50_000
+"""Placements whose verified figures ``replan`` keeps between calls (a few MB); past
+it they are all dropped and the next verification recomputes every placement."""
+
+_verified = PlacementFigures()
+"""Figures the verifier computed so far (``evaluate_plan_incremental``): the placements
+of the plans in force and the SLO capacities of the points a re-plan may pick, so a
+re-plan runs the performance model only for the placements it changes, and not its
+SLO-capacity bisection. Keyed by everything the figures depend on, so any problem may
+share it."""
+
+
+def _evaluate(target: Problem, plan: Plan, full_verify: bool) -> PlanEvaluation:
+    """The verifier's evaluation of ``plan`` on ``target``: every placement recomputed
+    (``full_verify``), or those already verified taken from ``_verified``
+    (``evaluate_plan_incremental``; the same verdict, problems and figures)."""
+    if full_verify:
+        return evaluate_plan(target, plan)
+    if len(_verified) > VERIFIED_POINTS:
+        _verified.capacity.clear()
+        _verified.placements.clear()
+    return evaluate_plan_incremental(target, plan, _verified)
+
+
+def remember_plan_in_force(problem: Problem, plan: Plan) -> PlanEvaluation:
+    """Verify ``plan`` on ``problem`` at the rates it routes (``target_problem`` with no
+    change) and keep its placements' figures, and have the verifier compute the SLO
+    capacity of every single-GPU operating point of ``problem`` (the points the
+    surprise MILP picks from; rates do not change them), so that re-plans from it run
+    the model only for the placements they change. Call it when a plan goes in force
+    (about a second on fleet-16); a re-plan without it pays for the full
+    verification. Returns the evaluation."""
+    target = target_problem(problem, plan, {})
+    ev = _evaluate(target, plan, full_verify=False)
+    if target.instance.options.sharing.mode != "mig":
+        table = build_op_table(target)
+        points = [
+            (
+                table.units[int(table.unit[o])].workload,
+                table.units[int(table.unit[o])].phase,
+                table.type_names[int(table.gpu_type[o])],
+                int(table.clock_mhz[o]),
+                int(table.share[o]),
+            )
+            for o in np.flatnonzero(table.tp == 1).tolist()
+        ]
+        learn_capacities(target, points, _verified)
+    return ev
 
 
 @dataclass(frozen=True)
@@ -250,10 +305,11 @@ def restricted_instance(
     target: Problem,
     surprised: Iterable[str],
     penalty_w: float | None = None,
+    full_verify: bool = True,
 ) -> tuple[Problem, set[str]] | None:
     """The restricted instance of step 2 (module docs) and its GPU ids; None when the
     GPUs outside it leave no power budget for it. ``target``: the full problem at the
-    new rates (``target_problem``)."""
+    new rates (``target_problem``); ``full_verify``: as ``replan``'s."""
     hit = set(surprised)
     on = [gp for gp in plan.gpus if gp.on]
     keep = {gp.gpu for gp in on if any(p.workload in hit for p in gp.placements)}
@@ -284,7 +340,7 @@ def restricted_instance(
             break
         keep = grown
     keep |= {gp.gpu for gp in plan.gpus if not gp.on}
-    ev = evaluate_plan(target, plan)
+    ev = _evaluate(target, plan, full_verify)
     fixed = {gid: w for gid, w in ev.gpu_worst_w.items() if gid not in keep}
     nodes = _sub_cluster(problem, plan, keep, fixed)
     if nodes is None or not nodes:
@@ -450,11 +506,14 @@ def _with_states(problem: Problem, plan: Plan) -> Problem:
     return problem.with_instance(problem.instance.model_copy(update={"cluster": cluster}))
 
 
-def _final(plan: Plan, target: Problem, current: Plan, label: str) -> tuple[Plan, list[str]]:
+def _final(
+    plan: Plan, target: Problem, current: Plan, label: str, full_verify: bool
+) -> tuple[Plan, list[str]]:
     """``plan`` with the verifier's per-GPU power and objective on ``target`` (the full
-    problem at the new rates), and its violations there. A GPU whose settings and
-    placements are those of ``current`` keeps ``current``'s entry as it is."""
-    ev = evaluate_plan(target, plan)
+    problem at the new rates), and its violations there (``full_verify``: every
+    placement recomputed, else ``evaluate_plan_incremental``). A GPU whose settings
+    and placements are those of ``current`` keeps ``current``'s entry as it is."""
+    ev = _evaluate(target, plan, full_verify)
     before = {gp.gpu: gp for gp in current.gpus}
 
     def priced(gp: GpuPlan) -> GpuPlan:
@@ -491,6 +550,7 @@ def replan(
     rel_gap: float = REPLAN_GAP,
     migration_penalty_w: float | None = None,
     full_time_limit_s: float | None = FULL_TIME_LIMIT_S,
+    full_verify: bool = False,
 ) -> Replanned:
     """A verified plan for ``rates_rps`` (req/s per workload; workloads not given stay
     at the rates ``current`` routes to them) that keeps every GPU not holding a
@@ -499,7 +559,10 @@ def replan(
     preset of both solves; ``time_limit_s``: the restricted solve's limit (s);
     ``full_time_limit_s``: the fallback's (s; None: no fallback);
     ``migration_penalty_w``: W-equivalent per placement moved (default: the
-    instance's, else ``DEFAULT_MIGRATION_PENALTY_W``)."""
+    instance's, else ``DEFAULT_MIGRATION_PENALTY_W``); ``full_verify``: verify every
+    placement of the plan returned with the performance model (``evaluate_plan``)
+    rather than only those not verified before (``evaluate_plan_incremental``, the
+    default: the same verdict and figures; ``remember_plan_in_force``)."""
     start, cpu0 = time.perf_counter(), time.process_time()
     chosen = load_preset(preset) if isinstance(preset, str) else preset
     target = target_problem(problem, current, rates_rps)
@@ -541,7 +604,7 @@ def replan(
         )
 
     if not hit:
-        plan, bad = _final(current, target, current, "replan (nothing surprised)")
+        plan, bad = _final(current, target, current, "replan (nothing surprised)", full_verify)
         if not bad:
             return done(plan, "none", 0)
         notes.append("the plan in force fails at the new rates: " + "; ".join(bad[:3]))
@@ -568,6 +631,7 @@ def replan(
                 time_limit_s=time_limit_s,
                 rel_gap=rel_gap,
                 points=points,
+                full_verify=full_verify,
             )
             decided |= ids
             if part is None:
@@ -576,11 +640,11 @@ def replan(
                 break
             staged = merge(staged, part)
         if staged is not None:
-            merged, bad = _final(staged, target, current, "replan (surprise MILP)")
+            merged, bad = _final(staged, target, current, "replan (surprise MILP)", full_verify)
             if not bad:
                 return done(merged, "restricted", len(decided))
             notes.append("surprise MILP's plan fails verification: " + "; ".join(bad[:3]))
-        sub = restricted_instance(problem, current, target, hit, migration_penalty_w)
+        sub = restricted_instance(problem, current, target, hit, migration_penalty_w, full_verify)
         if sub is None:
             notes.append("restricted instance: no power budget left for the surprised GPUs")
         else:
@@ -590,7 +654,11 @@ def replan(
                 notes.append(f"restricted instance ({len(keep)} GPUs): {result.status}, no plan")
             else:
                 merged, bad = _final(
-                    merge(current, result.plan), target, current, f"replan ({chosen.name})"
+                    merge(current, result.plan),
+                    target,
+                    current,
+                    f"replan ({chosen.name})",
+                    full_verify,
                 )
                 if not bad:
                     return done(merged, "restricted-exact", len(keep))
@@ -602,7 +670,7 @@ def replan(
     if result.plan is None:
         notes.append(f"full warm-started solve: {result.status}, no plan")
         return done(None, "none", len(problem.gpus))
-    plan, bad = _final(result.plan, target, current, f"replan full ({chosen.name})")
+    plan, bad = _final(result.plan, target, current, f"replan full ({chosen.name})", full_verify)
     if bad:  # the solver verified it on ``full``: only a rate mismatch could get here
         notes.append("full plan fails verification: " + "; ".join(bad[:3]))
         return done(None, "none", len(problem.gpus))
@@ -743,6 +811,7 @@ def surprise_milp(
     time_limit_s: float,
     rel_gap: float,
     points: tuple[tuple[Workload, ...], OpTable] | None = None,
+    full_verify: bool = True,
 ) -> tuple[Plan | None, set[str], str]:
     """The fast restricted solve: (plan of the GPUs it decides, or None; the GPUs it
     decided over; why there is no plan).
@@ -762,7 +831,8 @@ def surprise_milp(
     rows do. Single-GPU MPS placements only: with a surprised GPU in a
     tensor-parallel group, MIG sharing, or more than ``MAX_CONFIGURATIONS`` settings
     it returns None and the caller takes the general restricted solve. ``points``:
-    ``_mini_table`` of a set of workloads holding these (built here otherwise)."""
+    ``_mini_table`` of a set of workloads holding these (built here otherwise);
+    ``full_verify``: as ``replan``'s."""
     hit = set(surprised)
     opts = target.instance.options
     if opts.sharing.mode == "mig":
@@ -875,7 +945,7 @@ def surprise_milp(
     if budgets or cluster.power_budget_w is not None:
         node_of = {g.id: g.node for g in target.gpus}
         outside: dict[str, float] = defaultdict(float)
-        for gid, watts in evaluate_plan(target, current).gpu_worst_w.items():
+        for gid, watts in _evaluate(target, current, full_verify).gpu_worst_w.items():
             if gid not in decided:
                 outside[node_of[gid]] += watts
 
