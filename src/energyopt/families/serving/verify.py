@@ -133,16 +133,21 @@ def learn_capacities(
 def _capacities(params: OpParams, keys: list[bytes], verified: PlacementFigures) -> FloatArray:
     """The SLO capacity (req/s) of each point of ``params`` (``keys``: its row keys),
     from ``verified`` or from one run of the model over those it lacks (then kept)."""
+    found: dict[bytes, float] = {}
     todo: dict[bytes, int] = {}
     for i, key in enumerate(keys):
-        if key not in verified.capacity:
+        known = verified.capacity.get(key)
+        if known is not None:
+            found[key] = known[0]
+        else:
             todo.setdefault(key, i)
     if todo:
         rows = params.take(np.asarray(list(todo.values()), dtype=np.int64))
         capacity = slo_capacity(rows)
         for j, key in enumerate(todo):
-            verified.capacity[key] = (float(capacity[j]), rows.profile[j])
-    return np.asarray([verified.capacity[key][0] for key in keys], dtype=np.float64)
+            found[key] = float(capacity[j])
+            verified.capacity[key] = (found[key], rows.profile[j])
+    return np.asarray([found[key] for key in keys], dtype=np.float64)
 
 
 def evaluate_plan_incremental(
@@ -554,9 +559,13 @@ def _placement_figures(
         row + rates[i : i + 1].tobytes() + unit_rate[i : i + 1].tobytes()
         for i, row in enumerate(rows)
     ]
+    found: dict[bytes, tuple[bool, float, float, float, float, float, float]] = {}
     todo: dict[bytes, int] = {}
     for i, key in enumerate(keys):
-        if key not in verified.placements:
+        known = verified.placements.get(key)
+        if known is not None:
+            found[key] = known
+        else:
             todo.setdefault(key, i)
     if todo:
         index = np.asarray(list(todo.values()), dtype=np.int64)
@@ -567,7 +576,7 @@ def _placement_figures(
             problem, [valid[i] for i in index], sub, at, capacity=capacity
         )
         for j, key in enumerate(todo):
-            verified.placements[key] = (
+            found[key] = verified.placements[key] = (
                 bool(met.stable[j]),
                 float(met.ttft_ms[j]),
                 float(met.tbt_ms[j]),
@@ -576,7 +585,7 @@ def _placement_figures(
                 float(dynamic[j]),
                 float(peak[j]),
             )
-    return [verified.placements[key] for key in keys]
+    return [found[key] for key in keys]
 
 
 def _reference_params(problem: Problem, valid: list[PlacementCheck]) -> OpParams:

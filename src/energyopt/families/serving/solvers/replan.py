@@ -19,7 +19,10 @@ in force, changing only what must change.
 3. That instance is solved with the preset (the configuration formulation where it
    applies, which handles current states; else the exact per-GPU MILP), its plan
    merged with the untouched GPUs of the plan in force, and the merged plan checked
-   by the independent verifier on the **full** problem at the new rates.
+   by the independent verifier on the **full** problem at the new rates: by default
+   incrementally (``evaluate_plan_incremental``: every check, the queueing model run
+   only for placements not verified before; the same verdict and figures as the
+   full check, which ``full_verify`` runs; ``remember_plan_in_force``).
 4. When the restricted instance has no plan (or its merge fails verification), the
    full problem at the new rates is solved with every GPU's current state and the
    same migration penalty (the full warm-started solve).
