@@ -291,7 +291,8 @@ def test_incremental_verification_equals_the_full_one(name: str) -> None:
     learned = PlacementFigures()
     learn_capacities(problem, points, learned)
     flagged = 0
-    for seed in range(10):
+    seeds = 6
+    for seed in range(seeds):
         rng = random.Random(seed)
         verified = PlacementFigures()
         _same(evaluate_plan(problem, plan), evaluate_plan_incremental(problem, plan, verified))
@@ -309,7 +310,7 @@ def test_incremental_verification_equals_the_full_one(name: str) -> None:
             fresh = sum(len(gp.placements) for gp in changed.gpus if gp.gpu in touched)
             assert len(verified.placements) - known <= fresh
         flagged += bool(full.violations)
-    assert 0 < flagged < 10  # both verdicts were compared
+    assert 0 < flagged < seeds  # both verdicts were compared
 
 
 def test_incremental_replan_returns_what_the_full_one_does() -> None:
