@@ -36,7 +36,6 @@ from energyopt.families.serving.verify import (
     verify_plan,
 )
 from energyopt.online import OpLookups
-from energyopt.perf.oppoints import build_op_table
 from energyopt.sim.engine import Simulator
 from energyopt.sim.passes import PassTables
 from energyopt.sim.synthetic import synthetic_arrivals
@@ -276,20 +275,8 @@ def test_incremental_verification_equals_the_full_one(name: str) -> None:
     verdict, problems and figures, and runs the model only for placements it has not
     verified before."""
     problem, plan = instance_plan(name)
-    table = build_op_table(problem)
-    points = [
-        (
-            table.units[int(table.unit[o])].workload,
-            table.units[int(table.unit[o])].phase,
-            table.type_names[int(table.gpu_type[o])],
-            int(table.clock_mhz[o]),
-            int(table.share[o]),
-        )
-        for o in range(len(table.capacity_rps))
-        if table.tp[o] == 1
-    ]
     learned = PlacementFigures()
-    learn_capacities(problem, points, learned)
+    learn_capacities(problem, rp.single_gpu_points(problem), learned)
     flagged = 0
     seeds = 6
     for seed in range(seeds):

@@ -61,7 +61,7 @@ from energyopt.perf.oppoints import OpTable, build_op_table
 from energyopt.solvers.presets import SolverPreset, load_preset
 from energyopt.spec.cluster import Cluster, CurrentPlacement, Gpu, GpuEntry, GpuState, Node
 from energyopt.spec.plan import GpuPlan, Placement, Plan
-from energyopt.spec.workload import Workload
+from energyopt.spec.workload import Phase, Workload
 
 DEFAULT_MIGRATION_PENALTY_W = 200.0
 """Cost of moving one placement off its GPU when the instance states none (W-equivalent):
@@ -115,19 +115,25 @@ def remember_plan_in_force(problem: Problem, plan: Plan) -> PlanEvaluation:
     target = target_problem(problem, plan, {})
     ev = _evaluate(target, plan, full_verify=False)
     if target.instance.options.sharing.mode != "mig":
-        table = build_op_table(target)
-        points = [
-            (
-                table.units[int(table.unit[o])].workload,
-                table.units[int(table.unit[o])].phase,
-                table.type_names[int(table.gpu_type[o])],
-                int(table.clock_mhz[o]),
-                int(table.share[o]),
-            )
-            for o in np.flatnonzero(table.tp == 1).tolist()
-        ]
-        learn_capacities(target, points, _verified)
+        learn_capacities(target, single_gpu_points(target), _verified)
     return ev
+
+
+def single_gpu_points(problem: Problem) -> list[tuple[str, Phase, str, int, int]]:
+    """(workload, phase, GPU type, clock MHz, share %) of every single-GPU operating
+    point of ``problem``'s operating-point table: the points whose SLO capacity
+    ``learn_capacities`` can compute ahead of a re-plan."""
+    table = build_op_table(problem)
+    return [
+        (
+            table.units[int(table.unit[o])].workload,
+            table.units[int(table.unit[o])].phase,
+            table.type_names[int(table.gpu_type[o])],
+            int(table.clock_mhz[o]),
+            int(table.share[o]),
+        )
+        for o in np.flatnonzero(table.tp == 1).tolist()
+    ]
 
 
 @dataclass(frozen=True)
