@@ -119,6 +119,11 @@ class OnlineConfig:
     min_rate_rps: float = 0.05  # rates below this count as this in a harvest, req/s
     queue_floor: int = 2  # a queue up to this is never a risk, requests
     queue_boost_steps: int = 2  # most candidate clocks one boost for a queue raises
+    # burst memory: a workload's highest recent rate (its burst meter, time constant
+    # burst_tau_s, s) is remembered, decaying with time constant burst_memory_s (s;
+    # 0: off); a boost of a slice at risk covers at least its part of it
+    burst_memory_s: float = 0.0
+    burst_tau_s: float = 5.0
 
 
 @dataclass
@@ -158,6 +163,9 @@ class _Workload:
     rate: RateMeter = field(default_factory=lambda: RateMeter(10.0))
     error_since: float = math.inf
     last_wake: float = -math.inf
+    burst: RateMeter = field(default_factory=lambda: RateMeter(5.0))
+    peak_rps: float = 0.0  # the remembered burst peak at ``peak_at_s`` (req/s)
+    peak_at_s: float = 0.0
 
 
 def lookup_budget(slots_per_gpu: int, clocks: int) -> int:
@@ -211,7 +219,10 @@ class GlobalScheduler:
         self.stats = OnlineStats()
         self.gpus: dict[str, GpuState] = {}
         self.slots: dict[int, Slot] = {}
-        self.workloads = [_Workload(rate=RateMeter(self.cfg.wake_tau_s)) for _ in ttft_s]
+        self.workloads = [
+            _Workload(rate=RateMeter(self.cfg.wake_tau_s), burst=RateMeter(self.cfg.burst_tau_s))
+            for _ in ttft_s
+        ]
         self.node_power_w: dict[str, float] = {}
         self.off: list[str] = []
         self.margins: list[float] = []  # per workload (set_margins); empty: the config's
@@ -333,6 +344,8 @@ class GlobalScheduler:
         chosen = a if b is a or a.info.view.queued == 0 or _backlog(a) <= _backlog(b) else b
         other = b if chosen is a else a
         w_rate = wl.rate.add(now_s)
+        if self.cfg.burst_memory_s > 0.0:
+            self._remember_burst(wl, now_s)
         self.tick(other.info.id, now_s)
         chosen.rate.add(now_s)
         chosen.fast.add(now_s)
@@ -505,13 +518,24 @@ class GlobalScheduler:
         if not clocks or g.clock >= clocks[-1]:
             return
         harvested = g.clock < g.plan_clock
-        if cause == 2 and not harvested and g.boosted and now_s - g.changed_s < self.cfg.drain_s:
+        if (
+            cause == 2
+            and not harvested
+            and g.boosted
+            and now_s - g.changed_s < self.cfg.drain_s
+            and self._burst_need(s, now_s) <= s.capacity_rps
+        ):
             return
         # share in use by everything but this slice's own share: the answer fits in it
         others = self.lk.share_capacity[t] - s.share
         need = self._need_rps(s, now_s)
         if harvested:  # back up with the harvest margin again, not to the bare rate
             need = max(need, self._need(s, now_s))
+        # burst memory: a slice at risk covers its part of the workload's recent peak
+        # at once (neither step-limited nor held at the plan's clock)
+        burst = self._burst_need(s, now_s)
+        to_peak = burst > need
+        need = max(need, burst)
         want, _ = self.lk.raise_to(s.info.label, t, g.clock, others, need)
         if want < 0:
             want = clocks[-1]
@@ -524,7 +548,7 @@ class GlobalScheduler:
         below = clocks[i - 1] if i > 0 else g.clock
         if below > g.clock and self.lk.capacity_rps(s.info.label, t, below, s.share) >= need:
             want = below
-        if cause == 2:
+        if cause == 2 and not to_peak:
             # a queue k times its risk level raises up to k x queue_boost_steps clocks:
             # a short queue is often a long prompt, a long one a burst's onset
             k = math.ceil(s.info.view.queued / self._queue_risk(s.capacity_rps, s.ttft_s))
@@ -532,7 +556,7 @@ class GlobalScheduler:
             want = min(want, clocks[min(step, len(clocks) - 1)])
             if harvested:  # a queue on a harvested GPU: the plan's clock at once
                 want = max(want, g.plan_clock)
-        if harvested and want > g.plan_clock:
+        if harvested and want > g.plan_clock and not to_peak:
             # harvested: back to the plan's clock (verified at the planned rate) while
             # the slice's rate is within its plan's
             safe = max(self.cfg.risk_utilization * s.plan_capacity_rps, s.info.planned_rps)
@@ -561,6 +585,32 @@ class GlobalScheduler:
         g.boosted = True
         self.stats.boosts += 1
         self.stats.boost_steps += _index_at_least(clocks, want) - _index_at_least(clocks, before)
+
+    def _remember_burst(self, wl: _Workload, now_s: float) -> None:
+        """Count an arrival on ``wl``'s burst meter and keep the highest rate it has
+        read, decayed with time constant ``burst_memory_s`` (O(1))."""
+        rate = wl.burst.add(now_s)
+        peak = self._peak_rps(wl, now_s)
+        wl.peak_rps = max(peak, rate)
+        wl.peak_at_s = now_s
+
+    def _peak_rps(self, wl: _Workload, now_s: float) -> float:
+        """``wl``'s remembered burst peak at ``now_s`` (req/s; 0 with the memory off)."""
+        memory = self.cfg.burst_memory_s
+        if memory <= 0.0:
+            return 0.0
+        return wl.peak_rps * math.exp(-max(now_s - wl.peak_at_s, 0.0) / memory)
+
+    def _burst_need(self, s: Slot, now_s: float) -> float:
+        """Slice ``s``'s part of its workload's remembered burst peak (req/s): the peak
+        times the slice's share of the workload's planned rate, plus its backlog
+        drained within ``drain_s``; 0 with the memory off or no planned rate."""
+        wl = self.workloads[s.info.workload]
+        peak = self._peak_rps(wl, now_s)
+        if peak <= 0.0 or wl.planned_rps <= 0.0 or s.info.draining:
+            return 0.0
+        part = peak * min(s.info.planned_rps / wl.planned_rps, 1.0)
+        return part / self.cfg.risk_utilization + s.info.view.queued / self.cfg.drain_s
 
     def _shift(self, s: Slot, now_s: float) -> None:
         g = s.gpu

@@ -15,6 +15,13 @@ Rule, per iteration, with ``n`` requests decoding at mean context ``c``:
   iteration (decode step of ``n`` plus the chunk) stays within ``tbt_margin`` x
   the TBT SLO and its dynamic power within ``dynamic_limit_w``; the plan's chunk
   if none does. Otherwise the plan's chunk.
+* TBT protection (``protect_tbt``): while requests decode and the iteration with
+  the chunk chosen above (the plan's, when TTFT is not at risk) exceeds
+  ``tbt_margin`` x the TBT SLO at the GPU's current clock (a clock below the
+  plan's, or a batch above the planned one), the chunk is the largest rung below
+  it whose iteration fits, the ladder's smallest when none does: a long prompt
+  is then prefilled over more iterations instead of stalling every decoding
+  request past its TBT SLO.
 * Batch limit: grows by one when the batch is at the limit and one more request
   still fits the TBT budget with the chosen chunk; shrinks by one, not below the
   plan's limit, when the current limit no longer fits.
@@ -40,6 +47,8 @@ class LocalConfig:
 
     tbt_margin: float = 0.9
     ttft_risk: float = 0.3
+    protect_tbt: bool = False  # shrink the chunk below the plan's when it stalls decode
+    tbt_stall: float = 2.0  # an iteration this many TBT SLOs long stalls decode
 
 
 def chunk_ladder(base_chunk: int, max_chunk: int) -> tuple[int, ...]:
@@ -79,6 +88,8 @@ class LocalScheduler:
         self.budget_ms = cfg.tbt_margin * tbt_ms
         self.risk_ms = cfg.ttft_risk * ttft_ms
         self.dynamic_limit_w = dynamic_limit_w
+        self.protect_tbt = cfg.protect_tbt
+        self.stall_ms = cfg.tbt_stall * tbt_ms
         self.prefill_fraction = 0.0
         self.lookups = 0
 
@@ -109,6 +120,15 @@ class LocalScheduler:
                     total <= self.budget_ms and (d_j + r_j) * 1e3 / total <= self.dynamic_limit_w
                 ):
                     chunk, p_ms = rung, r_ms
+                    break
+        at_risk = oldest_wait_ms > self.risk_ms
+        if self.protect_tbt and n and not at_risk and d_ms + p_ms > self.stall_ms:
+            for rung in reversed(self.ladder):
+                if rung >= chunk:
+                    continue
+                chunk, p_ms = rung, prefill(rung)[0]
+                self.lookups += 1
+                if d_ms + p_ms <= self.budget_ms:
                     break
         if n:
             self._adapt_limit(n, context, p_ms, d_ms, decode)

@@ -239,6 +239,24 @@ class OnlineOptions(Spec):
     wake_after_s: float = Field(
         default=5.0, ge=0, le=86_400, description="forecast error lasting this wakes a GPU, s"
     )
+    burst_memory_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=86_400,
+        description="a workload's highest recent rate is remembered with this decay time, s, "
+        "and a boost of a slice at risk covers its part of it at once (0: off)",
+    )
+    burst_tau_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=86_400,
+        description="time constant of the per-workload meter whose peak burst_memory_s keeps, s",
+    )
+    protect_tbt: bool = Field(
+        default=False,
+        description="the local scheduler shrinks the prefill chunk below the plan's when the "
+        "iteration at the current clock would exceed the TBT SLO",
+    )
     shift: bool = Field(default=True, description="shift MPS share between co-located slices")
     wake: bool = Field(default=True, description="wake GPUs the plan left off")
     local: bool = Field(default=True, description="run the phase-aware local scheduler")

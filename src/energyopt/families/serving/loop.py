@@ -164,8 +164,11 @@ def online_policy(ev: Evaluation, lookups: OpLookups) -> OnlinePolicy:
         wake_after_s=o.wake_after_s,
         shift=o.shift,
         wake=o.wake,
+        burst_memory_s=o.burst_memory_s,
+        burst_tau_s=o.burst_tau_s,
     )
-    return OnlinePolicy(lookups, config, o.local, LocalConfig(), o.max_chunk)
+    local = LocalConfig(protect_tbt=o.protect_tbt)
+    return OnlinePolicy(lookups, config, o.local, local, o.max_chunk)
 
 
 def run_planner(
