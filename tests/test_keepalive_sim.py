@@ -174,8 +174,9 @@ def test_a_table_held_to_the_fixed_keep_alives_cold_rate_goes_cold_no_sooner() -
     assert fixed_cold_share(h, 600.0) > 0  # the prior: an unseen idle time stays possible
     # the cheapest such table on the same distribution
     prices = price_thresholds(FN, h, 10.0)
-    feasible = prices.usable & (prices.cold <= fixed_cold_share(h, 600.0) + 1e-12)
-    mine = prices.energy_j[int(held.warm_until_s // BIN_S), int(held.tepid_until_s // BIN_S)]
+    feasible = prices.allowed & (prices.cold <= fixed_cold_share(h, 600.0) + 1e-12)
+    at = list(prices.edges)
+    mine = prices.energy_j[at.index(held.warm_until_s), at.index(held.tepid_until_s)]
     assert mine == pytest.approx(float(prices.energy_j[feasible].min()), rel=1e-12)
 
 
@@ -190,10 +191,10 @@ def test_threshold_prices_are_the_expected_energy_idle_time_by_idle_time(tepid: 
     assert float(prob.sum()) == pytest.approx(1.0)
     prices = price_thresholds(fn, h, 4.0)  # tepid (3 s) in time, cold (5 s) late
     for _ in range(200):
-        i, j = sorted(rng.randrange(241) for _ in range(2))
+        i, j = sorted(rng.randrange(len(prices.edges)) for _ in range(2))
         if not tepid:
             j = i
-        w, u = i * BIN_S, j * BIN_S
+        w, u = float(prices.edges[i]), float(prices.edges[j])
         energy, cold, late = 0.0, 0.0, 0.0
         for x, p in zip(idle, prob, strict=True):
             e = fn.warm.power_w * min(x, w)

@@ -27,12 +27,29 @@ FIXED_KEEP_ALIVE_S = 600.0
 """The common default keep-alive: 10 minutes warm, then evicted."""
 MIN_SAMPLES = 10
 """Idle times a histogram needs before a histogram policy trusts it."""
+TABLE_FINE_S = 1.0
+"""Width of the tepid table's bins below ``TABLE_FINE_UNTIL_S``, s: on a busy
+function idle times are seconds, and a pause pays back within tens of seconds."""
+TABLE_FINE_UNTIL_S = 60.0
+"""Where the tepid table's bins widen to ``BIN_S``, s."""
+TABLE_EDGES_S: NDArray[np.float64] = np.concatenate(
+    [
+        np.arange(0.0, TABLE_FINE_UNTIL_S, TABLE_FINE_S),
+        np.arange(TABLE_FINE_UNTIL_S, RANGE_BINS * BIN_S + BIN_S / 2, BIN_S),
+    ]
+)
+"""Edges of the tepid table's idle-time bins, s: 1-s bins to one minute, then
+``BIN_S`` bins to the histogram's range (four hours); bin i is
+[edges[i], edges[i + 1]). Its thresholds lie on these edges."""
+TABLE_BINS = len(TABLE_EDGES_S) - 1
+"""Bins of the tepid table's grid (299)."""
 
 
 @dataclass
 class IdleHistogram:
     """A function's idle times so far, in ``BIN_S`` bins over ``RANGE_BINS`` bins
-    (longer idle times are counted as out of range), and the idle times in order."""
+    (longer idle times are counted as out of range; the hybrid policy's grid), in
+    the tepid table's bins on ``TABLE_EDGES_S`` (same range), and in order."""
 
     counts: NDArray[np.int64]
     sums_s: NDArray[np.float64]
@@ -40,12 +57,21 @@ class IdleHistogram:
     out_of_range: int = 0
     history_s: list[float] = field(default_factory=list)
     """Every idle time in the order seen, s (the hybrid policy's ARIMA branch)."""
+    table_counts: NDArray[np.int64] = field(
+        default_factory=lambda: np.zeros(TABLE_BINS, dtype=np.int64)
+    )
+    """Idle times in each bin of ``TABLE_EDGES_S``."""
+    table_sums_s: NDArray[np.float64] = field(default_factory=lambda: np.zeros(TABLE_BINS))
+    """Sum of the idle times in each bin of ``TABLE_EDGES_S``, s."""
 
     @staticmethod
     def empty() -> IdleHistogram:
         return IdleHistogram(np.zeros(RANGE_BINS, dtype=np.int64), np.zeros(RANGE_BINS))
 
     def add(self, idle_s: float) -> None:
+        """Count one idle time, s (>= 0)."""
+        if not idle_s >= 0:
+            raise ValueError(f"idle_s: an idle time must be >= 0 s, got {idle_s}")
         self.history_s.append(idle_s)
         b = int(idle_s // BIN_S)
         if b >= RANGE_BINS:
@@ -53,6 +79,16 @@ class IdleHistogram:
         else:
             self.counts[b] += 1
             self.sums_s[b] += idle_s
+            t = int(np.searchsorted(TABLE_EDGES_S, idle_s, side="right")) - 1
+            self.table_counts[t] += 1
+            self.table_sums_s[t] += idle_s
+
+    def table_bin_means_s(self) -> NDArray[np.float64]:
+        """Mean idle time in each bin of ``TABLE_EDGES_S``, s (the bin's centre
+        where it is empty)."""
+        centre = (TABLE_EDGES_S[:-1] + TABLE_EDGES_S[1:]) / 2
+        mean = np.divide(self.table_sums_s, np.maximum(self.table_counts, 1))
+        return np.asarray(np.where(self.table_counts > 0, mean, centre), dtype=np.float64)
 
     def bin_means_s(self) -> NDArray[np.float64]:
         """Mean idle time in each bin, s (the bin's centre where it is empty)."""
@@ -140,8 +176,8 @@ def hybrid_histogram(h: IdleHistogram) -> list[Phase]:
 @dataclass(frozen=True)
 class TepidTable:
     """A function's compiled policy: the state to hold at each idle time so far,
-    by ``BIN_S`` bins (the last entry holds beyond), and the histogram percentiles
-    its thresholds fall at."""
+    by the bins of ``TABLE_EDGES_S`` (the last entry holds beyond the range), and
+    the histogram percentiles its thresholds fall at."""
 
     states: tuple[Literal["warm", "tepid", "cold"], ...]
     warm_until_s: float
@@ -159,24 +195,25 @@ class TepidTable:
         return out
 
     def lookup(self, idle_s: float) -> Literal["warm", "tepid", "cold"]:
-        """The state at ``idle_s`` of idle time (one array index)."""
-        return self.states[min(int(idle_s // BIN_S), len(self.states) - 1)]
+        """The state at ``idle_s`` of idle time, s (one binary search on the edges)."""
+        i = int(np.searchsorted(TABLE_EDGES_S, idle_s, side="right")) - 1
+        return self.states[min(max(i, 0), len(self.states) - 1)]
 
 
 PRIOR_WEIGHT = 1.0
 """Weight, in idle periods, of the prior the tepid table adds to a histogram: one
-idle period spread evenly over the in-range bins and the out-of-range one, so an
-idle time not seen yet keeps a small probability."""
+idle period spread evenly over the table's in-range bins and the out-of-range one,
+so an idle time not seen yet keeps a small probability."""
 
 
 def idle_distribution(h: IdleHistogram) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """(idle time s, probability) of the ``RANGE_BINS`` bins and one out-of-range
-    entry: the posterior mean of the bin probabilities under a Dirichlet prior of
-    total weight ``PRIOR_WEIGHT``; each bin's idle times at their mean (its centre
-    while empty), those out of range at twice the range."""
-    whole = RANGE_BINS * BIN_S
-    idle = np.concatenate([h.bin_means_s(), [2.0 * whole]])
-    counts = np.concatenate([h.counts, [h.out_of_range]]).astype(np.float64)
+    """(idle time s, probability) of the ``TABLE_BINS`` bins of ``TABLE_EDGES_S``
+    and one out-of-range entry: the posterior mean of the bin probabilities under a
+    Dirichlet prior of total weight ``PRIOR_WEIGHT``; each bin's idle times at their
+    mean (its centre while empty), those out of range at twice the range."""
+    whole = float(TABLE_EDGES_S[-1])
+    idle = np.concatenate([h.table_bin_means_s(), [2.0 * whole]])
+    counts = np.concatenate([h.table_counts, [h.out_of_range]]).astype(np.float64)
     weight = counts + PRIOR_WEIGHT / len(counts)
     return idle, weight / weight.sum()
 
@@ -192,7 +229,7 @@ def fixed_cold_share(h: IdleHistogram, keep_alive_s: float) -> float:
 class ThresholdPrices:
     """Every (warm-until ``edges[i]``, tepid-until ``edges[j]``) pair of a table,
     priced per idle period under one idle-time distribution: (K + 1, K + 1) grids
-    for K bins."""
+    for the K bins of ``TABLE_EDGES_S``."""
 
     edges: NDArray[np.float64]
     """Threshold values, s."""
@@ -204,6 +241,28 @@ class ThresholdPrices:
     """Probability the next request starts later than the limit."""
     usable: NDArray[np.bool_]
     """The pair is a table: tepid-until >= warm-until (equal: no tepid phase)."""
+    allowed: NDArray[np.bool_]
+    """The pair is a table the compiler may pick: usable, and its pause (if any)
+    comes at once (warm-until 0) or no sooner than :func:`pause_break_even_s`."""
+
+
+def pause_break_even_s(fn: Function) -> float:
+    """The idle time, s, after which a pause has paid for itself: (enter J + resume
+    J) / (warm W - tepid W); inf without a tepid state or a tepid state drawing at
+    least the warm power.
+
+    The tepid table pauses either at once or no sooner than this (the
+    deterministic ski-rental rule: for any one idle period, a pause at this time
+    costs at most twice the cheaper of staying warm and pausing at once). A pause
+    between 0 and this time is what the expected energy picks just past the
+    longest idle time seen so far, where the posterior puts almost no mass; the
+    next, longer idle time then pays a pause and a resume where holding warm would
+    have cost less, and on a busy function with idle times of seconds that repeats
+    at every new longest idle time."""
+    tep = fn.tepid
+    if tep is None or fn.warm.power_w <= tep.power_w:
+        return math.inf
+    return (tep.enter_j + tep.resume_j) / (fn.warm.power_w - tep.power_w)
 
 
 def price_thresholds(fn: Function, h: IdleHistogram, late_limit_s: float) -> ThresholdPrices:
@@ -216,8 +275,8 @@ def price_thresholds(fn: Function, h: IdleHistogram, late_limit_s: float) -> Thr
     so all pairs are priced at once from prefix and suffix sums.
     """
     idle, prob = idle_distribution(h)
-    k = RANGE_BINS
-    edges = np.arange(k + 1) * BIN_S
+    k = TABLE_BINS
+    edges = TABLE_EDGES_S
     # survival[j] = P(x >= edges[j]); first[j] = E[x; x < edges[j]]; the entry past
     # the range lies beyond every threshold
     survival = np.cumsum(prob[::-1])[::-1]
@@ -242,17 +301,20 @@ def price_thresholds(fn: Function, h: IdleHistogram, late_limit_s: float) -> Thr
         late = tepid_share * (tep.resume_s > late_limit_s) + su * (load_s > late_limit_s)
         cold = np.broadcast_to(su, shape)
         usable = np.broadcast_to(u >= w, shape)
+        allowed = usable & ((u == w) | (w == 0) | (w >= pause_break_even_s(fn) - 1e-9))
     else:
         energy = np.broadcast_to(warm_j + load_j * sw, shape)
         late = np.broadcast_to(sw * (load_s > late_limit_s), shape)
         cold = np.broadcast_to(sw, shape)
         usable = np.broadcast_to(u == w, shape)
+        allowed = usable
     return ThresholdPrices(
         np.asarray(edges, dtype=np.float64),
         np.asarray(energy, dtype=np.float64),
         np.asarray(cold, dtype=np.float64),
         np.asarray(late, dtype=np.float64),
         np.asarray(usable, dtype=np.bool_),
+        np.asarray(allowed, dtype=np.bool_),
     )
 
 
@@ -264,14 +326,15 @@ def compile_tepid(
     cold_share: float,
     reference_keep_alive_s: float | None = None,
 ) -> TepidTable:
-    """The (warm-until, tepid-until) thresholds on the bin grid with the least
+    """The (warm-until, tepid-until) thresholds on ``TABLE_EDGES_S`` with the least
     expected energy per idle period under :func:`idle_distribution` of ``h``
-    (:func:`price_thresholds`), such that at most ``late_share`` of the next
-    requests start later than ``late_limit_s`` and at most ``cold_share`` start
-    cold, and, with ``reference_keep_alive_s``, no more start cold than under a
-    fixed keep-alive of that length on the same distribution. Where no thresholds
-    meet the limits, those that exceed them least (late plus cold share over the
-    limits), cheapest among them. A function without a tepid state has no tepid
+    (:func:`price_thresholds`), among those that pause at once or no sooner than
+    :func:`pause_break_even_s` (``ThresholdPrices.allowed``), such that at most
+    ``late_share`` of the next requests start later than ``late_limit_s`` and at
+    most ``cold_share`` start cold, and, with ``reference_keep_alive_s``, no more
+    start cold than under a fixed keep-alive of that length on the same
+    distribution. Where no thresholds meet the limits, those that exceed them
+    least (late plus cold share over the limits), cheapest among them. A function without a tepid state has no tepid
     phase, so only the K + 1 pairs with equal thresholds are priced: the same
     choice as over the whole grid, in O(K) rather than O(K^2)."""
     cold_limit = cold_share
@@ -281,8 +344,8 @@ def compile_tepid(
         return _compile_warm_only(fn, h, late_limit_s, late_share, cold_limit)
     prices = price_thresholds(fn, h, late_limit_s)
     excess = np.maximum(prices.late - late_share, 0.0) + np.maximum(prices.cold - cold_limit, 0.0)
-    excess = np.where(prices.usable, excess, np.inf)
-    candidates = prices.usable & (excess <= float(excess.min()) + 1e-12)
+    excess = np.where(prices.allowed, excess, np.inf)
+    candidates = prices.allowed & (excess <= float(excess.min()) + 1e-12)
     pick = np.where(candidates, prices.energy_j, np.inf)
     i, j = np.unravel_index(int(np.argmin(pick)), pick.shape)
     return _table(float(prices.edges[i]), float(prices.edges[max(i, j)]), h)
@@ -296,8 +359,8 @@ def _compile_warm_only(
     plus a load for x >= w, J) within the late and cold limits, else exceeding them
     least, cheapest among those (the shortest on a tie, as over the whole grid)."""
     idle, prob = idle_distribution(h)
-    k = RANGE_BINS
-    edges = np.arange(k + 1) * BIN_S
+    k = TABLE_BINS
+    edges = TABLE_EDGES_S
     survival = np.cumsum(prob[::-1])[::-1]
     first = np.concatenate([[0.0], np.cumsum(prob * idle)[:k]])
     energy = fn.warm.power_w * (first + edges * survival) + fn.cold_start.energy_j * survival
@@ -309,14 +372,15 @@ def _compile_warm_only(
 
 
 def _table(warm_until: float, tepid_until: float, h: IdleHistogram) -> TepidTable:
-    n = RANGE_BINS + 1
-    grid = np.arange(n) * BIN_S
+    """The table of thresholds ``warm_until`` <= ``tepid_until`` (s, on
+    ``TABLE_EDGES_S``): one state per bin and one beyond the range."""
+    grid = TABLE_EDGES_S
     kinds = np.where(grid < warm_until, "warm", np.where(grid < tepid_until, "tepid", "cold"))
     states: tuple[Literal["warm", "tepid", "cold"], ...] = tuple(kinds.tolist())
     total = max(1, h.samples)
-    cum = np.concatenate([[0], np.cumsum(h.counts)])
-    wb = min(int(warm_until // BIN_S), RANGE_BINS)
-    tb = min(int(tepid_until // BIN_S), RANGE_BINS)
+    cum = np.concatenate([[0], np.cumsum(h.table_counts)])
+    wb = int(np.searchsorted(TABLE_EDGES_S, warm_until, side="left"))
+    tb = int(np.searchsorted(TABLE_EDGES_S, tepid_until, side="left"))
     return TepidTable(
         states,
         warm_until,
