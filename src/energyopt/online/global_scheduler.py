@@ -119,9 +119,9 @@ class OnlineConfig:
     min_rate_rps: float = 0.05  # rates below this count as this in a harvest, req/s
     queue_floor: int = 2  # a queue up to this is never a risk, requests
     queue_boost_steps: int = 2  # most candidate clocks one boost for a queue raises
-    # burst memory: a workload's highest recent rate (its burst meter, time constant
-    # burst_tau_s, s) is remembered, decaying with time constant burst_memory_s (s;
-    # 0: off); a boost of a slice at risk covers at least its part of it
+    # burst memory: a workload's highest rate (its burst meter, time constant
+    # burst_tau_s, s) in the current and the previous burst_memory_s (s; 0: off) is
+    # remembered; a boost of a slice at risk covers at least its part of it
     burst_memory_s: float = 0.0
     burst_tau_s: float = 5.0
 
@@ -164,8 +164,9 @@ class _Workload:
     error_since: float = math.inf
     last_wake: float = -math.inf
     burst: RateMeter = field(default_factory=lambda: RateMeter(5.0))
-    peak_rps: float = 0.0  # the remembered burst peak at ``peak_at_s`` (req/s)
-    peak_at_s: float = 0.0
+    peak_rps: float = 0.0  # highest burst-meter rate in the current memory window (req/s)
+    peak_before_rps: float = 0.0  # ... in the window before it (req/s)
+    peak_window: int = 0  # index of the current window (time // burst_memory_s)
 
 
 def lookup_budget(slots_per_gpu: int, clocks: int) -> int:
@@ -540,6 +541,8 @@ class GlobalScheduler:
         if want < 0:
             want = clocks[-1]
         want = min(want, clocks[-1], g.info.max_clock_mhz)
+        if cause == 2 and harvested:  # a queue on a harvested GPU: the plan's clock at once
+            want = max(want, g.plan_clock)
         if want <= g.clock:
             return
         # raise_to answers on the table's load grid (rounded up): the clock below its
@@ -587,19 +590,28 @@ class GlobalScheduler:
         self.stats.boost_steps += _index_at_least(clocks, want) - _index_at_least(clocks, before)
 
     def _remember_burst(self, wl: _Workload, now_s: float) -> None:
-        """Count an arrival on ``wl``'s burst meter and keep the highest rate it has
-        read, decayed with time constant ``burst_memory_s`` (O(1))."""
+        """Count an arrival on ``wl``'s burst meter and keep the highest rate it has read
+        in the current ``burst_memory_s`` window (O(1))."""
         rate = wl.burst.add(now_s)
-        peak = self._peak_rps(wl, now_s)
-        wl.peak_rps = max(peak, rate)
-        wl.peak_at_s = now_s
+        self._roll_peak(wl, now_s)
+        wl.peak_rps = max(wl.peak_rps, rate)
+
+    def _roll_peak(self, wl: _Workload, now_s: float) -> None:
+        """Move ``wl``'s peak windows on to the one holding ``now_s``."""
+        index = int(now_s // self.cfg.burst_memory_s)
+        if index != wl.peak_window:
+            wl.peak_before_rps = wl.peak_rps if index == wl.peak_window + 1 else 0.0
+            wl.peak_rps = 0.0
+            wl.peak_window = index
 
     def _peak_rps(self, wl: _Workload, now_s: float) -> float:
-        """``wl``'s remembered burst peak at ``now_s`` (req/s; 0 with the memory off)."""
-        memory = self.cfg.burst_memory_s
-        if memory <= 0.0:
+        """``wl``'s remembered burst peak at ``now_s`` (req/s): the highest rate of its
+        burst meter over the current and the previous ``burst_memory_s`` window, so
+        a peak is kept between one and two windows; 0 with the memory off."""
+        if self.cfg.burst_memory_s <= 0.0:
             return 0.0
-        return wl.peak_rps * math.exp(-max(now_s - wl.peak_at_s, 0.0) / memory)
+        self._roll_peak(wl, now_s)
+        return max(wl.peak_rps, wl.peak_before_rps)
 
     def _burst_need(self, s: Slot, now_s: float) -> float:
         """Slice ``s``'s part of its workload's remembered burst peak (req/s): the peak

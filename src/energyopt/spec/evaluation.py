@@ -243,7 +243,8 @@ class OnlineOptions(Spec):
         default=0.0,
         ge=0,
         le=86_400,
-        description="a workload's highest recent rate is remembered with this decay time, s, "
+        description="a workload's highest rate in the current and the previous window of "
+        "this length, s, is remembered, "
         "and a boost of a slice at risk covers its part of it at once (0: off)",
     )
     burst_tau_s: float = Field(
