@@ -334,9 +334,10 @@ def compile_tepid(
     most ``cold_share`` start cold, and, with ``reference_keep_alive_s``, no more
     start cold than under a fixed keep-alive of that length on the same
     distribution. Where no thresholds meet the limits, those that exceed them
-    least (late plus cold share over the limits), cheapest among them. A function without a tepid state has no tepid
-    phase, so only the K + 1 pairs with equal thresholds are priced: the same
-    choice as over the whole grid, in O(K) rather than O(K^2)."""
+    least (late plus cold share over the limits), cheapest among them. A function
+    without a tepid state has no tepid phase, so only the K + 1 pairs with equal
+    thresholds are priced: the same choice as over the whole grid, in O(K) rather
+    than O(K^2)."""
     cold_limit = cold_share
     if reference_keep_alive_s is not None:
         cold_limit = min(cold_limit, fixed_cold_share(h, reference_keep_alive_s))
