@@ -332,6 +332,24 @@ def table(
     reference_j = sum(clairvoyant_j(fn, streams.get(fn.name, [])) for fn in functions)
     last_j = sum(last_idle_j(fn, streams.get(fn.name, [])) for fn in functions)
     print_table(alone, reference_j)
+    lines = [
+        f"{title}, no memory limit:",
+        *verdicts(alone, memory=False, reference_j=reference_j, last_j=last_j),
+    ]
+    if hindsight:
+        best = {fn.name: best_single_table_j(fn, streams.get(fn.name, [])) for fn in functions}
+        best_j = sum(b[0] for b in best.values())
+        fixed_j = alone["fixed-10min"]["energy"]
+        print(
+            f"{'hindsight table':<18} {best_j / 3.6e6:>10.4f} {best_j / fixed_j:>8.3f}   "
+            "(one pair per function all hour, chosen knowing the trace; warm/tepid until: "
+            + ", ".join(f"{n} {b[1]:g}/{b[2]:g} s" for n, b in best.items())
+            + ")"
+        )
+        lines.append(
+            f"  a single table per function chosen in hindsight reaches "
+            f"{100 * (fixed_j - best_j) / (fixed_j - reference_j):.1f}% of the yardstick's saving"
+        )
     by_name = {fn.name: fn for fn in functions}
     node = nodes[0]
     placed = "; ".join(f"{n}: {', '.join(names)}" for n, names in PLACEMENT.items())
@@ -344,24 +362,6 @@ def table(
         streams, functions, [[by_name[n] for n in names] for names in PLACEMENT.values()], budget
     )
     print_table(shared, None)
-    lines = [
-        f"{title}, no memory limit:",
-        *verdicts(alone, memory=False, reference_j=reference_j, last_j=last_j),
-    ]
-    if hindsight:
-        best = {fn.name: best_single_table_j(fn, streams.get(fn.name, [])) for fn in functions}
-        best_j = sum(b[0] for b in best.values())
-        fixed_j = alone["fixed-10min"]["energy"]
-        print(
-            f"{'one table (hindsight)':<18} {best_j / 3.6e6:>10.4f} {best_j / fixed_j:>8.3f}   "
-            "(best single pair per function all hour, knowing the trace: "
-            + ", ".join(f"{n} {b[1]:g}/{b[2]:g} s" for n, b in best.items())
-            + ")"
-        )
-        lines.append(
-            f"  a single table per function chosen in hindsight reaches "
-            f"{100 * (fixed_j - best_j) / (fixed_j - reference_j):.1f}% of the yardstick's saving"
-        )
     print()
     return [
         *lines,
