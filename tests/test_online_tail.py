@@ -5,14 +5,21 @@ the current clock would stall decoding requests past their TBT SLO is shrunk).""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from energyopt.families.serving.loop import evaluate
 from energyopt.online import LocalScheduler, OnlineConfig
 from energyopt.online.local_scheduler import LocalConfig
+from energyopt.sim.arrivals import Arrivals
+from energyopt.sim.forecast import burst_peak_rps
+from energyopt.spec.evaluation import Forecast, PlannerSpec, load_evaluation
 from tests.test_online import MAX_CLOCK, View, ms_decode, ms_prefill, scheduler
 from tests.test_online_bursts import arrival_times, at_top_clock
 
 PLANNED_RPS = 18.0  # test_online.scheduler's instance, req/s
+EVALUATE = Path(__file__).resolve().parents[1] / "instances" / "evaluate"
 
 
 def clock_at_second_onset(config: OnlineConfig) -> tuple[int, int]:
@@ -135,3 +142,74 @@ def test_a_queue_on_a_harvested_gpu_raises_it_to_the_plan_even_when_its_rate_fit
     assert ctl._risk(s, 10.0) == 2
     ctl._boost(s, 10.0, 2)
     assert g.clock == g.plan_clock
+
+
+def bursty_arrivals() -> Arrivals:
+    """Two workloads over 60 s: a at 2 req/s with a 10-s burst at 8 req/s from 20 s,
+    b at 1 req/s; one token each way (the rates are what matters)."""
+    rng = np.random.default_rng(11)
+    a = [
+        *arrival_times(rng, 2.0, 0.0, 20.0),
+        *arrival_times(rng, 8.0, 20.0, 30.0),
+        *arrival_times(rng, 2.0, 30.0, 60.0),
+    ]
+    b = arrival_times(rng, 1.0, 0.0, 60.0)
+    times = np.asarray(a + b)
+    which = np.asarray([0] * len(a) + [1] * len(b))
+    order = np.argsort(times, kind="stable")
+    ones = np.ones(len(times), dtype=np.int64)
+    return Arrivals(times[order], which[order], ones, ones, ("a", "b"))
+
+
+def test_the_burst_peak_is_a_high_quantile_of_short_window_rates() -> None:
+    arr = bursty_arrivals()
+    fc = Forecast(method="trend", window_s=30.0)
+    peak = burst_peak_rps(arr, 60.0, 60.0, fc, 60.0, 5.0, 1.0)
+    mean = arr.count_between(0.0, 60.0) / 60.0
+    assert peak[0] > 2.0 * mean[0]  # the burst, not the mean
+    assert peak[1] < 3.0
+    # the forecast's 30-s windows average the burst away
+    assert arr.window_rates_rps(0.0, 60.0, 30.0)[:, 0].max() < peak[0]
+    # at time 0 the first epoch is read (as the forecast does); no complete window: 0
+    assert np.array_equal(burst_peak_rps(arr, 0.0, 60.0, fc, 60.0, 5.0, 1.0), peak)
+    assert not burst_peak_rps(arr, 60.0, 60.0, fc, 60.0, 90.0, 1.0).any()
+
+
+def test_the_tail_reserve_plans_each_workload_for_its_burst_peak() -> None:
+    """Online planners plan at least ``tail_reserve`` x the burst peak of the history
+    they forecast from; off (0) by default, when the plans follow the forecast alone."""
+    spec = EVALUATE / "quickstart-bursty.yaml"
+    online = PlannerSpec(name="online", kind="energyopt", solver="highs-exact", online=True)
+    base = load_evaluation(spec).model_copy(update={"planners": (online,), "duration_s": 120.0})
+    planned = {}
+    for reserve in (0.0, 1.0):
+        ev = base.model_copy(
+            update={"online": base.online.model_copy(update={"tail_reserve": reserve})}
+        )
+        res = evaluate(ev, spec)
+        planned[reserve] = np.asarray(res.runs[0].tally.planned_rps[0])
+        o = ev.online
+        peak = burst_peak_rps(
+            res.arrivals, 0.0, ev.epoch_s, ev.forecast, ev.duration_s, o.tail_window_s, 0.99
+        )
+    assert np.all(planned[1.0] >= peak - 1e-9)
+    assert np.any(planned[0.0] < peak)
+    assert np.all(planned[1.0] >= planned[0.0])
+
+
+def test_the_harvest_start_floor_keeps_a_clock_that_starts_enough_requests() -> None:
+    """Planned at the top clock and loaded at a tenth of its rate, the slice is harvested
+    to the lowest clock without a floor; with a floor of n requests, to a clock whose
+    capacity starts n within its 0.4-s TTFT SLO."""
+    clocks_after = {}
+    for floor in (0.0, 10.0):
+        ctl = at_top_clock(OnlineConfig(harvest_margin=0.1, harvest_start_floor=floor))
+        s = ctl.slots[0]
+        s.rate.value = s.fast.value = 0.1 * PLANNED_RPS
+        s.rate.at_s = s.fast.at_s = 10.0
+        ctl.tick(0, 10.0)
+        g = ctl.gpus["n0/0"]
+        clocks_after[floor] = g.clock
+        if floor > 0:
+            assert ctl.lk.capacity_rps("a", g.info.gpu_type, g.clock, s.share) * 0.4 >= floor
+    assert clocks_after[10.0] > clocks_after[0.0]

@@ -124,6 +124,9 @@ class OnlineConfig:
     # remembered; a boost of a slice at risk covers at least its part of it
     burst_memory_s: float = 0.0
     burst_tau_s: float = 5.0
+    # a harvest leaves every slice a capacity that starts at least this many requests
+    # within its TTFT SLO (requests; 0: no floor)
+    harvest_start_floor: float = 0.0
 
 
 @dataclass
@@ -747,7 +750,8 @@ class GlobalScheduler:
         """Rate (req/s) slice ``o`` must cover below its plan's clock: its observed rate
         r x (1 + its workload's margin, at least the meter's noise at r)."""
         r = o.rate.read(now_s)
-        return max(r, self.cfg.min_rate_rps) * (1.0 + self._margin(o, r))
+        need = max(r, self.cfg.min_rate_rps) * (1.0 + self._margin(o, r))
+        return max(need, self.cfg.harvest_start_floor / o.ttft_s)
 
     def _slice_clock(self, g: GpuState, o: Slot, now_s: float, need: float) -> int:
         """Lowest candidate clock of ``g`` at which slice ``o`` in its share holds the

@@ -357,6 +357,32 @@ def expected_rates_rps(
     return np.asarray(np.maximum(intercept + slope * middle, 0.0))
 
 
+def burst_peak_rps(
+    arrivals: Arrivals,
+    now_s: float,
+    epoch_s: float,
+    fc: Forecast,
+    horizon_s: float,
+    window_s: float,
+    quantile: float,
+) -> FloatArray:
+    """Per workload, the ``quantile`` of its rate (req/s) over the complete
+    ``window_s``-second windows of the history a forecast at ``now_s`` reads (the
+    first epoch at time 0): the burst peak a plan's capacity must reach, on a time
+    scale shorter than the forecast's ``window_s``. Zeros when the history holds no
+    complete window."""
+    if window_s <= 0:
+        raise ValueError(f"window_s {window_s} is not > 0")
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile {quantile} is not in [0, 1]")
+    start, end = _looked_at(now_s, epoch_s, fc, horizon_s)
+    full = math.floor((end - start) / window_s + 1e-9)
+    rates = arrivals.window_rates_rps(start, end, window_s)[:full]
+    if rates.shape[0] == 0:
+        return np.zeros(len(arrivals.names))
+    return np.asarray(np.quantile(rates, quantile, axis=0))
+
+
 def planned_rates_rps(raw: FloatArray, base_rps: FloatArray, fc: Forecast) -> FloatArray:
     """Headroom, floor and rounding up to the quantum (see module docs)."""
     scaled = np.maximum(raw * fc.headroom, fc.floor * base_rps)

@@ -253,6 +253,27 @@ class OnlineOptions(Spec):
         le=86_400,
         description="time constant of the per-workload meter whose peak burst_memory_s keeps, s",
     )
+    harvest_start_floor: float = Field(
+        default=0.0,
+        ge=0,
+        le=10_000,
+        description="a harvest leaves every slice a capacity that starts at least this many "
+        "requests within its TTFT SLO (0: no floor)",
+    )
+    tail_reserve: float = Field(
+        default=0.0,
+        ge=0,
+        le=10,
+        description="plan each workload for at least this fraction of its burst peak (the "
+        "tail_quantile of its rate over tail_window_s windows of the forecast's history; "
+        "0: off)",
+    )
+    tail_window_s: float = Field(
+        default=5.0, gt=0, le=86_400, description="window of the burst peak's rates, s"
+    )
+    tail_quantile: float = Field(
+        default=0.99, ge=0, le=1, description="quantile of the window rates that is the peak"
+    )
     protect_tbt: bool = Field(
         default=False,
         description="the local scheduler shrinks the prefill chunk below the plan's when the "

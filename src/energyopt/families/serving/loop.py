@@ -21,6 +21,7 @@ from energyopt.perf.power import gpu_on_power_w
 from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.engine import SimResult, Simulator
 from energyopt.sim.forecast import (
+    burst_peak_rps,
     expected_rates_rps,
     peak_rates_rps,
     planned_rates_rps,
@@ -166,6 +167,7 @@ def online_policy(ev: Evaluation, lookups: OpLookups) -> OnlinePolicy:
         wake=o.wake,
         burst_memory_s=o.burst_memory_s,
         burst_tau_s=o.burst_tau_s,
+        harvest_start_floor=o.harvest_start_floor,
     )
     local = LocalConfig(protect_tbt=o.protect_tbt)
     return OnlinePolicy(lookups, config, o.local, local, o.max_chunk)
@@ -232,7 +234,14 @@ def run_planner(
             last_raw.append((now, raw))
             headroom = errors.headroom()
             run.headroom.append(headroom.tolist())
-            rates = planned_rates_rps(raw * headroom, base, unit)
+            sized = raw * headroom
+            o = ev.online
+            if o.tail_reserve > 0:  # the plan reaches the recent burst peak
+                peak = burst_peak_rps(
+                    arrivals, now, ev.epoch_s, fc, window, o.tail_window_s, o.tail_quantile
+                )
+                sized = np.maximum(sized, o.tail_reserve * peak)
+            rates = planned_rates_rps(sized, base, unit)
         else:
             rates = planned_rates_rps(raw, base, fc)
         run.planned_rps.append(rates.tolist())
