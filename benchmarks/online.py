@@ -2,9 +2,15 @@
 
 One process runs, per load and on the same requests: performance-first,
 frequency-only, energyopt with epoch plans only, energyopt with the online
-control (docs/online.md), and the clairvoyant yardstick computed in the
-simulator (``run_clairvoyant``: a plan per 30-s window from that window's true
-rates, replayed with every transition charged). Per load it prints one table:
+control (docs/online.md), and two clairvoyant yardsticks computed in the
+simulator: ``run_clairvoyant``, a plan per 30-s window from that window's true
+mean rates, replayed with every transition charged; and
+``run_covering_clairvoyant``, energyopt+online's planner and online control
+re-planned per 30-s window for the highest true 10-s rate from the plan's start
+until the next plan serves (``plan_lead_s`` after the window). A window's mean
+hides the bursts inside it, so the first buys part of its saving with SLO misses;
+the second differs from energyopt+online only in knowing the load ahead. Per
+load it prints one table:
 energy, saving against performance-first, fleet SLO attainment and its
 difference from performance-first (points), the workload that loses most
 against performance-first with its attainment and points, requests shed, the
@@ -12,7 +18,8 @@ saving over the yardstick's saving, and the online control's decisions and
 lookups against its budget. Then one line per target on energyopt+online:
 
 * every workload's SLO attainment within 2 points of performance-first;
-* fleet-wide saving at least 90 % of the yardstick's saving;
+* fleet-wide saving at least 90 % of the yardstick's saving (printed against
+  each yardstick);
 * every online decision within its lookup budget;
 
 and the machine's load average (``os.getloadavg``).
@@ -54,10 +61,13 @@ from pathlib import Path
 
 from energyopt.families.serving.loop import (
     CLAIRVOYANT_WINDOW_S,
+    COVER_RATE_WINDOW_S,
     PlannerRun,
     PlanningError,
     evaluate,
+    plan_lead_s,
     run_clairvoyant,
+    run_covering_clairvoyant,
 )
 from energyopt.families.serving.loop_report import workload_attainment, workload_points
 from energyopt.spec.evaluation import (
@@ -172,6 +182,11 @@ class Verdict:
     yardstick_saving: float | None
     max_lookups: int | None
     budget: int | None
+    cover_saving: float | None = None  # the covering yardstick's
+
+    @staticmethod
+    def _reaches(saving: float | None, yard: float | None) -> bool:
+        return saving is not None and yard is not None and saving >= TARGET_YARDSTICK * yard
 
     @property
     def workloads_met(self) -> bool:
@@ -179,9 +194,11 @@ class Verdict:
 
     @property
     def yardstick_met(self) -> bool:
-        if self.saving is None or self.yardstick_saving is None:
-            return False
-        return self.saving >= TARGET_YARDSTICK * self.yardstick_saving
+        return self._reaches(self.saving, self.yardstick_saving)
+
+    @property
+    def cover_met(self) -> bool:
+        return self._reaches(self.saving, self.cover_saving)
 
     @property
     def lookups_met(self) -> bool:
@@ -230,23 +247,31 @@ def run_load(load: Load, verbose: bool) -> tuple[list[str], Verdict]:
     except PlanningError as exc:
         yard = None
         res.failed.append(f"clairvoyant yardstick: {exc}")
+    lead = plan_lead_s(res.evaluation, res.problem)
+    try:
+        cover: PlannerRun | None = run_covering_clairvoyant(res, say=say)
+    except PlanningError as exc:
+        cover = None
+        res.failed.append(f"covering clairvoyant yardstick: {exc}")
     wall = time.perf_counter() - start
     ref = runs["performance-first"]
     ref_j = ref.result.energy_j
     ref_att = ref.result.attainment[2]
     yard_saving = None if yard is None else 1.0 - yard.result.energy_j / ref_j
+    cover_saving = None if cover is None else 1.0 - cover.result.energy_j / ref_j
     workloads = len(ref.result.stats)
     lines = [
         f"### {name}: {len(res.arrivals)} requests over {ev.duration_s:g} s, "
         f"{workloads} workloads, base {Path(ev.base).name}, seed {ev.seed}",
         "",
         "| planner | energy kWh | saving | SLO att. | points vs perf.-first | worst workload "
-        "| its att. | its points | shed | saving / yardstick's | online decisions / lookups |",
-        "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |",
+        "| its att. | its points | shed | saving / yardstick's | saving / covering "
+        "yardstick's | online decisions / lookups |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for failure in res.failed:
-        lines.append(f"| {failure} | - | - | - | - | - | - | - | - | - | - |")
-    ordered = [*res.runs, *([yard] if yard is not None else [])]
+        lines.append(f"| {failure} | - | - | - | - | - | - | - | - | - | - | - |")
+    ordered = [*res.runs, *(r for r in (yard, cover) if r is not None)]
     for run in ordered:
         result = run.result
         saving = 1.0 - result.energy_j / ref_j
@@ -255,20 +280,32 @@ def run_load(load: Load, verbose: bool) -> tuple[list[str], Verdict]:
         of_yard = (
             f"{saving / yard_saving:.2f}" if yard_saving is not None and yard_saving > 0 else "-"
         )
-        label = (
-            f"clairvoyant yardstick (a plan per {CLAIRVOYANT_WINDOW_S:g} s from the true "
-            "rates, replayed)"
-            if run is yard
-            else run.name
+        of_cover = (
+            f"{saving / cover_saving:.2f}"
+            if cover_saving is not None and cover_saving > 0
+            else "-"
         )
+        if run is yard:
+            label = (
+                f"clairvoyant yardstick (a plan per {CLAIRVOYANT_WINDOW_S:g} s from the "
+                "window's true mean rates, replayed)"
+            )
+        elif run is cover:
+            label = (
+                f"covering clairvoyant yardstick (a plan per {CLAIRVOYANT_WINDOW_S:g} s for "
+                f"the true peak {COVER_RATE_WINDOW_S:g}-s rates until the next plan serves, "
+                f"+{lead:.1f} s; online control)"
+            )
+        else:
+            label = run.name
         lines.append(
             f"| {label} | {result.energy_j / 3.6e6:.3f} | {100 * saving:.1f} % | "
             f"{100 * att:.2f} % | {100 * (att - ref_att):+.2f} | {worst} | "
-            f"{100 * w_att:.2f} % | {w_pts:+.2f} | {result.shed} | {of_yard} | "
+            f"{100 * w_att:.2f} % | {w_pts:+.2f} | {result.shed} | {of_yard} | {of_cover} | "
             f"{_online_line(run)} |"
         )
     online = runs.get(ONLINE)
-    verdict = Verdict(name, None, "-", None, yard_saving, None, None)
+    verdict = Verdict(name, None, "-", None, yard_saving, None, None, cover_saving)
     if online is not None:
         worst, _, w_pts = _worst(online, ref)
         stats = online.result.online
@@ -280,6 +317,7 @@ def run_load(load: Load, verbose: bool) -> tuple[list[str], Verdict]:
             yard_saving,
             None if stats is None else stats.max_lookups,
             online.result.online_budget if stats is not None else None,
+            cover_saving,
         )
     lines.append("")
     lines.append(
@@ -304,18 +342,22 @@ def verdict_lines(v: Verdict) -> list[str]:
         return "met" if ok else "NOT met"
 
     pts = "no run" if v.worst_points is None else f"worst {v.worst_workload} {v.worst_points:+.2f}"
-    if v.saving is None or v.yardstick_saving is None:
-        ratio = "no run"
-    else:
-        ratio = f"{100 * v.saving:.1f} % against {100 * v.yardstick_saving:.1f} %" + (
-            f" = {v.saving / v.yardstick_saving:.2f}" if v.yardstick_saving > 0 else ""
+
+    def ratio(yard: float | None) -> str:
+        if v.saving is None or yard is None:
+            return "no run"
+        return f"{100 * v.saving:.1f} % against {100 * yard:.1f} %" + (
+            f" = {v.saving / yard:.2f}" if yard > 0 else ""
         )
+
     look = "no run" if v.max_lookups is None else f"max {v.max_lookups}, budget {v.budget}"
     return [
         f"target on {v.load}: every workload within {TARGET_POINTS:g} points of "
         f"performance-first ({pts}): {word(v.workloads_met)}",
         f"target on {v.load}: saving >= {100 * TARGET_YARDSTICK:.0f} % of the yardstick's "
-        f"({ratio}): {word(v.yardstick_met)}",
+        f"({ratio(v.yardstick_saving)}): {word(v.yardstick_met)}",
+        f"target on {v.load}: saving >= {100 * TARGET_YARDSTICK:.0f} % of the covering "
+        f"yardstick's ({ratio(v.cover_saving)}): {word(v.cover_met)}",
         f"target on {v.load}: decisions within their lookup budget ({look}): {word(v.lookups_met)}",
     ]
 

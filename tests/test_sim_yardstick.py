@@ -18,9 +18,11 @@ from energyopt.families.serving.loop import (
     EvaluationResult,
     build_arrivals,
     clairvoyant_evaluation,
+    plan_lead_s,
     plan_power_at_rates_w,
     planning_problem,
     run_clairvoyant,
+    run_covering_clairvoyant,
 )
 from energyopt.families.serving.remap import plan_rates_rps, problem_at_plan_rates
 from energyopt.families.serving.solvers.solve import solve
@@ -237,3 +239,53 @@ def test_expected_load_is_the_mean_not_the_capacity_forecast() -> None:
     last = Forecast(method="last", window_s=10.0, history_s=200.0)
     mean = expected_rates_rps(arrivals, 200.0, 100.0, last, 400.0)[0]
     assert mean == pytest.approx(3.0, rel=0.08)  # the mean over [0, 200) s
+
+
+def test_the_covering_yardstick_reads_the_peak_rate_until_the_next_plan_serves() -> None:
+    from energyopt.sim.arrivals import Arrivals
+    from energyopt.sim.forecast import raw_rates_rps
+
+    # 1 req/s for 100 s, then 10 req/s: a plan at t = 60 s for one 30-s window sees
+    # only the first rate; looking 20 s further it sees the burst's first 10 s
+    t = np.concatenate([np.linspace(0, 99.9, 100), np.linspace(100, 199.99, 1000)])
+    one = np.ones(t.size, dtype=np.int64)
+    arr = Arrivals(t, np.zeros(t.size, dtype=np.int64), one, one, ("w",))
+    ev = load_evaluation(
+        Path(__file__).resolve().parents[1] / "instances/evaluate/quickstart-bursty.yaml"
+    )
+    plain = clairvoyant_evaluation(ev, 30.0).forecast
+    cover = clairvoyant_evaluation(ev, 30.0, rate_window_s=10.0, lookahead_s=20.0).forecast
+    assert (cover.window_s, cover.lookahead_s, cover.headroom) == (10.0, 20.0, 1.0)
+    assert raw_rates_rps(arr, 60.0, 30.0, plain, 200.0)[0] == pytest.approx(1.0, rel=0.05)
+    assert raw_rates_rps(arr, 60.0, 30.0, cover, 200.0)[0] == pytest.approx(10.0, rel=0.05)
+    # the horizon bounds the look ahead
+    assert raw_rates_rps(arr, 60.0, 30.0, cover, 95.0)[0] == pytest.approx(1.0, rel=0.05)
+
+
+def test_only_the_oracle_may_look_ahead() -> None:
+    from pydantic import ValidationError
+
+    from energyopt.spec.evaluation import Forecast
+
+    with pytest.raises(ValidationError, match="lookahead_s: only the oracle"):
+        Forecast(method="trend", lookahead_s=5.0)
+
+
+def test_the_plan_lead_is_power_on_then_the_heaviest_model_loading(tmp_path: Path) -> None:
+    res = _result(tmp_path, 30.0)
+    tr = res.evaluation.transitions
+    weights = res.problem.model_of(res.problem.instance.workloads[0]).weight_bytes
+    assert weights > 1e9
+    assert plan_lead_s(res.evaluation, res.problem) == pytest.approx(
+        tr.power_on_s + tr.startup_s + weights / (tr.load_gbps * 1e9)
+    )
+
+
+def test_the_covering_yardstick_runs_under_the_online_control(tmp_path: Path) -> None:
+    res = _result(tmp_path, 60.0)
+    run = run_covering_clairvoyant(res)
+    assert run.result.online is not None and run.result.online.decisions > 0
+    assert run.tally.rejected_plans == 0 and run.tally.unplanned_epochs == 0
+    assert len(run.tally.planned_rps) == math.ceil(60.0 / CLAIRVOYANT_WINDOW_S)
+    assert run.result.arrived == len(res.arrivals)
+    assert run.result.completed + run.result.shed == run.result.arrived

@@ -10,8 +10,8 @@ history's window rates; ``seasonal``: Holt-Winters, additive, with a season of
 ``auto``: per workload, the method whose one-epoch-ahead capacity forecasts of
 the past needed the least capacity to cover the ``error_quantile`` of the
 epochs' peaks, scaled to cover that share (docs/forecasting.md); ``oracle``: the
-highest window rate of the coming epoch (it looks ahead: a reference, not a
-deployable rule). The result is
+highest window rate of the coming epoch and ``lookahead_s`` beyond it (it looks
+ahead: a reference, not a deployable rule). The result is
 multiplied by ``headroom``, floored at ``floor`` x the base rate and rounded up to
 a multiple of ``quantum`` x the base rate. At time 0 there is no history: the
 first ``history`` seconds of the load stand in for the traffic that preceded it.
@@ -33,10 +33,11 @@ def _looked_at(
     now_s: float, epoch_s: float, fc: Forecast, horizon_s: float
 ) -> tuple[float, float]:
     """The interval of arrivals (s) a forecast at ``now_s`` reads: the coming epoch
-    for ``oracle``; else the history before now (at time 0, the first one ahead)."""
+    for ``oracle`` (and its ``lookahead_s`` beyond); else the history before now (at
+    time 0, the first one ahead)."""
     history = fc.history_s or epoch_s
     if fc.method == "oracle":
-        return now_s, min(now_s + epoch_s, horizon_s)
+        return now_s, min(now_s + epoch_s + fc.lookahead_s, horizon_s)
     if now_s <= 0:
         return 0.0, min(history, horizon_s)
     return max(0.0, now_s - history), now_s

@@ -168,9 +168,20 @@ class Forecast(Spec):
         description="auto: quantile of (an epoch's highest window rate / its capacity "
         "forecast) that a method's score uses",
     )
+    lookahead_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=1e7,
+        description="oracle only: also cover this many seconds after the coming epoch (the "
+        "time the next plan's new instances take to be ready), s",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Forecast:
+        if self.lookahead_s > 0 and self.method != "oracle":
+            raise ValueError(
+                f"lookahead_s: only the oracle looks ahead, not method {self.method}"
+            )
         if self.method == "seasonal" and self.season_s is None:
             raise ValueError("season_s: method seasonal needs season_s (the season's length, s)")
         if self.season_s is not None and self.season_s < 2 * self.window_s - 1e-9:

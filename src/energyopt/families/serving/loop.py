@@ -480,14 +480,47 @@ CLAIRVOYANT_WINDOW_S = 30.0
 CLAIRVOYANT = PlannerSpec(name="clairvoyant", kind="energyopt", solver="highs-exact")
 """The yardstick's planner: energyopt's joint planner (exact preset)."""
 
+CLAIRVOYANT_ONLINE = PlannerSpec(
+    name="clairvoyant+online", kind="energyopt", solver="highs-exact", online=True
+)
+"""The covering yardstick's planner: the same, under energyopt's online control."""
 
-def clairvoyant_evaluation(ev: Evaluation, window_s: float = CLAIRVOYANT_WINDOW_S) -> Evaluation:
+COVER_RATE_WINDOW_S = 10.0
+"""The covering yardstick sizes each plan for the highest rate over windows of this
+many seconds (s): a 30-s window's mean hides the bursts inside it."""
+
+
+def plan_lead_s(ev: Evaluation, problem: Problem) -> float:
+    """The longest time (s) from a plan's start until one of its new instances serves,
+    in ``ev``'s simulator: a GPU switched on (``power_on_s``), then the serving
+    process started (``startup_s``) and the largest of ``problem``'s models loaded on
+    one GPU (weights / ``load_gbps``). Until then the plan before it serves."""
+    tr = ev.transitions
+    heaviest = max(problem.model_of(w).weight_bytes for w in problem.instance.workloads)
+    return tr.power_on_s + tr.startup_s + heaviest / (tr.load_gbps * 1e9)
+
+
+def clairvoyant_evaluation(
+    ev: Evaluation,
+    window_s: float = CLAIRVOYANT_WINDOW_S,
+    rate_window_s: float | None = None,
+    lookahead_s: float = 0.0,
+) -> Evaluation:
     """``ev`` as the clairvoyant yardstick runs it: a plan every ``window_s`` seconds for
-    the rates that arrive in that window (the oracle forecast over one window: the
-    window's requests counted over its length), with no headroom and no rounding
-    beyond 1e-6 of each base rate; a workload with no request in a window is planned
-    at 1e-3 of its base rate (the floor every forecast has)."""
-    fc = Forecast(method="oracle", window_s=window_s, headroom=1.0, quantum=1e-6, floor=1e-3)
+    the rates that arrive in that window (the oracle forecast: by default the window's
+    requests counted over its length; with ``rate_window_s`` the highest rate over
+    windows of that many seconds, and with ``lookahead_s`` also over that many
+    seconds after the window, until the next plan serves), with no headroom and no
+    rounding beyond 1e-6 of each base rate; a workload with no request in a window
+    is planned at 1e-3 of its base rate (the floor every forecast has)."""
+    fc = Forecast(
+        method="oracle",
+        window_s=rate_window_s or window_s,
+        headroom=1.0,
+        quantum=1e-6,
+        floor=1e-3,
+        lookahead_s=lookahead_s,
+    )
     return ev.model_copy(update={"epoch_s": window_s, "forecast": fc})
 
 
@@ -496,17 +529,42 @@ def run_clairvoyant(
     spec: PlannerSpec = CLAIRVOYANT,
     window_s: float = CLAIRVOYANT_WINDOW_S,
     say: Say = _say_nothing,
+    *,
+    rate_window_s: float | None = None,
+    lookahead_s: float = 0.0,
 ) -> PlannerRun:
     """The clairvoyant yardstick on ``res``'s load: ``spec`` (an energyopt planner)
     re-planned every ``window_s`` seconds with each window's true arrival rates
-    (``clairvoyant_evaluation``), replayed in the simulator on the same requests as
-    every planner of ``res``, transitions and all. No deployable planner knows the
-    coming window's rates; how far it falls short of this run is what forecasting
-    costs. Raises PlanningError when there is no plan for the first window."""
-    if spec.kind != "energyopt" or spec.online:
+    (``clairvoyant_evaluation`` with ``rate_window_s`` and ``lookahead_s``), replayed
+    in the simulator on the same requests as every planner of ``res``, transitions
+    and all. With ``spec.online`` the plans run under the online control of
+    ``res``'s evaluation, as energyopt+online's do: the run then differs from that
+    planner only in knowing the load ahead. No deployable planner knows the coming
+    window's rates; how far it falls short of this run is what forecasting costs.
+    Raises PlanningError when there is no plan for the first window."""
+    if spec.kind != "energyopt":
         raise ValueError(f"the yardstick plans with an energyopt planner, not {spec.kind}")
-    ev = clairvoyant_evaluation(res.evaluation, window_s)
+    ev = clairvoyant_evaluation(res.evaluation, window_s, rate_window_s, lookahead_s)
     planner = make_planner(spec, res.problem, ".")
     assert planner is not None  # a solver planner always exists
-    tables = PassTables(res.problem, 0)
-    return run_planner(ev, res.problem, res.arrivals, planner, tables, say)
+    if not spec.online:
+        return run_planner(ev, res.problem, res.arrivals, planner, PassTables(res.problem, 0), say)
+    tables = PassTables(res.problem, ev.online.max_chunk)
+    lookups = OpLookups.build(res.problem)
+    return run_planner(ev, res.problem, res.arrivals, planner, tables, say, lookups=lookups)
+
+
+def run_covering_clairvoyant(res: EvaluationResult, say: Say = _say_nothing) -> PlannerRun:
+    """The covering yardstick: energyopt+online's planner and online control, re-planned
+    every ``CLAIRVOYANT_WINDOW_S`` seconds for the highest ``COVER_RATE_WINDOW_S`` rate
+    that arrives from the plan's start until the next plan serves (``plan_lead_s``
+    after the window). It plans with the knowledge the plain yardstick has, and
+    covers what a window's mean hides: the bursts inside it and the time the next
+    plan takes to come up."""
+    return run_clairvoyant(
+        res,
+        CLAIRVOYANT_ONLINE,
+        say=say,
+        rate_window_s=COVER_RATE_WINDOW_S,
+        lookahead_s=plan_lead_s(res.evaluation, res.problem),
+    )
