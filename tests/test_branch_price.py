@@ -203,14 +203,15 @@ def test_the_exact_finish_proves_what_the_tree_leaves_open() -> None:
 def test_the_clock_pool_milp_proves_the_bound_before_the_tree(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """quickstart with no tree nodes and no exact finish: the clock-pool MILP, run
-    before the tree with the value that closes the gap as its target, closes the
-    preset's gap and is never above the optimum highs-pattern proves; the Lagrangian
-    pool bound after the tree is then skipped."""
+    """quickstart with no tree nodes, no exact finish and no pruned MILPs: the
+    clock-pool MILP, run before the tree with the value that closes the gap as its
+    target, closes the preset's gap and is never above the optimum highs-pattern
+    proves; the Lagrangian pool bound after the tree is then skipped."""
     problem = load_problem(ROOT / "instances" / "quickstart.yaml")
     exact = solve(problem, load_preset("highs-pattern"), time_limit_s=120)
     assert exact.status == OPTIMAL and exact.objective is not None
     monkeypatch.setattr(bp, "EXACT_FINISH_CONFIGS", -1)
+    monkeypatch.setattr(bp, "LADDER_LAST", 0.0)
     preset = load_preset("bnp").model_copy(update={"nodes": 0})
     result = solve(problem, preset, time_limit_s=120)
     assert any("clock-pool MILP bound" in line for line in result.log), result.log[-3:]
@@ -220,3 +221,40 @@ def test_the_clock_pool_milp_proves_the_bound_before_the_tree(
     assert result.bound <= exact.objective * (1 + TOL) + TOL
     assert result.status == OPTIMAL, result.log[-3:]
     assert result.bound >= result.objective * (1 - preset.rel_gap) - TOL
+
+
+@pytest.mark.parametrize("instance", ["quickstart", "fleet-16"])
+def test_the_pruned_clock_pool_milps_prove_the_optimum_before_any_integer_master(
+    monkeypatch: pytest.MonkeyPatch, instance: str
+) -> None:
+    """With no tree nodes and no exact finish, the clock-pool MILPs over the
+    placements the Lagrangian bound keeps (``pool_prune``) prove the optimum
+    highs-pattern proves (quickstart) or a bound never above it (both), with a plan
+    that verifies and costs what it reports, before any integer master runs."""
+    problem = load_problem(ROOT / "instances" / f"{instance}.yaml")
+    monkeypatch.setattr(bp, "EXACT_FINISH_CONFIGS", -1)
+    preset = load_preset("bnp").model_copy(update={"nodes": 0, "rel_gap": 1e-4})
+    result = solve(problem, preset, time_limit_s=120)
+    assert any("pruned clock-pool MILP" in line for line in result.log), result.log[-3:]
+    assert not any("integer master plan" in line for line in result.log), result.log[-3:]
+    assert result.plan is not None and result.bound is not None
+    assert result.objective is not None
+    assert verify_plan(problem, result.plan) == []
+    assert evaluate_plan(problem, result.plan).objective == pytest.approx(result.objective, rel=TOL)
+    assert result.status == OPTIMAL, result.log[-3:]
+    if instance == "quickstart":
+        exact = solve(problem, load_preset("highs-pattern"), time_limit_s=120)
+        assert exact.status == OPTIMAL and exact.objective is not None
+        assert result.bound <= exact.objective * (1 + TOL) + TOL
+        assert result.objective == pytest.approx(exact.objective, rel=1e-4)
+
+
+@pytest.mark.parametrize("k", range(len(RANDOM)))
+def test_the_whole_search_never_bounds_above_the_optimum(k: int) -> None:
+    """Every step on (pruned and whole clock-pool MILPs, tree, exact finish): the
+    bound never exceeds the brute-force optimum, and the plan verifies, costs what
+    it reports and is never below it."""
+    data, problem, opt = RANDOM[k]
+    result = sandwich(problem, opt.value)
+    if opt.value is not None:
+        assert result.status == OPTIMAL, (data, result.log[-3:])

@@ -42,12 +42,16 @@ least bound of the open nodes and unresolved leaves, never above the incumbent,
 and at least the unit-decomposition bound computed from the root prices.
 
 Clock-pool bounds: where the pool relaxation applies (``packing_bound.applies``) and
-the root leaves the gap open, the relaxation is solved as a MILP (``pool_milp``)
-right after the root's integer master, with the value that closes the gap as its
-cut-off, before the tree: on fleet-64 it proves the 0.1 % gap the tree cannot reach
-(the tree's bound is 6,925 W after 200 nodes, the unit bound 7,096.8 W, the pool
-MILP's 7,110.7 W). Where it does not finish, the tree follows, and after it the
-Lagrangian bound of the same relaxation (``packing_bound.pool_bound``).
+the root leaves the gap open, the relaxation is first solved as MILPs over the
+placements a Lagrangian bound keeps below rising thresholds (``pool_prune``;
+``_pool_ladder``), before any integer master: on fleet-64 the first, over 58 of
+1,219 placements, proves 7,741.76 W and its point packs into the optimum plan,
+7,746.85 W (0.066 %, about 2.6 CPU-s; the whole MILP at the integer master's
+cut-off took 15-21 CPU-s after 7-9 for the integer master). Where they leave the
+gap open, the relaxation is solved as a whole MILP (``pool_milp``) right after the
+root's integer master, with the value that closes the gap as its cut-off, before
+the tree. Where it does not finish, the tree follows, and after it the Lagrangian
+bound of the same relaxation (``packing_bound.pool_bound``).
 
 Primal side: residual packing (``residual_pack``) at the root, the LP dive
 (``lp_dive``) at the root and every DIVE_EVERY nodes (it
@@ -65,12 +69,13 @@ choices they support stand, the numbers are not today's.
 Limits: the search stops when the gap is closed, after ``preset.nodes`` nodes, or at
 the time limit. Every effort in it is counted (cut rounds, nodes, column generation
 rounds per node, HiGHS branch-and-bound nodes for the integer master and the clock-pool
-MILP), so with a time limit that is not reached the same instance gives the same plan and bound on a
-quiet or a loaded machine. The time limit is a safety net, shared out as: root
+MILP, HiGHS nodes and search branches of each pruned MILP), so with a time limit
+that is not reached the same instance gives the same plan and bound on a quiet or
+a loaded machine. The time limit is a safety net, shared out as: root
 column generation up to ROOT_SHARE of it, the unit bound UNIT_BOUND_SHARE of what is
-left, root cuts up to CUT_SHARE, the clock-pool MILP up to POOL_MILP_SHARE, the
-tree up to TREE_SHARE, each integer master
-MIP_TIME_SHARE of what is left. Objective values and bounds are in the instance's
+left, root cuts up to CUT_SHARE, the pruned and whole clock-pool MILPs up to
+POOL_MILP_SHARE, the tree up to TREE_SHARE, each integer master MIP_TIME_SHARE of
+what is left. Objective values and bounds are in the instance's
 objective units (W for power).
 """
 
@@ -86,7 +91,7 @@ from numpy.typing import NDArray
 
 from energyopt.catalog.problem import Problem
 from energyopt.families.serving.formulations import pattern as pat
-from energyopt.families.serving.solvers import packing_bound, pool_milp
+from energyopt.families.serving.solvers import packing_bound, pool_milp, pool_prune
 from energyopt.families.serving.solvers.backend import finish_plan
 from energyopt.families.serving.solvers.branch_lp import AggKey, Bounds, BranchLp
 from energyopt.families.serving.solvers.colgen import MAX_ROUNDS, generate_columns
@@ -156,9 +161,25 @@ POOL_MILP_SHARE = 0.75
 net; on fleet-64 it starts at 12 s and takes 23-28 s on a quiet 2-core machine)."""
 POOL_MILP_PLACEMENTS = 5_000
 """Placements (ops in classes) up to which the clock-pool MILP is tried (fleet-64: 1,221)."""
-TARGET_MARGIN = 1e-3
+TARGET_MARGIN = 1e-2
 """The clock-pool MILP's target lies this share of the gap tolerance inside it, so
-that a bound it proves closes the gap despite rounding."""
+that a bound it proves closes the gap despite rounding (at 1e-3 of a 1e-4 gap the
+margin equalled the MILP's own tolerance taken off its bound, and quickstart's
+proved target missed the gap by 1e-9 and went on to the tree)."""
+LADDER_FIRST = 1.0
+"""The first pruned clock-pool MILP's threshold lies this many gap tolerances above
+the Lagrangian bound (``pool_prune``); each further one twice as far."""
+LADDER_LAST = 0.1
+"""The pruned MILPs stop at a threshold this share above the Lagrangian bound."""
+LADDER_KEEP = 0.5
+"""... or once a threshold keeps more than this share of the placements (the MILP
+is then nearly the whole one, which the integer master's cut-off serves better),
+where it keeps more than LADDER_SMALL of them."""
+LADDER_SMALL = 200
+"""Kept placements up to which the share rule does not stop the pruned MILPs (such
+a MILP takes well under a second: quickstart's 90 placements)."""
+LADDER_NODES = 5_000
+"""HiGHS nodes of one pruned MILP at most (fleet-64: 78 at its second threshold)."""
 POOL_NOTE_EVERY = 10
 """Clock-pool bound rounds between progress lines (a round takes about 1 s on fleet-64)."""
 
@@ -369,6 +390,69 @@ def _pool_milp(
     return found.bound, found.finished, found.time_cut, packed
 
 
+def _pool_ladder(
+    problem: Problem,
+    prog: pat.PatternProgram,
+    lower: float,
+    gap: float,
+    deadline: float,
+    note: Progress,
+) -> tuple[float, tuple[float, Plan] | None]:
+    """The clock-pool MILP over the placements the Lagrangian bound keeps below a
+    threshold (``pool_prune``), at thresholds LADDER_FIRST gap tolerances above that
+    bound and twice as far each time, before any integer master. Stops once a
+    packed point closes the gap with the bound proved, a MILP finds a point below
+    its threshold (the relaxation's optimum), does not finish, or the threshold
+    passes LADDER_LAST or keeps more than LADDER_KEEP of the placements. Returns
+    the bound proved (-inf where none) and the best packed plan (cost, plan;
+    verified), if any."""
+    if not packing_bound.applies(problem, prog.table, prog.costs):
+        return -math.inf, None
+    pools = packing_bound.build_pools(problem, prog.table, prog.costs, prog.classes)
+    if len(pools.unit) > POOL_MILP_PLACEMENTS or not len(pools.unit):
+        return -math.inf, None
+    prices = pool_prune.best_prices(pools)
+    base = prices.bound
+    if not math.isfinite(base):
+        return -math.inf, None
+    proved = -math.inf
+    best: tuple[float, Plan] | None = None
+    step = LADDER_FIRST * gap
+    while step <= LADDER_LAST and time.perf_counter() < deadline:
+        threshold = base + step * max(1.0, abs(base))
+        keep = pool_prune.kept_placements(pools, prices, threshold)
+        if keep.sum() > max(LADDER_KEEP * len(keep), LADDER_SMALL):
+            break
+        found = pool_milp.pool_milp_bound(
+            pools,
+            threshold,
+            time_limit_s=deadline - time.perf_counter(),
+            nodes=LADDER_NODES,
+            keep=keep,
+        )
+        proved = max(proved, found.bound)
+        below = found.point is not None and found.point.objective <= threshold
+        packed = None
+        if found.point is not None and (
+            below or relative_gap(found.point.objective, max(lower, proved)) <= gap
+        ):
+            # packed and verified only where the plan may close the gap (a plan
+            # costs at most its point's objective)
+            packed = _packed_pool_plan(problem, prog, pools, found.point, found.bound, gap)
+        if packed is not None and (best is None or packed[0] < best[0]):
+            best = packed
+        note(
+            f"branch-and-price: pruned clock-pool MILP below {threshold:,.3f} "
+            f"({int(keep.sum())} of {len(keep)} placements): bound {found.bound:,.3f} "
+            f"({found.status})" + (f", plan {packed[0]:,.3f}" if packed is not None else "")
+        )
+        closed = best is not None and relative_gap(best[0], max(lower, proved)) <= gap
+        if closed or below or not found.finished:
+            break
+        step *= 2.0
+    return proved, best
+
+
 def _packed_pool_plan(
     problem: Problem,
     prog: pat.PatternProgram,
@@ -471,6 +555,17 @@ def solve_branch_price(
     if dived is not None:
         inc.offer(pat.integer_objective(prog, dived[1]), dived[1], "root dive")
     lower = max(root_bound, unit_bound)
+    pool_plan: tuple[float, Plan] | None = None
+    if relative_gap(inc.objective, lower) > gap:
+        laddered, pool_plan = _pool_ladder(
+            problem, prog, lower, gap, t0 + POOL_MILP_SHARE * limit, note
+        )
+        unit_bound = max(unit_bound, laddered)
+        lower = max(lower, unit_bound)
+        if pool_plan is not None and pool_plan[0] < inc.objective - 1e-9 * abs(inc.objective):
+            bound = min(lower, pool_plan[0])
+            if relative_gap(pool_plan[0], bound) <= gap:
+                return _pool_result(pool_plan, bound, gap, t0, preset, note, Termination.CONVERGED)
     used = _positive(tree, prog.lp.x)
     # Over every column of a large master HiGHS overruns its time (see
     # restricted_master.RESTRICTED_MASTER_COLUMNS): there, the root LP's columns and the
@@ -487,12 +582,13 @@ def solve_branch_price(
         only=set(used) if large else None,
     )
     pool_done = pool_cut = False
-    pool_plan: tuple[float, Plan] | None = None
     if inc.values is not None and relative_gap(inc.objective, max(lower, unit_bound)) > gap:
-        pooled, pool_done, pool_cut, pool_plan = _pool_milp(
+        pooled, pool_done, pool_cut, found_plan = _pool_milp(
             problem, prog, inc.objective, gap, t0 + POOL_MILP_SHARE * limit, note
         )
         unit_bound = max(unit_bound, pooled)
+        if found_plan is not None and (pool_plan is None or found_plan[0] < pool_plan[0]):
+            pool_plan = found_plan
         if pool_plan is not None and pool_plan[0] < inc.objective - 1e-9 * abs(inc.objective):
             bound = min(max(lower, unit_bound), pool_plan[0])
             if relative_gap(pool_plan[0], bound) <= gap:

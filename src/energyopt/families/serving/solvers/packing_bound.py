@@ -221,18 +221,26 @@ class _Prices:
         self.count = y[u + 4 * k + u * k :]
 
 
-def price_unit(p: Pools, y: FloatArray, u: int, members: IntArray) -> Cover:
-    """Unit ``u``'s covering problem at prices ``y`` (``members``: its placements)."""
+def use_cost(p: Pools, y: FloatArray, u: int, members: IntArray) -> FloatArray:
+    """Fixed cost per use of unit ``u``'s placements ``members`` at prices ``y``
+    (objective units): its op's fixed part plus its pool rows' prices times what the
+    use takes of them."""
     q = _Prices(p, y)
     k = p.pool[members]
-    fixed = (
+    return np.asarray(
         p.op_fixed[members]
         + q.share[k] * p.share[members]
         + q.thr[k] * p.thr[members]
         + q.mem[k] * p.mem[members]
         + q.power[k] * p.peak[members]
-        + q.once[u, k] * p.once[members]
+        + q.once[u, k] * p.once[members],
+        dtype=np.float64,
     )
+
+
+def price_unit(p: Pools, y: FloatArray, u: int, members: IntArray) -> Cover:
+    """Unit ``u``'s covering problem at prices ``y`` (``members``: its placements)."""
+    fixed = use_cost(p, y, u, members)
     per_rps = p.op_cost[members]
     cap = p.cap[members]
     if p.rate[u] <= 0:
@@ -255,6 +263,18 @@ def price_unit(p: Pools, y: FloatArray, u: int, members: IntArray) -> Cover:
     uses[keep] = np.round(run.col_value[:m])
     rates[keep] = np.maximum(0.0, run.col_value[m : 2 * m])
     return Cover(bound, uses, rates)
+
+
+def seed_prices(p: Pools, alpha: float) -> FloatArray:
+    """Prices over the master rows that charge each pool's on-cost to its uses as
+    the unit bound does at share-charge mix ``alpha`` (``unit_bound.share_weight``):
+    ``alpha`` of it by SM share, the rest by the threshold charge; every other price
+    zero, so each pool GPU's reduced on-cost is zero."""
+    u_n, k_n = p.units, p.n_pools
+    y = np.zeros(p.n_rows)
+    y[u_n : u_n + k_n] = alpha * p.pool_on_cost / p.pool_share
+    y[u_n + k_n : u_n + 2 * k_n] = (1.0 - alpha) * p.pool_on_cost
+    return y
 
 
 def lagrangian_value(p: Pools, y: FloatArray, covers: list[Cover]) -> float:
@@ -339,10 +359,7 @@ def pool_bound(
         if time.perf_counter() + seed_s >= deadline:
             break
         started = time.perf_counter()
-        y = np.zeros(p.n_rows)
-        y[u_n : u_n + k_n] = alpha * p.pool_on_cost / p.pool_share
-        y[u_n + k_n : u_n + 2 * k_n] = (1.0 - alpha) * p.pool_on_cost
-        value, covers = evaluate(y)
+        value, covers = evaluate(seed_prices(p, alpha))
         best = max(best, value)
         for u, c in enumerate(covers):
             if c.uses is not None:

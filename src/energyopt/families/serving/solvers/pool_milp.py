@@ -55,6 +55,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import NDArray
 from scipy.sparse import csc_matrix
 
 from energyopt.backends.highs import MipStatus, mixed_lp, solve_mip
@@ -185,12 +186,22 @@ def build_model(p: Pools) -> tuple[csc_matrix, FloatArray, FloatArray, FloatArra
 
 
 def pool_milp_bound(
-    p: Pools, target: float, *, time_limit_s: float, nodes: int = NODES
+    p: Pools,
+    target: float,
+    *,
+    time_limit_s: float,
+    nodes: int = NODES,
+    keep: NDArray[np.bool_] | None = None,
 ) -> PoolMilpBound:
     """Solve the relaxation's MILP with ``target`` (objective units; ``math.inf``
     for none) as the cut-off, for at most ``time_limit_s`` seconds and ``nodes``
     nodes. The bound is the lower of the target and HiGHS' dual bound, less the
-    tolerances: valid however the search ended."""
+    tolerances: valid however the search ended.
+
+    ``keep`` (per placement; with a finite target only): the placements the MILP
+    may use, the others held at zero uses. Valid where no point of the relaxation
+    below ``target`` uses a placement left out (``pool_prune.kept_placements``):
+    the bound then holds for the whole relaxation."""
     served = np.zeros(p.units, dtype=bool)
     served[p.unit] = True
     if np.any((p.rate > 0) & ~served):  # a unit with a rate and no placement
@@ -199,6 +210,11 @@ def pool_milp_bound(
     n_p, n_k = len(p.unit), p.n_pools
     size = p.class_size[p.pool_class[p.pool]].astype(np.float64)
     col_hi = np.concatenate([size, np.full(n_p, math.inf), p.class_size[p.pool_class]])
+    if keep is not None:
+        if not math.isfinite(target):
+            raise ValueError("pool_milp_bound: keep needs a finite target")
+        col_hi[:n_p][~keep] = 0.0
+        col_hi[n_p : 2 * n_p][~keep] = 0.0
     integer = np.concatenate([np.ones(n_p, bool), np.zeros(n_p, bool), np.ones(n_k, bool)])
     lp = mixed_lp(cost, matrix, lo, hi, np.zeros(2 * n_p + n_k), col_hi, integer)
     cutoff = target if math.isfinite(target) else None
