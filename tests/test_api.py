@@ -290,3 +290,12 @@ def test_compile_and_evaluate_name_the_kind_they_refuse(kind: str, tmp_path: Pat
     with pytest.raises(energyopt.InputError, match=rf"kind: energyopt.evaluate takes .*{kind}"):
         energyopt.evaluate(path)
     assert not (tmp_path / "t.eot").exists()
+
+
+def test_solve_hands_the_scheduler_to_serving_pricing_only(problems: dict[str, Any]) -> None:
+    with pytest.raises(energyopt.InputError, match=r"^scheduler: a moe-edge problem"):
+        energyopt.solve(problems["moe-edge"], scheduler="local:1")
+    # the serving solve reaches the Dask pricing, which refuses a cluster of no workers
+    # before it starts one, and the error names the argument as the API spells it
+    with pytest.raises(energyopt.InputError, match=r"^scheduler local:0: local:N needs N"):
+        energyopt.solve(problems["serving"], solver="colgen", scheduler="local:0")

@@ -247,6 +247,7 @@ def solve(
     progress: Progress | None = None,
     *,
     gap: float | None = None,
+    scheduler: str | None = None,
 ) -> Result[Any]:
     """The best plan of ``problem`` (from ``load``), certified as ``energyopt solve``
     certifies it: the plan has passed the family's independent verifier and the
@@ -256,7 +257,10 @@ def solve(
     None is the family's default. ``time_limit``: seconds above 0 (None: the
     solver's default). ``progress``: called with one line of text per step (None:
     silent). ``gap``: relative gap to stop at, in [0, 1) (None: the solver's
-    default).
+    default). ``scheduler`` (serving only): column generation prices on this Dask
+    cluster, an address (``tcp://host:8786``) or ``local:N`` for N local worker
+    processes, as ``energyopt solve --scheduler`` (docs/formulations/serving.md,
+    "Scaling"); None: in this process.
 
     A result without a plan (status ``infeasible``, proven, or ``no_solution``,
     nothing proven) is returned with its ``diagnosis``, not raised. Raises
@@ -271,8 +275,20 @@ def solve(
         entry = solver_entry(fam, solver)
     except SpecError as exc:
         raise InputError([p.replace("--solver:", "solver:", 1) for p in exc.problems]) from None
+    if scheduler is not None and fam.kind != "serving":
+        raise InputError([f"scheduler: a {fam.kind} problem; the scheduler applies to serving"])
+    from energyopt.families.serving.dask_client import pricing_context
+
     say = progress if progress is not None else quiet
-    raw = fam.solve(problem, entry.name, time_limit_s=time_limit, rel_gap=gap, progress=say)
+    try:
+        with pricing_context(scheduler):
+            raw = fam.solve(
+                problem, entry.name, time_limit_s=time_limit, rel_gap=gap, progress=say
+            )
+    except SpecError as exc:
+        if scheduler is None:
+            raise
+        raise InputError([p.replace("--scheduler", "scheduler", 1) for p in exc.problems]) from None
     certify(fam, problem, raw, gap if gap is not None else CERTIFY_GAP, say)
     return Result.of(raw, fam.kind, fam.objective_unit(problem))
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from energyopt.cli.common import (
@@ -145,18 +144,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _pricing_on(scheduler: str | None) -> AbstractContextManager[Any]:
-    """Column generation prices on the Dask cluster at ``scheduler`` inside the block
-    (serving; a no-op when None)."""
-    if scheduler is None:
-        return nullcontext()
-    from energyopt.families.serving.solvers.dask_pricing import pricing_on
-
-    return pricing_on(scheduler)
-
-
 def cmd_solve(args: argparse.Namespace) -> int:
     from energyopt.families import certify, solver_entry
+    from energyopt.families.serving.dask_client import pricing_context
     from energyopt.solvers.result import INFEASIBLE
     from energyopt.spec.io import dump
 
@@ -172,7 +162,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
         )
     problem = fam.load(args.file, args.catalog)
     say = progress(args.quiet)
-    with _pricing_on(args.scheduler):
+    with pricing_context(args.scheduler):
         result = fam.solve(
             problem, entry.name, time_limit_s=args.time_limit, rel_gap=args.gap, progress=say
         )
