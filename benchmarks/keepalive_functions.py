@@ -19,7 +19,10 @@ Lagrangian replayed in the simulator (each window's planned state held between
 requests; the plans see the true per-window counts, so they are forecast-perfect
 per window but not within one). The clairvoyant floor holds every idle period in
 its cheapest way (no memory limit); the share of the floor's saving a contender
-reaches is (E_fixed - E) / (E_fixed - E_floor).
+reaches is (E_fixed - E) / (E_fixed - E_floor). It prices the always-warm timing,
+so it is a yardstick rather than a proven lower bound: a policy whose resume or
+load delays requests serves them in fewer busy periods
+(tests/test_keepalive_yardstick.py).
 
 Each generated load is replayed with every function alone (no memory limit) and
 on its instance's nodes (80 GB GPU, 1,024 GB host memory each) sharing the
@@ -35,8 +38,8 @@ Run: python benchmarks/keepalive_functions.py [--quick] [--functions N] [--seed 
 functions-200 and 60 s on the generated load; the rolling MILP (lookahead 4
 windows, step 2) runs on loads of at most --rolling-max functions (300: on
 functions-200, not on 1,000). --quick: 300 generated functions, no rolling MILP, no
-Azure LLM loads, the Lagrangian 20 and 40 s. About 6.5 min on a loaded 2-core
-machine (2.5 min with --quick). ``--lagrangian-only N`` only solves a generated
+Azure LLM loads, the Lagrangian 20 and 40 s. About 6.5-8 min on a loaded 2-core
+machine (2.5-5 min with --quick). ``--lagrangian-only N`` only solves a generated
 load of N functions by the Lagrangian (120 s) and prints its certified gap.
 """
 
