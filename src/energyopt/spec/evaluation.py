@@ -288,7 +288,7 @@ class OnlineOptions(Spec):
     protect_tbt: bool = Field(
         default=False,
         description="the local scheduler shrinks the prefill chunk below the plan's when the "
-        "iteration at the current clock would exceed the TBT SLO",
+        "iteration at the current clock would exceed twice the TBT SLO while requests decode",
     )
     shift: bool = Field(default=True, description="shift MPS share between co-located slices")
     wake: bool = Field(default=True, description="wake GPUs the plan left off")
