@@ -73,10 +73,10 @@ MILP, HiGHS nodes and search branches of each pruned MILP), so with a time limit
 that is not reached the same instance gives the same plan and bound on a quiet or
 a loaded machine. The time limit is a safety net, shared out as: root
 column generation up to ROOT_SHARE of it, the unit bound UNIT_BOUND_SHARE of what is
-left, root cuts up to CUT_SHARE, the pruned and whole clock-pool MILPs up to
-POOL_MILP_SHARE, the tree up to TREE_SHARE, each integer master MIP_TIME_SHARE of
-what is left. Objective values and bounds are in the instance's
-objective units (W for power).
+left, root cuts up to CUT_SHARE, the pruned clock-pool MILPs up to LADDER_SHARE,
+the whole one up to POOL_MILP_SHARE, the tree up to TREE_SHARE, each integer
+master MIP_TIME_SHARE of what is left. Objective values and bounds are in the
+instance's objective units (W for power).
 """
 
 from __future__ import annotations
@@ -171,15 +171,16 @@ LADDER_FIRST = 1.0
 the Lagrangian bound (``pool_prune``); each further one twice as far."""
 LADDER_LAST = 0.1
 """The pruned MILPs stop at a threshold this share above the Lagrangian bound."""
-LADDER_KEEP = 0.5
-"""... or once a threshold keeps more than this share of the placements (the MILP
-is then nearly the whole one, which the integer master's cut-off serves better),
-where it keeps more than LADDER_SMALL of them."""
-LADDER_SMALL = 200
-"""Kept placements up to which the share rule does not stop the pruned MILPs (such
-a MILP takes well under a second: quickstart's 90 placements)."""
+LADDER_KEPT = 250
+"""... or once a threshold keeps more than this many placements: the MILP's time
+grows fast with them (fleet-64: 58 kept, 0.3 CPU-s; 106, 2.1; 365, 11.8; on
+fleet-256, 480 of 2,438 kept ran past the time limit's share on a loaded machine
+and left the integer master too little time: 1.18 % instead of 0.43 %), and the
+whole MILP at the integer master's cut-off serves better there."""
 LADDER_NODES = 5_000
 """HiGHS nodes of one pruned MILP at most (fleet-64: 78 at its second threshold)."""
+LADDER_SHARE = 0.5
+"""The pruned MILPs stop at this share of the time limit (a safety net)."""
 POOL_NOTE_EVERY = 10
 """Clock-pool bound rounds between progress lines (a round takes about 1 s on fleet-64)."""
 
@@ -403,7 +404,7 @@ def _pool_ladder(
     bound and twice as far each time, before any integer master. Stops once a
     packed point closes the gap with the bound proved, a MILP finds a point below
     its threshold (the relaxation's optimum), does not finish, or the threshold
-    passes LADDER_LAST or keeps more than LADDER_KEEP of the placements. Returns
+    passes LADDER_LAST or keeps more than LADDER_KEPT placements. Returns
     the bound proved (-inf where none) and the best packed plan (cost, plan;
     verified), if any."""
     if not packing_bound.applies(problem, prog.table, prog.costs):
@@ -421,7 +422,7 @@ def _pool_ladder(
     while step <= LADDER_LAST and time.perf_counter() < deadline:
         threshold = base + step * max(1.0, abs(base))
         keep = pool_prune.kept_placements(pools, prices, threshold)
-        if keep.sum() > max(LADDER_KEEP * len(keep), LADDER_SMALL):
+        if keep.sum() > LADDER_KEPT:
             break
         found = pool_milp.pool_milp_bound(
             pools,
@@ -558,7 +559,7 @@ def solve_branch_price(
     pool_plan: tuple[float, Plan] | None = None
     if relative_gap(inc.objective, lower) > gap:
         laddered, pool_plan = _pool_ladder(
-            problem, prog, lower, gap, t0 + POOL_MILP_SHARE * limit, note
+            problem, prog, lower, gap, t0 + LADDER_SHARE * limit, note
         )
         unit_bound = max(unit_bound, laddered)
         lower = max(lower, unit_bound)
