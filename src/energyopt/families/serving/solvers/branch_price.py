@@ -44,10 +44,10 @@ and at least the unit-decomposition bound computed from the root prices.
 Clock-pool bounds: where the pool relaxation applies (``packing_bound.applies``) and
 the root leaves the gap open, the relaxation is first solved as MILPs over the
 placements a Lagrangian bound keeps below rising thresholds (``pool_prune``;
-``_pool_ladder``), before any integer master: on fleet-64 the first, over 58 of
-1,219 placements, proves 7,741.76 W and its point packs into the optimum plan,
-7,746.85 W (0.066 %, about 2.6 CPU-s; the whole MILP at the integer master's
-cut-off took 15-21 CPU-s after 7-9 for the integer master). Where they leave the
+``_pool_ladder``), before any integer master: on fleet-64 the second, over 106 of
+1,219 placements, proves the relaxation's optimum, whose point packs into the
+optimum plan, 7,746.85 W (3-7 CPU-s for both with the prices; the whole MILP at
+the integer master's cut-off took 15-21 CPU-s after 7-9 for the integer master). Where they leave the
 gap open, the relaxation is solved as a whole MILP (``pool_milp``) right after the
 root's integer master, with the value that closes the gap as its cut-off, before
 the tree. Where it does not finish, the tree follows, and after it the Lagrangian

@@ -49,7 +49,8 @@ def _quiet(_: str) -> None:
 AUTO_BNP_GPUS = 64
 """Up to this many GPUs the ``auto`` preset runs branch-and-price. On the bundled
 fleets of 16 and 64 GPUs it proved its plan optimal in 15-30 s at a load average of
-2-2.5, where the configuration MILP (``highs-exact``) stopped at 0.007 % and 2.98 %;
+2-2.5 (with the pruned clock-pool MILPs, 6.5 and 11.2 CPU-s, 9.7 and 16.7 s at a
+load average of 6), where the configuration MILP (``highs-exact``) stopped at 0.007 % and 2.98 %;
 on fleet-256 it ran into the 60-s limit and its plan varied with the machine's load
 (0.26-0.39 % above the bound) where the configuration MILP held 0.33 % in 7-11 s;
 on fleet-1024 4.1 % against 0.46 % (``benchmarks/serving_auto.py``). Fleets
