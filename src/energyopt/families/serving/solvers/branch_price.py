@@ -47,11 +47,12 @@ placements a Lagrangian bound keeps below rising thresholds (``pool_prune``;
 ``_pool_ladder``), before any integer master: on fleet-64 the second, over 106 of
 1,219 placements, proves the relaxation's optimum, whose point packs into the
 optimum plan, 7,746.85 W (3-7 CPU-s for both with the prices; the whole MILP at
-the integer master's cut-off took 15-21 CPU-s after 7-9 for the integer master). Where they leave the
-gap open, the relaxation is solved as a whole MILP (``pool_milp``) right after the
-root's integer master, with the value that closes the gap as its cut-off, before
-the tree. Where it does not finish, the tree follows, and after it the Lagrangian
-bound of the same relaxation (``packing_bound.pool_bound``).
+the integer master's cut-off took 15-21 CPU-s after 7-9 for the integer master).
+Where they leave the gap open, the relaxation is solved as a whole MILP
+(``pool_milp``) right after the root's integer master, with the value that closes
+the gap as its cut-off, before the tree. Where it does not finish, the tree
+follows, and after it the Lagrangian bound of the same relaxation
+(``packing_bound.pool_bound``).
 
 Primal side: residual packing (``residual_pack``) at the root, the LP dive
 (``lp_dive``) at the root and every DIVE_EVERY nodes (it
