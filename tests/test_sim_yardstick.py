@@ -289,3 +289,22 @@ def test_the_covering_yardstick_runs_under_the_online_control(tmp_path: Path) ->
     assert len(run.tally.planned_rps) == math.ceil(60.0 / CLAIRVOYANT_WINDOW_S)
     assert run.result.arrived == len(res.arrivals)
     assert run.result.completed + run.result.shed == run.result.arrived
+
+
+def test_evaluate_covering_yardstick_adds_its_row_beside_the_plain_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _spec(tmp_path, [{"name": "performance-first", "kind": "performance-first"}])
+    argv = ["evaluate", str(path), "-q", "--no-plots", "--yardstick", "--covering-yardstick"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert any(line.startswith("clairvoyant+online ") for line in out.splitlines())
+    with (tmp_path / "out" / "summary.csv").open() as fh:
+        rows = {r["planner"]: r for r in csv.DictReader(fh)}
+    assert set(rows) == {"performance-first", "clairvoyant", "clairvoyant+online"}
+    assert int(rows["clairvoyant+online"]["rejected_plans"]) == 0
+    assert int(rows["clairvoyant+online"]["arrived"]) == int(rows["performance-first"]["arrived"])
+    # a spec planner of the covering yardstick's name is refused, naming the file
+    named = _spec(tmp_path, [{"name": "clairvoyant+online", "kind": "energyopt"}])
+    assert main(["evaluate", str(named), "-q", "--no-plots", "--covering-yardstick"]) == 2
+    assert "clairvoyant+online" in capsys.readouterr().err

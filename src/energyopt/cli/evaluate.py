@@ -26,6 +26,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="also run the clairvoyant yardstick: energyopt re-planned every 30 s at each "
         "window's true arrival rates, replayed on the same requests",
     )
+    p.add_argument(
+        "--covering-yardstick",
+        action="store_true",
+        help="also run the covering yardstick: energyopt+online's planner and online "
+        "control re-planned every 30 s for the true peak 10-s rate until the next plan "
+        "serves, replayed on the same requests (docs/evaluation.md)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--catalog", action="append", default=[], metavar="FILE")
     p.set_defaults(func=run)
@@ -37,9 +44,11 @@ def run(args: argparse.Namespace) -> int:
     from energyopt.cli.documents import expect_document, validate_evaluation
     from energyopt.families.serving.loop import (
         CLAIRVOYANT,
+        CLAIRVOYANT_ONLINE,
         PlanningError,
         evaluate,
         run_clairvoyant,
+        run_covering_clairvoyant,
     )
     from energyopt.families.serving.loop_report import format_table, write_csvs
     from energyopt.families.serving.plots import PLOT_HINT, write_plots
@@ -56,10 +65,12 @@ def run(args: argparse.Namespace) -> int:
         if args.duration <= 0:
             raise SpecError([f"--duration: must be positive, got {args.duration:g}"])
         ev = ev.model_copy(update={"duration_s": args.duration})
-    if args.yardstick and any(p.name == CLAIRVOYANT.name for p in ev.planners):
-        raise SpecError(
-            [f"{args.spec}: planners: a planner is named {CLAIRVOYANT.name}, the yardstick's name"]
-        )
+    yardsticks = ((args.yardstick, CLAIRVOYANT), (args.covering_yardstick, CLAIRVOYANT_ONLINE))
+    for wanted, yard in yardsticks:
+        if wanted and any(p.name == yard.name for p in ev.planners):
+            raise SpecError(
+                [f"{args.spec}: planners: a planner is named {yard.name}, the yardstick's name"]
+            )
     say = progress(args.quiet)
     say(f"evaluating {args.spec}")
     res = evaluate(ev, args.spec, only=args.planner, say=say, catalogs=args.catalog)
@@ -67,6 +78,12 @@ def run(args: argparse.Namespace) -> int:
         say(f"{CLAIRVOYANT.name}: simulating (the yardstick)")
         try:
             res.runs.append(run_clairvoyant(res, say=say))
+        except PlanningError as exc:
+            res.failed.append(str(exc))
+    if args.covering_yardstick:
+        say(f"{CLAIRVOYANT_ONLINE.name}: simulating (the covering yardstick)")
+        try:
+            res.runs.append(run_covering_clairvoyant(res, say=say))
         except PlanningError as exc:
             res.failed.append(str(exc))
     folder = Path(args.output_dir if args.output_dir is not None else ev.output_dir)
