@@ -277,7 +277,7 @@ def solve(
         raise InputError([p.replace("--solver:", "solver:", 1) for p in exc.problems]) from None
     if scheduler is not None and fam.kind != "serving":
         raise InputError([f"scheduler: a {fam.kind} problem; the scheduler applies to serving"])
-    from energyopt.families.serving.dask_client import pricing_context
+    from energyopt.families.serving.pricing_context import pricing_context
 
     say = progress if progress is not None else quiet
     try:

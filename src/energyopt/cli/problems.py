@@ -146,7 +146,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_solve(args: argparse.Namespace) -> int:
     from energyopt.families import certify, solver_entry
-    from energyopt.families.serving.dask_client import pricing_context
+    from energyopt.families.serving.pricing_context import pricing_context
     from energyopt.solvers.result import INFEASIBLE
     from energyopt.spec.io import dump
 

@@ -5,7 +5,6 @@ that says how to install it, and a client to a scheduler address."""
 from __future__ import annotations
 
 import importlib
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from energyopt.spec.errors import SpecError
@@ -32,14 +31,3 @@ def connect(scheduler: Any, timeout_s: float) -> Any:
         return dist.Client(scheduler, timeout=f"{timeout_s}s")
     except OSError as exc:
         raise SpecError([f"--scheduler {scheduler}: cannot connect: {exc}"]) from None
-
-
-def pricing_context(scheduler: str | None) -> AbstractContextManager[object]:
-    """Inside the block, column generation prices on the Dask cluster at ``scheduler``
-    (``local:N`` or an address; ``solvers.dask_pricing.pricing_on``); a no-op when
-    None, which imports nothing of Dask."""
-    if scheduler is None:
-        return nullcontext()
-    from energyopt.families.serving.solvers.dask_pricing import pricing_on
-
-    return pricing_on(scheduler)
