@@ -4,6 +4,7 @@ print energy, saving and SLO attainment side by side (docs/evaluation.md)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from energyopt.families.serving.loop import (
         CLAIRVOYANT,
         CLAIRVOYANT_ONLINE,
+        PlannerRun,
         PlanningError,
         evaluate,
         run_clairvoyant,
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from energyopt.families.serving.loop_report import format_table, write_csvs
     from energyopt.families.serving.plots import PLOT_HINT, write_plots
     from energyopt.spec.errors import SpecError
-    from energyopt.spec.evaluation import load_evaluation
+    from energyopt.spec.evaluation import PlannerSpec, load_evaluation
 
     expect_document(args.spec, ("evaluate",), "evaluate")
     if args.output_dir is not None and not args.output_dir.strip():
@@ -65,25 +67,27 @@ def run(args: argparse.Namespace) -> int:
         if args.duration <= 0:
             raise SpecError([f"--duration: must be positive, got {args.duration:g}"])
         ev = ev.model_copy(update={"duration_s": args.duration})
-    yardsticks = ((args.yardstick, CLAIRVOYANT), (args.covering_yardstick, CLAIRVOYANT_ONLINE))
-    for wanted, yard in yardsticks:
-        if wanted and any(p.name == yard.name for p in ev.planners):
+    Runner = Callable[..., PlannerRun]
+    yardsticks: list[tuple[PlannerSpec, Runner, str]] = [
+        *([(CLAIRVOYANT, run_clairvoyant, "the yardstick")] if args.yardstick else []),
+        *(
+            [(CLAIRVOYANT_ONLINE, run_covering_clairvoyant, "the covering yardstick")]
+            if args.covering_yardstick
+            else []
+        ),
+    ]
+    for yard, _, _ in yardsticks:
+        if any(p.name == yard.name for p in ev.planners):
             raise SpecError(
                 [f"{args.spec}: planners: a planner is named {yard.name}, the yardstick's name"]
             )
     say = progress(args.quiet)
     say(f"evaluating {args.spec}")
     res = evaluate(ev, args.spec, only=args.planner, say=say, catalogs=args.catalog)
-    if args.yardstick:
-        say(f"{CLAIRVOYANT.name}: simulating (the yardstick)")
+    for yard, runner, what in yardsticks:
+        say(f"{yard.name}: simulating ({what})")
         try:
-            res.runs.append(run_clairvoyant(res, say=say))
-        except PlanningError as exc:
-            res.failed.append(str(exc))
-    if args.covering_yardstick:
-        say(f"{CLAIRVOYANT_ONLINE.name}: simulating (the covering yardstick)")
-        try:
-            res.runs.append(run_covering_clairvoyant(res, say=say))
+            res.runs.append(runner(res, say=say))
         except PlanningError as exc:
             res.failed.append(str(exc))
     folder = Path(args.output_dir if args.output_dir is not None else ev.output_dir)
