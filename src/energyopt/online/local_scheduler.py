@@ -17,9 +17,10 @@ Rule, per iteration, with ``n`` requests decoding at mean context ``c``:
   if none does. Otherwise the plan's chunk.
 * TBT protection (``protect_tbt``): while requests decode and the iteration with
   the chunk chosen above (the plan's, when TTFT is not at risk) exceeds
-  ``tbt_margin`` x the TBT SLO at the GPU's current clock (a clock below the
+  ``tbt_stall`` x the TBT SLO at the GPU's current clock (a clock below the
   plan's, or a batch above the planned one), the chunk is the largest rung below
-  it whose iteration fits, the ladder's smallest when none does: a long prompt
+  it whose iteration fits ``tbt_margin`` x the SLO, the ladder's smallest when
+  none does: a long prompt
   is then prefilled over more iterations instead of stalling every decoding
   request past its TBT SLO.
 * Batch limit: grows by one when the batch is at the limit and one more request
@@ -109,7 +110,8 @@ class LocalScheduler:
         chunk = self.plan_chunk
         p_ms = prefill(chunk)[0]
         self.lookups += 1
-        if oldest_wait_ms > self.risk_ms:
+        at_risk = oldest_wait_ms > self.risk_ms
+        if at_risk:
             for rung in reversed(self.ladder):
                 if rung <= chunk:
                     break
@@ -121,7 +123,6 @@ class LocalScheduler:
                 ):
                     chunk, p_ms = rung, r_ms
                     break
-        at_risk = oldest_wait_ms > self.risk_ms
         if self.protect_tbt and n and not at_risk and d_ms + p_ms > self.stall_ms:
             for rung in reversed(self.ladder):
                 if rung >= chunk:
