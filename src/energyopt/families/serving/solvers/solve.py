@@ -9,6 +9,7 @@ import time
 from energyopt.catalog.problem import Problem
 from energyopt.families.serving.formulations import pattern as pat
 from energyopt.families.serving.formulations.per_gpu import build_per_gpu
+from energyopt.families.serving.pricing_context import pricing_context
 from energyopt.families.serving.solvers.backend import (
     ServingResult,
     finish_plan,
@@ -131,9 +132,7 @@ def solve(
     such as ``tcp://host:8786``, or ``local:N`` for N local worker processes;
     ``dask_pricing``), with the same plan and bound as in this process."""
     if scheduler is not None:
-        from energyopt.families.serving.solvers.dask_pricing import pricing_on
-
-        with pricing_on(scheduler):
+        with pricing_context(scheduler):
             return solve(
                 problem, preset, time_limit_s=time_limit_s, rel_gap=rel_gap, progress=progress
             )
