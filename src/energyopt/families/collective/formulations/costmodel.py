@@ -18,6 +18,7 @@ system moves every byte sent, received and reduced.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -513,7 +514,15 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
         busiest = max(busiest, one_step_ranks_us(p, c, protocol) + least_route)
         routes = p.route_us + np.diag(np.full(n, np.inf))
         # a flow brings another rank's contribution to r
-        busiest = max(busiest, float(np.max(alpha * slow + routes.min(axis=0))))
+        into_r = routes.min(axis=0)
+        busiest = max(busiest, float(np.max(alpha * slow + into_r)))
+        # relayed or direct: some element reaches r in a set that holds a rank
+        # other than its sender (two flows one after another, each landing before
+        # the next starts), or r takes every other rank's input of every element
+        # directly and reduces all n - 1 itself
+        relay = alpha + least_route + alpha * slow + into_r
+        direct = alpha * slow + (n - 1) * float(c.bytes) / reduce_rates_gbs(p, eff) / 1e3
+        busiest = max(busiest, float(np.max(np.minimum(relay, direct + least_route))))
         if p.n_nodes > 1:
             crossing = node_of[:, None] != node_of[None, :]
             cross = min(p.least_route_us(node_of == k) for k in range(p.n_nodes))
@@ -563,18 +572,73 @@ def one_step_ranks_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
     n = p.n
     alpha = PROTOCOL_STEP_US[protocol]
     eff = PROTOCOL_EFFICIENCY[protocol]
-    cap_in = _port_capacities(p)[0]
+    cap_in, _, nic_in, _ = _port_capacities(p)
     total = float(cap_in.sum())
     heaviest = np.concatenate(([0.0], np.cumsum(np.sort(cap_in)[::-1] / total)))
     m = float(c.bytes)
+    mix = _copy_and_reduce(p, eff, cap_in - nic_in, nic_in)
     best = np.inf
     for k in range(n + 1):
         into = max(2.0 * (n - 1), k * max(k - 1, 1) + (n - k)) * m
         term = alpha * (2.0 - float(heaviest[k])) + into / (eff * total) / 1e3
         if k >= 2:
             term = max(term, alpha + (k - 1) * m / (eff * float(cap_in.max())) / 1e3)
+        term = max(term, mix(alpha, k, into, (n - 1) * m))
         best = min(best, term)
     return float(best)
+
+
+COPY_REDUCE_GRID = np.linspace(0.0, 1.0, 41)
+"""The multipliers lambda at which ``_copy_and_reduce`` weighs its two per-step
+inequalities (each one gives a valid bound; the largest is taken)."""
+
+
+def _copy_and_reduce(
+    p: CollectiveProblem, eff: float, nvlink_in: FloatArray, nic_in: FloatArray
+) -> Callable[[float, int, float, float], float]:
+    """The copy-and-reduce term of ``one_step_ranks_us``: a function of (the
+    protocol's overhead alpha, us; k, the ranks that take part in one step only;
+    Z, the bytes all ranks must receive; X, the bytes they must reduce) giving a
+    lower bound on when the busiest rank ends its last flow, us (collective.md, §4).
+
+    Per step s of rank r and its NVLink in-port e (capacity c_e at the efficiency;
+    k_e flows of the step on it, k_re of them reducing into r, k_r reducing into r
+    in all, u = k_re / k_e; Z_s bytes in, X_s of them reduced; the channels run
+    in step, so every channel has the same number of each): every flow occupies
+    r at least alpha s_r + b k_e / c_e + s_r beta k_r / H (H: memory bandwidth / 3),
+    so the average over all of them gives t_s >= alpha s_r + Z_s / c_e + s_r u X_s / H
+    and over the reducing ones t_s >= alpha s_r + X_s / (u c_e) + s_r X_s / H. For
+    lambda in [0, 1] their mix, minimised over u in (0, 1], is linear in (X_s, Z_s):
+    t_s >= alpha s_r + (1 - lambda) Z_s / c_e + a_r(lambda) X_s, so it sums over the
+    rank's steps. A step without an NVLink in-flow still costs alpha s_r. Weighted
+    by c_e / sum c over the ranks (the k one-step ranks weigh at most the k largest
+    weights), with X_nv and Z_nv the bytes over NVLink in-ports:
+    T' >= alpha (2 - W_k) + ((1 - lambda) Z_nv + A X_nv) / sum c, A = min_r c_r a_r.
+    The rest crosses NIC in-ports, which land at most T' times their capacity:
+    Z_nv >= Z - T' C_nic and X_nv >= X - T' C_nic, solved for T'."""
+    h = p.gpu.memory_bandwidth_gbps / HBM_TOUCHES_PER_REDUCED_BYTE
+    lam = COPY_REDUCE_GRID[:, None]
+    c = eff * np.asarray(nvlink_in, dtype=np.float64)[None, :]
+    s = np.maximum(1.0, np.asarray(p.slowdown, dtype=np.float64))[None, :]
+    # min over u in (0, 1] of a u + b / u
+    a_u = (1.0 - lam) * s / h
+    b_u = lam / c
+    with np.errstate(divide="ignore", invalid="ignore"):
+        u = np.where(a_u > 0, np.sqrt(b_u / np.where(a_u > 0, a_u, 1.0)), 1.0)
+    phi = np.where(u >= 1.0, a_u + b_u, 2.0 * np.sqrt(a_u * b_u))
+    big_a = (c * (lam * s / h + phi)).min(axis=1)  # (L,), dimensionless
+    c_nv = float(c.sum())
+    c_nic = eff * float(np.asarray(nic_in).sum())
+    weights = np.concatenate(([0.0], np.cumsum(np.sort(c[0])[::-1] / c_nv)))
+    one_minus = 1.0 - COPY_REDUCE_GRID
+    denominator = c_nv + (one_minus + big_a) * c_nic
+
+    def term(alpha: float, k: int, z: float, x: float) -> float:
+        steps = alpha * (2.0 - float(weights[k])) * c_nv * 1e3
+        values = (steps + one_minus * z + big_a * x) / denominator / 1e3
+        return float(values.max())
+
+    return term
 
 
 def reduce_rates_gbs(p: CollectiveProblem, eff: float) -> FloatArray:
