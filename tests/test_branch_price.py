@@ -223,6 +223,32 @@ def test_the_clock_pool_milp_proves_the_bound_before_the_tree(
     assert result.bound >= result.objective * (1 - preset.rel_gap) - TOL
 
 
+def test_no_integer_master_runs_once_the_root_plan_closes_the_gap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """tensor-parallel: the root dive's plan is within the preset's gap of the unit
+    bound, so the integer master over the columns (seconds on larger fleets) is not
+    run; the plan verifies and the result is certified."""
+    problem = load_problem(ROOT / "instances" / "tensor-parallel.yaml")
+    calls: list[int] = []
+    real = bp._repair
+
+    def counted(*args: Any, **kwargs: Any) -> None:
+        calls.append(1)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(bp, "_repair", counted)
+    preset = load_preset("bnp")
+    result = solve(problem, preset, time_limit_s=120)
+    assert any("root dive" in line for line in result.log), result.log[-3:]
+    assert calls == [], result.log[-3:]
+    assert result.plan is not None and result.bound is not None
+    assert result.objective is not None
+    assert verify_plan(problem, result.plan) == []
+    assert result.status == OPTIMAL, result.log[-3:]
+    assert result.bound >= result.objective * (1 - preset.rel_gap) - TOL
+
+
 @pytest.mark.parametrize("instance", ["quickstart", "fleet-16"])
 def test_the_pruned_clock_pool_milps_prove_the_optimum_before_any_integer_master(
     monkeypatch: pytest.MonkeyPatch, instance: str

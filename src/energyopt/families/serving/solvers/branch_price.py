@@ -573,16 +573,17 @@ def solve_branch_price(
     # restricted_master.RESTRICTED_MASTER_COLUMNS): there, the root LP's columns and the
     # incumbent's only.
     large = len(prog.columns) >= RESTRICTED_MASTER_COLUMNS
-    _repair(
-        prog,
-        inc,
-        gap,
-        lower,
-        deadline,
-        note,
-        max_nodes=MIP_NODES,
-        only=set(used) if large else None,
-    )
+    if relative_gap(inc.objective, lower) > gap:  # the ladder's bound may have closed it
+        _repair(
+            prog,
+            inc,
+            gap,
+            lower,
+            deadline,
+            note,
+            max_nodes=MIP_NODES,
+            only=set(used) if large else None,
+        )
     pool_done = pool_cut = False
     if inc.values is not None and relative_gap(inc.objective, max(lower, unit_bound)) > gap:
         pooled, pool_done, pool_cut, found_plan = _pool_milp(
