@@ -1,7 +1,9 @@
 """The collective bounds against many random verified plans: random layouts of 1-3
 nodes of 1-8 GPUs with degraded links and stragglers, every op, 256 B to 256 MiB,
 and per collective a random candidate, a random synthesized schedule (relay copies,
-reduction trees, exchanges) or a random rail-direct or rail-exchange schedule. The
+reduction trees, exchanges, direct all-reduces mixing reductions and copies in a
+step), a random rail-direct or rail-exchange schedule or, for a broadcast, a random
+scatter-gather one. The
 time and energy bounds must be at most the verifier's figures for every one.
 
 ``ENERGYOPT_BOUND_STRESS`` sets how many collectives (default 200; the stress runs
@@ -17,6 +19,10 @@ from energyopt.families.collective.formulations.rail_direct import (
     applicable,
     rail_direct_choice,
     rail_exchange_choice,
+)
+from energyopt.families.collective.formulations.scatter_gather import (
+    by_rail_applicable,
+    scatter_gather_choice,
 )
 from energyopt.families.collective.spec import OPS, PROTOCOLS, Choice, CollectivePlan
 from energyopt.families.collective.verify import evaluate_collective
@@ -42,7 +48,7 @@ LAYOUTS = (
 def test_the_bounds_hold_on_many_random_verified_plans() -> None:
     count = int(os.environ.get("ENERGYOPT_BOUND_STRESS", "200"))
     seed0 = 900_000
-    kinds = {"candidate": 0, "synthesized": 0, "rail": 0}
+    kinds = {"candidate": 0, "synthesized": 0, "rail": 0, "scatter": 0}
     for i in range(count):
         rng = random.Random(seed0 + i)
         layout = rng.choice(LAYOUTS)
@@ -65,6 +71,20 @@ def test_the_bounds_hold_on_many_random_verified_plans() -> None:
                 }
             )
             kinds["rail"] += 1
+        elif kind == 2 and c.op == "broadcast":
+            by_rail = by_rail_applicable(p) and rng.random() < 0.5
+            g = p.n // p.n_nodes
+            weights = [rng.uniform(0.05, 1.0) for _ in range(g)] if by_rail else None
+            choice = scatter_gather_choice(p, c, "c", rng.randint(1, 3), weights, by_rail)
+            choice = choice.model_copy(
+                update={
+                    "protocol": rng.choice(PROTOCOLS),
+                    "channels": rng.choice([1, 2, 4, 8]),
+                    "chunks": rng.choice([1, 2, 4]),
+                    "clock_mhz": rng.choice(p.clocks_mhz),
+                }
+            )
+            kinds["scatter"] += 1
         elif kind >= 1:
             choice = _synthesized(rng, p, c)
             kinds["synthesized"] += 1

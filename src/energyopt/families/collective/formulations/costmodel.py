@@ -543,11 +543,60 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
             all_pairs = p.n_nodes * (p.n_nodes - 1) * float(c.bytes)
             one_crossing = alpha + all_pairs / (nics * eff) / 1e3 + cross
             busiest = max(busiest, min(2.0 * (alpha + cross), one_crossing))
+    if c.op == "broadcast" and n > 1:
+        busiest = max(busiest, relay_broadcast_us(p, c, protocol))
     if c.op in ("all_reduce", "reduce_scatter"):
         reduced = (n - 1) * float(c.bytes)
         rates = reduce_rates_gbs(p, eff)
         busiest = max(busiest, alpha + reduced / float(rates.sum()) / 1e3 + least_route)
     return busiest
+
+
+def relay_broadcast_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -> float:
+    """A lower bound on a broadcast's time after launch at ``protocol``, us, by how
+    much each rank takes from the root directly.
+
+    A rank other than the root holds nothing at the start, so a flow it sends starts
+    once a flow into it has landed: no sooner than tau = alpha + the least route.
+    Say rank r takes D_r bytes from the root and the rest, at least m - D_r, from
+    other ranks. The root's steps carry sum D_r through its out-ports, so
+    T >= alpha s_root + sum D_r / (eta C_out,root) + the least route; and where
+    D_r < m, r's steps that take the rest start after tau and carry it through its
+    in-ports, so T >= tau + alpha s_r + (m - D_r) / (eta C_in,r) + the least route
+    into r (channels in step: ``time_bound_us``). The least T for which some D
+    meets both is found by bisection: the D_r each rank needs falls with T, what the
+    root can send rises."""
+    n = p.n
+    alpha = PROTOCOL_STEP_US[protocol]
+    eff = PROTOCOL_EFFICIENCY[protocol]
+    cap_in, cap_out, _, _ = _port_capacities(p)
+    m = float(c.bytes)
+    root = c.root
+    least = p.least_route_us()
+    routes = p.route_us + np.diag(np.full(n, np.inf))
+    into = routes.min(axis=0)
+    slow = np.maximum(1.0, np.asarray(p.slowdown, dtype=np.float64))
+    others = np.arange(n) != root
+    start = (alpha + least + alpha * slow + into)[others]  # us
+    rate_in = eff * cap_in[others] * 1e3  # bytes per us
+    rate_root = eff * float(cap_out[root]) * 1e3
+    root_start = alpha * float(slow[root]) + least
+
+    def feasible(t: float) -> bool:
+        need = np.clip(m - rate_in * (t - start), 0.0, m)
+        return float(need.sum()) <= rate_root * max(0.0, t - root_start)
+
+    lo = root_start
+    hi = root_start + (n - 1) * m / rate_root
+    if feasible(lo):
+        return lo
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if feasible(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo
 
 
 def one_step_ranks_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -> float:

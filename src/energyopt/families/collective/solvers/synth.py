@@ -17,6 +17,10 @@ from energyopt.families.collective.formulations.rail_direct import (
     rail_direct_choice,
     rail_exchange_choice,
 )
+from energyopt.families.collective.formulations.scatter_gather import (
+    by_rail_applicable,
+    scatter_gather_choice,
+)
 from energyopt.families.collective.formulations.synthesis import (
     MAX_RANKS,
     Synthesis,
@@ -100,6 +104,58 @@ def rail_direct_search(
                             break
                         s = Structure("synthesized", ch, k, None, 0)
                         ev.offer_best(w, op, 0, s, np.asarray(sizes, dtype=np.float64), choice)
+        for i in idx:
+            j = at[p.collectives[i].bytes]
+            if w.which[j] is None:
+                continue
+            x = w.scored(j, p.name_of(i))
+            if objective_key(p, x) < objective_key(p, scored[i]):
+                scored[i] = x
+                improved += 1
+    return improved, complete
+
+
+SCATTER_PARTS = (1, 2, 4)
+"""Pieces per holder (flat) or per rail (by rail) of the scatter-gather broadcasts searched."""
+
+
+def scatter_gather_search(
+    p: CollectiveProblem, ev: Evaluator, scored: list[Scored], deadline: float
+) -> tuple[int, bool]:
+    """Offer every broadcast of a trace the scatter-gather schedules
+    (``formulations/scatter_gather.py``: flat, and by rail on equal nodes with equal
+    or health-weighted rails; ``SCATTER_PARTS`` pieces, ``RAIL_CHANNELS`` plus one
+    channel x ``RAIL_CHUNKS``, every protocol and, for the energy objective, clock)
+    until ``deadline`` (perf_counter seconds); ``scored[i]`` is replaced where one is
+    better by the objective. Returns (collectives improved, whether every schedule
+    was scored)."""
+    weighted = rail_weights(p)
+    shapes: list[tuple[bool, tuple[float, ...] | None]] = [(False, None)]
+    if by_rail_applicable(p):
+        shapes.append((True, None))
+        if weighted is not None:
+            shapes.append((True, weighted))
+    improved = 0
+    complete = True
+    roots = sorted({c.root for c in p.collectives if c.op == "broadcast"})
+    for root in roots:
+        idx = [i for i, c in enumerate(p.collectives) if c.op == "broadcast" and c.root == root]
+        sizes = sorted({p.collectives[i].bytes for i in idx})
+        at = {b: j for j, b in enumerate(sizes)}
+        w = Winners.empty(len(sizes))
+        probe = Collective(op="broadcast", bytes=1, root=root)
+        for parts in SCATTER_PARTS:
+            for by_rail, weights in shapes:
+                choice = scatter_gather_choice(p, probe, "broadcast", parts, weights, by_rail)
+                for ch in (1, *RAIL_CHANNELS):
+                    for k in RAIL_CHUNKS:
+                        if time.perf_counter() >= deadline:
+                            complete = False
+                            break
+                        s = Structure("synthesized", ch, k, None, 0)
+                        ev.offer_best(
+                            w, "broadcast", root, s, np.asarray(sizes, dtype=np.float64), choice
+                        )
         for i in idx:
             j = at[p.collectives[i].bytes]
             if w.which[j] is None:
@@ -218,6 +274,20 @@ def solve_synthesis(
         log.append(
             f"rail-direct schedules: {improved} collectives improved on selection's "
             "(their schedules lie outside the candidate space)"
+            + ("" if done else " (cut by the time limit)")
+        )
+        cut = cut or not done
+        progress(log[-1])
+    if keep_better and any(c.op == "broadcast" and p.n > 1 for c in p.collectives):
+        # scatter-gather broadcasts: half of what is left when the MILP takes the
+        # ranks too, else all of it
+        left = deadline - time.perf_counter()
+        improved, done = scatter_gather_search(
+            p, ev, scored, deadline - (left / 2 if small else 0.0)
+        )
+        log.append(
+            f"scatter-gather broadcasts: {improved} collectives improved on the schedules "
+            "before (they lie outside the candidate space)"
             + ("" if done else " (cut by the time limit)")
         )
         cut = cut or not done
