@@ -57,7 +57,7 @@ def rail_of_pieces(
     node's g x parts pieces are spread over the rails in proportion to ``weights``
     (one share per local index, None: equal), each rank's own rail first."""
     g = p.n // p.n_nodes
-    quota = _quota(g, parts, weights)
+    quota = part_quota(g, parts, weights)
     rank = {(p.node_of[r], p.local_of[r]): r for r in range(p.n)}
     owner: list[int] = []
     rail: list[int] = []
@@ -80,7 +80,7 @@ def rail_of_pieces(
     return owner, rail
 
 
-def _quota(g: int, parts: int, weights: Sequence[float] | None) -> IntArray:
+def part_quota(g: int, parts: int, weights: Sequence[float] | None) -> IntArray:
     """Pieces per rail of ``g * parts`` in proportion to ``weights`` (largest
     remainders; None: equal)."""
     w = np.full(g, 1.0 / g) if weights is None else np.asarray(weights, dtype=np.float64)
@@ -113,7 +113,7 @@ def rail_exchange_choice(
     if parts < 1:
         raise ValueError(f"{name}: parts must be at least 1, got {parts}")
     g = p.n // p.n_nodes
-    quota = _quota(g, parts, weights)
+    quota = part_quota(g, parts, weights)
     rails = [lane for lane in range(g) for _ in range(int(quota[lane]))]
     rank = {(p.node_of[r], p.local_of[r]): r for r in range(p.n)}
     transfers: list[Transfer] = []

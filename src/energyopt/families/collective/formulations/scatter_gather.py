@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from energyopt.families.collective.formulations.model import CollectiveProblem
-from energyopt.families.collective.formulations.rail_direct import _quota
+from energyopt.families.collective.formulations.rail_direct import part_quota
 from energyopt.families.collective.spec import Choice, Collective, Transfer
 
 
@@ -65,7 +65,7 @@ def scatter_gather_choice(
         if not by_rail_applicable(p):
             raise ValueError(f"{name}: a by-rail scatter-gather needs two or more equal nodes")
         g = p.n // p.n_nodes
-        quota = _quota(g, parts, weights)
+        quota = part_quota(g, parts, weights)
         rails = [lane for lane in range(g) for _ in range(int(quota[lane]))]
         pieces = len(rails)
         rank = {(p.node_of[r], p.local_of[r]): r for r in range(p.n)}
