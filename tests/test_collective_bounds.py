@@ -455,7 +455,8 @@ def test_the_copy_and_reduce_and_relay_terms_raise_the_all_reduce_bound() -> Non
     pooled bytes and reductions apart: a step's reductions and copies share the
     in-port (25 MiB: above two overheads plus the gossip bytes alone, and above
     the reductions alone), and a rank that does not take every input directly gets
-    a relayed sum two overheads and two routes after the start (64 KiB)."""
+    a relayed sum two overheads and two routes after the start, and the relayed
+    bytes after the first landing (64 KiB)."""
     from energyopt.families.collective.formulations.constants import (
         PROTOCOL_EFFICIENCY,
         PROTOCOL_STEP_US,
@@ -475,7 +476,8 @@ def test_the_copy_and_reduce_and_relay_terms_raise_the_all_reduce_bound() -> Non
         )
         bound = time_bound_us(p, c)
         if size == 1 << 16:
-            assert bound >= p.rates.launch_us + 2 * PROTOCOL_STEP_US["ll"] + 2 * route - 1e-9
+            # and the relayed bytes that start after the first landing
+            assert bound > p.rates.launch_us + 2 * PROTOCOL_STEP_US["ll"] + 2 * route + 0.05
         else:
             assert bound > p.rates.launch_us + route + floor + 5.0
         sends = _mixed_direct_rounds(random.Random(size), n, 2 * n, 2)

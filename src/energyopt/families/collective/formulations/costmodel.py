@@ -516,13 +516,7 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
         # a flow brings another rank's contribution to r
         into_r = routes.min(axis=0)
         busiest = max(busiest, float(np.max(alpha * slow + into_r)))
-        # relayed or direct: some element reaches r in a set that holds a rank
-        # other than its sender (two flows one after another, each landing before
-        # the next starts), or r takes every other rank's input of every element
-        # directly and reduces all n - 1 itself
-        relay = alpha + least_route + alpha * slow + into_r
-        direct = alpha * slow + (n - 1) * float(c.bytes) / reduce_rates_gbs(p, eff) / 1e3
-        busiest = max(busiest, float(np.max(np.minimum(relay, direct + least_route))))
+        busiest = max(busiest, relayed_or_direct_us(p, c, protocol))
         if p.n_nodes > 1:
             crossing = node_of[:, None] != node_of[None, :]
             cross = min(p.least_route_us(node_of == k) for k in range(p.n_nodes))
@@ -550,6 +544,57 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
         rates = reduce_rates_gbs(p, eff)
         busiest = max(busiest, alpha + reduced / float(rates.sum()) / 1e3 + least_route)
     return busiest
+
+
+def relayed_or_direct_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -> float:
+    """A lower bound on an all-reduce's time after launch at ``protocol``, us, by how
+    each rank gets the sum of each element: relayed or direct.
+
+    A flow that starts before tau = alpha + the least route carries its sender's own
+    input only (nothing has landed yet: every flow takes at least alpha and its
+    route). For rank r and an element, either r receives the element in a set that
+    holds a rank other than its sender (relayed: that flow starts after tau), or
+    every set r receives of it is its sender's own input (direct): r takes all
+    n - 1 other inputs and reduces each (a copy would drop r's own input, which
+    only a relayed set could bring back). With a share x of the elements direct to
+    r, r receives (n - 1) x m bytes it reduces, (1 + (n - 2) x) m bytes in all, and,
+    when x < 1, (1 - x) m bytes in steps that start after tau. So r is busy until
+    at least the largest of alpha s_r + (n - 1) x m / rho_r,
+    alpha s_r + (1 + (n - 2) x) m / (eta C_r) and tau + alpha s_r + (1 - x) m / (eta C_r),
+    and its last flow lands a route later. The least over x in [0, 1] (the first two
+    rise with x, the third falls: a convex function, least at an end or where the
+    third crosses one of the others; at x = 1 the third does not apply), for the
+    worst rank."""
+    n = p.n
+    alpha = PROTOCOL_STEP_US[protocol]
+    eff = PROTOCOL_EFFICIENCY[protocol]
+    m = float(c.bytes)
+    cap_in = _port_capacities(p)[0]
+    least = p.least_route_us()
+    routes = p.route_us + np.diag(np.full(n, np.inf))
+    into = routes.min(axis=0)
+    slow = np.maximum(1.0, np.asarray(p.slowdown, dtype=np.float64))
+    rho = reduce_rates_gbs(p, eff) * 1e3  # bytes per us
+    rate = eff * cap_in * 1e3
+    # each term a + b x
+    a1, b1 = alpha * slow, (n - 1) * m / rho
+    a2, b2 = alpha * slow + m / rate, (n - 2) * m / rate
+    a3, b3 = alpha + least + alpha * slow + m / rate, -m / rate
+    worst = 0.0
+    for r in range(n):
+
+        def top(x: float, r: int = r) -> float:
+            return float(max(a1[r] + b1[r] * x, a2[r] + b2[r] * x, a3[r] + b3[r] * x))
+
+        points = [0.0]
+        for a, b in ((a1[r], b1[r]), (a2[r], b2[r])):
+            if b - b3[r] > 0:
+                points.append(min(1.0, max(0.0, (a3[r] - a) / (b - b3[r]))))
+        # relayed: also the two flows one after another, the second landing at r
+        relayed = max(min(top(x) for x in points) + least, alpha + least + a1[r] + into[r])
+        direct = max(a1[r] + b1[r], a2[r] + b2[r]) + least
+        worst = max(worst, min(relayed, direct))
+    return float(worst)
 
 
 def relay_broadcast_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -> float:
