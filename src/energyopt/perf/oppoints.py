@@ -6,6 +6,7 @@ capacity, energy per request and memory. Every formulation reads this table.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from numpy.typing import NDArray
@@ -179,8 +180,22 @@ class OpTable:
         return min(cap, rate) if rate > 0 else cap
 
     def ops_of(self, unit: int) -> IntArray:
-        """Indices of the ops of one unit."""
-        return np.flatnonzero(self.unit == unit)
+        """Indices of the ops of one unit, ascending (from one sort of the table by
+        unit, made on first use: a scan of the table per unit made residual
+        packing quadratic, about 0.5 ms a unit at 102,400 GPUs and 10,000 units,
+        twenty times over)."""
+        order, bounds = self._by_unit
+        if not 0 <= unit < len(bounds) - 1:
+            return np.flatnonzero(self.unit == unit)
+        return order[bounds[unit] : bounds[unit + 1]].copy()
+
+    @cached_property
+    def _by_unit(self) -> tuple[IntArray, IntArray]:
+        """(ops sorted by unit, stable; where each unit's ops start, one entry per
+        unit plus the end)."""
+        order = np.argsort(self.unit, kind="stable").astype(np.int64)
+        bounds = np.searchsorted(self.unit[order], np.arange(len(self.units) + 1))
+        return order, bounds.astype(np.int64)
 
 
 def _power_figures(
