@@ -10,7 +10,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from energyopt.families.serving.formulations.knapsack import KnapsackItems, best_configuration
+from energyopt.families.serving.formulations.knapsack import (
+    KnapsackItems,
+    best_configuration,
+    greedy_configuration,
+    greedy_configurations,
+    repair_and_fill,
+)
 
 STEP_GB = 1.0
 
@@ -84,3 +90,49 @@ def test_dp_equals_enumeration_on_its_rounded_memory(
     assert sum(int(ks.share_steps[i]) for i in chosen) <= ks.capacity_steps
     assert len({int(ks.units[i]) for i in chosen}) == len(chosen)
     assert math.isclose(value, sum(values[i] for i in chosen), abs_tol=1e-9)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    st.lists(item, min_size=1, max_size=14),
+    st.floats(-5.0, 60.0),
+    st.integers(0, 6),
+)
+def test_greedy_configurations_are_the_repeated_greedy_on_disjoint_units(
+    items: list[tuple[int, int, float, float]], base: float, limit: int
+) -> None:
+    """One sort and one pass give the configurations of ``greedy_configuration``
+    called again and again with the taken units' values set to 0, stopping at the
+    first empty or non-improving one (what column generation did before)."""
+    ks = knapsack(items, 60.0)
+    values = np.asarray([i[3] for i in items], dtype=np.float64)
+    expect: list[list[int]] = []
+    left = values.copy()
+    for _ in range(limit):
+        value, chosen = greedy_configuration(ks, left)
+        if not chosen or base - value >= 0:
+            break
+        expect.append(chosen)
+        left[np.isin(ks.units, ks.units[chosen])] = 0.0
+    assert greedy_configurations(ks, values, base, limit) == expect
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    st.lists(item, min_size=1, max_size=14),
+    st.lists(st.integers(0, 13), max_size=4, unique=True),
+    st.floats(100.0, 700.0),
+)
+def test_the_fill_over_an_array_takes_the_items_of_the_loop_over_a_list(
+    items: list[tuple[int, int, float, float]], chosen: list[int], cap_w: float
+) -> None:
+    """``repair_and_fill`` given its order as an array (numpy, one pass per item
+    taken) and as a list (a Python step per item) makes the same configuration."""
+    ks = knapsack(items, 60.0)
+    ks = KnapsackItems(**{**ks.__dict__, "peak_w": np.linspace(20.0, 160.0, len(items))})
+    values = np.asarray([i[3] for i in items], dtype=np.float64)
+    chosen = [i for i in chosen if i < len(items)]
+    order = np.argsort(-values, kind="stable")
+    as_array = repair_and_fill(ks, values, chosen, order, cap_w)
+    as_list = repair_and_fill(ks, values, chosen, order.tolist(), cap_w)
+    assert as_array == as_list

@@ -119,4 +119,5 @@ def test_greedy_columns_grow_with_the_units(fleet: Problem) -> None:
     prog = pat.prepare(fleet, build_op_table(fleet))
     ks = next(iter(prog.knapsacks.values()))
     assert greedy_columns(ks) == 8  # 40 units: the fixed count
-    assert greedy_columns(replace(ks, units=np.arange(2560))) == 20  # one per 128 units
+    assert greedy_columns(replace(ks, units=np.arange(1024))) == 8  # still the fixed count
+    assert greedy_columns(replace(ks, units=np.arange(2560))) == 640  # one per 4 units

@@ -146,6 +146,51 @@ class WarmLp:
         """Append a row lo <= coefs . x[cols] <= hi (infinite sides allowed)."""
         self._h.addRow(_finite_or_inf(lo), _finite_or_inf(hi), len(cols), cols, coefs)
 
+    def add_cols(
+        self,
+        cost: NDArray[np.float64],
+        lo: NDArray[np.float64],
+        hi: NDArray[np.float64],
+        starts: NDArray[np.int32],
+        rows: NDArray[np.int32],
+        coefs: NDArray[np.float64],
+    ) -> None:
+        """Append columns in one call: column j has entries ``coefs[starts[j]:starts[j+1]]``
+        in rows ``rows[...]`` (``starts`` has one entry per column plus the end;
+        infinite bounds allowed). One call per column cost about 0.7 ms each on a
+        master of 25,600 GPUs, where HiGHS grows its matrix once per call."""
+        n = len(cost)
+        if n == 0:
+            return
+        self._h.addCols(
+            n,
+            _inf_array(cost, "cost"),
+            _inf_array(lo),
+            _inf_array(hi),
+            int(starts[-1]),
+            starts[:-1],
+            rows,
+            coefs,
+        )
+
+    def add_rows(
+        self,
+        lo: NDArray[np.float64],
+        hi: NDArray[np.float64],
+        starts: NDArray[np.int32],
+        cols: NDArray[np.int32],
+        coefs: NDArray[np.float64],
+    ) -> None:
+        """Append rows ``lo <= coefs . x[cols] <= hi`` in one call: row i has entries
+        ``starts[i]:starts[i+1]`` (``starts`` has one entry per row plus the end;
+        infinite sides allowed)."""
+        n = len(lo)
+        if n == 0:
+            return
+        self._h.addRows(
+            n, _inf_array(lo), _inf_array(hi), int(starts[-1]), starts[:-1], cols, coefs
+        )
+
     def change_col_bounds(self, col: int, lo: float, hi: float) -> None:
         """New bounds of column ``col``; they stay until changed again."""
         self._h.changeColBounds(col, lo, hi)
@@ -171,6 +216,17 @@ class WarmLp:
             np.asarray(sol.row_dual),
             float(h.getInfo().objective_function_value),
         )
+
+
+def _inf_array(values: NDArray[np.float64], what: str = "bound") -> NDArray[np.float64]:
+    """``values`` as float64 with numpy's infinities as HiGHS' own (a ``cost`` must
+    be finite)."""
+    out = np.asarray(values, dtype=np.float64).copy()
+    if what == "cost":
+        return out
+    out[out == np.inf] = highspy.kHighsInf
+    out[out == -np.inf] = -highspy.kHighsInf
+    return out
 
 
 def _finite_or_inf(value: float) -> float:

@@ -82,6 +82,9 @@ class PatternProgram:
     bound: float = float("-inf")
     rounds: int = 0
     log: list[str] = field(default_factory=list)
+    tp_ops: dict[int, NDArray[np.int64]] = field(default_factory=dict)
+    """Per class: TP ops whose columns are priced each round instead of listed at
+    the start (``prepare(..., lazy_tp=True)``); empty when every TP column is listed."""
 
     @property
     def enumerated(self) -> bool:
@@ -143,8 +146,15 @@ def prepare(
     table: OpTable,
     log: Callable[[str], None] | None = None,
     pricing: Pricing = "auto",
+    *,
+    lazy_tp: bool = False,
 ) -> PatternProgram:
-    """Classes, configurations (listed, or priced by knapsack) and the initial columns."""
+    """Classes, configurations (listed, or priced by knapsack) and the initial columns.
+
+    ``lazy_tp``: a TP group of a unit that also has single-GPU ops is not an initial
+    column but a candidate (``PatternProgram.tp_ops``) that column generation prices
+    each round (``colgen.price_tp``); at 102,400 GPUs the 239,375 TP columns listed
+    at the start made the first LP solve take 214 s."""
     check_applicable(problem, table)
     costs = objective_costs(problem, table)
     classes = gpu_classes(problem, table)
@@ -184,15 +194,25 @@ def prepare(
             prog.add(col)
         tp_ops = (table.tp > 1) & (table.gpu_type == t)
         largest_node = max(_node_counts(cls).values())
+        with_single = np.zeros(len(table.units), dtype=bool)
+        with_single[np.asarray(table.unit)[np.asarray(table.tp) == 1]] = True
+        later: list[int] = []
         for o in np.flatnonzero(tp_ops):
             if int(table.tp[o]) <= largest_node and tp_fits(cls, table, int(o)):
-                prog.add(tp_column(cls, table, costs, int(o)))
+                if lazy_tp and with_single[int(table.unit[o])]:
+                    later.append(int(o))
+                else:
+                    prog.add(tp_column(cls, table, costs, int(o)))
+        if later:
+            prog.tp_ops[cls.index] = np.asarray(later, dtype=np.int64)
     if log:
         total = sum(len(c) for c in configs.values())
         priced = f", {len(knapsacks)} (type, clock) pairs priced by knapsack" if knapsacks else ""
+        lazy = sum(len(v) for v in prog.tp_ops.values())
         log(
             f"pattern: {len(classes)} GPU classes, {total} configurations listed"
             f"{priced}, {len(prog.columns)} initial columns"
+            + (f", {lazy} TP columns priced each round" if lazy else "")
         )
     return prog
 

@@ -27,6 +27,7 @@ from energyopt.families.serving.formulations.columns import (
     price_configs,
     priced_column,
     shared_column,
+    tp_column,
 )
 from energyopt.families.serving.formulations.configs import CAP_REL_TOL, ConfigSet
 from energyopt.families.serving.formulations.costs import Costs
@@ -35,7 +36,7 @@ from energyopt.families.serving.formulations.knapsack import (
     IntArray,
     KnapsackItems,
     best_configuration,
-    greedy_configuration,
+    greedy_configurations,
     repair_and_fill,
 )
 from energyopt.families.serving.formulations.pattern import PatternProgram
@@ -46,13 +47,19 @@ RC_TOL = 1e-6
 """A column enters when its reduced cost is below -RC_TOL x max(1, |LP value|)."""
 COLUMNS_PER_ROUND = 8
 """Columns added per (class, clock) and round at most, from a listed set; from a
-knapsack, at most this or one per UNITS_PER_COLUMN of its units, the more."""
-UNITS_PER_COLUMN = 128
-"""Units of a knapsack pricing problem per greedy configuration of a round (above
-COLUMNS_PER_ROUND x this many units). With a fixed number per round, each round
-lowered the LP by about the same amount whatever the fleet (25,000 W per five
-rounds on fleets of 10,240 and 25,600 GPUs), so the rounds grew with the fleet
-and column generation grew quadratically."""
+knapsack of at most FIXED_COLUMNS_UNITS units, at most this many greedy ones."""
+FIXED_COLUMNS_UNITS = 1024
+"""Up to this many units a knapsack pricing problem offers COLUMNS_PER_ROUND greedy
+configurations per round (the bundled fleets keep their columns); above it, one
+per UNITS_PER_COLUMN of its units."""
+UNITS_PER_COLUMN = 4
+"""Units of a knapsack pricing problem per greedy configuration of a round, above
+FIXED_COLUMNS_UNITS units (the greedy configurations are on disjoint units, and
+stop at the first that does not price out). With a fixed number per round each
+round lowered the LP by about the same amount whatever the fleet, so the rounds
+grew with the fleet and column generation grew quadratically; with one per 128
+units it took about 105 rounds at 10,240 and at 25,600 GPUs (82 s of 232 at
+25,600), with one per 4 units 5 rounds to the same LP optimum."""
 MAX_ROUNDS = 500
 EXACT = 2
 """Pricing effort whose knapsack is exact (see ``knapsack_price``)."""
@@ -315,15 +322,58 @@ def price_round(
             best = min(best, rc)
             if add:
                 added += prog.add(col)
+    for cls_index, ops in prog.tp_ops.items():
+        cls = data.classes[cls_index]
+        tp_rc = tp_reduced_costs(cls, data.table, data.costs, prog.lp.duals, ops)
+        if tp_rc.size == 0:
+            continue
+        class_min[cls_index] = min(class_min[cls_index], float(tp_rc.min()))
+        for j in best_per_unit(data.table, ops, tp_rc, tol):
+            best = min(best, float(tp_rc[j]))
+            if add:
+                added += prog.add(tp_column(cls, data.table, data.costs, int(ops[j])))
     correction = sum(cls.size * class_min[cls.index] for cls in data.classes)
     bound = prog.lp.objective + correction if np.isfinite(correction) else None
     return added, best, bound
 
 
+def tp_reduced_costs(
+    cls: GpuClass, table: OpTable, costs: Costs, duals: Duals, ops: NDArray[np.int64]
+) -> NDArray[np.float64]:
+    """Reduced cost of the TP column of each op in ``ops`` for class ``cls`` at
+    ``duals`` (objective units per group), its rate at its best: k GPUs on at the
+    op's clock (``base_cost`` each) plus the op's own part as a configuration item
+    (``item_costs``: fixed part, budget price of its peak, capacity times its
+    rate's reduced cost where negative), as ``tp_column`` and the master price it."""
+    k = np.asarray(table.tp[ops], dtype=np.float64)
+    clocks = np.asarray(table.clock_mhz[ops], dtype=np.int64)
+    base = np.zeros(len(ops))
+    for clock in np.unique(clocks).tolist():
+        base[clocks == clock] = base_cost(cls, table, costs, duals, int(clock))
+    return np.asarray(k * base + item_costs(cls, table, costs, duals, ops).active)
+
+
+def best_per_unit(
+    table: OpTable, ops: NDArray[np.int64], rc: NDArray[np.float64], tol: float
+) -> list[int]:
+    """Positions in ``ops`` of each unit's least reduced cost among ``rc`` below
+    ``tol`` (the first on ties), in the order of ``ops``."""
+    below = np.flatnonzero(rc < tol)
+    if below.size == 0:
+        return []
+    order = below[np.lexsort((below, rc[below]))]
+    _, first = np.unique(np.asarray(table.unit)[ops[order]], return_index=True)
+    return sorted(order[first].tolist())
+
+
 def greedy_columns(ks: KnapsackItems) -> int:
     """Greedy configurations a knapsack pricing problem offers per round at most:
-    COLUMNS_PER_ROUND, or one per UNITS_PER_COLUMN of its units where that is more."""
-    return max(COLUMNS_PER_ROUND, len(np.unique(ks.units)) // UNITS_PER_COLUMN)
+    COLUMNS_PER_ROUND up to FIXED_COLUMNS_UNITS units, above it one per
+    UNITS_PER_COLUMN of its units."""
+    units = len(np.unique(ks.units))
+    if units <= FIXED_COLUMNS_UNITS:
+        return COLUMNS_PER_ROUND
+    return max(COLUMNS_PER_ROUND, units // UNITS_PER_COLUMN)
 
 
 def knapsack_price(
@@ -345,16 +395,12 @@ def knapsack_price(
     """
     order = np.argsort(-values, kind="stable")
     if effort == 0:
-        found: list[tuple[int, ...]] = []
-        left = values.copy()
-        for _ in range(greedy_columns(ks)):
-            value, chosen = greedy_configuration(ks, left)
-            if not chosen or base - value >= 0:
-                break
-            found.append(repair_and_fill(ks, values, chosen, order, power_cap_w))
-            taken = np.isin(ks.units, ks.units[chosen])
-            left[taken] = 0.0
-        return -np.inf, found
+        # Items of no positive value are never filled in: the fill scans the others.
+        fill = order[: int(np.count_nonzero(values > 0))]
+        return -np.inf, [
+            repair_and_fill(ks, values, chosen, fill, power_cap_w)
+            for chosen in greedy_configurations(ks, values, base, greedy_columns(ks))
+        ]
     if effort >= EXACT:
         value, chosen = best_configuration(ks, values)
         low = base - value

@@ -50,6 +50,15 @@ FIRST_STAGE_SHARE = 0.3
 FIRST_STAGE_MAX_S = 10.0
 MAX_FILTERED_COLUMNS = 20_000
 SLACK_STEPS = (0.2, 1.0)
+LAZY_TP_UNITS = 1024
+"""Above this many units, column generation as a decomposition prices the TP columns
+of units that have single-GPU ops each round instead of listing them all at the
+start (``pattern.prepare(..., lazy_tp=True)``); up to it (the bundled fleets) they
+are listed as before."""
+PACK_SHARE = 0.5
+"""Part of the time left after the bounds past which residual packing tries no
+further price scale (it had no share: at 102,400 GPUs it took 171 s and ended past
+the deadline's reserve)."""
 DIVE_SHARE = 0.3
 """Part of the time left after column generation that an LP dive may take."""
 
@@ -101,6 +110,7 @@ def solve_configurations(
         deadline=deadline,
         exact_unit_bound=exact,
         make_session=_session,
+        lazy_tp=not exact and len(table.units) > LAZY_TP_UNITS,
     )
     if root is None:
         return Result(INFEASIBLE, None, None, time.perf_counter() - t0, None, preset.name, [])
@@ -182,12 +192,20 @@ def solve_configurations(
         # rounding step; often the better one on small ones), which is skipped when
         # the packing is already within the target gap.
         assert root.session is not None
+        pack_deadline = time.perf_counter() + PACK_SHARE * (deadline - time.perf_counter())
         found: list[tuple[str, tuple[float, np.ndarray] | None]] = [
             (
                 "residual packing",
-                residual_pack(root.session, prog, tp_round_up_above=TP_ROUND_UP_ABOVE),
+                residual_pack(
+                    root.session,
+                    prog,
+                    tp_round_up_above=TP_ROUND_UP_ABOVE,
+                    deadline=pack_deadline,
+                ),
             )
         ]
+        if time.perf_counter() >= pack_deadline:
+            cuts.append("residual packing")
         packed = found[0][1]
         if packed is None or relative_gap(packed[0], lower) > gap:
             dive_deadline = time.perf_counter() + DIVE_SHARE * (deadline - time.perf_counter())

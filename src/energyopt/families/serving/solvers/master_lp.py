@@ -5,6 +5,7 @@ from the previous optimal basis (the model is ``formulations.serving.master``)."
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 from energyopt.backends.highs import WarmLp
 from energyopt.catalog.problem import Problem
@@ -51,23 +52,22 @@ class LpSession:
         if len(mp.cost) == n_var:
             return
         new = appended_since(mp, n_var, n_row, n_ent)
-        for v in range(n_var, len(mp.cost)):
-            terms = new.by_var.get(v, [])
-            self.lp.add_col(
-                mp.cost[v],
-                mp.lo[v],
-                mp.hi[v],
-                np.asarray([t[0] for t in terms], dtype=np.int32),
-                np.asarray([t[1] for t in terms], dtype=np.float64),
-            )
-        for r in range(n_row, len(mp.row_lo)):
-            terms = new.by_row.get(r, [])
-            self.lp.add_row(
-                mp.row_lo[r],
-                mp.row_hi[r],
-                np.asarray([t[0] for t in terms], dtype=np.int32),
-                np.asarray([t[1] for t in terms], dtype=np.float64),
-            )
+        # One call for the new variables, one for the new rows: a call per column
+        # and per row cost HiGHS a copy of its matrix each (0.7 ms a row on the
+        # 25,600-GPU master, where a round adds thousands).
+        var_terms = [new.by_var.get(v, []) for v in range(n_var, len(mp.cost))]
+        self.lp.add_cols(
+            np.asarray(mp.cost[n_var:], dtype=np.float64),
+            np.asarray(mp.lo[n_var:], dtype=np.float64),
+            np.asarray(mp.hi[n_var:], dtype=np.float64),
+            *_compressed(var_terms),
+        )
+        row_terms = [new.by_row.get(r, []) for r in range(n_row, len(mp.row_lo))]
+        self.lp.add_rows(
+            np.asarray(mp.row_lo[n_row:], dtype=np.float64),
+            np.asarray(mp.row_hi[n_row:], dtype=np.float64),
+            *_compressed(row_terms),
+        )
 
     def column_added(self, col: Column, z_var: int) -> None:
         """Called after ``col`` (count variable ``z_var``) joins the master, before it
@@ -87,3 +87,17 @@ class LpSession:
         return read_lp_solution(
             self.mp, out.col_value, out.row_dual, out.objective, len(self.classes)
         )
+
+
+def _compressed(
+    terms: list[list[tuple[int, float]]],
+) -> tuple[NDArray[np.int32], NDArray[np.int32], NDArray[np.float64]]:
+    """(starts with the end appended, indices, values) of sparse vectors given as
+    (index, value) lists, for ``WarmLp.add_cols`` / ``add_rows``."""
+    lengths = np.fromiter((len(t) for t in terms), dtype=np.int64, count=len(terms))
+    starts = np.zeros(len(terms) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=starts[1:])
+    flat = [entry for t in terms for entry in t]
+    index = np.fromiter((e[0] for e in flat), dtype=np.int32, count=len(flat))
+    value = np.fromiter((e[1] for e in flat), dtype=np.float64, count=len(flat))
+    return starts, index, value

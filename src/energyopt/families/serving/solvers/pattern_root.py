@@ -54,13 +54,16 @@ def solve_root(
     deadline: float,
     exact_unit_bound: bool,
     make_session: Callable[[pat.PatternProgram], S] | None = None,
+    lazy_tp: bool = False,
 ) -> Root[S] | None:
     """Column generation until ``colgen_deadline``, then the unit bound within
     UNIT_BOUND_SHARE of the time left to ``deadline`` (proved per unit with HiGHS when
     ``exact_unit_bound`` and the instance has at most EXACT_UNIT_BOUND_MAX_UNITS
     units); the LP runs in ``make_session(prog)`` when given (else a session of its own).
+    ``lazy_tp``: TP columns of units with single-GPU ops are priced, not listed
+    (``pattern.prepare``).
     None, after saying so, when the LP cannot serve every rate (infeasible)."""
-    prog = pat.prepare(problem, table, note)
+    prog = pat.prepare(problem, table, note, lazy_tp=lazy_tp)
     session = make_session(prog) if make_session is not None else None
     why = generate_columns(prog, note, deadline=colgen_deadline, session=session)
     assert prog.lp is not None

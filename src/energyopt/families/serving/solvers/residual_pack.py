@@ -50,6 +50,7 @@ values are the instance's objective units (W for power), rates req/s.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -127,7 +128,11 @@ many more of its GPUs back from the residual choice."""
 
 
 def residual_pack(
-    session: LpSession, prog: pat.PatternProgram, *, tp_round_up_above: float = 0.0
+    session: LpSession,
+    prog: pat.PatternProgram,
+    *,
+    tp_round_up_above: float = 0.0,
+    deadline: float | None = None,
 ) -> tuple[float, NDArray[np.float64]] | None:
     """(objective, integer-master values) of a residual-packing plan from the
     session's current LP solution, or None (see the module docstring). The packed
@@ -135,7 +140,8 @@ def residual_pack(
     ``prog.columns`` takes them at its next ``add``); the session itself is not
     changed. ``tp_round_up_above``: an LP TP count whose fractional part is at most
     this is rounded down (0: every one up; TP_ROUND_UP_ABOVE is what the
-    configuration solve passes)."""
+    configuration solve passes). Past ``deadline`` (a ``time.perf_counter`` value)
+    no further price scale is tried once one packing is found."""
     base = _kept_counts(session, prog, tp_round_up_above)
     if base is None:
         return None
@@ -151,6 +157,8 @@ def residual_pack(
     scales = CLEARED_SCALES if raised else PRICE_SCALES
     best: tuple[float, list[Column]] | None = None
     for scale in scales if any(v > 0 for v in price.values()) else (1.0,):
+        if best is not None and deadline is not None and time.perf_counter() >= deadline:
+            break
         packed = _pack_at({n: scale * v for n, v in price.items()}, prog, residual, free)
         if packed is not None and (best is None or packed[0] < best[0] - 1e-9):
             best = packed
