@@ -215,3 +215,32 @@ def test_the_unit_bound_never_exceeds_the_exhaustive_optimum(k: int) -> None:
     best, _ = best_unit_bound(table, costs, classes, zero, [], [])
     assert best <= opt.value * (1 + 1e-6) + 1e-6, data
     assert best > 0.0  # every instance serves some rate: GPUs on, placements paid
+
+
+def test_a_share_charge_searched_on_a_sample_gives_the_whole_bound_at_that_charge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Above SEARCH_SAMPLE_UNITS units the search runs on every k-th unit and the
+    bound returned is the full evaluation at the charge it picked (so as valid as
+    any charge's); the sample's own sums only rank charges."""
+    from energyopt.families.serving.solvers import unit_bound as ub
+
+    problem = load_problem(ROOT / "instances" / "fleet-64.yaml")
+    table = build_op_table(problem)
+    classes, costs = gpu_classes(problem, table), objective_costs(problem, table)
+    duals = Duals(np.zeros(len(table.units)), -np.full(len(classes), 20.0), np.zeros(len(classes)))
+    args = (table, costs, classes, duals, [], [])
+    monkeypatch.setattr(ub, "SEARCH_SAMPLE_UNITS", 3)
+    sampled_units: list[list[int] | None] = []
+    relaxation = ub.unit_relaxation
+
+    def spy(*a: object, **k: object) -> object:
+        sampled_units.append(k.get("units"))  # type: ignore[arg-type]
+        return relaxation(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ub, "unit_relaxation", spy)
+    bound, alpha = best_unit_bound(*args, exact=False)
+    step = -(-len(table.units) // 3)
+    assert list(range(0, len(table.units), step)) in sampled_units
+    assert bound == unit_decomposition_bound(*args, alpha=alpha, exact=False)
+    assert bound > 0.0

@@ -33,6 +33,7 @@ every plan.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import highspy
@@ -103,10 +104,13 @@ def unit_relaxation(
     budgets_w: list[float],
     budget_duals: list[float],
     alpha: float = 1.0,
+    units: Sequence[int] | None = None,
 ) -> UnitRelaxation:
     """The per-unit covering problems (see module docstring) at the master LP's
     prices; ``alpha`` picks the share charge (see ``share_weight``). Dominated
-    placements are left out (``undominated``)."""
+    placements are left out (``undominated``). ``units``: the covers of these units
+    only (by index, in this order; every unit when None), with the same constant:
+    a sum over part of the units is no bound, but compares share charges."""
     mu_count = np.maximum(0.0, -np.asarray(duals.count, dtype=np.float64))
     mu_power = np.maximum(0.0, -np.asarray(duals.power, dtype=np.float64))
     total = -float(np.dot(mu_count, [c.size for c in classes]))
@@ -151,7 +155,7 @@ def unit_relaxation(
     order = np.argsort(np.asarray(table.unit), kind="stable")
     bounds = np.searchsorted(np.asarray(table.unit)[order], np.arange(len(table.units) + 1))
     covers: list[UnitCover] = []
-    for unit in table.units:
+    for unit in table.units if units is None else [table.units[u] for u in units]:
         ops = order[bounds[unit.index] : bounds[unit.index + 1]]
         # [op, class] in op-major order, as the placements are listed
         fits = (
