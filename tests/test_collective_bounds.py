@@ -14,7 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from energyopt.families.collective.formulations.costmodel import energy_bound_j, time_bound_us
+from energyopt.families.collective.formulations.costmodel import (
+    energy_bound_j,
+    ring_broadcast_bound_us,
+    time_bound_us,
+)
 from energyopt.families.collective.formulations.model import CollectiveProblem, build_problem
 from energyopt.families.collective.formulations.schedules import program_of
 from energyopt.families.collective.solvers.select import Evaluator, structures
@@ -493,3 +497,31 @@ def test_the_copy_and_reduce_and_relay_terms_raise_the_all_reduce_bound() -> Non
         ev = evaluate_collective(p, CollectivePlan(choices=(plan,)))
         assert ev.violations == []
         assert bound <= ev.time_us["c"] * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_ring_broadcast_bound_holds_for_random_rings_over_several_nodes(seed: int) -> None:
+    """Ring broadcasts over several nodes in any rank order, 1-32 channels and 1-16
+    chunks: each channel's rotated ring crosses into a node in its own step, and the
+    ring bound (the busiest channel's crossings after and before its other hops)
+    stays at most the plan's time; the collective's bound too."""
+    rng = random.Random(seed)
+    layout = rng.choice([[2, 2], [1, 3], [3, 1], [2, 1], [1, 1, 1], [3, 3], [1, 2, 3]])
+    p = _problem(seed, layout, "broadcast", 1 << rng.randint(8, 26), rng.randrange(sum(layout)))
+    c = p.collectives[0]
+    order = list(range(p.n))
+    if rng.random() < 0.5:
+        rng.shuffle(order)
+    ring = Choice(
+        collective="c",
+        algorithm="ring",
+        protocol=rng.choice(PROTOCOLS),
+        channels=rng.choice([1, 2, 3, 4, 8, 16, 32]),
+        chunks=rng.choice([1, 2, 4, 8, 16]),
+        clock_mhz=1980,
+        order=tuple(order),
+    )
+    ev = evaluate_collective(p, CollectivePlan(choices=(ring,)))
+    assert ev.violations == []
+    assert ring_broadcast_bound_us(p, c) <= ev.time_us["c"] * (1 + 1e-9)
+    assert time_bound_us(p, c) <= ev.time_us["c"] * (1 + 1e-9)

@@ -403,7 +403,14 @@ def ring_broadcast_bound_us(p: CollectiveProblem, c: Collective) -> float:
       The ring's hop number there differs between channels only by where the root
       sits in its rotated run of ranks, which takes at most g (the root's node's
       rank count) values; channels of one hop number entering through one NIC share
-      it in the same steps, so the node takes in at most g times its NICs' capacity."""
+      it in the same steps, so the node takes in at most g times its NICs' capacity.
+      The busiest such channel (share m/H, N channels on its NIC and hop number v)
+      runs its K crossing steps one after another, each at least alpha plus its
+      chunk over the NIC shared by the N; before the first, its first chunk takes
+      v - 1 hops to the crossing rank, and after the last, its last chunk lands a
+      cross-node route later and takes n - 1 - v more hops, each hop at least alpha
+      and a route; the slowest rank receives in one of these hops or crossings (or
+      is the root and sends in the first), which adds alpha (s_max - 1)."""
     n, nodes = p.n, p.n_nodes
     m = float(c.bytes)
     node_of = np.asarray(p.node_of)
@@ -425,7 +432,11 @@ def ring_broadcast_bound_us(p: CollectiveProblem, c: Collective) -> float:
             inside = node_of == k
             if not inside[c.root]:
                 take = m / (g_root * float(nic_in[inside].sum()) * eff) / 1e3
-                term = max(term, alpha + take + p.least_route_us(inside))
+                # the busiest channel's crossings into the node, after the hops
+                # that bring its first chunk to the crossing and before the hops
+                # that take its last chunk on
+                hops = alpha * (n - 2 + float(np.max(p.slowdown))) + (n - 2) * p.least_route_us()
+                term = max(term, hops + take + p.least_route_us(inside))
         best = min(best, term)
     return p.rates.launch_us + float(best)
 
