@@ -48,6 +48,9 @@ restore or a spill on most calls).
     python benchmarks/online.py                                 # 1800 s per load
     python benchmarks/online.py --duration 600                  # shorter
     python benchmarks/online.py --duration 600 --loads code-bursty,ramp+flash
+    python benchmarks/online.py --duration 600 --online consolidate_on_drop=true
+    python benchmarks/online.py --duration 600 --quick --loads bursty \
+        --online consolidate_on_drop=true
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from energyopt.families.serving.loop import (
     CLAIRVOYANT_WINDOW_S,
@@ -74,6 +79,7 @@ from energyopt.spec.evaluation import (
     BurstyLoad,
     DiurnalLoad,
     Evaluation,
+    OnlineOptions,
     PlannerSpec,
     Spike,
     load_evaluation,
@@ -229,30 +235,34 @@ def _online_line(run: PlannerRun) -> str:
         f"{stats.decisions} dec, {per:.2f} mean / {stats.max_lookups} max lookups (budget "
         f"{run.result.online_budget}), boosts {stats.boosts}, restores {stats.restores}, "
         f"harvests {stats.trims}, spills {stats.spills}, wakes {stats.wakes}, surprise "
-        f"re-plans {run.tally.surprise_replans}"
+        f"re-plans {run.tally.surprise_replans}, consolidations {run.tally.consolidations}"
     )
 
 
-def run_load(load: Load, verbose: bool) -> tuple[list[str], Verdict]:
-    """Simulate every planner and the yardstick on one load: its table and verdict."""
+def run_load(load: Load, verbose: bool, quick: bool = False) -> tuple[list[str], Verdict]:
+    """Simulate every planner and the yardstick on one load: its table and verdict
+    (``quick``: performance-first and energyopt+online only, no yardsticks)."""
     name, ev = load.name, load.evaluation
     say = (
         (lambda line: print(f"  [{name}] {line}", file=sys.stderr)) if verbose else (lambda _: None)
     )
     start = time.perf_counter()
+    if quick:
+        ev = ev.model_copy(update={"planners": (PLANNERS[0], PLANNERS[3])})
     res = evaluate(ev, load.spec, say=say)
     runs = {r.name: r for r in res.runs}
-    try:
-        yard: PlannerRun | None = run_clairvoyant(res, say=say)
-    except PlanningError as exc:
-        yard = None
-        res.failed.append(f"clairvoyant yardstick: {exc}")
+    yard: PlannerRun | None = None
+    cover: PlannerRun | None = None
+    if not quick:
+        try:
+            yard = run_clairvoyant(res, say=say)
+        except PlanningError as exc:
+            res.failed.append(f"clairvoyant yardstick: {exc}")
+        try:
+            cover = run_covering_clairvoyant(res, say=say)
+        except PlanningError as exc:
+            res.failed.append(f"covering clairvoyant yardstick: {exc}")
     lead = plan_lead_s(res.evaluation, res.problem)
-    try:
-        cover: PlannerRun | None = run_covering_clairvoyant(res, say=say)
-    except PlanningError as exc:
-        cover = None
-        res.failed.append(f"covering clairvoyant yardstick: {exc}")
     wall = time.perf_counter() - start
     ref = runs["performance-first"]
     ref_j = ref.result.energy_j
@@ -450,8 +460,26 @@ def main() -> None:
         default=",".join(LOAD_NAMES),
         help=f"comma-separated loads to run, in this order (default all: {','.join(LOAD_NAMES)})",
     )
+    parser.add_argument(
+        "--online",
+        default="",
+        help="comma-separated KEY=VALUE settings of every load's online: block (values "
+        "as YAML scalars), e.g. consolidate_on_drop=true",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="performance-first and energyopt+online only, without the yardsticks (an A/B of "
+        "online settings)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     args = parser.parse_args()
+    settings: dict[str, object] = {}
+    for item in filter(None, (x.strip() for x in args.online.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--online: {item!r} is not KEY=VALUE")
+        settings[key.strip()] = yaml.safe_load(value)
     wanted = [n.strip() for n in args.loads.split(",") if n.strip()]
     unknown = sorted(set(wanted) - set(LOAD_NAMES))
     if unknown or not wanted:
@@ -464,13 +492,31 @@ def main() -> None:
     )
     verdicts = []
     by_name = {load.name: load for load in all_loads(args.duration)}
+    if settings:
+        by_name = {
+            name: Load(
+                name,
+                load.evaluation.model_copy(
+                    update={
+                        "online": OnlineOptions.model_validate(
+                            {**load.evaluation.online.model_dump(), **settings}
+                        )
+                    }
+                ),
+                load.spec,
+            )
+            for name, load in by_name.items()
+        }
+        print(f"online settings: {settings}", flush=True)
     for load in (by_name[n] for n in dict.fromkeys(wanted)):
-        lines, verdict = run_load(load, args.verbose)
+        lines, verdict = run_load(load, args.verbose, args.quick)
         print("\n".join(["", *lines, *verdict_lines(verdict)]), flush=True)
         verdicts.append(verdict)
     print("\nsummary (energyopt+online):")
     for v in verdicts:
         print("\n".join(verdict_lines(v)))
+    if args.quick:
+        return
     rate, per, budget = decisions_per_second()
     print(
         f"global scheduler: {rate:,.0f} decisions/s on one core, {per:.2f} lookups per "

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
+from numpy.typing import NDArray
 
 from energyopt.perf.params import FloatArray
 
@@ -73,6 +74,14 @@ class ErrorHeadroom:
             high = 1.0 + float(np.quantile(samples, self.quantile))
             out[k] = top if typical <= 0.0 else min(max(high / typical - 1.0, 0.0), top)
         return out
+
+    def known(self) -> NDArray[np.bool_]:
+        """Per workload, whether ``min_samples`` samples exist (``spread`` and
+        ``headroom`` come from them, not from the defaults)."""
+        return np.asarray(
+            [sum(h.size for h in hist) >= self.min_samples for hist in self.history],
+            dtype=np.bool_,
+        )
 
     def headroom(self) -> FloatArray:
         """Multiplier of each workload's raw forecast."""

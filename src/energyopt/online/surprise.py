@@ -3,7 +3,8 @@
 Per workload *k* the plan in force provisions ``planned_rps[k]`` requests/s. Its
 band, set at every plan (``set_plan``), is
 
-* upper: ``planned x (1 + upper[k]) + noise_z x sqrt(planned / window_s)``;
+* upper: ``planned x (1 + upper[k]) + noise_z x sqrt(planned / window_s)`` (only
+  when ``upper`` is given; no upper band otherwise);
 * lower: ``planned x (1 - lower[k]) - noise_z x sqrt(planned / window_s)`` (only
   when ``lower`` is given; no lower band otherwise),
 
@@ -75,18 +76,23 @@ class SurpriseDetector:
     def set_plan(
         self,
         planned_rps: Sequence[float] | FloatArray,
-        upper: Sequence[float] | FloatArray,
+        upper: Sequence[float] | FloatArray | None,
         lower: Sequence[float] | FloatArray | None = None,
     ) -> None:
         """The band of a new plan: ``planned_rps`` (req/s per workload), ``upper`` and
-        ``lower`` (fractions of it, >= 0; ``lower`` None: no lower band). Restarts
-        every out-of-band time."""
+        ``lower`` (fractions of it, >= 0; None: no band on that side). Restarts every
+        out-of-band time."""
         planned = self._array("planned_rps", planned_rps)
-        up = self._array("upper", upper)
-        if (planned < 0).any() or (up < 0).any():
-            raise ValueError("planned_rps and upper must be >= 0")
+        if (planned < 0).any():
+            raise ValueError("planned_rps must be >= 0")
         noise = self.config.noise_z * np.sqrt(planned / self.config.window_s)
-        self.high = planned * (1.0 + up) + noise
+        if upper is None:
+            self.high = np.full(self.workloads, np.inf)
+        else:
+            up = self._array("upper", upper)
+            if (up < 0).any():
+                raise ValueError("upper must be >= 0")
+            self.high = planned * (1.0 + up) + noise
         if lower is None:
             self.low = np.full(self.workloads, -np.inf)
         else:
@@ -97,7 +103,8 @@ class SurpriseDetector:
         self.since[:] = np.nan
 
     def band(self) -> tuple[FloatArray, FloatArray]:
-        """(lower, upper) limit of each workload's band (req/s; -inf: no lower band)."""
+        """(lower, upper) limit of each workload's band (req/s; -inf / inf: no band on
+        that side)."""
         return self.low.copy(), self.high.copy()
 
     def update(self, now_s: float, observed_rps: Sequence[float] | FloatArray) -> list[int]:

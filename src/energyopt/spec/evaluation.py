@@ -312,6 +312,30 @@ class OnlineOptions(Spec):
     surprise_check_s: float = Field(
         default=1.0, gt=0, le=86_400, description="time between two checks of the bands, s"
     )
+    consolidate_on_drop: bool = Field(
+        default=False,
+        description="re-plan (warm-started) for the observed rates when a workload's rate "
+        "stays below its lower band, turning off GPUs no longer needed, when the power saved "
+        "until the next epoch pays the transitions (docs/online.md)",
+    )
+    consolidate_below: float = Field(
+        default=0.25,
+        ge=0,
+        lt=1,
+        description="a workload is below its lower band when its observed rate times 1 + its "
+        "error spread is below 1 - this times its planned rate",
+    )
+    consolidate_s: float = Field(
+        default=10.0, ge=0, le=86_400, description="below the lower band this long, s"
+    )
+    consolidate_cooldown_s: float = Field(
+        default=60.0, ge=0, le=86_400, description="least time between two consolidations, s"
+    )
+    consolidate_keeps_peak: bool = Field(
+        default=True,
+        description="a consolidation leaves each workload's burst-memory peak within its "
+        "placements' SLO capacity at the highest clock (with burst_memory_s > 0)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> OnlineOptions:

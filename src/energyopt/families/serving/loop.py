@@ -3,6 +3,7 @@ planner for a plan, check it, and apply it in the simulator."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from energyopt.families.serving.verify import evaluate_plan, verify_plan
 from energyopt.online import ErrorHeadroom, OnlineConfig, OnlinePolicy, OpLookups
 from energyopt.online.local_scheduler import LocalConfig
 from energyopt.online.surprise import SurpriseConfig, SurpriseDetector
+from energyopt.perf.params import FloatArray
 from energyopt.perf.power import gpu_on_power_w
 from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.engine import SimResult, Simulator
@@ -72,6 +74,12 @@ class Tally:
     surprise_fallbacks: int = 0  # of those: the full warm-started solve, not the restricted one
     surprise_failed: int = 0  # surprises that found no plan (the one in force kept)
     surprise_s: list[float] = field(default_factory=list)  # wall time of each surprise re-plan
+    consolidations: int = 0  # plans made at once on a drop below the lower band, applied
+    consolidations_declined: int = 0  # of the drops re-planned: not paying their transitions
+    consolidations_failed: int = 0  # drops that found no plan
+    consolidation_s: list[float] = field(default_factory=list)  # wall time of each re-plan
+    consolidation_saved_j: float = 0.0  # predicted saving until the next epoch, applied ones
+    consolidation_cost_j: float = 0.0  # their transition energy (consolidation_transition_j)
 
 
 @dataclass
@@ -200,7 +208,8 @@ def run_planner(
     errors: ErrorHeadroom | None = None
     last_raw: list[tuple[float, np.ndarray]] = []
     if planner.spec.online:
-        policy = online_policy(ev, lookups or OpLookups.build(problem))
+        lookups = lookups or OpLookups.build(problem)
+        policy = online_policy(ev, lookups)
     if online:
         errors = ErrorHeadroom(
             len(names),
@@ -223,6 +232,18 @@ def run_planner(
                 window_s=ev.online.surprise_window_s,
             ),
         )
+    drop: SurpriseDetector | None = None
+    if online and ev.online.consolidate_on_drop and isinstance(planner, SolverPlanner):
+        drop = SurpriseDetector(
+            len(names),
+            SurpriseConfig(
+                surprise_s=ev.online.consolidate_s,
+                cooldown_s=ev.online.consolidate_cooldown_s,
+                window_s=ev.online.surprise_window_s,
+            ),
+        )
+    last_drop = [-np.inf]  # s: when the last consolidation was tried
+    sim_ref: list[Simulator] = []  # the simulator, for the burst memory's peaks
     expected_now: list[dict[str, float]] = [{}]  # the load the epoch's plan should carry
     expected_at: list[dict[str, float]] = [{}]  # that of the plan in force
 
@@ -282,11 +303,142 @@ def run_planner(
 
     def watch_plan(plan: Plan) -> None:
         """Give the surprise detector the bands of ``plan``: its rate per workload times
-        1 + the workload's error spread (``ErrorHeadroom.spread``)."""
-        if detector is None or errors is None:
+        1 + the workload's error spread (``ErrorHeadroom.spread``); and the drop
+        detector its lower bands (``drop_band``)."""
+        if errors is None:
             return
         routed = plan_rates_rps(plan)
-        detector.set_plan([routed.get(n, 0.0) for n in names], errors.spread())
+        rates = [routed.get(n, 0.0) for n in names]
+        if detector is not None:
+            detector.set_plan(rates, errors.spread())
+        if drop is not None:
+            band = drop_band(errors.spread(), ev.online.consolidate_below)
+            band[~errors.known()] = 1.0  # no band before the load's swings are known
+            drop.set_plan(rates, None, band)
+
+    def watched(now: float) -> Plan | None:
+        """The watch between epochs: a re-plan on an upward surprise, else a
+        consolidation on a drop (None: neither)."""
+        out = surprise(now)
+        if out is None and drop is not None:
+            out = consolidate(now)
+        return out
+
+    def consolidate(now: float) -> Plan | None:
+        """On a drop (a workload below its lower band for ``consolidate_s``), a
+        warm-started re-plan of every workload whose consolidation rate
+        (``consolidation_rates_rps``) is below what the plan routes to it; applied
+        only when it has fewer GPUs on than the plan in force and the power it saves
+        until the next epoch (``consolidation_saving_j``: the model's, both plans at
+        the new rates) exceeds its transition energy (``consolidation_transition_j``).
+        None when nothing fires or the re-plan is not applied."""
+        plan = current[0]
+        if drop is None or errors is None or plan is None:
+            return None
+        o = ev.online
+        span = drop.config.window_s
+        if now < span:
+            return None
+        fired = drop.update(now, arrivals.count_between(now - span, now) / span)
+        if not fired or now - last_drop[0] < o.consolidate_cooldown_s - 1e-9:
+            return None
+        last_drop[0] = now
+        end = min(window, (np.floor(now / ev.epoch_s + 1e-9) + 1.0) * ev.epoch_s)
+        if end <= now:
+            return None
+        seen = min(now, span + o.consolidate_s)
+        observed = arrivals.count_between(now - seen, now) / seen
+        peak = np.zeros(len(names))
+        if o.consolidate_keeps_peak and o.burst_memory_s > 0 and sim_ref:
+            ctl = sim_ref[0].ctl
+            if ctl is not None:
+                peak = np.asarray([ctl.burst_peak_rps(k, now) for k in range(len(names))])
+        routed = plan_rates_rps(plan)
+        reach = np.ones(len(names))  # top-clock capacity over the planned rate, in force
+        if peak.any() and lookups is not None:
+            top = top_capacity_rps(lookups, plan)
+            reach = np.asarray(
+                [
+                    max(top.get(n, 0.0) / routed[n], 1.0) if routed.get(n, 0.0) > 0 else 1.0
+                    for n in names
+                ]
+            )
+        want = consolidation_rates_rps(
+            observed, seen, errors.spread(), peak / reach, base * fc.floor, drop.config.noise_z
+        )
+        known = errors.known()
+        rates = {
+            n: float(want[k])
+            for k, n in enumerate(names)
+            if known[k] and 0.0 < want[k] < routed.get(n, 0.0) * (1.0 - 1e-6)
+        }
+        if not rates:
+            return None
+        own = planner.problem if isinstance(planner, SolverPlanner) else problem
+        preset = planner.preset if isinstance(planner, SolverPlanner) else "highs-exact"
+        wall = 0.0
+        short: list[str] = []
+        for _ in range(CONSOLIDATION_TRIES):
+            out = replan_now(
+                own,
+                plan,
+                rates,
+                preset=preset,
+                migration_penalty_w=CONSOLIDATION_PENALTY_W,
+                full_time_limit_s=planner.spec.time_limit_s,
+            )
+            wall += out.wall_s
+            if out.plan is None or out.power_w is None or not peak.any() or lookups is None:
+                break
+            # the boosts must still reach each re-planned workload's burst peak: where
+            # they do not, ask again for that much more (not above the plan in force)
+            top = top_capacity_rps(lookups, out.plan)
+            need = {n: peak[k] for k, n in enumerate(names) if n in rates}
+            short = sorted(n for n, p in need.items() if top.get(n, 0.0) < p * (1 - 1e-6))
+            for n in short:
+                rates[n] *= need[n] / max(top.get(n, 0.0), 1e-9)
+                if rates[n] >= routed[n] * (1.0 - 1e-6):
+                    del rates[n]
+            if not short or not rates:
+                break
+        run.consolidation_s.append(wall)
+        if out.plan is None or out.power_w is None:
+            run.consolidations_failed += 1
+            say(f"{planner.name}: t={now:.0f} s: drop on {sorted(rates)}: no plan")
+            return None
+        if short:
+            run.consolidations_declined += 1
+            say(
+                f"{planner.name}: t={now:.0f} s: drop: re-plan leaves the burst peak of "
+                f"{short} above its top-clock capacity: kept the plan"
+            )
+            return None
+        saved_j = consolidation_saving_j(current_at[0], plan, out.plan, out.power_w, end - now)
+        cost_j = consolidation_transition_j(own, ev, plan, out.plan)
+        on_before = sum(gp.on for gp in plan.gpus)
+        on_after = sum(gp.on for gp in out.plan.gpus)
+        if saved_j <= cost_j or on_after >= on_before:
+            run.consolidations_declined += 1
+            say(
+                f"{planner.name}: t={now:.0f} s: drop on {sorted(rates)}: re-plan saves "
+                f"{saved_j / 1e3:.1f} kJ until t={end:.0f} s, its transitions cost "
+                f"{cost_j / 1e3:.1f} kJ, GPUs on {on_before} -> {on_after}: kept the plan"
+            )
+            return None
+        run.consolidations += 1
+        run.consolidation_saved_j += saved_j
+        run.consolidation_cost_j += cost_j
+        say(
+            f"{planner.name}: t={now:.0f} s: drop on {sorted(rates)}: consolidated "
+            f"({out.method}, GPUs on {on_before} -> {on_after}, saves {saved_j / 1e3:.1f} kJ "
+            f"for {cost_j / 1e3:.1f} kJ of transitions, {wall:.2f} s)"
+        )
+        close(now)
+        current[0] = out.plan
+        current_at[0] = problem_at_plan_rates(own, out.plan)
+        since[0] = now
+        watch_plan(out.plan)
+        return out.plan
 
     def surprise(now: float) -> Plan | None:
         """A warm-started re-plan for the workloads whose surprise fires at ``now``
@@ -368,6 +520,7 @@ def run_planner(
         tables=tables,
         online=policy,
     )
+    sim_ref.append(sim)
 
     def replan(now: float) -> Plan | None:
         say(f"{planner.name}: re-planning at t={now:.0f} s")
@@ -375,10 +528,142 @@ def run_planner(
         expected_now[0] = dict(zip(names, mean.tolist(), strict=True))
         return decide(now, raw_rates_rps(arrivals, now, ev.epoch_s, fc, window))
 
-    watch = None if detector is None else (ev.online.surprise_check_s, surprise)
+    watching = detector is not None or drop is not None
+    watch = (ev.online.surprise_check_s, watched) if watching else None
     result = sim.run(first, None if planner.static else ev.epoch_s, replan, watch)
     close(window)
     return PlannerRun(planner.name, planner.spec.kind, result, run)
+
+
+CONSOLIDATION_PENALTY_W = 1.0
+"""Migration penalty of a consolidation re-plan (W-equivalent per placement taken off
+its GPU): only a tie-break towards keeping placements where they are. The re-plan
+must be free to take the placements off the GPUs it switches off (the surprise
+re-plan's default penalty, about an H100's on-power, kept them on, idle); what the
+moves cost is priced by the acceptance rule (``consolidation_transition_j``)."""
+
+
+def drop_band(spread: FloatArray, below: float) -> FloatArray:
+    """The drop detector's lower band per workload, as a fraction of the planned rate
+    under it (``SurpriseDetector.set_plan``'s ``lower``): a workload is below its band
+    when its observed rate times 1 + its error ``spread`` (the margin a consolidation
+    plans with, ``consolidation_rates_rps``) is below ``1 - below`` times its planned
+    rate, i.e. when a plan made now would route at least ``below`` less to it. The
+    fraction is ``1 - (1 - below) / (1 + spread)``."""
+    if not 0.0 <= below < 1.0:
+        raise ValueError(f"below {below} is not in [0, 1)")
+    return np.asarray(1.0 - (1.0 - below) / (1.0 + np.asarray(spread, dtype=np.float64)))
+
+
+CONSOLIDATION_TRIES = 3
+"""Re-plans one consolidation may make: when a re-plan leaves a workload's burst peak
+above its top-clock capacity (``top_capacity_rps``), its rate is raised by that
+shortfall and the re-plan asked again, at most this many times in all."""
+
+
+def top_capacity_rps(lookups: OpLookups, plan: Plan) -> dict[str, float]:
+    """Per workload, what ``plan``'s placements of it serve within the SLO at the
+    highest candidate clock of their GPU type, at their shares (req/s): the rate the
+    online control's boosts can reach without a new plan (``OpLookups.capacity_rps``;
+    a placement's planned rate where that is more, or where the table has no entry:
+    tensor-parallel, MIG and decode placements)."""
+    out: dict[str, float] = defaultdict(float)
+    for gp in plan.gpus:
+        if not gp.on:
+            continue
+        clocks = lookups.clocks.get(gp.type, ())
+        for p in gp.placements:
+            if p.phase == "decode":
+                continue
+            cap = 0.0
+            if clocks and p.tp_group is None and p.mig_profile is None:
+                label = p.workload if p.phase == "both" else f"{p.workload}:{p.phase}"
+                cap = lookups.capacity_rps(label, gp.type, max(clocks), p.share_pct)
+            out[p.workload] += max(cap, p.rate_rps)
+    return dict(out)
+
+
+def consolidation_rates_rps(
+    observed_rps: FloatArray,
+    span_s: float,
+    margin: FloatArray,
+    peak_rps: FloatArray,
+    floor_rps: FloatArray,
+    noise_z: float,
+) -> FloatArray:
+    """Per workload, the rate (req/s) a consolidation plans for: the rate observed over
+    the last ``span_s`` seconds plus ``noise_z`` standard deviations of its Poisson
+    noise there (sqrt(rate / span)), times 1 + its ``margin`` (the harvest margin,
+    ``ErrorHeadroom.spread``: how far a window's rate rises above the typical one), at
+    least its burst-memory peak ``peak_rps`` (zeros: none) and ``floor_rps`` (the
+    forecast's floor)."""
+    if span_s <= 0:
+        raise ValueError(f"span_s {span_s} is not > 0")
+    obs = np.asarray(observed_rps, dtype=np.float64)
+    noisy = obs + noise_z * np.sqrt(obs / span_s)
+    return np.asarray(np.maximum(np.maximum(noisy * (1.0 + margin), peak_rps), floor_rps))
+
+
+def consolidation_saving_j(
+    problem: Problem, old: Plan, new: Plan, new_power_w: float, rest_s: float
+) -> float:
+    """The energy (J) a consolidation saves over ``rest_s`` seconds (until the next
+    epoch): the model's power of ``old`` (priced on ``problem``, the problem it was
+    made for) at the rates ``new`` routes (``plan_power_at_rates_w``) less
+    ``new_power_w`` (``new``'s power at those rates, W), times ``rest_s``. Negative
+    when ``new`` draws more."""
+    return (plan_power_at_rates_w(problem, old, plan_rates_rps(new)) - new_power_w) * rest_s
+
+
+def consolidation_transition_j(problem: Problem, ev: Evaluation, old: Plan, new: Plan) -> float:
+    """The energy (J) the move from ``old`` to ``new`` costs beyond what both plans draw
+    while serving, as the simulator charges it (``ev.transitions``): a GPU switched on
+    draws its idle power for ``power_on_s``, then its on-power at the new clock while
+    its instances start (``startup_s`` + the heaviest of its models' weights /
+    ``load_gbps``), serving nothing; a GPU switched off draws its on-power at its old
+    clock until the requests it admitted finish, taken as the longest of its
+    workloads' TTFT SLO + mean output tokens x TBT SLO. New instances on a GPU on in
+    both plans cost no energy here (the GPU draws its power either way; the re-plan's
+    migration penalty prices the move)."""
+    tr = ev.transitions
+    before = {gp.gpu: gp for gp in old.gpus}
+    after = {gp.gpu: gp for gp in new.gpus}
+    workloads = {w.name: w for w in problem.instance.workloads}
+    total = 0.0
+    for g in problem.gpus:
+        was, now = before.get(g.id), after.get(g.id)
+        on_before = was is not None and was.on
+        on_after = now is not None and now.on
+        gtype = problem.gpu_type(g.type)
+        if on_after and not on_before:
+            assert now is not None
+            clock = now.clock_mhz or gtype.max_sm_clock_mhz
+            heaviest = max(
+                (
+                    problem.model_of(workloads[p.workload]).weight_bytes / p.tp_size
+                    for p in now.placements
+                ),
+                default=0.0,
+            )
+            load_s = tr.startup_s + heaviest / (tr.load_gbps * 1e9)
+            total += gtype.idle_w * tr.power_on_s + gpu_on_power_w(gtype, clock) * load_s
+        elif on_before and not on_after:
+            assert was is not None
+            clock = was.clock_mhz or gtype.max_sm_clock_mhz
+            drain_s = max(
+                (
+                    (
+                        workloads[p.workload].slo.ttft_ms
+                        + workloads[p.workload].output_tokens.mean
+                        * workloads[p.workload].slo.tbt_ms
+                    )
+                    / 1e3
+                    for p in was.placements
+                ),
+                default=0.0,
+            )
+            total += gpu_on_power_w(gtype, clock) * drain_s
+    return total
 
 
 def _power_w(plan: Plan) -> float:

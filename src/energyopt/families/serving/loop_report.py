@@ -105,6 +105,8 @@ def summary_rows(res: EvaluationResult) -> list[dict[str, float | str | int | No
                 "surprise_replans": run.tally.surprise_replans,
                 "surprise_fallbacks": run.tally.surprise_fallbacks,
                 "surprise_s_max": max(run.tally.surprise_s, default=0.0),
+                "consolidations": run.tally.consolidations,
+                "consolidations_declined": run.tally.consolidations_declined,
             }
         )
     return rows
@@ -183,6 +185,12 @@ def format_table(res: EvaluationResult) -> list[str]:
                 f"{float(row['surprise_s_max'] or 0):.2f} s"
                 + (f"; {fallbacks} by the full solve" if fallbacks else "")
                 + ")"
+            )
+        if row["consolidations"] or row["consolidations_declined"]:
+            notes.append(
+                f"{row['consolidations']} consolidations on a drop "
+                f"({row['consolidations_declined']} more re-planned and not applied: no GPU "
+                "fewer, or the saving until the next epoch did not pay the transitions)"
             )
         if notes:
             lines.append(f"note: {row['planner']}: " + "; ".join(notes))
