@@ -454,6 +454,116 @@ def test_the_bound_holds_where_some_ranks_take_one_step_and_others_two(
             assert time_bound_us(p, p.collectives[0]) <= ev.time_us["c"] * (1 + 1e-9)
 
 
+def _one_step_rank_rounds(rng: random.Random, n: int, pieces: int) -> list[Transfer]:
+    """An all-reduce in which one random rank r takes part in step 1 only: a random
+    set of pieces is swapped by every rank in step 1 (r takes all their inputs
+    directly), and each other piece is gathered by a hub other than r in step 0,
+    swapped between the hub and r in step 1 (r gets it relayed) and copied from the
+    hub to the others in step 2."""
+    r = rng.randrange(n)
+    others = [a for a in range(n) if a != r]
+    out: list[Transfer] = []
+    for q in range(pieces):
+        if rng.random() < 0.5:
+            out += [
+                Transfer(step=1, src=a, dst=b, piece=q, reduce=True)
+                for a in range(n)
+                for b in range(n)
+                if a != b
+            ]
+            continue
+        h = rng.choice(others)
+        out += [Transfer(step=0, src=a, dst=h, piece=q, reduce=True) for a in others if a != h]
+        out += [
+            Transfer(step=1, src=h, dst=r, piece=q, reduce=True),
+            Transfer(step=1, src=r, dst=h, piece=q, reduce=True),
+        ]
+        out += [Transfer(step=2, src=h, dst=b, piece=q) for b in others if b != h]
+    return out
+
+
+def _partial_exchange_rounds(rng: random.Random, n: int, pieces: int) -> list[Transfer]:
+    """An all-reduce that swaps a random set of pieces among all ranks in step 0 (the
+    one-step exchange) and reduces each other piece into a random owner in step 0,
+    which copies the sum to every rank in step 1."""
+    out: list[Transfer] = []
+    for q in range(pieces):
+        if rng.random() < 0.5:
+            out += [
+                Transfer(step=0, src=a, dst=b, piece=q, reduce=True)
+                for a in range(n)
+                for b in range(n)
+                if a != b
+            ]
+            continue
+        o = rng.randrange(n)
+        out += [Transfer(step=0, src=a, dst=o, piece=q, reduce=True) for a in range(n) if a != o]
+        out += [Transfer(step=1, src=o, dst=b, piece=q) for b in range(n) if b != o]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_bound_holds_where_ranks_take_some_elements_directly_and_others_relayed(
+    seed: int,
+) -> None:
+    """One node: a rank that takes part in one step only and takes some pieces
+    directly gets its relayed pieces in flows that carry the direct inputs too; a
+    rank in two steps pays two overheads. Schedules that mix the one-step exchange
+    with relayed sums, with a rank in one step or every rank in two, on 2-8 GPUs
+    with degraded ports and stragglers: the bound stays at most their time."""
+    rng = random.Random(seed)
+    n = rng.choice([2, 3, 4, 8])
+    p = _problem(seed, [n], "all_reduce", 1 << rng.randint(8, 24), 0)
+    c = p.collectives[0]
+    pieces = rng.randint(1, 2 * n)
+    make = _one_step_rank_rounds if seed % 2 else _partial_exchange_rounds
+    plan = Choice(
+        collective="c",
+        algorithm="synthesized",
+        protocol=rng.choice(PROTOCOLS),
+        channels=rng.choice([1, 2, 3]),
+        chunks=rng.choice([1, 1, 2]),
+        clock_mhz=1980,
+        pieces=pieces,
+        transfers=tuple(make(rng, n, pieces)),
+    )
+    ev = evaluate_collective(p, CollectivePlan(choices=(plan,)))
+    assert ev.violations == []
+    assert time_bound_us(p, c) <= ev.time_us["c"] * (1 + 1e-9)
+
+
+def test_a_rank_in_two_steps_pays_two_overheads_in_the_relayed_or_direct_term() -> None:
+    """One healthy 8-GPU node, 64 KiB at LL: a rank that takes a share x of the
+    elements directly and the rest relayed is busy at least the larger of two
+    overheads plus its direct reductions and the first landing, an overhead and the
+    relayed bytes; in one step the relayed flows carry the direct inputs too, which
+    costs more. The term is the two-step figure at the x where the two meet, plus a
+    route."""
+    from energyopt.families.collective.formulations.constants import (
+        PROTOCOL_EFFICIENCY,
+        PROTOCOL_STEP_US,
+    )
+    from energyopt.families.collective.formulations.costmodel import (
+        reduce_rates_gbs,
+        relayed_or_direct_us,
+    )
+
+    doc = collective_doc([8], [{"name": "c", "op": "all_reduce", "bytes": 1 << 16}])
+    p = build_problem(CollectiveFile.model_validate(doc))
+    c = p.collectives[0]
+    n, m = p.n, float(c.bytes)
+    alpha, eff = PROTOCOL_STEP_US["ll"], PROTOCOL_EFFICIENCY["ll"]
+    route = p.least_route_us()
+    bytes_us = m / (eff * p.rates.nvlink_gbs * 1e3)
+    reduce_us = (n - 1) * m / (float(reduce_rates_gbs(p, eff)[0]) * 1e3)
+    tau = alpha + route
+    # 2 alpha + reduce_us x = tau + alpha + bytes_us (1 - x)
+    x = (tau - alpha + bytes_us) / (reduce_us + bytes_us)
+    two_steps = 2 * alpha + reduce_us * x
+    assert 0 < x < 1 and two_steps < tau + alpha + bytes_us  # one step costs more
+    assert relayed_or_direct_us(p, c, "ll") == pytest.approx(two_steps + route, rel=1e-12)
+
+
 def test_the_copy_and_reduce_and_relay_terms_raise_the_all_reduce_bound() -> None:
     """On one healthy 8-GPU node the all-reduce bound holds two terms beyond the
     pooled bytes and reductions apart: a step's reductions and copies share the

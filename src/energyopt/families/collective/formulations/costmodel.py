@@ -593,16 +593,28 @@ def relayed_or_direct_us(p: CollectiveProblem, c: Collective, protocol: Protocol
     a3, b3 = alpha + least + alpha * slow + m / rate, -m / rate
     worst = 0.0
     for r in range(n):
+        # busy until at least the least over x of the largest of the three terms,
+        # with ``more`` overheads added to the first two (``more`` = 1: r takes
+        # part in two steps or more)
+        def least_top(more: float, r: int = r) -> float:
+            lines = ((a1[r] + more, b1[r]), (a2[r] + more, b2[r]), (a3[r], b3[r]))
+            points = [0.0]
+            for a, b in lines[:2]:
+                if b - b3[r] > 0:
+                    points.append(min(1.0, max(0.0, (a3[r] - a) / (b - b3[r]))))
+            return float(min(max(a + b * x for a, b in lines) for x in points))
 
-        def top(x: float, r: int = r) -> float:
-            return float(max(a1[r] + b1[r] * x, a2[r] + b2[r] * x, a3[r] + b3[r] * x))
-
-        points = [0.0]
-        for a, b in ((a1[r], b1[r]), (a2[r], b2[r])):
-            if b - b3[r] > 0:
-                points.append(min(1.0, max(0.0, (a3[r] - a) / (b - b3[r]))))
+        if p.n_nodes == 1:
+            # one step: with x > 0 every other rank sends r its inputs of the direct
+            # elements in that step, so a relayed flow (starting after tau) also
+            # carries them; on r's one port among n - 1 senders it takes at least
+            # (1 + (n - 2) x) m at r's rate, which is least at x = 0. Two steps or
+            # more: a second overhead on the first two terms
+            busy = min(float(a3[r]), least_top(float(alpha * slow[r])))
+        else:
+            busy = least_top(0.0)
         # relayed: also the two flows one after another, the second landing at r
-        relayed = max(min(top(x) for x in points) + least, alpha + least + a1[r] + into[r])
+        relayed = max(busy + least, alpha + least + a1[r] + into[r])
         direct = max(a1[r] + b1[r], a2[r] + b2[r]) + least
         worst = max(worst, min(relayed, direct))
     return float(worst)
