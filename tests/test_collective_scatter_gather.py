@@ -15,7 +15,7 @@ from energyopt.families.collective.formulations.scatter_gather import (
     by_rail_applicable,
     scatter_gather_choice,
 )
-from energyopt.families.collective.solvers.select import Evaluator, structures
+from energyopt.families.collective.solvers.select import Evaluator, Structure, structures
 from energyopt.families.collective.spec import PROTOCOLS, CollectiveFile, CollectivePlan
 from energyopt.families.collective.verify import evaluate_collective
 
@@ -52,7 +52,8 @@ def test_the_verifier_accepts_scatter_gather_broadcasts_and_the_bound_holds(seed
     c = p.collectives[0]
     by_rail = by_rail_applicable(p) and rng.random() < 0.5
     weights = [rng.uniform(0.05, 1.0) for _ in range(p.n // p.n_nodes)] if by_rail else None
-    choice = scatter_gather_choice(p, c, "c", rng.randint(1, 3), weights, by_rail)
+    root_holds = not by_rail and rng.random() < 0.5
+    choice = scatter_gather_choice(p, c, "c", rng.randint(1, 3), weights, by_rail, root_holds)
     choice = choice.model_copy(
         update={
             "protocol": rng.choice(PROTOCOLS),
@@ -75,6 +76,13 @@ def test_by_rail_needs_equal_nodes_and_a_broadcast_is_required() -> None:
     )
     with pytest.raises(ValueError, match="equal nodes"):
         scatter_gather_choice(p, p.collectives[0], "c", 1, None, True)
+    e = build_problem(
+        CollectiveFile.model_validate(
+            collective_doc([2, 2], [{"name": "c", "op": "broadcast", "bytes": 1 << 20}])
+        )
+    )
+    with pytest.raises(ValueError, match="flat"):
+        scatter_gather_choice(e, e.collectives[0], "c", 1, None, True, root_holds=True)
     q = build_problem(
         CollectiveFile.model_validate(
             collective_doc([2, 2], [{"name": "c", "op": "all_gather", "bytes": 1 << 20}])
@@ -85,11 +93,13 @@ def test_by_rail_needs_equal_nodes_and_a_broadcast_is_required() -> None:
 
 
 def test_the_search_keeps_a_scatter_gather_broadcast_that_beats_every_candidate() -> None:
-    """1 MiB from rank 0 of a healthy 8-GPU node: the root sends every rank its
-    seventh, which the ranks then swap: two steps, the message once through the
-    root's port, faster than every candidate (trees and rings relay it over more
-    steps, the direct broadcast sends it seven times). ``auto`` runs this search
-    after the exhaustive one; here it starts from the least candidate."""
+    """1 MiB from rank 0 of a healthy 8-GPU node: the root sends every other rank an
+    eighth, and in the next step every rank, the root too, sends its eighth to the
+    others: two steps, each 7/8 of the message through every port, faster than every
+    candidate (trees and rings relay it over more steps, the direct broadcast sends
+    it seven times) and than the root idle in the second step (a seventh to each,
+    then 6/7 through every port). ``auto`` runs this search after the exhaustive
+    one; here it starts from the least candidate."""
     from energyopt.families.collective.solvers.select import Scored
     from energyopt.families.collective.solvers.synth import scatter_gather_search
 
@@ -103,6 +113,12 @@ def test_the_search_keeps_a_scatter_gather_broadcast_that_beats_every_candidate(
     assert (improved, complete) == (1, True)
     assert scored[0].choice.algorithm == "synthesized"
     assert scored[0].time_us < least.time_us
+    # the root sends in the second step: it holds pieces of its own
+    assert any(t.step == 1 and t.src == 0 for t in scored[0].choice.transfers)
+    idle = scatter_gather_choice(p, c, "c", 1)
+    s = scored[0].choice
+    root_idle = ev.best(c, Structure("synthesized", s.channels, s.chunks, None, 0), "c", idle)
+    assert scored[0].time_us < root_idle.time_us
     got = evaluate_collective(p, CollectivePlan(choices=(scored[0].choice,)))
     assert got.violations == []
     assert got.time_us["c"] == pytest.approx(scored[0].time_us, rel=1e-9)

@@ -7,6 +7,10 @@ holder, and in step 1 every holder sends its pieces to every other rank but the
 root. The root's ports carry the message once and every other rank takes in the
 message once, in two steps of overhead, where a tree or ring relays it over
 log2(n) or n - 1 steps, and a direct broadcast sends it n - 1 times from the root.
+With ``root_holds``, the root holds ``parts`` pieces of its own as well, which it
+sends to every other rank in step 1: the root's ports are busy in both steps, and
+every step carries (n - 1)/n of the message through each port instead of the
+message and (n - 2)/(n - 1) of it.
 
 By rail, on two or more equal nodes of at least 2 ranks: the pieces are spread
 over the rails (local GPU indices) in proportion to ``weights``; in step 0 the
@@ -43,11 +47,14 @@ def scatter_gather_choice(
     parts: int,
     weights: Sequence[float] | None = None,
     by_rail: bool = False,
+    root_holds: bool = False,
 ) -> Choice:
     """The scatter-gather broadcast of ``c`` (module docstring), flat or
     ``by_rail`` (rails weighted by ``weights``, None: equal), ``parts`` pieces per
-    holder, as a synthesized ``Choice``; ValueError where it does not exist (not a
-    broadcast, fewer than 2 ranks, ``parts`` < 1, or by rail without equal nodes)."""
+    holder (the root one of the holders where ``root_holds``, flat only), as a
+    synthesized ``Choice``; ValueError where it does not exist (not a broadcast,
+    fewer than 2 ranks, ``parts`` < 1, or by rail without equal nodes or with
+    ``root_holds``)."""
     if c.op != "broadcast" or p.n < 2:
         raise ValueError(f"{name}: a scatter-gather schedule is a broadcast over 2 ranks or more")
     if parts < 1:
@@ -55,12 +62,17 @@ def scatter_gather_choice(
     root = c.root
     transfers: list[Transfer] = []
     if not by_rail:
-        holders = [r for r in range(p.n) if r != root]
+        holders = [r for r in range(p.n) if r != root or root_holds]
         pieces = parts * len(holders)
         for q in range(pieces):
             h = holders[q % len(holders)]
-            transfers.append(Transfer(step=0, src=root, dst=h, piece=q))
-            transfers.extend(Transfer(step=1, src=h, dst=r, piece=q) for r in holders if r != h)
+            if h != root:
+                transfers.append(Transfer(step=0, src=root, dst=h, piece=q))
+            transfers.extend(
+                Transfer(step=1, src=h, dst=r, piece=q) for r in range(p.n) if r not in (h, root)
+            )
+    elif root_holds:
+        raise ValueError(f"{name}: the root holds pieces in the flat scatter-gather only")
     else:
         if not by_rail_applicable(p):
             raise ValueError(f"{name}: a by-rail scatter-gather needs two or more equal nodes")

@@ -123,18 +123,23 @@ def scatter_gather_search(
     p: CollectiveProblem, ev: Evaluator, scored: list[Scored], deadline: float
 ) -> tuple[int, bool]:
     """Offer every broadcast of a trace the scatter-gather schedules
-    (``formulations/scatter_gather.py``: flat, and by rail on equal nodes with equal
-    or health-weighted rails; ``SCATTER_PARTS`` pieces, ``RAIL_CHANNELS`` plus one
-    channel x ``RAIL_CHUNKS``, every protocol and, for the energy objective, clock)
+    (``formulations/scatter_gather.py``: flat, with or without the root holding
+    pieces, and by rail on equal nodes with equal or health-weighted rails;
+    ``SCATTER_PARTS`` pieces, ``RAIL_CHANNELS`` plus one channel x ``RAIL_CHUNKS``,
+    every protocol and, for the energy objective, clock)
     until ``deadline`` (perf_counter seconds); ``scored[i]`` is replaced where one is
     better by the objective. Returns (collectives improved, whether every schedule
     was scored)."""
     weighted = rail_weights(p)
-    shapes: list[tuple[bool, tuple[float, ...] | None]] = [(False, None)]
+    # (by rail, rail weights, the root holds pieces too)
+    shapes: list[tuple[bool, tuple[float, ...] | None, bool]] = [
+        (False, None, False),
+        (False, None, True),
+    ]
     if by_rail_applicable(p):
-        shapes.append((True, None))
+        shapes.append((True, None, False))
         if weighted is not None:
-            shapes.append((True, weighted))
+            shapes.append((True, weighted, False))
     improved = 0
     complete = True
     roots = sorted({c.root for c in p.collectives if c.op == "broadcast"})
@@ -145,8 +150,10 @@ def scatter_gather_search(
         w = Winners.empty(len(sizes))
         probe = Collective(op="broadcast", bytes=1, root=root)
         for parts in SCATTER_PARTS:
-            for by_rail, weights in shapes:
-                choice = scatter_gather_choice(p, probe, "broadcast", parts, weights, by_rail)
+            for by_rail, weights, root_holds in shapes:
+                choice = scatter_gather_choice(
+                    p, probe, "broadcast", parts, weights, by_rail, root_holds
+                )
                 for ch in (1, *RAIL_CHANNELS):
                     for k in RAIL_CHUNKS:
                         if time.perf_counter() >= deadline:
