@@ -296,3 +296,116 @@ def test_tp_counts_with_a_small_fraction_are_rounded_down_and_their_rate_covered
     assert down >= 1
     rates = np.array([u.rate_rps for u in table.units])
     assert np.allclose(served + residual, rates, atol=1e-6)
+
+
+def _choose_unit_by_unit(
+    prog: pat.PatternProgram,
+    residual: np.ndarray,
+    free: dict[int, int],
+    reserve: dict[str, int],
+    count_price: dict[str, float],
+) -> list[tuple[int, float]] | None:
+    """``rp._choose`` as it was written before its covers were found in one pass:
+    one ``_cover`` per unit, largest rate first, within each type's room."""
+    table, costs = prog.table, prog.costs
+    room = dict.fromkeys(table.type_names, 0.0)
+    for c in prog.classes:
+        room[c.type_name] += free[c.index]
+    for name in room:
+        room[name] = max(0.0, room[name] - reserve[name])
+    type_cap = np.array([table.share_capacity[n] for n in table.type_names], dtype=np.float64)
+    share_frac = table.share / type_cap[table.gpu_type]
+    gpu_cost = np.array(
+        [
+            costs.on_cost[(table.type_names[int(t)], int(f))]
+            + count_price[table.type_names[int(t)]]
+            for t, f in zip(table.gpu_type, table.clock_mhz, strict=True)
+        ]
+    )
+    fixed_all = np.where(share_frac <= 0.5 + 1e-9, share_frac, 1.0) * gpu_cost
+    fixed_all = fixed_all + np.asarray(costs.op_fixed, dtype=np.float64)
+    chosen: list[tuple[int, float]] = []
+    for u in np.argsort(-residual, kind="stable").tolist():
+        rate = float(residual[u])
+        if rate <= rp.RESIDUAL_TOL:
+            break
+        ops = table.ops_of(u)
+        ops = ops[table.tp[ops] == 1]
+        left = np.array([room[table.type_names[t]] for t in table.gpu_type[ops]])
+        ops = ops[share_frac[ops] <= left + 1e-9]
+        while True:
+            if ops.size == 0:
+                return None
+            pieces = rp._cover(
+                rate, ops, table.capacity_rps[ops], fixed_all[ops], costs.op_cost[ops]
+            )
+            need: dict[int, float] = {}
+            for op, _ in pieces:
+                t = int(table.gpu_type[op])
+                need[t] = need.get(t, 0.0) + float(share_frac[op])
+            short = [t for t, v in need.items() if v > room[table.type_names[t]] + 1e-9]
+            if not short:
+                break
+            ops = ops[~np.isin(table.gpu_type[ops], short)]
+        for t, v in need.items():
+            room[table.type_names[t]] -= v
+        chosen.extend(pieces)
+    return chosen
+
+
+@pytest.mark.parametrize("name", ["fleet-64.yaml", "fleet-256.yaml"])
+def test_covers_in_one_pass_are_the_unit_by_unit_covers(name: str) -> None:
+    """``_choose`` (every unit's cover in one array pass, a unit covered on its own
+    only where a type is short) picks the same pieces, in the same order, as one
+    ``_cover`` per unit: at no GPU price, at prices that tie types, and with each
+    type in turn cut to under half of what the covers take (so the walk runs out
+    of it and covers the last units without it)."""
+    problem = load_problem(ROOT / "instances" / name)
+    root = root_of(problem)
+    assert root is not None and root.session is not None
+    prog, table = root.prog, root.prog.table
+    kept = rp._kept_counts(root.session, prog)
+    assert kept is not None
+    _, residual, free = kept
+    no_reserve = dict.fromkeys(table.type_names, 0)
+    prices = [dict.fromkeys(table.type_names, 0.0), dict.fromkeys(table.type_names, 25.0)]
+    prices.append({n: 10.0 * k for k, n in enumerate(table.type_names)})
+    cases = [(free, p) for p in prices]
+    demand = rp._type_demand(prog, residual, prices[0])
+    for name_cut in table.type_names:
+        room = int(0.4 * demand[name_cut])
+        cut = dict(free)
+        for c in prog.classes:
+            if c.type_name == name_cut:
+                cut[c.index] = min(cut[c.index], room)
+                room -= cut[c.index]
+        cases.append((cut, prices[0]))
+    fallbacks = 0
+    for free_at, price in cases:
+        got = rp._choose(prog, residual, free_at, no_reserve, price)
+        want = _choose_unit_by_unit(prog, residual, free_at, no_reserve, price)
+        assert got == want
+        unlimited = _choose_unit_by_unit(
+            prog, residual, {c.index: 10**9 for c in prog.classes}, no_reserve, price
+        )
+        fallbacks += want != unlimited
+    assert fallbacks >= 1  # some case ran a type out
+
+
+def test_covers_of_stacked_units_are_each_units_cover() -> None:
+    """``_covers`` gives each unit ``_cover``'s pieces, on random points with many
+    exact ties (costs and capacities on a coarse grid) and units of several sizes."""
+    rng = np.random.default_rng(7)
+    n_ops = 400
+    cap = rng.integers(1, 6, n_ops).astype(np.float64) * 0.5
+    fixed = rng.integers(0, 4, n_ops).astype(np.float64)
+    per_rps = rng.integers(0, 3, n_ops).astype(np.float64) * 0.25
+    rates: list[float] = []
+    unit_ops: list[np.ndarray] = []
+    for k in range(300):
+        size = int(rng.choice([1, 2, 5, 9]))
+        unit_ops.append(np.sort(rng.choice(n_ops, size, replace=False)).astype(np.int64))
+        rates.append(float(rng.integers(1, 40)) * 0.25 if k % 3 else float(rng.uniform(0.1, 12)))
+    got = rp._covers(rates, unit_ops, cap, fixed, per_rps)
+    for rate, ops, pieces in zip(rates, unit_ops, got, strict=True):
+        assert pieces == rp._cover(rate, ops, cap[ops], fixed[ops], per_rps[ops])

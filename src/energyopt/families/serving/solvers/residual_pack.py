@@ -359,32 +359,124 @@ def _choose(
     # which pack among themselves anyway: charge it the whole GPU.
     fixed_all = np.where(share_frac <= 0.5 + 1e-9, share_frac, 1.0) * gpu_cost
     fixed_all = fixed_all + np.asarray(costs.op_fixed, dtype=np.float64)
+    tp1 = table.tp == 1
+    order = np.argsort(-residual, kind="stable")
+    live = order[residual[order] > RESIDUAL_TOL].tolist()
+    unit_ops = {u: _single_ops(table, u, tp1) for u in live}
+    # Every unit's cover over all of its single-GPU ops, in one pass: the walk
+    # below takes it wherever its types have room for it, and covers a unit on
+    # its own (as before) only where a type is short.
+    covers = _covers(
+        [float(residual[u]) for u in live],
+        [unit_ops[u] for u in live],
+        table.capacity_rps,
+        fixed_all,
+        np.asarray(costs.op_cost, dtype=np.float64),
+    )
+    type_of = [table.type_names[t] for t in range(len(table.type_names))]
+    top_frac = float(share_frac.max())
     chosen: list[tuple[int, float]] = []
-    for u in np.argsort(-residual, kind="stable").tolist():
+    for u, pieces in zip(live, covers, strict=True):
         rate = float(residual[u])
-        if rate <= RESIDUAL_TOL:
-            break
-        ops = table.ops_of(u)
-        ops = ops[table.tp[ops] == 1]
-        left = np.array([room[table.type_names[t]] for t in table.gpu_type[ops]])
-        ops = ops[share_frac[ops] <= left + 1e-9]
-        while True:
-            if ops.size == 0:
-                return None
-            pieces = _cover(rate, ops, table.capacity_rps[ops], fixed_all[ops], costs.op_cost[ops])
-            need: dict[int, float] = {}
-            for op, _ in pieces:
-                t = int(table.gpu_type[op])
-                need[t] = need.get(t, 0.0) + float(share_frac[op])
-            short = [t for t, v in need.items() if v > room[table.type_names[t]] + 1e-9]
-            if not short:
-                break
-            # The cover needs more of a type than is left: cover without it.
-            ops = ops[~np.isin(table.gpu_type[ops], short)]
+        ops = unit_ops[u]
+        need: dict[int, float] = {}
+        for op, _ in pieces:
+            t = int(table.gpu_type[op])
+            need[t] = need.get(t, 0.0) + float(share_frac[op])
+        if ops.size == 0:
+            return None
+        # Whether every op passes the room filter below (a share is at most 1 GPU).
+        whole = min(room.values()) + 1e-9 >= top_frac or all(
+            float(share_frac[ops[table.gpu_type[ops] == t]].max()) <= room[type_of[t]] + 1e-9
+            for t in np.unique(table.gpu_type[ops]).tolist()
+        )
+        if not whole or any(v > room[type_of[t]] + 1e-9 for t, v in need.items()):
+            left = np.array([room[type_of[t]] for t in table.gpu_type[ops]])
+            ops = ops[share_frac[ops] <= left + 1e-9]
+            while True:
+                if ops.size == 0:
+                    return None
+                pieces = _cover(
+                    rate, ops, table.capacity_rps[ops], fixed_all[ops], costs.op_cost[ops]
+                )
+                need = {}
+                for op, _ in pieces:
+                    t = int(table.gpu_type[op])
+                    need[t] = need.get(t, 0.0) + float(share_frac[op])
+                short = [t for t, v in need.items() if v > room[type_of[t]] + 1e-9]
+                if not short:
+                    break
+                # The cover needs more of a type than is left: cover without it.
+                ops = ops[~np.isin(table.gpu_type[ops], short)]
         for t, v in need.items():
-            room[table.type_names[t]] -= v
+            room[type_of[t]] -= v
         chosen.extend(pieces)
     return chosen
+
+
+def _single_ops(table: OpTable, u: int, tp1: NDArray[np.bool_]) -> NDArray[np.int64]:
+    """Unit ``u``'s single-GPU ops, ascending."""
+    ops = table.ops_of(u)
+    return ops[tp1[ops]]
+
+
+COVER_CHUNK = 128
+"""Units whose covers ``_covers`` finds in one array pass (memory: about 20 array
+copies of COVER_CHUNK x ops-per-unit squared floats)."""
+
+
+def _covers(
+    rates: list[float],
+    unit_ops: list[NDArray[np.int64]],
+    cap_all: NDArray[np.float64],
+    fixed_all: NDArray[np.float64],
+    per_rps_all: NDArray[np.float64],
+) -> list[list[tuple[int, float]]]:
+    """``_cover`` of each unit (``rates[k]`` req/s over ops ``unit_ops[k]``, indices
+    into the per-op ``cap_all``, ``fixed_all`` and ``per_rps_all``), the same pieces
+    as one call per unit: units with as many ops are stacked and each array step of
+    ``_cover`` is taken for all of them at once (the same floating-point operations
+    element by element, the same first-minimum choices)."""
+    out: list[list[tuple[int, float]]] = [[] for _ in rates]
+    by_size: dict[int, list[int]] = {}
+    for k, ops in enumerate(unit_ops):
+        by_size.setdefault(int(ops.size), []).append(k)
+    for size, members in by_size.items():
+        if size == 0:
+            continue
+        for lo in range(0, len(members), COVER_CHUNK):
+            part = members[lo : lo + COVER_CHUNK]
+            idx = np.stack([unit_ops[k] for k in part])
+            rate = np.array([rates[k] for k in part], dtype=np.float64)[:, None]
+            cap, fixed, per_rps = cap_all[idx], fixed_all[idx], per_rps_all[idx]
+            n_eq = np.ceil(rate / cap - 1e-9)
+            cost_eq = n_eq * fixed + per_rps * rate
+            m = np.floor(rate / cap + 1e-9)
+            rest = rate - m * cap
+            full = m * (fixed + per_rps * cap)
+            fits = cap[:, None, :] >= rest[:, :, None] - RESIDUAL_TOL
+            mixed = full[:, :, None] + np.where(
+                rest[:, :, None] > RESIDUAL_TOL,
+                fixed[:, None, :] + per_rps[:, None, :] * rest[:, :, None],
+                0.0,
+            )
+            mixed = np.where(fits, mixed, np.inf).reshape(len(part), size * size)
+            flat = np.argmin(mixed, axis=1)
+            best_mixed = mixed[np.arange(len(part)), flat]
+            ks = np.argmin(cost_eq, axis=1)
+            for row, k in enumerate(part):
+                ops = unit_ops[k]
+                e = int(ks[row])
+                if cost_eq[row, e] <= best_mixed[row]:
+                    n = int(n_eq[row, e])
+                    out[k] = [(int(ops[e]), rates[k] / n)] * n
+                    continue
+                i, j = divmod(int(flat[row]), size)
+                pieces = [(int(ops[i]), float(cap[row, i]))] * int(m[row, i])
+                if rest[row, i] > RESIDUAL_TOL:
+                    pieces.append((int(ops[j]), float(rest[row, i])))
+                out[k] = pieces
+    return out
 
 
 def _cover(
