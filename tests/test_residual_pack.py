@@ -5,6 +5,7 @@ rounding the LP up does not; colgen's restricted integer master gives verified p
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from energyopt.families.serving.solvers.pattern_root import Root, solve_root
 from energyopt.families.serving.solvers.residual_pack import residual_pack
 from energyopt.families.serving.verify import evaluate_plan, verify_plan
 from energyopt.formulations.errors import FormulationNotApplicable
-from energyopt.perf.oppoints import build_op_table
+from energyopt.perf.oppoints import OpTable, build_op_table
 from energyopt.solvers.presets import load_preset
 from energyopt.solvers.result import FEASIBLE, relative_gap
 
@@ -409,3 +410,82 @@ def test_covers_of_stacked_units_are_each_units_cover() -> None:
     got = rp._covers(rates, unit_ops, cap, fixed, per_rps)
     for rate, ops, pieces in zip(rates, unit_ops, got, strict=True):
         assert pieces == rp._cover(rate, ops, cap[ops], fixed[ops], per_rps[ops])
+
+
+def _brute_force_move(
+    table: OpTable,
+    bins: list[tuple[int, int, rp._Bin]],
+    state: rp._BinArrays,
+    candidates: list[tuple[int, int]],
+    source: int,
+    rate: float,
+    smallest: int,
+    limits: tuple[int, float, float],
+    piece_cost: Callable[[int, float], float],
+) -> tuple[float, int, int] | None:
+    """``_cheapest_move`` by trying every candidate against every bin: the least cost,
+    then the first bin, then the first candidate."""
+    share_capacity, usable, power_cap = limits
+    t = bins[source][0]
+    best: tuple[float, int, int, int] | None = None  # (cost, bin, candidate order, op)
+    for k, (f, op) in enumerate(candidates):
+        if float(table.capacity_rps[op]) < rate - rp.RESIDUAL_TOL:
+            continue
+        cost = piece_cost(op, rate)
+        for j, (tj, fj, bj) in enumerate(bins):
+            if tj != t or fj != f or j == source or not state.alive[j]:
+                continue
+            if bj.share + smallest > share_capacity:
+                continue
+            fits = bj.fits(table, op, share_capacity, usable, power_cap)
+            if fits and (best is None or (cost, j, k) < best[:3]):
+                best = (cost, j, k, op)
+    return None if best is None else (best[0], best[1], best[3])
+
+
+def test_consolidation_moves_are_the_brute_force_cheapest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each move the consolidation makes on fleet-256's packing (at no GPU price and
+    at a price that makes it move more) is the one found by trying every
+    candidate against every bin of the type."""
+    problem = load_problem(ROOT / "instances" / "fleet-256.yaml")
+    root = root_of(problem)
+    assert root is not None and root.session is not None
+    prog, table = root.prog, root.prog.table
+    kept = rp._kept_counts(root.session, prog)
+    assert kept is not None
+    _, residual, free = kept
+    fast = rp._cheapest_move
+    calls = [0, 0]
+
+    def checked(
+        table_: OpTable,
+        bins: list[tuple[int, int, rp._Bin]],
+        state: rp._BinArrays,
+        open_idx: dict[tuple[int, int], np.ndarray],
+        candidates: list[tuple[int, int]],
+        source: int,
+        rate: float,
+        smallest: int,
+        limits: tuple[int, float, float],
+        piece_cost: Callable[[int, float], float],
+    ) -> tuple[float, int, int] | None:
+        got = fast(
+            table_, bins, state, open_idx, candidates, source, rate, smallest, limits, piece_cost
+        )
+        want = _brute_force_move(
+            table_, bins, state, candidates, source, rate, smallest, limits, piece_cost
+        )
+        assert got == want
+        calls[0] += 1
+        calls[1] += got is not None
+        return got
+
+    monkeypatch.setattr(rp, "_cheapest_move", checked)
+    for price in (0.0, 40.0):
+        prices = dict.fromkeys(table.type_names, price)
+        chosen = rp._choose(prog, residual, free, dict.fromkeys(table.type_names, 0), prices)
+        assert chosen is not None
+        rp._pack(prog, chosen, dict(free))
+    assert calls[1] >= 2 and calls[0] > calls[1]  # moves found and moves refused

@@ -577,7 +577,6 @@ def _consolidate(
     for op in np.flatnonzero(table.tp == 1).tolist():
         key = (int(table.unit[op]), int(table.gpu_type[op]), int(table.clock_mhz[op]))
         by_key.setdefault(key, []).append(op)
-    alive = [True] * len(bins)
 
     def piece_cost(op: int, rate: float) -> float:
         return float(costs.op_fixed[op]) + float(costs.op_cost[op]) * rate
@@ -597,6 +596,8 @@ def _consolidate(
         room[tj] = room.get(tj, 0) + limits[tj][0] - bj.share
         if bj.share < limits[tj][0]:
             open_at.setdefault((tj, fj), []).append(j)
+    state = _BinArrays(bins)
+    open_idx = {key: np.asarray(js, dtype=np.int64) for key, js in open_at.items()}
     # (unit, type) -> its single-GPU ops of the type, clock by clock as by_key lists them
     of_unit: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for (u, t, f), ops in by_key.items():
@@ -612,7 +613,7 @@ def _consolidate(
         saved += sum(piece_cost(op, r) for op, r in zip(b.ops, b.rates, strict=True))
         added = 0.0
         taken = 0
-        undo: list[tuple[_Bin, _Bin]] = []  # (bin, its state before the move)
+        undo: list[tuple[int, _Bin]] = []  # (bin, its state before the move)
         moved = True
         for op, rate in sorted(
             zip(b.ops, b.rates, strict=True), key=lambda it: -int(table.share[it[0]])
@@ -621,8 +622,8 @@ def _consolidate(
             best = _cheapest_move(
                 table,
                 bins,
-                alive,
-                open_at,
+                state,
+                open_idx,
                 of_unit[(u, t)],
                 i,
                 rate,
@@ -634,24 +635,44 @@ def _consolidate(
                 moved = False
                 break
             target = bins[best[1]][2]
-            undo.append((target, _copy(target)))
+            undo.append((best[1], _copy(target)))
             target.add(table, best[2], rate)
+            state.sync(best[1], target)
             added += best[0]
             taken += int(table.share[best[2]])
         if moved and added < saved - 1e-9:
-            alive[i] = False
+            state.alive[i] = False
             room[t] -= share_capacity - b.share + taken
             continue
-        for target, before in reversed(undo):
-            _restore(target, before)
-    return [bins[i] for i in range(len(bins)) if alive[i]]
+        for j, before in reversed(undo):
+            _restore(bins[j][2], before)
+            state.sync(j, bins[j][2])
+    return [bins[i] for i in range(len(bins)) if state.alive[i]]
+
+
+class _BinArrays:
+    """The bins' share units, memory (GB) and worst-case draw (W) as arrays, and
+    which are live, so that ``_cheapest_move`` tests a piece against every open bin
+    of a clock in one array step (the same sums and comparisons as ``_Bin.fits``)."""
+
+    def __init__(self, bins: list[tuple[int, int, _Bin]]) -> None:
+        self.share = np.array([b.share for _, _, b in bins], dtype=np.int64)
+        self.memory_gb = np.array([b.memory_gb for _, _, b in bins], dtype=np.float64)
+        self.power_w = np.array([b.power_w for _, _, b in bins], dtype=np.float64)
+        self.alive = np.ones(len(bins), dtype=bool)
+
+    def sync(self, j: int, b: _Bin) -> None:
+        """Copy bin ``j``'s state (``b``) into the arrays."""
+        self.share[j] = b.share
+        self.memory_gb[j] = b.memory_gb
+        self.power_w[j] = b.power_w
 
 
 def _cheapest_move(
     table: OpTable,
     bins: list[tuple[int, int, _Bin]],
-    alive: list[bool],
-    open_at: dict[tuple[int, int], list[int]],
+    state: _BinArrays,
+    open_idx: dict[tuple[int, int], NDArray[np.int64]],
     candidates: list[tuple[int, int]],
     source: int,
     rate: float,
@@ -665,7 +686,9 @@ def _cheapest_move(
     equal costs the first bin, then the first op. None when none fits.
 
     The candidates are tried by cost, each against the open bins of its clock
-    (``open_at``) in order, so a piece no longer scans every bin of its type."""
+    (``open_idx``, the bins with share room at the start, in order) in one array
+    step over their share, memory and draw; the first of those that does not hold
+    the unit yet is the op's bin."""
     share_capacity, usable, power_cap = limits
     t = bins[source][0]
     priced = sorted(
@@ -682,13 +705,22 @@ def _cheapest_move(
             at += 1
         found: tuple[int, int, int] | None = None  # (bin, candidate order, op)
         for _, k, f, op in level:
-            for j in open_at.get((t, f), []):
+            idx = open_idx.get((t, f))
+            if idx is None or idx.size == 0:
+                continue
+            need = max(smallest, int(table.share[op]))
+            ok = (
+                state.alive[idx]
+                & (state.share[idx] + need <= share_capacity)
+                & (state.memory_gb[idx] + float(table.memory_gb[op]) <= usable + 1e-9)
+                & (state.power_w[idx] + float(table.peak_power_w[op]) <= power_cap + 1e-9)
+                & (idx != source)
+            )
+            unit = int(table.unit[op])
+            for j in idx[ok].tolist():
                 if found is not None and j > found[0]:
                     break
-                bj = bins[j][2]
-                if j == source or not alive[j] or bj.share + smallest > share_capacity:
-                    continue
-                if bj.fits(table, op, share_capacity, usable, power_cap):
+                if unit not in bins[j][2].units:
                     if found is None or (j, k) < found[:2]:
                         found = (j, k, op)
                     break
