@@ -16,6 +16,7 @@ from energyopt.families.serving import loop
 from energyopt.families.serving.loop import (
     CONSOLIDATION_PENALTY_W,
     PlannerRun,
+    burst_ratio,
     consolidation_rates_rps,
     consolidation_saving_j,
     consolidation_transition_j,
@@ -32,6 +33,7 @@ from energyopt.online import OpLookups
 from energyopt.online.headroom import ErrorHeadroom
 from energyopt.online.surprise import SurpriseConfig, SurpriseDetector
 from energyopt.perf.power import gpu_on_power_w
+from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.passes import PassTables
 from energyopt.sim.synthetic import synthetic_arrivals
 from energyopt.solvers.presets import load_preset
@@ -64,6 +66,25 @@ def test_error_headroom_knows_a_workload_once_it_has_its_samples() -> None:
     assert not errors.known().any()
     errors.record(np.asarray([10.0, 0.0]), np.full((6, 2), 9.0))  # b forecast at 0: no samples
     assert errors.known().tolist() == [True, False]
+
+
+def test_burst_ratio_is_the_highest_short_window_over_the_median_level() -> None:
+    # workload 0: 2 req/s for 30 s, then a 5-s burst at 10 req/s inside a 30-s window
+    # of 2 req/s otherwise; workload 1: nothing
+    times = np.concatenate([np.arange(0.0, 30.0, 0.5), np.arange(30.0, 50.0, 0.5)])
+    times = np.sort(np.concatenate([times, np.arange(50.0, 55.0, 0.1), np.arange(55.0, 60.0, 0.5)]))
+    arrivals = Arrivals(
+        times,
+        np.zeros(len(times), dtype=np.int64),
+        np.full(len(times), 100, dtype=np.int64),
+        np.full(len(times), 10, dtype=np.int64),
+        ("a", "b"),
+    )
+    ratio = burst_ratio(arrivals, 0.0, 60.0, 5.0, 30.0)
+    level = float(np.median([2.0, 100 / 30.0]))  # the 30-s windows: 60, then 40 + 50 + 10
+    assert ratio[0] == pytest.approx(10.0 / level)
+    assert ratio[1] == 1.0
+    assert burst_ratio(arrivals, 0.0, 20.0, 5.0, 30.0).tolist() == [1.0, 1.0]  # no whole window
 
 
 def _poisson_rates(rng: np.random.Generator, rate: float, window_s: float, n: int) -> list[float]:

@@ -482,12 +482,6 @@ class GlobalScheduler:
             s.capacity_rps = self.lk.capacity_rps(s.info.label, t, clock, s.share)
         return True
 
-    def burst_peak_rps(self, workload: int, now_s: float) -> float:
-        """Workload ``workload``'s remembered burst peak at ``now_s`` (req/s; the burst
-        memory above: the highest rate of its ``burst_tau_s`` meter over the current and
-        the previous ``burst_memory_s`` window); 0 with the memory off."""
-        return self._peak_rps(self.workloads[workload], now_s)
-
     def account(self, now_s: float) -> None:
         """Bring ``OnlineStats.above_plan_s`` and ``below_plan_s`` up to ``now_s`` (s)
         for every GPU (at the end of a run)."""

@@ -333,8 +333,9 @@ class OnlineOptions(Spec):
     )
     consolidate_keeps_peak: bool = Field(
         default=True,
-        description="a consolidation leaves each workload's burst-memory peak within its "
-        "placements' SLO capacity at the highest clock (with burst_memory_s > 0)",
+        description="a consolidation leaves each workload's recent burst, at its ratio to the "
+        "load's level times the observed rate, within its placements' SLO capacity at the "
+        "highest clock (with burst_memory_s > 0)",
     )
 
     @model_validator(mode="after")

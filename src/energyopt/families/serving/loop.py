@@ -243,7 +243,6 @@ def run_planner(
             ),
         )
     last_drop = [-np.inf]  # s: when the last consolidation was tried
-    sim_ref: list[Simulator] = []  # the simulator, for the burst memory's peaks
     expected_now: list[dict[str, float]] = [{}]  # the load the epoch's plan should carry
     expected_at: list[dict[str, float]] = [{}]  # that of the plan in force
 
@@ -349,10 +348,10 @@ def run_planner(
         seen = min(now, span + o.consolidate_s)
         observed = arrivals.count_between(now - seen, now) / seen
         peak = np.zeros(len(names))
-        if o.consolidate_keeps_peak and o.burst_memory_s > 0 and sim_ref:
-            ctl = sim_ref[0].ctl
-            if ctl is not None:
-                peak = np.asarray([ctl.burst_peak_rps(k, now) for k in range(len(names))])
+        if o.consolidate_keeps_peak and o.burst_memory_s > 0:
+            start = max(0.0, (np.floor(now / o.burst_memory_s) - 1.0) * o.burst_memory_s)
+            ratio = burst_ratio(arrivals, start, now, o.burst_tau_s, fc.window_s)
+            peak = ratio * observed
         routed = plan_rates_rps(plan)
         reach = np.ones(len(names))  # top-clock capacity over the planned rate, in force
         if peak.any() and lookups is not None:
@@ -520,7 +519,6 @@ def run_planner(
         tables=tables,
         online=policy,
     )
-    sim_ref.append(sim)
 
     def replan(now: float) -> Plan | None:
         say(f"{planner.name}: re-planning at t={now:.0f} s")
@@ -559,6 +557,29 @@ CONSOLIDATION_TRIES = 3
 """Re-plans one consolidation may make: when a re-plan leaves a workload's burst peak
 above its top-clock capacity (``top_capacity_rps``), its rate is raised by that
 shortfall and the re-plan asked again, at most this many times in all."""
+
+
+def burst_ratio(
+    arrivals: Arrivals, start_s: float, end_s: float, burst_s: float, window_s: float
+) -> FloatArray:
+    """Per workload, the highest rate of a ``burst_s``-second window over the median
+    rate of the ``window_s``-second windows, both over the complete ``window_s``
+    windows of [``start_s``, ``end_s``) (s): how far above its typical level the
+    workload's bursts went (at least 1; 1 where nothing arrived or no window is
+    complete). A consolidation keeps capacity within reach of the boosts for that
+    burst again at the current level. Measured against the window holding it
+    instead, a burst as long as the window (bursty's 30-s bursts) is its own level."""
+    per = max(1, round(window_s / burst_s))
+    whole = int((end_s - start_s) // (per * burst_s))
+    ones = np.ones(len(arrivals.names))
+    if whole <= 0:
+        return ones
+    span = whole * per * burst_s
+    short = arrivals.window_rates_rps(start_s, start_s + span, burst_s)[: whole * per]
+    level = np.median(arrivals.window_rates_rps(start_s, start_s + span, per * burst_s), axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.where(level > 0, short.max(axis=0) / level, 1.0)
+    return np.asarray(np.maximum(ratios, ones))
 
 
 def top_capacity_rps(lookups: OpLookups, plan: Plan) -> dict[str, float]:
