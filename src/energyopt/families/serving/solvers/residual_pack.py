@@ -325,6 +325,11 @@ def _kept_counts(
     return counts, np.maximum(residual, 0.0), free
 
 
+PAIR_KEY = 1 << 24
+"""Key of a (GPU type index, clock MHz) pair in ``_choose``: type x PAIR_KEY + clock
+(clocks are far below it)."""
+
+
 def _choose(
     prog: pat.PatternProgram,
     residual: NDArray[np.float64],
@@ -346,12 +351,15 @@ def _choose(
         room[name] = max(0.0, room[name] - reserve[name])
     type_cap = np.array([table.share_capacity[n] for n in table.type_names], dtype=np.float64)
     share_frac = table.share / type_cap[table.gpu_type]
-    pairs, at = np.unique(np.stack([table.gpu_type, table.clock_mhz]), axis=1, return_inverse=True)
+    # The (type, clock) pairs by one integer key (a sort of 1-D keys: the 2-D
+    # ``np.unique(axis=1)`` took 1.3 s a call on the million ops of fleet-102400).
+    key = table.gpu_type.astype(np.int64) * PAIR_KEY + table.clock_mhz.astype(np.int64)
+    pairs, at = np.unique(key, return_inverse=True)
     pair_cost = np.array(
         [
-            costs.on_cost[(table.type_names[int(t)], int(f))]
-            + count_price[table.type_names[int(t)]]
-            for t, f in pairs.T
+            costs.on_cost[(table.type_names[int(k // PAIR_KEY)], int(k % PAIR_KEY))]
+            + count_price[table.type_names[int(k // PAIR_KEY)]]
+            for k in pairs.tolist()
         ]
     )
     gpu_cost = pair_cost[np.asarray(at).reshape(-1)]
