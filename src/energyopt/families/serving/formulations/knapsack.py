@@ -209,6 +209,11 @@ def greedy_configurations(
     vals: list[float] = values[order].tolist()
     n = len(items)
     capacity, memory = ks.capacity_steps, ks.memory_gb + 1e-9
+    # No item fits once the share left is below the least share of any item, or
+    # the memory left below the least memory: the walk stops there (it would only
+    # skip the rest; on large pricing problems it walked the whole list per
+    # configuration whenever a configuration ended not quite full).
+    least_share, least_mem = min(shares), min(mems)
     link = list(range(1, n + 1))  # next position still listed; n ends the list
     head = 0
     gone: set[int] = set()  # units of earlier configurations
@@ -233,7 +238,9 @@ def greedy_configurations(
                 share += shares[at]
                 mem += mems[at]
                 total += vals[at]
-                if share >= capacity:
+                if share >= capacity or (
+                    share + least_share > capacity or mem + least_mem > memory
+                ):
                     break
             prev, at = at, link[at]
         if not chosen or base - total >= 0:
