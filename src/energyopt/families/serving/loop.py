@@ -292,10 +292,16 @@ def run_planner(
         if verify_plan(at, planned.plan):
             run.rejected_plans += 1
         plan = stabilize(at, planned.plan, current[0])
+        adopt(now, plan, at)
+        expected_at[0] = expected_now[0]  # after adopt: close() prices the old plan on its own
+        return plan
+
+    def adopt(now: float, plan: Plan, at: Problem) -> Plan:
+        """Put ``plan`` (priced on ``at``) in force at ``now`` (s): the energy of the
+        plan it replaces is added up to ``now`` and the detectors get its bands."""
         close(now)
         current[0] = plan
         current_at[0] = at
-        expected_at[0] = expected_now[0]
         since[0] = now
         watch_plan(plan)
         return plan
@@ -432,12 +438,7 @@ def run_planner(
             f"({out.method}, GPUs on {on_before} -> {on_after}, saves {saved_j / 1e3:.1f} kJ "
             f"for {cost_j / 1e3:.1f} kJ of transitions, {wall:.2f} s)"
         )
-        close(now)
-        current[0] = out.plan
-        current_at[0] = problem_at_plan_rates(own, out.plan)
-        since[0] = now
-        watch_plan(out.plan)
-        return out.plan
+        return adopt(now, out.plan, problem_at_plan_rates(own, out.plan))
 
     def surprise(now: float) -> Plan | None:
         """A warm-started re-plan for the workloads whose surprise fires at ``now``
@@ -476,12 +477,7 @@ def run_planner(
             f"{planner.name}: t={now:.0f} s: surprise on {sorted(rates)}: re-planned "
             f"({out.method}, {len(out.changed_gpus)} GPUs changed, {out.wall_s:.2f} s)"
         )
-        close(now)
-        current[0] = out.plan
-        current_at[0] = problem_at_plan_rates(own, out.plan)
-        since[0] = now
-        watch_plan(out.plan)
-        return out.plan
+        return adopt(now, out.plan, problem_at_plan_rates(own, out.plan))
 
     def close(now: float) -> None:
         """Add the plan in force since ``since`` to the predicted energies."""
