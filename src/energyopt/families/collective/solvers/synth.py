@@ -104,15 +104,30 @@ def rail_direct_search(
                             break
                         s = Structure("synthesized", ch, k, None, 0)
                         ev.offer_best(w, op, 0, s, np.asarray(sizes, dtype=np.float64), choice)
-        for i in idx:
-            j = at[p.collectives[i].bytes]
-            if w.which[j] is None:
-                continue
-            x = w.scored(j, p.name_of(i))
-            if objective_key(p, x) < objective_key(p, scored[i]):
-                scored[i] = x
-                improved += 1
+        improved += _take_winners(p, idx, at, w, scored)
     return improved, complete
+
+
+def _take_winners(
+    p: CollectiveProblem,
+    idx: list[int],
+    at: dict[int, int],
+    w: Winners,
+    scored: list[Scored],
+) -> int:
+    """Replace ``scored[i]`` for each collective ``i`` of ``idx`` by the winner of its
+    size (``at``: bytes -> the size's index in ``w``) where that is better by the
+    objective; returns how many were replaced."""
+    improved = 0
+    for i in idx:
+        j = at[p.collectives[i].bytes]
+        if w.which[j] is None:
+            continue
+        x = w.scored(j, p.name_of(i))
+        if objective_key(p, x) < objective_key(p, scored[i]):
+            scored[i] = x
+            improved += 1
+    return improved
 
 
 SCATTER_PARTS = (1, 2, 4)
@@ -163,14 +178,7 @@ def scatter_gather_search(
                         ev.offer_best(
                             w, "broadcast", root, s, np.asarray(sizes, dtype=np.float64), choice
                         )
-        for i in idx:
-            j = at[p.collectives[i].bytes]
-            if w.which[j] is None:
-                continue
-            x = w.scored(j, p.name_of(i))
-            if objective_key(p, x) < objective_key(p, scored[i]):
-                scored[i] = x
-                improved += 1
+        improved += _take_winners(p, idx, at, w, scored)
     return improved, complete
 
 
