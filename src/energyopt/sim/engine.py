@@ -579,7 +579,7 @@ class Simulator:
         if initial:
             ready = now
         else:
-            load_s = self.tr.startup_s + model.weight_bytes / pl.tp_size / (self.tr.load_gbps * 1e9)
+            load_s = self.tr.instance_start_s(model.weight_bytes / pl.tp_size)
             ready = max(now, *(g.powered_s for g in gpus)) + load_s
             self.instances_started += 1
         server = Server(

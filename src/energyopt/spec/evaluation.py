@@ -211,6 +211,12 @@ class Transitions(Spec):
         default=0.0, ge=0, le=10_000, description="power of a GPU that is off, W"
     )
 
+    def instance_start_s(self, weight_bytes: float) -> float:
+        """Seconds from a GPU being on until a new serving instance with
+        ``weight_bytes`` of weights on it serves: the process start (``startup_s``)
+        plus the weights at ``load_gbps``."""
+        return self.startup_s + weight_bytes / (self.load_gbps * 1e9)
+
 
 class OnlineOptions(Spec):
     """The online control of planners with ``online: true`` (docs/online.md)."""

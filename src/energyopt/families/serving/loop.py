@@ -662,7 +662,7 @@ def consolidation_transition_j(problem: Problem, ev: Evaluation, old: Plan, new:
                 ),
                 default=0.0,
             )
-            load_s = tr.startup_s + heaviest / (tr.load_gbps * 1e9)
+            load_s = tr.instance_start_s(heaviest)
             total += gtype.idle_w * tr.power_on_s + gpu_on_power_w(gtype, clock) * load_s
         elif on_before and not on_after:
             assert was is not None
@@ -799,7 +799,7 @@ def plan_lead_s(ev: Evaluation, problem: Problem) -> float:
     one GPU (weights / ``load_gbps``). Until then the plan before it serves."""
     tr = ev.transitions
     heaviest = max(problem.model_of(w).weight_bytes for w in problem.instance.workloads)
-    return tr.power_on_s + tr.startup_s + heaviest / (tr.load_gbps * 1e9)
+    return tr.power_on_s + tr.instance_start_s(heaviest)
 
 
 def clairvoyant_evaluation(
