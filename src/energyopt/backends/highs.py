@@ -164,7 +164,7 @@ class WarmLp:
             return
         self._h.addCols(
             n,
-            _inf_array(cost, "cost"),
+            np.asarray(cost, dtype=np.float64),
             _inf_array(lo),
             _inf_array(hi),
             int(starts[-1]),
@@ -218,12 +218,9 @@ class WarmLp:
         )
 
 
-def _inf_array(values: NDArray[np.float64], what: str = "bound") -> NDArray[np.float64]:
-    """``values`` as float64 with numpy's infinities as HiGHS' own (a ``cost`` must
-    be finite)."""
+def _inf_array(values: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Bounds ``values`` as float64 with numpy's infinities as HiGHS' own."""
     out = np.asarray(values, dtype=np.float64).copy()
-    if what == "cost":
-        return out
     out[out == np.inf] = highspy.kHighsInf
     out[out == -np.inf] = -highspy.kHighsInf
     return out
