@@ -86,3 +86,47 @@ def test_the_bound_is_not_used_with_migration_costs() -> None:
             assert not pb.applies(problem, table, costs)
             return
     pytest.fail("no instance with a migration penalty among the random ones")
+
+
+class _Clock:
+    """A clock that advances 1 s at every reading, so a deadline passes part-way
+    through a pricing pass whatever the machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+@pytest.mark.parametrize("budget", [3.0, 8.0, 20.0])
+def test_no_unit_is_priced_past_the_deadline(
+    budget: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The time limit holds inside a pricing pass: once the deadline passes no unit is
+    priced, and the bound returned comes from complete passes only (-inf when none
+    finished)."""
+    problem = next(p for _, p, opt in RANDOM if opt.value is not None and bound_of(p) is not None)
+    table = build_op_table(problem)
+    pools = pb.build_pools(
+        problem, table, objective_costs(problem, table), gpu_classes(problem, table)
+    )
+    full = pb.pool_bound(pools, deadline=time.perf_counter() + 120)
+    clock = _Clock()
+    priced_at: list[float] = []
+    price_unit = pb.price_unit
+
+    def watched(*args: object, **kw: object) -> pb.Cover:
+        priced_at.append(clock.now)
+        return price_unit(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pb, "time", clock)
+    monkeypatch.setattr(pb, "price_unit", watched)
+    cut = pb.pool_bound(pools, deadline=budget)
+    assert all(t < budget for t in priced_at)
+    if budget > 3.0:  # time for some pricing, not for every pass
+        assert priced_at and not cut.converged
+    else:
+        assert cut.bound == -math.inf
+    assert cut.bound <= full.bound + 1e-9 * max(1.0, abs(full.bound))

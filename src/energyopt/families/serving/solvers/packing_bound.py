@@ -316,8 +316,9 @@ def pool_bound(
     """Maximise the Lagrangian bound by column generation over per-unit covers
     (module docstring); stops on convergence, after ``max_rounds`` rounds, or
     before a seed or round that would end past ``deadline`` (``time.perf_counter``
-    seconds, judged by the last one's time), with the best bound evaluated (-inf
-    when the deadline leaves no time for a seed).
+    seconds, judged by the last one's time) or once ``deadline`` passes while units
+    are priced (that pricing is dropped), with the best bound evaluated (-inf when
+    the deadline leaves no time for a seed).
     The first prices are the unit bound's share charges (START_MIXES). ``trace``
     hears (round, best bound, master LP value) after every round."""
     u_n, k_n = p.units, p.n_pools
@@ -346,8 +347,14 @@ def pool_bound(
         col_rows.append(np.concatenate(rows).astype(np.int64))
         col_vals.append(np.concatenate(vals))
 
-    def evaluate(y: FloatArray) -> tuple[float, list[Cover]]:
-        covers = [price_unit(p, y, u, members[u]) for u in range(u_n)]
+    def evaluate(y: FloatArray) -> tuple[float, list[Cover]] | None:
+        """The Lagrangian value at ``y`` and its covers; None when ``deadline`` passes
+        before every unit is priced (a partial pricing bounds nothing)."""
+        covers: list[Cover] = []
+        for u in range(u_n):
+            if time.perf_counter() >= deadline:
+                return None
+            covers.append(price_unit(p, y, u, members[u]))
         return lagrangian_value(p, y, covers), covers
 
     # Seed with the unit bound's share charges: every mix in START_MIXES gives a
@@ -359,7 +366,10 @@ def pool_bound(
         if time.perf_counter() + seed_s >= deadline:
             break
         started = time.perf_counter()
-        value, covers = evaluate(seed_prices(p, alpha))
+        seeded = evaluate(seed_prices(p, alpha))
+        if seeded is None:
+            break
+        value, covers = seeded
         best = max(best, value)
         for u, c in enumerate(covers):
             if c.uses is not None:
@@ -425,8 +435,13 @@ def pool_bound(
         # Priced at the smoothed prices first; at the master's own duals only when
         # those give no column (pricing there alone stalls on degenerate duals).
         tries = [y_lp] if centre is None else [SMOOTHING * centre + (1.0 - SMOOTHING) * y_lp, y_lp]
+        cut = False
         for y in tries:
-            value, covers = evaluate(y)
+            priced = evaluate(y)
+            if priced is None:
+                cut = True
+                break
+            value, covers = priced
             best = max(best, value)
             if value > centre_value:
                 centre, centre_value = y, value
@@ -436,6 +451,8 @@ def pool_bound(
                     added += 1
             if added:
                 break
+        if cut:
+            break
         if trace is not None:
             trace(rounds, best, lp_value)
         last_round_s = time.perf_counter() - started
