@@ -784,13 +784,60 @@ def reduce_rates_gbs(p: CollectiveProblem, eff: float) -> FloatArray:
     return out
 
 
+def channel_capped(p: CollectiveProblem, clock_mhz: int, channels: int) -> CollectiveProblem:
+    """``p`` with every link's capacity lowered to what the flows of one step of a
+    schedule over at most ``channels`` channels at ``clock_mhz`` can take through it:
+    the rank pairs whose route uses the link, times ``channels``, times one
+    channel's copy rate at the clock, GB/s.
+
+    A step holds at most one flow per (sender, receiver, channel), so at most
+    pairs_e x H flows share link e, and each runs at most at the channel rate
+    c f / f_max (times the efficiency; a straggler only lowers it). A flow's rate
+    is then at most both C_e / k_e and c f / f_max <= pairs_e H c f / f_max / k_e,
+    so at most min(C_e, pairs_e H c f / f_max) / k_e: every bound term, which
+    rests on a flow's rate being at most its links' capacity over their flows,
+    holds for such schedules with the lowered capacities (collective.md, section 4)."""
+    table, _ = route_table(p)
+    used = table[table >= 0]
+    pairs = np.bincount(used, minlength=len(p.edge_gbs)).astype(np.float64)
+    per_pair = p.rates.channel_gbs * clock_mhz / p.gpu.max_sm_clock_mhz * channels
+    gbs = np.where(pairs > 0, np.minimum(p.edge_gbs, pairs * per_pair), p.edge_gbs)
+    graph = p.graph.copy()
+    for _, _, d in graph.edges(data=True):
+        d["gbs"] = float(gbs[d["index"]])
+    return replace(p, graph=graph, edge_gbs=gbs)
+
+
 def energy_bound_j(p: CollectiveProblem, c: Collective) -> float:
-    """A lower bound on every schedule's energy, J: all ranks at the least power of
-    any clock (one channel) for the least time, and the memory traffic of the
-    least bytes sent (read at the sender, written at the receiver) and reduced (a
-    sum of n inputs takes n - 1 reductions of a received byte)."""
-    least = min(rank_power_w(p, 1, f) for f in p.clocks_mhz)
+    """A lower bound on every schedule's energy, J: all ranks at their power for the
+    schedule's clock f and channels H for the least time of a schedule that runs
+    them, least over (f, H), plus the memory traffic of the least bytes sent (read
+    at the sender, written at the receiver) and reduced (a sum of n inputs takes
+    n - 1 reductions of a received byte).
+
+    The time is the larger of ``time_bound_us`` (any clock and channels) and that
+    bound on ``channel_capped`` links (H channels at f). Power rises with H, and
+    above the H at which no link is capped (H*(f)) the capped bound is the plain
+    one, so H = 1..H*(f) covers every schedule at f; an H whose power times the
+    plain bound is already above the best found so far cannot be the least."""
+    base = time_bound_us(p, c)
+    table, _ = route_table(p)
+    pairs = np.bincount(table[table >= 0], minlength=len(p.edge_gbs))
+    used = pairs > 0
+    best = np.inf
+    for f in p.clocks_mhz:
+        per_pair = p.rates.channel_gbs * f / p.gpu.max_sm_clock_mhz
+        # the fewest channels at which no link is capped
+        enough = (
+            int(np.ceil(np.max(p.edge_gbs[used] / (pairs[used] * per_pair)))) if used.any() else 1
+        )
+        for h in range(1, max(1, enough) + 1):
+            watts = p.n * rank_power_w(p, h, f) * 1e-6
+            if watts * base >= best:
+                break
+            t = base if h >= enough else max(base, time_bound_us(channel_capped(p, f, h), c))
+            best = min(best, watts * t)
     reduced = (p.n - 1) * float(c.bytes) if c.op in ("all_reduce", "reduce_scatter") else 0.0
     touches = 2.0 * _total_needs(c, p.n) + reduced
     memory = touches * 8.0 * HBM_PJ_PER_BIT * 1e-12
-    return p.n * least * time_bound_us(p, c) * 1e-6 + memory
+    return float(best) + memory
