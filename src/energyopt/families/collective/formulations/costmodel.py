@@ -18,6 +18,7 @@ system moves every byte sent, received and reduced.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -438,6 +439,95 @@ def ring_broadcast_bound_us(p: CollectiveProblem, c: Collective) -> float:
                 hops = alpha * (n - 2 + float(np.max(p.slowdown))) + (n - 2) * p.least_route_us()
                 term = max(term, hops + take + p.least_route_us(inside))
         best = min(best, term)
+    general = p.rates.launch_us + float(best)
+    if n <= RING_ORDERS_MAX_RANKS:
+        return max(general, ring_orders_bound_us(p, c))
+    return general
+
+
+RING_ORDERS_MAX_RANKS = 5
+"""Most ranks for which ``ring_orders_bound_us`` goes through every rank order (n!
+orders x every channel count)."""
+
+
+def ring_orders_bound_us(p: CollectiveProblem, c: Collective) -> float:
+    """A lower bound on every ring broadcast's time, us, by going through every rank
+    order, channel count H (1..MAX_CHANNELS), chunk count K (1..MAX_CHUNKS) and
+    protocol: for each, the busiest channel's pipeline.
+
+    In a ring broadcast over order o, channel c runs the ring of o with every node's
+    run of ranks rotated by c (``_rotate_in_nodes``): its hop i (i = 0..n - 2, from the
+    root on) carries each of the K chunks, m / (H K) bytes, in global steps i..i + K - 1,
+    for every channel alike. So in those steps an edge e on hop i's route carries at
+    least the flows of the cnt_i(e) channels whose hop i uses it, and a flow of hop
+    i of channel c occupies its ends at least w_ci = alpha s_ci + b r_ci, with
+    s_ci the slower end's factor, b = m / (H K) and r_ci = max(max_e cnt_i(e) / (eta C_e),
+    s_ci / (eta c_ch)) (the fair share and the channel's copy rate at the max clock;
+    a lower clock only lowers it). A hop's K flows share both its ranks on the
+    channel, so they run one after another; chunk 0 reaches hop i's sender after
+    the hops before it, each at least its w plus its route's latency, and chunk K - 1
+    leaves hop i's receiver through the hops after it in the same way. So
+    T >= launch + sum_j (w_cj + lambda_cj) + (K - 1) max_i w_ci for every channel c.
+    The least over (o, H, K, protocol) of the largest over c bounds every ring."""
+    from energyopt.families.collective.formulations.schedules import _rotate_in_nodes
+    from energyopt.families.collective.spec import MAX_CHANNELS, MAX_CHUNKS
+
+    n = p.n
+    m = float(c.bytes)
+    slow = np.maximum(1.0, np.asarray(p.slowdown, dtype=np.float64))
+    table, _ = route_table(p)
+    chunks = np.arange(1, MAX_CHUNKS + 1, dtype=np.float64)
+    channels = np.arange(1, MAX_CHANNELS + 1, dtype=np.float64)
+    n_edges = len(p.edge_gbs)
+    best = np.inf
+    for order in itertools.permutations(range(n)):
+        # every channel is one of `period` rotations
+        runs: list[int] = []
+        for i, r in enumerate(order):
+            if i and p.node_of[r] == p.node_of[order[i - 1]]:
+                runs[-1] += 1
+            else:
+                runs.append(1)
+        period = int(np.lcm.reduce(np.asarray(runs, dtype=np.int64)))
+        hops = []  # per rotation: (n - 1, 2) sender and receiver of every hop
+        for k in range(period):
+            o = _rotate_in_nodes(list(order), p.node_of, k)
+            at = o.index(c.root)
+            o = o[at:] + o[:at]
+            hops.append(np.asarray([(o[i], o[i + 1]) for i in range(n - 1)], dtype=np.int64))
+        ring = np.stack(hops)  # (period, n - 1, 2)
+        edges = table[ring[..., 0], ring[..., 1]]  # (period, n - 1, L)
+        valid = edges >= 0
+        at_edge = np.where(valid, edges, 0)
+        lam = p.route_us[ring[..., 0], ring[..., 1]]  # (period, n - 1)
+        s_hop = np.maximum(slow[ring[..., 0]], slow[ring[..., 1]])
+        # uses[k, i, e]: hop i of rotation k runs over edge e
+        uses = np.zeros((period, n - 1, n_edges))
+        k_i = np.nonzero(valid)
+        uses[k_i[0], k_i[1], edges[valid]] = 1.0
+        # count[H - 1, k]: channels of rotation k among H; cnt: channels whose hop i
+        # uses e, (H, n - 1, E)
+        count = np.asarray(
+            [
+                [len(range(k, h, period)) for k in range(period)]
+                for h in range(1, len(channels) + 1)
+            ],
+            dtype=np.float64,
+        )
+        cnt = np.einsum("hk,kie->hie", count, uses)
+        hop_index = np.arange(n - 1)[None, :, None]
+        share = cnt[:, hop_index, at_edge] / p.edge_gbs[at_edge]  # (H, period, n - 1, L)
+        per_edge = np.where(valid[None], share, 0.0).max(axis=3)  # (H, period, n - 1)
+        live = count > 0  # (H, period)
+        b = m / (channels[:, None] * chunks[None, :])  # (H, K)
+        for protocol, alpha in PROTOCOL_STEP_US.items():
+            eff = PROTOCOL_EFFICIENCY[protocol]
+            per_byte = np.maximum(per_edge, s_hop[None] / p.rates.channel_gbs) / eff / 1e3
+            # w[H, k, i, K]: least occupancy of a flow of hop i of rotation k, us
+            w = alpha * s_hop[None, :, :, None] + per_byte[..., None] * b[:, None, None, :]
+            total = (w + lam[None, :, :, None]).sum(axis=2) + (chunks - 1.0) * w.max(axis=2)
+            worst = np.where(live[..., None], total, -np.inf).max(axis=1)  # (H, K)
+            best = min(best, float(worst.min()))
     return p.rates.launch_us + float(best)
 
 
