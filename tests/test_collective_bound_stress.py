@@ -76,8 +76,9 @@ def test_the_bounds_hold_on_many_random_verified_plans() -> None:
             g = p.n // p.n_nodes
             weights = [rng.uniform(0.05, 1.0) for _ in range(g)] if by_rail else None
             root_holds = not by_rail and rng.random() < 0.5
+            root_first = by_rail and rng.random() < 0.5
             choice = scatter_gather_choice(
-                p, c, "c", rng.randint(1, 3), weights, by_rail, root_holds
+                p, c, "c", rng.randint(1, 3), weights, by_rail, root_holds, root_first
             )
             choice = choice.model_copy(
                 update={

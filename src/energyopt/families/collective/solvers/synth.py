@@ -130,8 +130,11 @@ def _take_winners(
     return improved
 
 
-SCATTER_PARTS = (1, 2, 4)
+SCATTER_PARTS = (1, 2, 4, 5)
 """Pieces per holder (flat) or per rail (by rail) of the scatter-gather broadcasts searched."""
+ROOT_RAIL_BOOST = (1.0, 1.5, 2.0)
+"""Factors on the root's rail weight of the by-rail broadcasts in which the root
+sends first (its rail crosses a step earlier than the others)."""
 
 
 def scatter_gather_search(
@@ -139,35 +142,44 @@ def scatter_gather_search(
 ) -> tuple[int, bool]:
     """Offer every broadcast of a trace the scatter-gather schedules
     (``formulations/scatter_gather.py``: flat, with or without the root holding
-    pieces, and by rail on equal nodes with equal or health-weighted rails;
+    pieces, and by rail on equal nodes with equal or health-weighted rails, and
+    with the root sending first, its rail's weight times ``ROOT_RAIL_BOOST``;
     ``SCATTER_PARTS`` pieces, ``RAIL_CHANNELS`` plus one channel x ``RAIL_CHUNKS``,
     every protocol and, for the energy objective, clock)
     until ``deadline`` (perf_counter seconds); ``scored[i]`` is replaced where one is
     better by the objective. Returns (collectives improved, whether every schedule
     was scored)."""
     weighted = rail_weights(p)
-    # (by rail, rail weights, the root holds pieces too)
-    shapes: list[tuple[bool, tuple[float, ...] | None, bool]] = [
-        (False, None, False),
-        (False, None, True),
-    ]
-    if by_rail_applicable(p):
-        shapes.append((True, None, False))
-        if weighted is not None:
-            shapes.append((True, weighted, False))
     improved = 0
     complete = True
     roots = sorted({c.root for c in p.collectives if c.op == "broadcast"})
     for root in roots:
+        # (by rail, rail weights, the root holds pieces too, the root sends first)
+        shapes: list[tuple[bool, tuple[float, ...] | None, bool, bool]] = [
+            (False, None, False, False),
+            (False, None, True, False),
+        ]
+        if by_rail_applicable(p):
+            shapes.append((True, None, False, False))
+            if weighted is not None:
+                shapes.append((True, weighted, False, False))
+            base = weighted or (1.0,) * (p.n // p.n_nodes)
+            for boost in ROOT_RAIL_BOOST:
+                # the root's rail crosses a step earlier: it may carry more
+                lane = p.local_of[root]
+                w_first = tuple(x * (boost if i == lane else 1.0) for i, x in enumerate(base))
+                shapes.append(
+                    (True, None if w_first == (1.0,) * len(base) else w_first, False, True)
+                )
         idx = [i for i, c in enumerate(p.collectives) if c.op == "broadcast" and c.root == root]
         sizes = sorted({p.collectives[i].bytes for i in idx})
         at = {b: j for j, b in enumerate(sizes)}
         w = Winners.empty(len(sizes))
         probe = Collective(op="broadcast", bytes=1, root=root)
         for parts in SCATTER_PARTS:
-            for by_rail, weights, root_holds in shapes:
+            for by_rail, weights, root_holds, root_first in shapes:
                 choice = scatter_gather_choice(
-                    p, probe, "broadcast", parts, weights, by_rail, root_holds
+                    p, probe, "broadcast", parts, weights, by_rail, root_holds, root_first
                 )
                 for ch in (1, *RAIL_CHANNELS):
                     for k in RAIL_CHUNKS:
