@@ -611,6 +611,13 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
                 busiest = max(
                     busiest, alpha + need / nics / eff / 1e3 + min(tail, more) + least_cross
                 )
+                if c.op == "all_reduce" and g > 1 and n - g > 1:
+                    # an element that crosses this cut once must cross gathered
+                    # (after a flow landed at its sender) and be passed on after it
+                    # lands (collective.md, section 4, "Once or twice")
+                    window = 2.0 * alpha + least_route + float(p.route_us[pair].min())
+                    once = need / nics / eff / 1e3
+                    busiest = max(busiest, alpha + once + min(window / 2.0, once) + least_cross)
     if c.op == "all_reduce":
         busiest = max(busiest, one_step_ranks_us(p, c, protocol) + least_route)
         routes = p.route_us + np.diag(np.full(n, np.inf))
