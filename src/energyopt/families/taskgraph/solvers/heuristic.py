@@ -47,6 +47,7 @@ from energyopt.families.taskgraph.formulations.heft import (
 )
 from energyopt.families.taskgraph.formulations.model import TaskGraph, TaskOptions
 from energyopt.families.taskgraph.formulations.schedule import Schedule, earliest_starts, totals
+from energyopt.families.taskgraph.solvers.clock_classes import class_search, class_settings
 from energyopt.solvers.result import (
     FEASIBLE,
     NO_SOLUTION,
@@ -467,6 +468,10 @@ def improve_placement(
     return best, best_obj, budget.extra_s
 
 
+CLASS_TASKS = 200
+"""Graphs above this many tasks (no placement search) try clock classes
+(``clock_classes.class_search``) before the per-GPU clock descent, in the first two
+thirds of its time."""
 GPU_CLOCK_EVALS = 60
 """Most HEFT runs the per-GPU clock descent makes (each places every task once)."""
 ENERGY_WEIGHTS = (0.5, 1.0, 0.25)
@@ -691,12 +696,28 @@ def solve_heuristic(
         best, best_obj, extra_s = improve_placement(tg, base, best, best_obj, budget, until=until)
         log.append(f"after placement moves: objective {best_obj:.9g}")
         say(f"placement moves: objective {best_obj:.6g}")
+    # the per-GPU clock descent's share of the time limit: until ``descent_stop``
+    descent_from = time.perf_counter()
+    limit = math.inf if time_limit_s is None else time_limit_s
+    descent_stop = descent_from + max(0.0, limit - 3.0 * (descent_from - start - extra_s))
+    if tg.objective != "makespan" and tg.n_tasks > CLASS_TASKS:
+        # clock classes planned by an LP, in the first two thirds of the descent's time
+        clocks = _clock_lists(tg)
+        seeds = [lv for r in ("down", "nearest") for lv in priced_clock_levels(tg, clocks, r)]
+        stop = descent_from + (descent_stop - descent_from) * 2 / 3
+        got = class_search(tg, clocks, class_settings(tg, clocks, seeds), base, stop)
+        if got is not None:
+            s, obj = _best_clocks(tg, got[0])
+            if got[1] < obj:
+                s, obj = got
+            log.append(f"clock classes, re-clocked: objective {obj:.9g}")
+            say(f"clock classes: objective {obj:.6g}")
+            if obj < best_obj:
+                best, best_obj = s, obj
     if tg.objective != "makespan":
-        # leave the re-clocking of the descent's schedule a share of the time limit
-        now = time.perf_counter()
-        spent = now - start - extra_s
-        limit = math.inf if time_limit_s is None else time_limit_s
-        found = gpu_clock_descent(tg, now + max(0.0, limit - 3.0 * spent))
+        # the rest of its time (the re-clocking of its schedule takes a share of the
+        # time limit after it)
+        found = gpu_clock_descent(tg, descent_stop)
         if found is not None:
             # re-clocked, or as HEFT left it if that is better (at one clock per GPU
             # there are no clock changes, which the re-clocking may add)

@@ -1,0 +1,279 @@
+"""Clock classes: every GPU held at one clock, each task pinned to the class of GPUs
+whose clock an LP picks for it, then list-scheduled inside its class.
+
+On a saturated graph (the GPUs busy almost all the time at the maximum clock) the
+energy comes from running memory-bound tasks, whose time hardly follows the clock,
+on slow GPUs, and the rest on fast ones. HEFT with an energy weight
+(``heft_gpu_clocks``) decides that task by task from finish times and packs the
+two kinds of GPU loosely. Here the split is planned for the whole graph first:
+
+1. The GPUs of one (type, clock) form a class c of n_c GPUs.
+2. An LP chooses for every task i a class (x_ic in [0, 1], sum_c x_ic = 1) of least
+   above-idle energy sum dyn_ic x_ic under the classes' capacities. The tasks are cut
+   into ``windows`` groups by their start in a reference schedule (HEFT at the
+   maximum clock), window w gets a length L_w >= 0 with sum_w L_w <= capacity, and
+   in every window each class's work fits in its GPUs: sum_(i in w) d_ic x_ic <=
+   n_c L_w. With one window this is the busy-time bound of the classes; with more,
+   both kinds of GPU keep pace with each other through the graph, so neither waits
+   for the other at the end. Every task takes its largest x_ic.
+3. HEFT with insertion places every task on the GPU of its class where it finishes
+   first (``heft.heft`` with the other GPUs forbidden).
+
+No GPU ever changes clock. The caller keeps a schedule only if it meets the deadline
+and beats what it has, and re-clocks it with the slack-reclaiming steps.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import coo_matrix, hstack, vstack
+
+from energyopt.families.taskgraph.formulations.heft import heft
+from energyopt.families.taskgraph.formulations.model import TaskGraph
+from energyopt.families.taskgraph.formulations.schedule import Schedule, totals
+
+DEADLINE_SHARES = (0.985, 1.0)
+"""Under a deadline, the capacity (a multiple of the deadline) of each clock setting is
+searched in this range for the largest whose schedule meets the deadline: a smaller
+capacity moves work to the fast GPUs, which leaves HEFT room to pack."""
+SHARE_STEPS = 4
+"""Schedules per clock setting under a deadline (see ``class_search``)."""
+RANK_SHARE = 0.995
+"""Under a deadline, settings are ranked by their one-window LP at this multiple of it
+(HEFT packs the classes to about 99.5 % of their GPU time): a setting without an LP
+solution there would need its GPUs filled more tightly than that, and is dropped."""
+DEADLINE_WINDOWS = (100, 20)
+"""Windows of the LP under a deadline; the second where the first has no solution."""
+FREE_PLANS = ((50, 1.01), (20, 1.01), (50, 1.02), (100, 1.0), (1, 1.0))
+"""(windows, capacity as a multiple of the reference makespan) tried per clock setting
+without a deadline (energy, EDP, ED^2P): a capacity a little above the reference
+lets the LP use slower clocks where the makespan may grow."""
+
+
+def class_option(tg: TaskGraph, task: int, gpu: int, clock_mhz: int) -> int:
+    """Option of ``task`` on ``gpu`` held at ``clock_mhz``: that clock, else the nearest
+    clock above it, else the fastest option (as ``heft_gpu_clocks``); -1 if it cannot
+    run there."""
+    if not tg.can_run(task, gpu):
+        return -1
+    clocks = tg.opts(task, gpu).clock_mhz
+    above = [k for k, c in enumerate(clocks) if c >= clock_mhz]
+    return min(above, key=lambda k: clocks[k]) if above else tg.max_clock_option(task, gpu)
+
+
+def class_lp(
+    tg: TaskGraph,
+    clock_mhz: list[int],
+    reference: Schedule,
+    capacity: int,
+    windows: int,
+) -> tuple[list[int], float] | None:
+    """For every task, the index of its class (a distinct (type, clock) of
+    ``clock_mhz``, in first-GPU order) from the LP of the module docstring, with
+    ``capacity`` grid units in all over the windows, and the LP's above-idle energy
+    (J); None if the LP has no solution."""
+    n = tg.n_tasks
+    keys: list[tuple[int, int]] = []
+    members: list[int] = []
+    for g in range(tg.n_gpus):
+        key = (tg.gpu_type[g], clock_mhz[g])
+        if key not in keys:
+            keys.append(key)
+            members.append(g)
+    nc = len(keys)
+    count = np.array(
+        [sum(1 for g in range(tg.n_gpus) if (tg.gpu_type[g], clock_mhz[g]) == k) for k in keys],
+        dtype=float,
+    )
+    rows_i: list[int] = []
+    rows_c: list[int] = []
+    dur: list[float] = []
+    dyn: list[float] = []
+    for i in range(n):
+        for c, g in enumerate(members):
+            k = class_option(tg, i, g, clock_mhz[g])
+            if k < 0:
+                continue
+            o = tg.opts(i, g)
+            rows_i.append(i)
+            rows_c.append(c)
+            dur.append(float(o.dur[k]))
+            dyn.append(float(o.dyn_j[k]))
+    nv = len(rows_i)
+    var_i = np.array(rows_i)
+    var_c = np.array(rows_c)
+    start = np.asarray(reference.start, dtype=float)
+    span = max(float(reference.makespan(tg)), 1.0)
+    win = np.minimum((start / span * windows).astype(int), windows - 1)
+    # rows: (window, class) work <= n_c L_w, then sum_w L_w <= capacity
+    work = coo_matrix(
+        (np.array(dur), (win[var_i] * nc + var_c, np.arange(nv))), shape=(windows * nc, nv)
+    )
+    cells = np.arange(windows * nc)
+    lengths = coo_matrix(
+        (-np.tile(count, windows), (cells, cells // nc)), shape=(windows * nc, windows)
+    )
+    total = hstack([coo_matrix((1, nv)), coo_matrix(np.ones((1, windows)))])
+    a_ub = vstack([hstack([work, lengths]), total]).tocsr()
+    b_ub = np.concatenate([np.zeros(windows * nc), [float(capacity)]])
+    a_eq = hstack(
+        [coo_matrix((np.ones(nv), (var_i, np.arange(nv))), shape=(n, nv)), coo_matrix((n, windows))]
+    ).tocsr()
+    cost = np.concatenate([np.array(dyn), np.zeros(windows)])
+    bounds = np.array([(0.0, 1.0)] * nv + [(0.0, np.inf)] * windows)
+    res = linprog(
+        cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=np.ones(n), bounds=bounds, method="highs"
+    )
+    if res.x is None:
+        return None
+    x = res.x[:nv]
+    pick = [-1] * n
+    best = [-1.0] * n
+    for v in range(nv):
+        i = rows_i[v]
+        if x[v] > best[i]:
+            best[i], pick[i] = float(x[v]), rows_c[v]
+    return pick, float(res.fun)
+
+
+def class_schedule(
+    tg: TaskGraph, clock_mhz: list[int], reference: Schedule, capacity: int, windows: int
+) -> Schedule | None:
+    """HEFT with every GPU g at ``clock_mhz[g]`` (MHz) and every task restricted to the
+    GPUs of the class ``class_lp`` gives it; None where the LP has no solution."""
+    lp = class_lp(tg, clock_mhz, reference, capacity, windows)
+    if lp is None:
+        return None
+    pick = lp[0]
+    keys: list[tuple[int, int]] = []
+    for g in range(tg.n_gpus):
+        key = (tg.gpu_type[g], clock_mhz[g])
+        if key not in keys:
+            keys.append(key)
+    cls = [keys.index((tg.gpu_type[g], clock_mhz[g])) for g in range(tg.n_gpus)]
+    options = [
+        [
+            class_option(tg, i, g, clock_mhz[g]) if cls[g] == pick[i] else -1
+            for g in range(tg.n_gpus)
+        ]
+        for i in range(tg.n_tasks)
+    ]
+    return heft(tg, options)
+
+
+def class_settings(
+    tg: TaskGraph, clocks: list[tuple[int, ...]], seeds: list[list[int]]
+) -> list[list[int]]:
+    """Clock settings (a level per GPU, an index into ``clocks`` of its type as in
+    ``heuristic.priced_clock_levels``) to try, from the priced suggestions ``seeds``:
+    the GPUs a seed holds at its type's lowest level there, every other GPU at the
+    type's top level (two classes), and the same with the first of those fast GPUs of
+    each type at each level between (three classes). Distinct, in seed order."""
+    top = [len(c) - 1 for c in clocks]
+    out: list[list[int]] = []
+    for seed in seeds:
+        low = {
+            t: min(v for g, v in enumerate(seed) if tg.gpu_type[g] == t) for t in set(tg.gpu_type)
+        }
+        two = [v if v == low[tg.gpu_type[g]] else top[tg.gpu_type[g]] for g, v in enumerate(seed)]
+        variants = [two]
+        for t in sorted(low):
+            fast = [g for g in range(tg.n_gpus) if tg.gpu_type[g] == t and two[g] == top[t]]
+            if not fast:
+                continue
+            g = fast[0]
+            for v in range(low[t] + 1, top[t]):
+                variants.append([v if h == g else two[h] for h in range(tg.n_gpus)])
+        for setting in variants:
+            if setting not in out:
+                out.append(setting)
+    return out
+
+
+def class_search(
+    tg: TaskGraph,
+    clocks: list[tuple[int, ...]],
+    levels: list[list[int]],
+    reference: Schedule,
+    stop_at: float,
+) -> tuple[Schedule, float] | None:
+    """Best clock-class schedule over the clock settings (``levels``: a level per GPU,
+    an index into ``clocks`` of its type, MHz) until ``time.perf_counter()`` passes
+    ``stop_at`` (s); None if none meets the deadline.
+
+    The settings are tried fewest classes first (two classes pack best), each group in
+    the order of their one-window LP's energy at a capacity
+    of ``RANK_SHARE`` of the deadline (without one, the first of ``FREE_PLANS`` of the
+    reference's makespan); settings whose LP has no solution are dropped. Under a
+    deadline, each setting's capacity starts at the deadline and is scaled by deadline /
+    makespan while its schedule misses it (stopping where the LP has no solution or
+    below ``DEADLINE_SHARES``), then moved halfway back up once met, for at most
+    ``SHARE_STEPS`` schedules; the best schedule within the deadline is kept, and
+    settings whose LP energy plus the idle energy of the least makespan (fastest work
+    over all GPUs) is no less than the best schedule's energy are skipped (a cut-off
+    of the search, not a bound: the LP is at ``RANK_SHARE``). Without
+    a deadline every plan of ``FREE_PLANS`` is tried, each judged by the objective."""
+    target = tg.deadline if tg.deadline is not None else reference.makespan(tg)
+    settings = [[clocks[tg.gpu_type[g]][v] for g, v in enumerate(lv)] for lv in levels]
+    ranked: list[tuple[int, float, int]] = []
+    rank_at = int((RANK_SHARE if tg.deadline is not None else FREE_PLANS[0][1]) * target)
+    for k, setting in enumerate(settings):
+        if time.perf_counter() >= stop_at:
+            break
+        lp = class_lp(tg, setting, reference, rank_at, 1)
+        if lp is not None:
+            ranked.append((len(set(setting)), lp[1], k))
+    fastest = sum(
+        min(min(o.dur) for o in (tg.options[t][i] for t in set(tg.gpu_type)) if o.dur)
+        for i in range(tg.n_tasks)
+    )
+    idle_j = tg.idle_total_w * tg.ms(fastest / tg.n_gpus) / 1e3
+    best: tuple[Schedule, float] | None = None
+
+    def consider(setting: list[int], capacity: int, windows: tuple[int, ...]) -> int | None:
+        """The schedule's makespan (grid units; kept if it is the best within the
+        deadline), or None where the LP has no solution."""
+        nonlocal best
+        for w in windows:
+            s = class_schedule(tg, setting, reference, capacity, w)
+            if s is None:
+                continue
+            tot = totals(tg, s)
+            met = tg.deadline is None or tot.makespan <= tg.deadline
+            if met and (best is None or tot.objective < best[1]):
+                best = (s, tot.objective)
+            return tot.makespan
+        return None
+
+    for _, dyn_j, k in sorted(ranked):
+        if tg.deadline is None:
+            for windows, share in FREE_PLANS:
+                if time.perf_counter() >= stop_at:
+                    return best
+                consider(settings[k], int(share * target), (windows,))
+            continue
+        if best is not None and dyn_j + idle_j >= best[1]:
+            continue
+        # secant steps on the capacity: scale it by deadline / makespan (a little
+        # less) until the schedule meets the deadline, then halve the step back up
+        lo, hi = DEADLINE_SHARES
+        share = hi
+        for _ in range(SHARE_STEPS):
+            if time.perf_counter() >= stop_at:
+                return best
+            span = consider(settings[k], int(share * target), DEADLINE_WINDOWS)
+            if span is None:
+                break  # no LP solution: less capacity has none either
+            if span <= target:
+                if share >= hi:
+                    break
+                lo, share = share, (share + hi) / 2
+            else:
+                hi = share
+                share = max(lo, share * target / span * (1 - 1e-3))
+                if share <= DEADLINE_SHARES[0]:
+                    break
+    return best

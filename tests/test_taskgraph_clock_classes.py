@@ -1,0 +1,106 @@
+"""Clock classes (``solvers/clock_classes.py``): the LP's picks, the class-restricted
+HEFT schedules and the search pass the checker, keep every task in its class and meet
+the deadline."""
+
+from __future__ import annotations
+
+import pytest
+
+from energyopt.families.taskgraph.formulations.generators import layered, platform
+from energyopt.families.taskgraph.formulations.heft import heft_max_clock
+from energyopt.families.taskgraph.formulations.loading import build_taskgraph
+from energyopt.families.taskgraph.formulations.model import TaskGraph
+from energyopt.families.taskgraph.formulations.schedule import totals
+from energyopt.families.taskgraph.solvers.clock_classes import (
+    class_lp,
+    class_option,
+    class_schedule,
+    class_search,
+    class_settings,
+)
+from energyopt.families.taskgraph.solvers.heuristic import (
+    _clock_lists,
+    priced_clock_levels,
+    solve_heuristic,
+)
+from energyopt.families.taskgraph.spec import ObjectiveKind
+from energyopt.families.taskgraph.verify import check_schedule
+
+
+def _graph(kind: ObjectiveKind, gpus: list[dict[str, str]]) -> TaskGraph:
+    """240 tasks (6 layers of 40); deadline 5 % above max-clock HEFT (at the default
+    1.5 % the classes pack too loosely on so few tasks per GPU)."""
+    spec = layered(6, 40, gpus, seed=3)
+    objective = spec.objective.model_copy(update={"kind": kind, "epsilon": 0.05})
+    return build_taskgraph(spec.model_copy(update={"objective": objective}))
+
+
+MIXED = [*platform("L40S", 2), {"name": "l4-0", "type": "L4"}, {"name": "l4-1", "type": "L4"}]
+
+
+@pytest.mark.parametrize("gpus", [platform("L40S", 4), MIXED])
+def test_without_a_binding_capacity_every_task_takes_its_cheapest_class(
+    gpus: list[dict[str, str]],
+) -> None:
+    tg = _graph("energy_within", gpus)
+    clocks = [1005 if g % 2 == 0 else 10**6 for g in range(tg.n_gpus)]  # slow / top
+    ref = heft_max_clock(tg)
+    got = class_lp(tg, clocks, ref, 10**9, 3)
+    assert got is not None
+    pick, dyn_j = got
+    members: list[int] = []
+    for g in range(tg.n_gpus):
+        if all((tg.gpu_type[h], clocks[h]) != (tg.gpu_type[g], clocks[g]) for h in members):
+            members.append(g)
+    least = 0.0
+    for i in range(tg.n_tasks):
+        costs = [tg.opts(i, g).dyn_j[class_option(tg, i, g, clocks[g])] for g in members]
+        least += min(costs)
+        assert costs[pick[i]] == pytest.approx(min(costs), rel=1e-6)
+    assert dyn_j == pytest.approx(least, rel=1e-6)
+
+
+def test_class_schedules_keep_tasks_in_their_class_and_pass_the_checker() -> None:
+    tg = _graph("energy", platform("L40S", 4))
+    ref = heft_max_clock(tg)
+    clocks = [1005, 1005, 2520, 2520]
+    s = class_schedule(tg, clocks, ref, 2 * ref.makespan(tg), 4)
+    assert s is not None
+    check = check_schedule(tg, s)
+    assert check.ok, check.violations
+    for i in range(tg.n_tasks):
+        assert (
+            s.clock(tg, i)
+            == tg.opts(i, s.gpu[i]).clock_mhz[class_option(tg, i, s.gpu[i], clocks[s.gpu[i]])]
+        )
+    assert check.transitions == 0  # one clock per GPU
+    # too little capacity for the fastest work: no LP solution
+    assert class_schedule(tg, clocks, ref, ref.makespan(tg) // 10, 4) is None
+
+
+@pytest.mark.parametrize("kind", ["energy_within", "edp"])
+def test_the_search_meets_the_deadline_and_beats_max_clock_heft(kind: ObjectiveKind) -> None:
+    tg = _graph(kind, platform("L40S", 4))
+    ref = heft_max_clock(tg)
+    clocks = _clock_lists(tg)
+    seeds = [lv for r in ("down", "nearest") for lv in priced_clock_levels(tg, clocks, r)]
+    settings = class_settings(tg, clocks, seeds)
+    top = len(clocks[0]) - 1
+    for lv in settings:  # the GPUs not at a seed's lowest level go to the top (but one)
+        assert sum(v not in (min(lv), top) for v in lv) <= 1
+    got = class_search(tg, clocks, settings, ref, float("inf"))
+    assert got is not None
+    s, obj = got
+    check = check_schedule(tg, s)
+    assert check.ok, check.violations
+    assert check.objective == pytest.approx(obj, rel=1e-9)
+    assert obj == pytest.approx(totals(tg, s).objective, rel=1e-12)
+    assert obj < totals(tg, ref).objective
+
+
+def test_the_heuristic_uses_clock_classes_above_the_placement_search() -> None:
+    tg = _graph("energy_within", platform("L40S", 4))
+    result = solve_heuristic(tg, time_limit_s=30.0)
+    assert result.plan is not None
+    assert check_schedule(tg, result.plan).ok
+    assert any(line.startswith("clock classes") for line in result.log)
