@@ -39,7 +39,7 @@ DEADLINE_SHARES = (0.985, 1.0)
 """Under a deadline, the capacity (a multiple of the deadline) of each clock setting is
 searched in this range for the largest whose schedule meets the deadline: a smaller
 capacity moves work to the fast GPUs, which leaves HEFT room to pack."""
-SHARE_STEPS = 4
+SHARE_STEPS = 5
 """Schedules per clock setting under a deadline (see ``class_search``)."""
 RANK_SHARE = 0.995
 """Under a deadline, settings are ranked by their one-window LP at this multiple of it
@@ -205,17 +205,19 @@ def class_search(
     ``stop_at`` (s); None if none meets the deadline.
 
     The settings are tried fewest classes first (two classes pack best), each group in
-    the order of their one-window LP's energy at a capacity
-    of ``RANK_SHARE`` of the deadline (without one, the first of ``FREE_PLANS`` of the
-    reference's makespan); settings whose LP has no solution are dropped. Under a
-    deadline, each setting's capacity starts at the deadline and is scaled by deadline /
-    makespan while its schedule misses it (stopping where the LP has no solution or
-    below ``DEADLINE_SHARES``), then moved halfway back up once met, for at most
-    ``SHARE_STEPS`` schedules; the best schedule within the deadline is kept, and
-    settings whose LP energy plus the idle energy of the least makespan (fastest work
-    over all GPUs) is no less than the best schedule's energy are skipped (a cut-off
-    of the search, not a bound: the LP is at ``RANK_SHARE``). Without
-    a deadline every plan of ``FREE_PLANS`` is tried, each judged by the objective."""
+    the order of their one-window LP's energy at a capacity of ``RANK_SHARE`` of the
+    deadline (without one, the first of ``FREE_PLANS`` of the reference's makespan);
+    settings whose LP has no solution there are dropped. Under a deadline, each
+    setting's capacity starts at the deadline; while its schedule misses it, the
+    capacity is scaled by deadline / makespan (less 0.1 %; halfway to the lower end
+    of the range where that falls below it), and where the schedule meets it or the
+    LP has no solution it moves halfway back up to the last capacity that missed,
+    within ``DEADLINE_SHARES`` and for at most ``SHARE_STEPS`` schedules. The best
+    schedule within the deadline is kept; settings whose LP energy plus the idle
+    energy of the least makespan (fastest work over all GPUs) is no less than the
+    best schedule's energy are skipped (a cut-off of the search, not a bound: the LP
+    is at ``RANK_SHARE``). Without a deadline every plan of ``FREE_PLANS`` is tried,
+    each judged by the objective."""
     target = tg.deadline if tg.deadline is not None else reference.makespan(tg)
     settings = [[clocks[tg.gpu_type[g]][v] for g, v in enumerate(lv)] for lv in levels]
     ranked: list[tuple[int, float, int]] = []
@@ -258,22 +260,22 @@ def class_search(
         if best is not None and dyn_j + idle_j >= best[1]:
             continue
         # secant steps on the capacity: scale it by deadline / makespan (a little
-        # less) until the schedule meets the deadline, then halve the step back up
+        # less) while the schedule misses the deadline, halfway back up once it meets
+        # it or the LP has no solution
         lo, hi = DEADLINE_SHARES
         share = hi
         for _ in range(SHARE_STEPS):
             if time.perf_counter() >= stop_at:
                 return best
             span = consider(settings[k], int(share * target), DEADLINE_WINDOWS)
-            if span is None:
-                break  # no LP solution: less capacity has none either
-            if span <= target:
+            if span is None or span <= target:
+                # no LP solution (too little capacity) or a schedule within the
+                # deadline: halfway back up
                 if share >= hi:
                     break
                 lo, share = share, (share + hi) / 2
             else:
                 hi = share
-                share = max(lo, share * target / span * (1 - 1e-3))
-                if share <= DEADLINE_SHARES[0]:
-                    break
+                scaled = share * target / span * (1 - 1e-3)
+                share = scaled if scaled > lo else (lo + hi) / 2
     return best

@@ -707,7 +707,10 @@ def solve_heuristic(
         stop = descent_from + (descent_stop - descent_from) * 2 / 3
         got = class_search(tg, clocks, class_settings(tg, clocks, seeds), base, stop)
         if got is not None:
+            # its re-clocking comes out of the descent's time
+            before = time.perf_counter()
             s, obj = _best_clocks(tg, got[0])
+            descent_stop -= time.perf_counter() - before
             if got[1] < obj:
                 s, obj = got
             log.append(f"clock classes, re-clocked: objective {obj:.9g}")
