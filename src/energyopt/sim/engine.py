@@ -227,15 +227,20 @@ class Simulator:
         epoch_s: float | None = None,
         replan: Replan | None = None,
         watch: tuple[float, Replan] | None = None,
+        epoch_lead_s: float = 0.0,
     ) -> SimResult:
-        """Simulate from ``plan`` (in place at time 0); every ``epoch_s`` ask ``replan``.
-        ``watch``: (every this many seconds, a callback) asked between epochs too; a
-        plan it returns is applied at once (a re-plan on surprise)."""
+        """Simulate from ``plan`` (in place at time 0); every ``epoch_s`` ask ``replan``,
+        ``epoch_lead_s`` seconds before each epoch's boundary k x ``epoch_s`` (k >= 1;
+        never before time 0). ``watch``: (every this many seconds, a callback) asked
+        between epochs too; a plan it returns is applied at once (a re-plan on
+        surprise)."""
+        if epoch_lead_s < 0:
+            raise ValueError(f"epoch_lead_s {epoch_lead_s} is negative")
         self.apply_plan(plan, 0.0, initial=True)
         if epoch_s is not None and replan is not None:
             k = 1
             while k * epoch_s < self.window_s - 1e-9:
-                self._push(k * epoch_s, EPOCH, None)
+                self._push(max(k * epoch_s - epoch_lead_s, 0.0), EPOCH, None)
                 k += 1
         if watch is not None and watch[0] < self.window_s:
             self._push(watch[0], WATCH, 1)

@@ -30,14 +30,15 @@ from energyopt.spec.evaluation import Forecast
 
 
 def _looked_at(
-    now_s: float, epoch_s: float, fc: Forecast, horizon_s: float
+    now_s: float, epoch_s: float, fc: Forecast, horizon_s: float, lead_s: float = 0.0
 ) -> tuple[float, float]:
     """The interval of arrivals (s) a forecast at ``now_s`` reads: the coming epoch
-    for ``oracle`` (and its ``lookahead_s`` beyond); else the history before now (at
-    time 0, the first one ahead)."""
+    (from ``lead_s`` after now) for ``oracle`` (and its ``lookahead_s`` beyond); else
+    the history before now (at time 0, the first one ahead)."""
     history = fc.history_s or epoch_s
     if fc.method == "oracle":
-        return now_s, min(now_s + epoch_s + fc.lookahead_s, horizon_s)
+        start = min(now_s + lead_s, horizon_s)
+        return start, min(start + epoch_s + fc.lookahead_s, horizon_s)
     if now_s <= 0:
         return 0.0, min(history, horizon_s)
     return max(0.0, now_s - history), now_s
@@ -136,23 +137,33 @@ def _smoothing_span(
 
 
 def _smoothed(
-    arrivals: Arrivals, now_s: float, epoch_s: float, fc: Forecast, horizon_s: float
+    arrivals: Arrivals,
+    now_s: float,
+    epoch_s: float,
+    fc: Forecast,
+    horizon_s: float,
+    lead_s: float = 0.0,
 ) -> tuple[FloatArray, FloatArray]:
     """(capacity, mean) forecasts of ``holt`` / ``seasonal`` per workload (req/s):
     the capacity is the highest forecast window of the coming epoch plus the most a
     window of the last ``history_s`` (one epoch) rose above its one-step forecast;
-    the mean is the mean of the coming epoch's forecast windows (never below 0)."""
+    the mean is the mean of the coming epoch's forecast windows (never below 0).
+    With ``lead_s`` the coming epoch starts that many seconds after now: the
+    windows forecast run to its end, the mean is over those that end after its
+    start."""
     start, end = _smoothing_span(now_s, epoch_s, fc, horizon_s)
     rates = arrivals.window_rates_rps(start, end, fc.window_s)
     k = len(arrivals.names)
     if rates.shape[0] == 0:
         return np.zeros(k), np.zeros(k)
-    span = min(epoch_s, horizon_s - now_s) if horizon_s > now_s else epoch_s
+    span = min(epoch_s + lead_s, horizon_s - now_s) if horizon_s > now_s else epoch_s
     steps = max(1, math.ceil(span / fc.window_s - 1e-9))
+    skip = min(steps - 1, math.floor(lead_s / fc.window_s + 1e-9))
     season = 0
     if fc.method == "seasonal" and fc.season_s is not None:
         season = round(fc.season_s / fc.window_s)
     ahead, residual = smoothed_forecast(rates, steps, season)
+    ahead = ahead[skip:]
     recent = max(1, round((fc.history_s or epoch_s) / fc.window_s))
     tail = residual[-recent:]
     spread = np.zeros(k)
@@ -276,6 +287,7 @@ def _auto(
     horizon_s: float,
     *,
     capacity: bool,
+    lead_s: float = 0.0,
 ) -> FloatArray:
     """``auto``, per workload, with the method it picks (``auto_choice``): that
     method's capacity forecast times its ``H`` (the quantile of peak / forecast over
@@ -293,23 +305,32 @@ def _auto(
         one = fc.model_copy(update={"method": method})
         if capacity:
             scale = np.where(np.isfinite(needs[i]), needs[i], 1.0)
-            made = raw_rates_rps(arrivals, now_s, epoch_s, one, horizon_s) * scale
+            made = raw_rates_rps(arrivals, now_s, epoch_s, one, horizon_s, lead_s) * scale
         else:
-            made = expected_rates_rps(arrivals, now_s, epoch_s, one, horizon_s)
+            made = expected_rates_rps(arrivals, now_s, epoch_s, one, horizon_s, lead_s)
         out[cols] = made[cols]
     return out
 
 
 def raw_rates_rps(
-    arrivals: Arrivals, now_s: float, epoch_s: float, fc: Forecast, horizon_s: float
+    arrivals: Arrivals,
+    now_s: float,
+    epoch_s: float,
+    fc: Forecast,
+    horizon_s: float,
+    lead_s: float = 0.0,
 ) -> FloatArray:
     """Forecast rate per workload (req/s) before headroom and rounding: the capacity
-    a plan for the coming epoch is sized for (module docs; docs/forecasting.md)."""
+    a plan for the coming epoch is sized for (module docs; docs/forecasting.md).
+    ``lead_s``: the epoch the plan serves starts that many seconds after now (a plan
+    made ahead of its epoch, ``Evaluation.plan_ahead``): ``trend`` extrapolates to
+    its end, ``now + lead_s + epoch_s``; ``oracle`` reads it; the smoothed methods
+    forecast its windows; ``last``, ``peak`` and ``quantile`` do not look ahead."""
     if fc.method == "auto":
-        return _auto(arrivals, now_s, epoch_s, fc, horizon_s, capacity=True)
+        return _auto(arrivals, now_s, epoch_s, fc, horizon_s, capacity=True, lead_s=lead_s)
     if fc.method in _SMOOTHED:
-        return _smoothed(arrivals, now_s, epoch_s, fc, horizon_s)[0]
-    start, end = _looked_at(now_s, epoch_s, fc, horizon_s)
+        return _smoothed(arrivals, now_s, epoch_s, fc, horizon_s, lead_s)[0]
+    start, end = _looked_at(now_s, epoch_s, fc, horizon_s, lead_s)
     if fc.method == "quantile":
         rates = arrivals.window_rates_rps(start, end, fc.window_s)
         if rates.shape[0] == 0:
@@ -326,12 +347,17 @@ def raw_rates_rps(
         return peak
     centers = start + (np.arange(rates.shape[0]) + 0.5) * fc.window_s
     slope, intercept = np.polyfit(centers, rates, 1)
-    ahead = intercept + slope * (max(now_s, end) + epoch_s)
+    ahead = intercept + slope * (max(now_s, end) + lead_s + epoch_s)
     return np.asarray(np.maximum(peak, ahead))
 
 
 def expected_rates_rps(
-    arrivals: Arrivals, now_s: float, epoch_s: float, fc: Forecast, horizon_s: float
+    arrivals: Arrivals,
+    now_s: float,
+    epoch_s: float,
+    fc: Forecast,
+    horizon_s: float,
+    lead_s: float = 0.0,
 ) -> FloatArray:
     """Mean rate per workload (req/s) the coming epoch is expected to carry, from the
     history ``raw_rates_rps`` reads: its mean, or for ``trend`` its linear fit at the
@@ -340,12 +366,13 @@ def expected_rates_rps(
     with headroom, sizes a plan; a plan's expected draw is priced at this rate.
     ``holt`` and ``seasonal``: the mean of their forecasts of the coming epoch's
     windows; ``quantile``: the history's mean (as ``last``); ``auto``: the mean
-    forecast of the method it picks for the workload."""
+    forecast of the method it picks for the workload. ``lead_s``: as for
+    ``raw_rates_rps`` (``trend``'s middle is ``now + lead_s + epoch_s / 2``)."""
     if fc.method == "auto":
-        return _auto(arrivals, now_s, epoch_s, fc, horizon_s, capacity=False)
+        return _auto(arrivals, now_s, epoch_s, fc, horizon_s, capacity=False, lead_s=lead_s)
     if fc.method in _SMOOTHED:
-        return _smoothed(arrivals, now_s, epoch_s, fc, horizon_s)[1]
-    start, end = _looked_at(now_s, epoch_s, fc, horizon_s)
+        return _smoothed(arrivals, now_s, epoch_s, fc, horizon_s, lead_s)[1]
+    start, end = _looked_at(now_s, epoch_s, fc, horizon_s, lead_s)
     mean = arrivals.count_between(start, end).astype(np.float64) / max(end - start, 1e-9)
     if fc.method != "trend":
         return np.asarray(mean)
@@ -354,7 +381,8 @@ def expected_rates_rps(
         return np.asarray(mean)
     centers = start + (np.arange(rates.shape[0]) + 0.5) * fc.window_s
     slope, intercept = np.polyfit(centers, rates, 1)
-    middle = max(now_s, end) + 0.5 * min(epoch_s, max(horizon_s - max(now_s, end), 0.0))
+    begin = max(now_s, end) + lead_s
+    middle = begin + 0.5 * min(epoch_s, max(horizon_s - begin, 0.0))
     return np.asarray(np.maximum(intercept + slope * middle, 0.0))
 
 

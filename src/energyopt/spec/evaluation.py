@@ -179,9 +179,7 @@ class Forecast(Spec):
     @model_validator(mode="after")
     def _check(self) -> Forecast:
         if self.lookahead_s > 0 and self.method != "oracle":
-            raise ValueError(
-                f"lookahead_s: only the oracle looks ahead, not method {self.method}"
-            )
+            raise ValueError(f"lookahead_s: only the oracle looks ahead, not method {self.method}")
         if self.method == "seasonal" and self.season_s is None:
             raise ValueError("season_s: method seasonal needs season_s (the season's length, s)")
         if self.season_s is not None and self.season_s < 2 * self.window_s - 1e-9:
@@ -396,6 +394,12 @@ class Evaluation(Spec):
     load: Load
     duration_s: float = Field(gt=0, le=7 * 86400, description="simulated time, s")
     epoch_s: float = Field(default=300.0, ge=1, le=7 * 86400, description="re-planning period, s")
+    plan_ahead: bool = Field(
+        default=False,
+        description="start each epoch's plan the plan lead (power-on + start of the heaviest "
+        "model) before the epoch's boundary, sized for the forecast from the boundary to the "
+        "next one, so its new instances serve from the boundary (docs/online.md)",
+    )
     forecast: Forecast = Forecast()
     planners: tuple[PlannerSpec, ...] = Field(default=DEFAULT_PLANNERS, min_length=1)
     reference: str = Field(

@@ -243,6 +243,7 @@ def run_planner(
             ),
         )
     last_drop = [-np.inf]  # s: when the last consolidation was tried
+    lead = epoch_lead_s(ev, problem) if not planner.static else 0.0
     expected_now: list[dict[str, float]] = [{}]  # the load the epoch's plan should carry
     expected_at: list[dict[str, float]] = [{}]  # that of the plan in force
 
@@ -348,7 +349,7 @@ def run_planner(
         if not fired or now - last_drop[0] < o.consolidate_cooldown_s - 1e-9:
             return None
         last_drop[0] = now
-        end = min(window, (np.floor(now / ev.epoch_s + 1e-9) + 1.0) * ev.epoch_s)
+        end = min(window, next_epoch_s(now, ev.epoch_s, lead))
         if end <= now:
             return None
         seen = min(now, span + o.consolidate_s)
@@ -518,13 +519,14 @@ def run_planner(
 
     def replan(now: float) -> Plan | None:
         say(f"{planner.name}: re-planning at t={now:.0f} s")
-        mean = expected_rates_rps(arrivals, now, ev.epoch_s, fc, window)
+        mean = expected_rates_rps(arrivals, now, ev.epoch_s, fc, window, lead)
         expected_now[0] = dict(zip(names, mean.tolist(), strict=True))
-        return decide(now, raw_rates_rps(arrivals, now, ev.epoch_s, fc, window))
+        return decide(now, raw_rates_rps(arrivals, now, ev.epoch_s, fc, window, lead))
 
     watching = detector is not None or drop is not None
     watch = (ev.online.surprise_check_s, watched) if watching else None
-    result = sim.run(first, None if planner.static else ev.epoch_s, replan, watch)
+    epoch = None if planner.static else ev.epoch_s
+    result = sim.run(first, epoch, replan, watch, epoch_lead_s=lead)
     close(window)
     return PlannerRun(planner.name, planner.spec.kind, result, run)
 
@@ -802,6 +804,29 @@ def plan_lead_s(ev: Evaluation, problem: Problem) -> float:
     return tr.power_on_s + tr.instance_start_s(heaviest)
 
 
+def epoch_lead_s(ev: Evaluation, problem: Problem) -> float:
+    """How long (s) before each epoch's boundary its plan is made and applied: the
+    plan lead (``plan_lead_s``: its new instances then serve from the boundary) with
+    ``ev.plan_ahead``, else 0. Raises SpecError when the lead is not shorter than
+    the epoch."""
+    if not ev.plan_ahead:
+        return 0.0
+    lead = plan_lead_s(ev, problem)
+    if lead >= ev.epoch_s:
+        raise SpecError(
+            [f"plan_ahead: the plan lead {lead:.1f} s is not shorter than epoch_s {ev.epoch_s:g} s"]
+        )
+    return lead
+
+
+def next_epoch_s(now_s: float, epoch_s: float, lead_s: float = 0.0) -> float:
+    """When (s) the next epoch's plan is applied after ``now_s``: the first boundary
+    k x ``epoch_s`` (k >= 1) whose plan, made ``lead_s`` before it, comes after
+    ``now_s``; that plan's time, k x ``epoch_s`` - ``lead_s``."""
+    k = max(1.0, np.floor((now_s + lead_s) / epoch_s + 1e-9) + 1.0)
+    return float(k * epoch_s - lead_s)
+
+
 def clairvoyant_evaluation(
     ev: Evaluation,
     window_s: float = CLAIRVOYANT_WINDOW_S,
@@ -823,7 +848,7 @@ def clairvoyant_evaluation(
         floor=1e-3,
         lookahead_s=lookahead_s,
     )
-    return ev.model_copy(update={"epoch_s": window_s, "forecast": fc})
+    return ev.model_copy(update={"epoch_s": window_s, "forecast": fc, "plan_ahead": False})
 
 
 def run_clairvoyant(

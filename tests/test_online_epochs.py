@@ -1,0 +1,179 @@
+"""Epoch plans (families/serving/loop.py, planners.py, sim/engine.py): the bundled
+specs' epoch planner returns the same plan on repeated solves (its solves stop on
+counted work, not on the clock), also when it must back off an overloaded
+forecast; with ``plan_ahead`` each epoch's plan is made its plan lead before the
+boundary, so its new instances serve from the boundary on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from energyopt.families.serving.loop import (
+    epoch_lead_s,
+    next_epoch_s,
+    plan_lead_s,
+    run_planner,
+)
+from energyopt.families.serving.planners import make_planner
+from energyopt.sim.engine import Simulator
+from energyopt.sim.forecast import planned_rates_rps, raw_rates_rps
+from energyopt.sim.passes import PassTables
+from energyopt.sim.synthetic import synthetic_arrivals
+from energyopt.spec.errors import SpecError
+from energyopt.spec.evaluation import (
+    DiurnalLoad,
+    Evaluation,
+    Forecast,
+    OnlineOptions,
+    PlannerSpec,
+    Transitions,
+    load_evaluation,
+)
+from energyopt.spec.plan import Plan
+from tests.test_sim_engine import shared_plan, split_plan, two_workloads
+
+SPECS = Path(__file__).resolve().parents[1] / "instances" / "evaluate"
+
+
+def _online_spec(name: str) -> PlannerSpec:
+    ev = load_evaluation(SPECS / name)
+    return next(p for p in ev.planners if p.online)
+
+
+def _plan_json(plan: Plan | None) -> str | None:
+    return None if plan is None else plan.model_dump_json(exclude={"solver"})
+
+
+@pytest.mark.parametrize("factor", [1.0, 4.0])
+def test_the_bundled_epoch_planner_returns_the_same_plan_on_repeated_solves(
+    factor: float,
+) -> None:
+    spec = _online_spec("fleet16-ramp-flash.yaml")
+    problem = two_workloads(rate_a=36.0, rate_b=20.0, gpus=6)
+    rates = {w.name: factor * w.rate_rps for w in problem.instance.workloads}
+    answers = []
+    for _ in range(2):
+        planner = make_planner(spec, problem, SPECS / "fleet16-ramp-flash.yaml")
+        assert planner is not None
+        answers.append(planner.plan(rates))  # a fresh planner: no cache
+    first, second = answers
+    assert first.plan is not None
+    assert _plan_json(first.plan) == _plan_json(second.plan)
+    assert first.served_fraction == second.served_fraction
+    assert first.objective == second.objective and first.bound == second.bound
+    # every solve ended on its gap, its node limit or a proof, not on the time limit
+    assert not first.unproven and not second.unproven
+    if factor > 1.0:  # 4x what the six GPUs serve: backed off
+        assert first.served_fraction < 1.0
+
+
+def test_the_specs_with_online_control_plan_every_epoch_with_that_planner() -> None:
+    reference = _online_spec("fleet16-ramp-flash.yaml")
+    found = 0
+    for path in sorted(SPECS.glob("*.yaml")):
+        if "online: true" not in path.read_text():
+            continue
+        for p in load_evaluation(path).planners:
+            if p.kind == "energyopt":
+                found += 1
+                assert (p.solver, p.time_limit_s) == (reference.solver, reference.time_limit_s)
+    assert found >= 4
+
+
+def test_an_early_plan_brings_its_new_instances_up_by_the_epoch_boundary() -> None:
+    problem = two_workloads()
+    ev = Evaluation(
+        kind="evaluate",
+        name="ahead",
+        base="b.yaml",
+        load=DiurnalLoad(kind="diurnal"),
+        duration_s=60.0,
+        epoch_s=30.0,
+        plan_ahead=True,
+        transitions=Transitions(power_on_s=3.0, startup_s=1.0, load_gbps=10.0),
+    )
+    lead = epoch_lead_s(ev, problem)
+    assert lead == pytest.approx(plan_lead_s(ev, problem)) and 4.0 < lead < 30.0
+    arrivals = synthetic_arrivals(ev.load, problem.instance.workloads, ev.duration_s, 1)
+    assert len(arrivals) > 0
+    ready: dict[float, list[float]] = {}
+    for early in (0.0, lead):
+        sim = Simulator(
+            problem, arrivals, window_s=60.0, tables=PassTables(problem), transitions=ev.transitions
+        )
+        asked: list[float] = []
+
+        def replan(now: float, asked: list[float] = asked) -> Plan | None:
+            asked.append(now)
+            return split_plan(problem) if len(asked) == 1 else None
+
+        sim.run(shared_plan(problem), epoch_s=30.0, replan=replan, epoch_lead_s=early)
+        assert asked == [pytest.approx(30.0 - early)]
+        # the split plan switches GPU 1 on: its instance is new
+        ready[early] = [s.ready_s for s in sim.by_sid.values() if s.gpus == ["n0/1"]]
+    assert ready[0.0] and min(ready[0.0]) > 30.0  # made at the boundary: up a lead late
+    assert ready[lead] and max(ready[lead]) <= 30.0 + 1e-9  # made a lead early: up by then
+
+
+def test_next_epoch_is_the_next_early_plan() -> None:
+    assert next_epoch_s(10.0, 300.0) == 300.0
+    assert next_epoch_s(290.0, 300.0, 13.0) == 587.0
+    assert next_epoch_s(280.0, 300.0, 13.0) == 287.0
+    assert next_epoch_s(0.0, 60.0, 13.0) == 47.0
+
+
+def test_the_loop_plans_each_epoch_a_lead_early_for_the_epoch_it_serves() -> None:
+    problem = two_workloads(rate_a=12.0, rate_b=6.0, gpus=3)
+    load = DiurnalLoad(kind="diurnal", amplitude=0.5, period_s=240.0)
+    fc = Forecast(method="trend", window_s=10.0, headroom=1.1, quantum=0.05)
+    ev = Evaluation(
+        kind="evaluate",
+        name="ahead",
+        base="b.yaml",
+        load=load,
+        duration_s=120.0,
+        epoch_s=40.0,
+        plan_ahead=True,
+        forecast=fc,
+        online=OnlineOptions(replan_on_surprise=False),
+    )
+    lead = epoch_lead_s(ev, problem)
+    arrivals = synthetic_arrivals(load, problem.instance.workloads, ev.duration_s, 4)
+    planner = make_planner(PlannerSpec(name="e", kind="energyopt"), problem, "e.yaml")
+    assert planner is not None
+    said: list[str] = []
+    run = run_planner(ev, problem, arrivals, planner, PassTables(problem), said.append)
+    times = [float(s.split("t=")[1].split(" s")[0]) for s in said if "re-planning" in s]
+    assert times == [pytest.approx(40.0 - lead, abs=0.5), pytest.approx(80.0 - lead, abs=0.5)]
+    # each plan was sized for the trend at the end of the epoch it serves, a lead
+    # further ahead than a plan made at that time for one epoch
+    base = np.asarray([w.rate_rps for w in problem.instance.workloads])
+    differs = 0
+    for k, t in enumerate(40.0 * np.arange(1, 3) - lead, start=1):
+        ahead = planned_rates_rps(
+            raw_rates_rps(arrivals, float(t), 40.0, fc, 120.0, lead), base, fc
+        )
+        plain = planned_rates_rps(raw_rates_rps(arrivals, float(t), 40.0, fc, 120.0), base, fc)
+        assert run.tally.planned_rps[k] == pytest.approx(ahead.tolist(), rel=1e-9)
+        differs += int(not np.allclose(ahead, plain))
+    assert differs >= 1
+    assert run.result.completed + run.result.unfinished + run.result.shed == run.result.arrived
+
+
+def test_a_lead_not_shorter_than_the_epoch_is_refused() -> None:
+    problem = two_workloads()
+    ev = Evaluation(
+        kind="evaluate",
+        name="ahead",
+        base="b.yaml",
+        load=DiurnalLoad(kind="diurnal"),
+        duration_s=60.0,
+        epoch_s=5.0,
+        plan_ahead=True,
+    )
+    with pytest.raises(SpecError):
+        epoch_lead_s(ev, problem)
+    assert epoch_lead_s(ev.model_copy(update={"plan_ahead": False}), problem) == 0.0
