@@ -20,6 +20,9 @@
    clock and an energy weight in its placement (``heft_gpu_clocks``), the clocks
    lowered GPU by GPU while the objective falls (``gpu_clock_descent``); the best
    such schedule is re-clocked by steps 2-4 and kept if it beats the rest.
+6. Clock classes (graphs above ``CLASS_TASKS`` tasks, before step 5): GPUs held at
+   one clock per class, an LP picks every task's class under the classes' GPU time,
+   HEFT places each task within its class (``clock_classes.class_search``).
 
 The bound reported is ``families.taskgraph.formulations.bounds`` (critical path
 and work bounds with least energies, the Lagrangian busy-time bound, and for EDP
