@@ -86,8 +86,11 @@ def test_the_search_meets_the_deadline_and_beats_max_clock_heft(kind: ObjectiveK
     seeds = [lv for r in ("down", "nearest") for lv in priced_clock_levels(tg, clocks, r)]
     settings = class_settings(tg, clocks, seeds)
     top = len(clocks[0]) - 1
-    for lv in settings:  # the GPUs not at a seed's lowest level go to the top (but one)
-        assert sum(v not in (min(lv), top) for v in lv) <= 1
+    for lv in settings:  # the GPUs not at a seed's lowest level go to the top, but for
+        # one or two at one level between, with at least one GPU left at the top
+        middle = [v for v in lv if v not in (min(lv), top)]
+        assert len(middle) <= 2 and len(set(middle)) <= 1
+        assert top in lv
     got = class_search(tg, clocks, settings, ref, float("inf"))
     assert got is not None
     s, obj = got
@@ -104,3 +107,19 @@ def test_the_heuristic_uses_clock_classes_above_the_placement_search() -> None:
     assert result.plan is not None
     assert check_schedule(tg, result.plan).ok
     assert any(line.startswith("clock classes") for line in result.log)
+
+
+def test_an_unbounded_backlog_makes_the_windows_one() -> None:
+    """Work carried forward without limit (none after the last window) leaves only
+    each class's total, the one-window LP; a backlog of 0 can only cost more."""
+    tg = _graph("energy_within", platform("L40S", 4))
+    ref = heft_max_clock(tg)
+    clocks = [1005, 1005, 2520, 2520]
+    assert tg.deadline is not None
+    one = class_lp(tg, clocks, ref, tg.deadline, 1)
+    free = class_lp(tg, clocks, ref, tg.deadline, 10, backlog=10**9)
+    held = class_lp(tg, clocks, ref, tg.deadline, 10, backlog=0)
+    some = class_lp(tg, clocks, ref, tg.deadline, 10, backlog=tg.deadline // 100)
+    assert one is not None and free is not None and held is not None and some is not None
+    assert free[1] == pytest.approx(one[1], rel=1e-7)
+    assert held[1] >= some[1] - 1e-7 >= one[1] - 2e-7

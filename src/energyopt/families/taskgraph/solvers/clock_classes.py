@@ -15,9 +15,12 @@ two kinds of GPU loosely. Here the split is planned for the whole graph first:
    in every window each class's work fits in its GPUs: sum_(i in w) d_ic x_ic <=
    n_c L_w. With one window this is the busy-time bound of the classes; with more,
    both kinds of GPU keep pace with each other through the graph, so neither waits
-   for the other at the end. Every task takes its largest x_ic.
+   for the other at the end; under a deadline a class may carry a little work
+   (``BACKLOG_SHARE``) from one window into the next. Every task takes its largest
+   x_ic.
 3. HEFT with insertion places every task on the GPU of its class where it finishes
-   first (``heft.heft`` with the other GPUs forbidden).
+   first (``heft.heft`` with the other GPUs forbidden); under a deadline the last
+   ``FREE_TAIL`` of the tasks (least upward rank) may go to any GPU.
 
 No GPU ever changes clock. The caller keeps a schedule only if it meets the deadline
 and beats what it has, and re-clocks it with the slack-reclaiming steps.
@@ -31,7 +34,7 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix, hstack, vstack
 
-from energyopt.families.taskgraph.formulations.heft import heft
+from energyopt.families.taskgraph.formulations.heft import heft, upward_ranks
 from energyopt.families.taskgraph.formulations.model import TaskGraph
 from energyopt.families.taskgraph.formulations.schedule import Schedule, totals
 
@@ -39,12 +42,18 @@ DEADLINE_SHARES = (0.985, 1.0)
 """Under a deadline, the capacity (a multiple of the deadline) of each clock setting is
 searched in this range for the largest whose schedule meets the deadline: a smaller
 capacity moves work to the fast GPUs, which leaves HEFT room to pack."""
-SHARE_STEPS = 5
+SHARE_STEPS = 6
 """Schedules per clock setting under a deadline (see ``class_search``)."""
-RANK_SHARE = 0.995
+RANK_SHARE = 0.992
 """Under a deadline, settings are ranked by their one-window LP at this multiple of it
-(HEFT packs the classes to about 99.5 % of their GPU time): a setting without an LP
-solution there would need its GPUs filled more tightly than that, and is dropped."""
+(HEFT packs the classes to about 99.2-99.5 % of their GPU time): a setting without an
+LP solution there would need its GPUs filled more tightly than that, and is dropped."""
+BACKLOG_SHARE = 0.002
+"""Under a deadline, the work each class may carry from one window into the next, per
+GPU, as a share of the deadline (``class_lp``'s ``backlog``)."""
+FREE_TAIL = 0.03
+"""Under a deadline, the share of tasks of least upward rank that may run on any GPU
+(``class_schedule``'s ``free_tail``): they even out where the classes end."""
 DEADLINE_WINDOWS = (100, 20)
 """Windows of the LP under a deadline; the second where the first has no solution."""
 FREE_PLANS = ((50, 1.01), (20, 1.01), (50, 1.02), (100, 1.0), (1, 1.0))
@@ -70,11 +79,15 @@ def class_lp(
     reference: Schedule,
     capacity: int,
     windows: int,
+    backlog: int = 0,
 ) -> tuple[list[int], float] | None:
     """For every task, the index of its class (a distinct (type, clock) of
     ``clock_mhz``, in first-GPU order) from the LP of the module docstring, with
     ``capacity`` grid units in all over the windows, and the LP's above-idle energy
-    (J); None if the LP has no solution."""
+    (J); None if the LP has no solution. ``backlog`` (grid units): each class may
+    carry work of up to n_c x ``backlog`` from one window into the next (b_cw >= 0,
+    b_cw >= b_c,w-1 + work_cw - n_c L_w, none after the last window); 0 holds every
+    window to its own length."""
     n = tg.n_tasks
     keys: list[tuple[int, int]] = []
     members: list[int] = []
@@ -108,22 +121,43 @@ def class_lp(
     start = np.asarray(reference.start, dtype=float)
     span = max(float(reference.makespan(tg)), 1.0)
     win = np.minimum((start / span * windows).astype(int), windows - 1)
-    # rows: (window, class) work <= n_c L_w, then sum_w L_w <= capacity
+    # rows: (window, class) work + b_c,w-1 - b_cw <= n_c L_w, then sum_w L_w <= capacity;
+    # variables x, L, b
+    cells = np.arange(windows * nc)
     work = coo_matrix(
         (np.array(dur), (win[var_i] * nc + var_c, np.arange(nv))), shape=(windows * nc, nv)
     )
-    cells = np.arange(windows * nc)
     lengths = coo_matrix(
         (-np.tile(count, windows), (cells, cells // nc)), shape=(windows * nc, windows)
     )
-    total = hstack([coo_matrix((1, nv)), coo_matrix(np.ones((1, windows)))])
-    a_ub = vstack([hstack([work, lengths]), total]).tocsr()
+    later = cells[cells >= nc]
+    carry = coo_matrix(
+        (
+            np.concatenate([-np.ones(len(cells)), np.ones(len(later))]),
+            (np.concatenate([cells, later]), np.concatenate([cells, later - nc])),
+        ),
+        shape=(windows * nc, windows * nc),
+    )
+    total = hstack(
+        [coo_matrix((1, nv)), coo_matrix(np.ones((1, windows))), coo_matrix((1, windows * nc))]
+    )
+    a_ub = vstack([hstack([work, lengths, carry]), total]).tocsr()
     b_ub = np.concatenate([np.zeros(windows * nc), [float(capacity)]])
     a_eq = hstack(
-        [coo_matrix((np.ones(nv), (var_i, np.arange(nv))), shape=(n, nv)), coo_matrix((n, windows))]
+        [
+            coo_matrix((np.ones(nv), (var_i, np.arange(nv))), shape=(n, nv)),
+            coo_matrix((n, windows + windows * nc)),
+        ]
     ).tocsr()
-    cost = np.concatenate([np.array(dyn), np.zeros(windows)])
-    bounds = np.array([(0.0, 1.0)] * nv + [(0.0, np.inf)] * windows)
+    cost = np.concatenate([np.array(dyn), np.zeros(windows + windows * nc)])
+    carried = np.tile(count, windows) * float(backlog)
+    carried[(windows - 1) * nc :] = 0.0
+    bounds = np.concatenate(
+        [
+            np.array([(0.0, 1.0)] * nv + [(0.0, np.inf)] * windows),
+            np.column_stack([np.zeros(windows * nc), carried]),
+        ]
+    )
     res = linprog(
         cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=np.ones(n), bounds=bounds, method="highs"
     )
@@ -140,11 +174,19 @@ def class_lp(
 
 
 def class_schedule(
-    tg: TaskGraph, clock_mhz: list[int], reference: Schedule, capacity: int, windows: int
+    tg: TaskGraph,
+    clock_mhz: list[int],
+    reference: Schedule,
+    capacity: int,
+    windows: int,
+    backlog: int = 0,
+    free_tail: float = 0.0,
 ) -> Schedule | None:
     """HEFT with every GPU g at ``clock_mhz[g]`` (MHz) and every task restricted to the
-    GPUs of the class ``class_lp`` gives it; None where the LP has no solution."""
-    lp = class_lp(tg, clock_mhz, reference, capacity, windows)
+    GPUs of the class ``class_lp`` gives it (with ``backlog``), except the share
+    ``free_tail`` of the tasks of least upward rank (the last HEFT places), which may
+    run on any GPU; None where the LP has no solution."""
+    lp = class_lp(tg, clock_mhz, reference, capacity, windows, backlog)
     if lp is None:
         return None
     pick = lp[0]
@@ -154,14 +196,16 @@ def class_schedule(
         if key not in keys:
             keys.append(key)
     cls = [keys.index((tg.gpu_type[g], clock_mhz[g])) for g in range(tg.n_gpus)]
+    rank = upward_ranks(tg)
+    free = set(sorted(range(tg.n_tasks), key=lambda i: rank[i])[: int(free_tail * tg.n_tasks)])
     options = [
         [
-            class_option(tg, i, g, clock_mhz[g]) if cls[g] == pick[i] else -1
+            class_option(tg, i, g, clock_mhz[g]) if cls[g] == pick[i] or i in free else -1
             for g in range(tg.n_gpus)
         ]
         for i in range(tg.n_tasks)
     ]
-    return heft(tg, options)
+    return heft(tg, options, rank)
 
 
 def class_settings(
@@ -170,8 +214,9 @@ def class_settings(
     """Clock settings (a level per GPU, an index into ``clocks`` of its type as in
     ``heuristic.priced_clock_levels``) to try, from the priced suggestions ``seeds``:
     the GPUs a seed holds at its type's lowest level there, every other GPU at the
-    type's top level (two classes), and the same with the first of those fast GPUs of
-    each type at each level between (three classes). Distinct, in seed order."""
+    type's top level (two classes), and the same with the first one or (with three
+    or more fast GPUs) two of those fast GPUs of each type at each level between (three
+    classes). Distinct, in seed order."""
     top = [len(c) - 1 for c in clocks]
     out: list[list[int]] = []
     for seed in seeds:
@@ -184,9 +229,9 @@ def class_settings(
             fast = [g for g in range(tg.n_gpus) if tg.gpu_type[g] == t and two[g] == top[t]]
             if not fast:
                 continue
-            g = fast[0]
-            for v in range(low[t] + 1, top[t]):
-                variants.append([v if h == g else two[h] for h in range(tg.n_gpus)])
+            for middle in (fast[:1], fast[:2]) if len(fast) > 2 else (fast[:1],):
+                for v in range(low[t] + 1, top[t]):
+                    variants.append([v if h in middle else two[h] for h in range(tg.n_gpus)])
         for setting in variants:
             if setting not in out:
                 out.append(setting)
@@ -235,12 +280,15 @@ def class_search(
     idle_j = tg.idle_total_w * tg.ms(fastest / tg.n_gpus) / 1e3
     best: tuple[Schedule, float] | None = None
 
+    backlog = int(BACKLOG_SHARE * target) if tg.deadline is not None else 0
+    tail = FREE_TAIL if tg.deadline is not None else 0.0
+
     def consider(setting: list[int], capacity: int, windows: tuple[int, ...]) -> int | None:
         """The schedule's makespan (grid units; kept if it is the best within the
         deadline), or None where the LP has no solution."""
         nonlocal best
         for w in windows:
-            s = class_schedule(tg, setting, reference, capacity, w)
+            s = class_schedule(tg, setting, reference, capacity, w, backlog, tail)
             if s is None:
                 continue
             tot = totals(tg, s)
