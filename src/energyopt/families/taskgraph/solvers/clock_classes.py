@@ -249,9 +249,11 @@ def class_search(
     an index into ``clocks`` of its type, MHz) until ``time.perf_counter()`` passes
     ``stop_at`` (s); None if none meets the deadline.
 
-    The settings are tried fewest classes first (two classes pack best), each group in
-    the order of their one-window LP's energy at a capacity of ``RANK_SHARE`` of the
-    deadline (without one, the first of ``FREE_PLANS`` of the reference's makespan);
+    The settings are tried fewest classes first (two classes pack best), then most
+    GPUs at a level between the lowest and the top first (a middle class of two GPUs
+    packs tighter than one), each group in the order of their one-window LP's energy
+    at a capacity of ``RANK_SHARE`` of the deadline (without one, the first of
+    ``FREE_PLANS`` of the reference's makespan);
     settings whose LP has no solution there are dropped. Under a deadline, each
     setting's capacity starts at the deadline; while its schedule misses it, the
     capacity is scaled by deadline / makespan (less 0.1 %; halfway to the lower end
@@ -265,14 +267,16 @@ def class_search(
     each judged by the objective."""
     target = tg.deadline if tg.deadline is not None else reference.makespan(tg)
     settings = [[clocks[tg.gpu_type[g]][v] for g, v in enumerate(lv)] for lv in levels]
-    ranked: list[tuple[int, float, int]] = []
+    ranked: list[tuple[int, int, float, int]] = []
     rank_at = int((RANK_SHARE if tg.deadline is not None else FREE_PLANS[0][1]) * target)
     for k, setting in enumerate(settings):
         if time.perf_counter() >= stop_at:
             break
         lp = class_lp(tg, setting, reference, rank_at, 1)
         if lp is not None:
-            ranked.append((len(set(setting)), lp[1], k))
+            top = [len(c) - 1 for c in clocks]
+            middle = sum(0 < v < top[tg.gpu_type[g]] for g, v in enumerate(levels[k]))
+            ranked.append((len(set(setting)), -middle, lp[1], k))
     fastest = sum(
         min(min(o.dur) for o in (tg.options[t][i] for t in set(tg.gpu_type)) if o.dur)
         for i in range(tg.n_tasks)
@@ -298,7 +302,7 @@ def class_search(
             return tot.makespan
         return None
 
-    for _, dyn_j, k in sorted(ranked):
+    for _, _, dyn_j, k in sorted(ranked):
         if tg.deadline is None:
             for windows, share in FREE_PLANS:
                 if time.perf_counter() >= stop_at:
