@@ -51,6 +51,12 @@ restore or a spill on most calls).
     python benchmarks/online.py --duration 600 --online consolidate_on_drop=true
     python benchmarks/online.py --duration 600 --quick --loads bursty \
         --online consolidate_on_drop=true
+    python benchmarks/online.py --duration 600 --quick --loads diurnal+spikes \
+        --epoch 60 --plan-ahead on --history 300   # epochs of 60 s, made ahead
+
+The epoch plans (energyopt, energyopt+online) use the ``auto`` preset with a
+60-s safety-net time limit (docs/online.md, "Epoch plans"); the yardsticks keep
+``highs-exact`` (loop.py, ``CLAIRVOYANT``).
 """
 
 from __future__ import annotations
@@ -495,6 +501,12 @@ def main() -> None:
         help="make each epoch's plan its plan lead before the boundary (Evaluation."
         "plan_ahead); spec: as each load's spec says",
     )
+    parser.add_argument(
+        "--history",
+        type=float,
+        default=None,
+        help="history the forecast reads (Forecast.history_s), s; default one epoch",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     args = parser.parse_args()
     settings: dict[str, object] = {}
@@ -513,16 +525,31 @@ def main() -> None:
         top["epoch_s"] = args.epoch
     if args.plan_ahead != "spec":
         top["plan_ahead"] = args.plan_ahead == "on"
-    if top:
+    if top or args.history is not None:
         by_name = {
-            name: Load(name, load.evaluation.model_copy(update=top), load.spec)
+            name: Load(
+                name,
+                load.evaluation.model_copy(
+                    update={
+                        **top,
+                        "forecast": load.evaluation.forecast.model_copy(
+                            update={"history_s": args.history}
+                        )
+                        if args.history is not None
+                        else load.evaluation.forecast,
+                    }
+                ),
+                load.spec,
+            )
             for name, load in by_name.items()
         }
     epochs = sorted({f"{x.evaluation.epoch_s:g} s" for x in by_name.values()})
     ahead = sorted({str(x.evaluation.plan_ahead) for x in by_name.values()})
+    history = sorted({f"{x.evaluation.forecast.history_s or 0:g}" for x in by_name.values()})
     print(
         f"{args.duration:g} s per load, epoch {', '.join(epochs)}, plan_ahead "
-        f"{', '.join(ahead)}; perf model: docs/performance-model.md "
+        f"{', '.join(ahead)}, forecast history {', '.join(history)} s (0: one epoch); "
+        "perf model: docs/performance-model.md "
         "(clock calibration on the Perseus DVFS sweeps); load average at start "
         + " / ".join(f"{x:.2f}" for x in os.getloadavg()),
         flush=True,
