@@ -12,18 +12,52 @@ from pathlib import Path
 import pytest
 
 from energyopt.families.collective.formulations.costmodel import energy_bound_j, time_bound_us
-from energyopt.families.collective.formulations.model import build_problem, load_collective
+from energyopt.families.collective.formulations.model import (
+    CollectiveProblem,
+    build_problem,
+    load_collective,
+)
 from energyopt.families.collective.formulations.scatter_gather import (
     by_rail_applicable,
     scatter_gather_choice,
 )
 from energyopt.families.collective.solvers.select import Evaluator, Structure, structures
-from energyopt.families.collective.spec import PROTOCOLS, CollectiveFile, CollectivePlan
+from energyopt.families.collective.spec import (
+    PROTOCOLS,
+    Choice,
+    Collective,
+    CollectiveFile,
+    CollectivePlan,
+)
 from energyopt.families.collective.verify import evaluate_collective
 
 from .spec_docs import collective_doc
 
 LAYOUTS = ([2], [3], [8], [2, 2], [3, 3], [2, 1], [1, 1, 1], [4, 4])
+
+
+def accepted_within_bounds(
+    p: CollectiveProblem,
+    c: Collective,
+    choice: Choice,
+    rng: random.Random,
+    channels: list[int],
+) -> None:
+    """``choice`` at a random protocol, channel count (of ``channels``), chunk count
+    and clock passes the verifier, and the time and energy bounds of ``c`` stay at
+    most its verified time (us) and energy (J)."""
+    choice = choice.model_copy(
+        update={
+            "protocol": rng.choice(PROTOCOLS),
+            "channels": rng.choice(channels),
+            "chunks": rng.choice([1, 2, 4]),
+            "clock_mhz": rng.choice(p.clocks_mhz),
+        }
+    )
+    ev = evaluate_collective(p, CollectivePlan(choices=(choice,)))
+    assert ev.violations == []
+    assert time_bound_us(p, c) <= ev.time_us["c"] * (1 + 1e-9)
+    assert energy_bound_j(p, c) <= ev.energy_j["c"] * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -59,18 +93,7 @@ def test_the_verifier_accepts_scatter_gather_broadcasts_and_the_bound_holds(seed
     choice = scatter_gather_choice(
         p, c, "c", rng.randint(1, 3), weights, by_rail, root_holds, root_first
     )
-    choice = choice.model_copy(
-        update={
-            "protocol": rng.choice(PROTOCOLS),
-            "channels": rng.choice([1, 2, 4, 8]),
-            "chunks": rng.choice([1, 2, 4]),
-            "clock_mhz": rng.choice(p.clocks_mhz),
-        }
-    )
-    ev = evaluate_collective(p, CollectivePlan(choices=(choice,)))
-    assert ev.violations == []
-    assert time_bound_us(p, c) <= ev.time_us["c"] * (1 + 1e-9)
-    assert energy_bound_j(p, c) <= ev.energy_j["c"] * (1 + 1e-9)
+    accepted_within_bounds(p, c, choice, rng, [1, 2, 4, 8])
 
 
 def test_by_rail_needs_equal_nodes_and_a_broadcast_is_required() -> None:
@@ -170,18 +193,7 @@ def test_the_root_first_broadcast_by_rail_is_accepted_and_the_bound_holds(seed: 
     for t in choice.transfers:
         if p.node_of[t.src] != p.node_of[t.dst]:
             assert t.step == (0 if p.local_of[t.src] == lane else 1)
-    choice = choice.model_copy(
-        update={
-            "protocol": rng.choice(PROTOCOLS),
-            "channels": rng.choice([1, 2, 4, 16]),
-            "chunks": rng.choice([1, 2, 4]),
-            "clock_mhz": rng.choice(p.clocks_mhz),
-        }
-    )
-    ev = evaluate_collective(p, CollectivePlan(choices=(choice,)))
-    assert ev.violations == []
-    assert time_bound_us(p, c) <= ev.time_us["c"] * (1 + 1e-9)
-    assert energy_bound_j(p, c) <= ev.energy_j["c"] * (1 + 1e-9)
+    accepted_within_bounds(p, c, choice, rng, [1, 2, 4, 16])
 
 
 def test_the_search_keeps_the_root_first_broadcast_on_tiny_2x2() -> None:
