@@ -12,11 +12,13 @@ from energyopt.families.taskgraph.formulations.loading import build_taskgraph
 from energyopt.families.taskgraph.formulations.model import TaskGraph
 from energyopt.families.taskgraph.formulations.schedule import totals
 from energyopt.families.taskgraph.solvers.clock_classes import (
+    FREE_CAPACITY,
     class_lp,
     class_option,
     class_schedule,
     class_search,
     class_settings,
+    free_prediction,
 )
 from energyopt.families.taskgraph.solvers.heuristic import (
     _clock_lists,
@@ -123,3 +125,28 @@ def test_an_unbounded_backlog_makes_the_windows_one() -> None:
     assert one is not None and free is not None and held is not None and some is not None
     assert free[1] == pytest.approx(one[1], rel=1e-7)
     assert held[1] >= some[1] - 1e-7 >= one[1] - 2e-7
+
+
+def test_the_energy_prediction_is_at_most_the_energy_of_any_class_schedule() -> None:
+    """Without a deadline and for energy (no price on the makespan but idle power),
+    the one-window LP with a free length relaxes every schedule of the setting whose
+    makespan is within ``FREE_CAPACITY`` of the reference's."""
+    tg = _graph("energy", platform("L40S", 4))
+    ref = heft_max_clock(tg)
+    span = ref.makespan(tg)
+    compared = 0
+    for clocks in ([2520] * 4, [1005, 2520, 2520, 2520], [1005, 1005, 1620, 2520]):
+        got = free_prediction(tg, clocks, ref)
+        assert got is not None
+        predicted, share = got
+        assert 0.0 < share <= FREE_CAPACITY + 1e-9
+        schedules = [ref] if clocks == [2520] * 4 else []  # ref: HEFT at max clock
+        for capacity in (1.0, 1.02, 1.05, 1.08):
+            s = class_schedule(tg, clocks, ref, int(capacity * span), 1)
+            if s is not None:
+                schedules.append(s)
+        for s in schedules:
+            if s.makespan(tg) <= FREE_CAPACITY * span:
+                compared += 1
+                assert predicted <= totals(tg, s).objective * (1 + 1e-9)
+    assert compared > 1

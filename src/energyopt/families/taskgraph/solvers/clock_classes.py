@@ -56,10 +56,23 @@ FREE_TAIL = 0.03
 (``class_schedule``'s ``free_tail``): they even out where the classes end."""
 DEADLINE_WINDOWS = (100, 20)
 """Windows of the LP under a deadline; the second where the first has no solution."""
-FREE_PLANS = ((50, 1.01), (20, 1.01), (50, 1.02), (100, 1.0), (1, 1.0))
-"""(windows, capacity as a multiple of the reference makespan) tried per clock setting
-without a deadline (energy, EDP, ED^2P): a capacity a little above the reference
-lets the LP use slower clocks where the makespan may grow."""
+FREE_CAPACITY = 1.1
+"""Without a deadline (energy, EDP, ED^2P), the most capacity (a multiple of the
+reference makespan) a clock setting's one-window LP may plan (``free_prediction``)."""
+FREE_STEP = 0.0025
+"""Without a deadline, the step (multiple of the reference makespan) of the
+capacities a setting's schedules are tried at: from one step above the capacity of
+its prediction up to the first with a schedule (``FREE_WINDOWS``: the windows' LP
+needs a little more than the one-window LP), at most ``FREE_TRIES`` capacities."""
+FREE_TRIES = 8
+"""Without a deadline, capacities per clock setting at most (see ``FREE_STEP``)."""
+FREE_MORE = 2
+"""Without a deadline, schedules per clock setting after its first, each one
+``FREE_STEP`` up (how tightly HEFT packs varies from one capacity to the next)."""
+FREE_WINDOWS = 100
+"""Windows of the LP without a deadline; one window where these give no schedule
+within ``FREE_TRIES`` capacities (the one-window LP has a solution from the
+prediction's capacity on)."""
 
 
 def class_option(tg: TaskGraph, task: int, gpu: int, clock_mhz: int) -> int:
@@ -88,6 +101,22 @@ def class_lp(
     carry work of up to n_c x ``backlog`` from one window into the next (b_cw >= 0,
     b_cw >= b_c,w-1 + work_cw - n_c L_w, none after the last window); 0 holds every
     window to its own length."""
+    got = _class_lp(tg, clock_mhz, reference, capacity, windows, backlog, 0.0)
+    return None if got is None else (got[0], got[1])
+
+
+def _class_lp(
+    tg: TaskGraph,
+    clock_mhz: list[int],
+    reference: Schedule,
+    capacity: int,
+    windows: int,
+    backlog: int,
+    length_cost: float,
+) -> tuple[list[int], float, float] | None:
+    """``class_lp`` with ``length_cost`` (J per grid unit) charged on the windows'
+    lengths: the picks, the above-idle energy (J) and the windows' total length (grid
+    units, at most ``capacity``)."""
     n = tg.n_tasks
     keys: list[tuple[int, int]] = []
     members: list[int] = []
@@ -149,7 +178,7 @@ def class_lp(
             coo_matrix((n, windows + windows * nc)),
         ]
     ).tocsr()
-    cost = np.concatenate([np.array(dyn), np.zeros(windows + windows * nc)])
+    cost = np.concatenate([np.array(dyn), np.full(windows, length_cost), np.zeros(windows * nc)])
     carried = np.tile(count, windows) * float(backlog)
     carried[(windows - 1) * nc :] = 0.0
     bounds = np.concatenate(
@@ -170,7 +199,8 @@ def class_lp(
         i = rows_i[v]
         if x[v] > best[i]:
             best[i], pick[i] = float(x[v]), rows_c[v]
-    return pick, float(res.fun)
+    length = float(np.sum(res.x[nv : nv + windows]))
+    return pick, float(res.fun) - length_cost * length, length
 
 
 def class_schedule(
@@ -263,12 +293,19 @@ def class_search(
     schedule within the deadline is kept; settings whose LP energy plus the idle
     energy of the least makespan (fastest work over all GPUs) is no less than the
     best schedule's energy are skipped (a cut-off of the search, not a bound: the LP
-    is at ``RANK_SHARE``). Without a deadline every plan of ``FREE_PLANS`` is tried,
-    each judged by the objective."""
-    target = tg.deadline if tg.deadline is not None else reference.makespan(tg)
+    is at ``RANK_SHARE``).
+
+    Without a deadline the settings are tried in the order of their predicted
+    objective (``free_prediction``), each at capacities from one ``FREE_STEP``
+    above that of its prediction, a step at a time, up to the first with a schedule
+    (the tightest capacity packs best; at most ``FREE_TRIES``) and ``FREE_MORE``
+    steps beyond it; the best by the objective is kept."""
+    if tg.deadline is None:
+        return _free_search(tg, clocks, levels, reference, stop_at)
+    target = tg.deadline
     settings = [[clocks[tg.gpu_type[g]][v] for g, v in enumerate(lv)] for lv in levels]
     ranked: list[tuple[int, int, float, int]] = []
-    rank_at = int((RANK_SHARE if tg.deadline is not None else FREE_PLANS[0][1]) * target)
+    rank_at = int(RANK_SHARE * target)
     for k, setting in enumerate(settings):
         if time.perf_counter() >= stop_at:
             break
@@ -284,8 +321,8 @@ def class_search(
     idle_j = tg.idle_total_w * tg.ms(fastest / tg.n_gpus) / 1e3
     best: tuple[Schedule, float] | None = None
 
-    backlog = int(BACKLOG_SHARE * target) if tg.deadline is not None else 0
-    tail = FREE_TAIL if tg.deadline is not None else 0.0
+    backlog = int(BACKLOG_SHARE * target)
+    tail = FREE_TAIL
 
     def consider(setting: list[int], capacity: int, windows: tuple[int, ...]) -> int | None:
         """The schedule's makespan (grid units; kept if it is the best within the
@@ -303,12 +340,6 @@ def class_search(
         return None
 
     for _, _, dyn_j, k in sorted(ranked):
-        if tg.deadline is None:
-            for windows, share in FREE_PLANS:
-                if time.perf_counter() >= stop_at:
-                    return best
-                consider(settings[k], int(share * target), (windows,))
-            continue
         if best is not None and dyn_j + idle_j >= best[1]:
             continue
         # secant steps on the capacity: scale it by deadline / makespan (a little
@@ -330,4 +361,71 @@ def class_search(
                 hi = share
                 scaled = share * target / span * (1 - 1e-3)
                 share = scaled if scaled > lo else (lo + hi) / 2
+    return best
+
+
+def free_prediction(
+    tg: TaskGraph, setting: list[int], reference: Schedule
+) -> tuple[float, float] | None:
+    """Predicted objective (the objective's unit) of the clock setting ``setting``
+    (MHz per GPU) and its capacity (a multiple of the reference's makespan), from
+    one one-window LP whose length L (at most ``FREE_CAPACITY`` of the reference's
+    makespan) is free at a price per unit of time: the idle power of all GPUs, plus,
+    for an objective E x M^p, p E / M of the reference (the objective's slope in M
+    against E, taken at the reference: first order). The prediction is the LP's
+    above-idle energy plus the idle energy over L, at a makespan of L; None if the
+    LP has no solution. A ranking of settings, not a bound (schedules pack longer)."""
+    span = reference.makespan(tg)
+    power = {"edp": 1, "ed2p": 2}.get(tg.objective, 0)
+    ref = totals(tg, reference)
+    per_ms = tg.idle_total_w / 1e3 + power * ref.energy_j / tg.ms(ref.makespan)
+    got = _class_lp(tg, setting, reference, int(FREE_CAPACITY * span), 1, 0, per_ms * tg.ms(1))
+    if got is None:
+        return None
+    energy_j = got[1] + tg.idle_total_w * tg.ms(got[2]) / 1e3
+    return tg.objective_value(round(got[2]), energy_j), got[2] / span
+
+
+def _free_search(
+    tg: TaskGraph,
+    clocks: list[tuple[int, ...]],
+    levels: list[list[int]],
+    reference: Schedule,
+    stop_at: float,
+) -> tuple[Schedule, float] | None:
+    """``class_search`` without a deadline (see its docstring)."""
+    span = reference.makespan(tg)
+    settings = [[clocks[tg.gpu_type[g]][v] for g, v in enumerate(lv)] for lv in levels]
+    ranked: list[tuple[float, float, int]] = []
+    for k, setting in enumerate(settings):
+        if time.perf_counter() >= stop_at:
+            break
+        got = free_prediction(tg, setting, reference)
+        if got is not None:
+            ranked.append((got[0], got[1], k))
+    backlog = int(BACKLOG_SHARE * span)
+    best: tuple[Schedule, float] | None = None
+    for _, least, k in sorted(ranked):
+        for windows in (FREE_WINDOWS, 1):
+            share = least
+            found = 0
+            for _ in range(FREE_TRIES + FREE_MORE):
+                if time.perf_counter() >= stop_at:
+                    return best
+                share += FREE_STEP
+                s = class_schedule(
+                    tg, settings[k], reference, int(share * span), windows, backlog, FREE_TAIL
+                )
+                if s is None:
+                    if found:
+                        break
+                    continue
+                objective = totals(tg, s).objective
+                if best is None or objective < best[1]:
+                    best = (s, objective)
+                found += 1
+                if found > FREE_MORE:
+                    break
+            if found:
+                break
     return best
