@@ -456,7 +456,7 @@ def ring_orders_bound_us(p: CollectiveProblem, c: Collective) -> float:
     protocol: for each, the busiest channel's pipeline.
 
     In a ring broadcast over order o, channel c runs the ring of o with every node's
-    run of ranks rotated by c (``_rotate_in_nodes``): its hop i (i = 0..n - 2, from the
+    run of ranks rotated by c (``rotate_in_nodes``): its hop i (i = 0..n - 2, from the
     root on) carries each of the K chunks, m / (H K) bytes, in global steps i..i + K - 1,
     for every channel alike. So in those steps an edge e on hop i's route carries at
     least the flows of the cnt_i(e) channels whose hop i uses it, and a flow of hop
@@ -469,7 +469,7 @@ def ring_orders_bound_us(p: CollectiveProblem, c: Collective) -> float:
     leaves hop i's receiver through the hops after it in the same way. So
     T >= launch + sum_j (w_cj + lambda_cj) + (K - 1) max_i w_ci for every channel c.
     The least over (o, H, K, protocol) of the largest over c bounds every ring."""
-    from energyopt.families.collective.formulations.schedules import _rotate_in_nodes
+    from energyopt.families.collective.formulations.schedules import rotate_in_nodes
     from energyopt.families.collective.spec import MAX_CHANNELS, MAX_CHUNKS
 
     n = p.n
@@ -491,7 +491,7 @@ def ring_orders_bound_us(p: CollectiveProblem, c: Collective) -> float:
         period = int(np.lcm.reduce(np.asarray(runs, dtype=np.int64)))
         hops = []  # per rotation: (n - 1, 2) sender and receiver of every hop
         for k in range(period):
-            o = _rotate_in_nodes(list(order), p.node_of, k)
+            o = rotate_in_nodes(list(order), p.node_of, k)
             at = o.index(c.root)
             o = o[at:] + o[:at]
             hops.append(np.asarray([(o[i], o[i + 1]) for i in range(n - 1)], dtype=np.int64))

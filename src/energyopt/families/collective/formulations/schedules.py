@@ -516,7 +516,7 @@ def program_of(
     progs = []
     for c in range(channels):
         if algorithm == "ring":
-            progs.append(ring(op, _rotate_in_nodes(o, node_of, c), root))
+            progs.append(ring(op, rotate_in_nodes(o, node_of, c), root))
         elif algorithm == "tree":
             progs.append(tree(op, o, root, leaves_last))
         elif algorithm == "halving_doubling":
@@ -530,7 +530,7 @@ def program_of(
     return progs[0] if channels == 1 else parallel(progs)
 
 
-def _rotate_in_nodes(order: list[int], node_of: Sequence[int], c: int) -> list[int]:
+def rotate_in_nodes(order: list[int], node_of: Sequence[int], c: int) -> list[int]:
     """The ring order with every node's run of ranks rotated by ``c``, so channel c
     leaves and enters each node through other GPUs (other NICs)."""
     out: list[int] = []
