@@ -323,3 +323,46 @@ def test_interchangeable_gpus_follow_the_topology() -> None:
     ]
     tg = build_taskgraph(spec.model_copy(update={"links": tuple(TopologyLink(**x) for x in links)}))
     assert interchangeable_gpus(tg) == [[0, 1]]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_schedule_meets_the_cp_model_work_rows(seed: int) -> None:
+    """The CP-SAT model's redundant rows (G s_j >= ancestors' durations, G (M - e_j)
+    >= descendants') cut off no schedule: random placements, clocks and GPU orders of
+    a three-layer graph on 2 GPUs, started at their earliest times and fixed in the
+    model, stay feasible, at their own makespan as the horizon."""
+    import random
+
+    from ortools.sat.python import cp_model
+
+    from energyopt.families.taskgraph.formulations.cpsat import build_cp_model, relabelled
+
+    spec = layered(3, 2, platform("L4", 2), seed=seed)
+    spec = spec.model_copy(
+        update={
+            "objective": spec.objective.model_copy(update={"kind": "energy"}),
+            "clocks_mhz": {"L4": (1065, 1530, 2040)},
+            "dvfs": spec.dvfs.model_copy(update={"transition_ms": 0.3}),
+        }
+    )
+    tg = build_taskgraph(spec)
+    rng = random.Random(seed)
+    checked = 0
+    while checked < 8:
+        gpu = [rng.randrange(tg.n_gpus) for _ in range(tg.n_tasks)]
+        option = [rng.randrange(len(tg.opts(i, gpu[i]).dur)) for i in range(tg.n_tasks)]
+        order = list(tg.topo_order)
+        seqs = [[i for i in order if gpu[i] == g] for g in range(tg.n_gpus)]
+        s = Schedule(tuple(gpu), tuple(option), tuple(earliest_starts(tg, gpu, option, seqs)))
+        assert check_schedule(tg, s).ok
+        s = relabelled(tg, s)
+        cp = build_cp_model(tg, s.makespan(tg))
+        for (i, g, k), x in cp.present.items():
+            cp.model.add(x == int(s.gpu[i] == g and s.option[i] == k))
+        for i, v in enumerate(cp.start):
+            cp.model.add(v == s.start[i])
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1
+        solver.parameters.max_time_in_seconds = 10
+        assert solver.solve(cp.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+        checked += 1

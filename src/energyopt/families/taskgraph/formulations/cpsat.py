@@ -63,6 +63,7 @@ def build_cp_model(tg: TaskGraph, horizon: int) -> CpTaskGraph:
     present: dict[tuple[int, int, int], Any] = {}
     intervals: list[list[Any]] = [[] for _ in range(gpus)]
     dyn_terms: list[tuple[Any, int]] = []
+    dur_of: list[Any] = []  # each task's chosen duration, a linear expression (grid units)
     for i in range(n):
         choices = []
         dur_terms = []
@@ -82,7 +83,8 @@ def build_cp_model(tg: TaskGraph, horizon: int) -> CpTaskGraph:
             m.add(sum(lits) == on[i, g])
             choices.append(on[i, g])
         m.add_exactly_one(choices)
-        m.add(end[i] == start[i] + sum(d * x for x, d in dur_terms))
+        dur_of.append(sum(d * x for x, d in dur_terms))
+        m.add(end[i] == start[i] + dur_of[i])
     for g in range(gpus):
         m.add_no_overlap(intervals[g])
     _break_gpu_symmetry(m, tg, on)
@@ -112,11 +114,12 @@ def build_cp_model(tg: TaskGraph, horizon: int) -> CpTaskGraph:
         # time of the tasks, counted that way, fits in G x the makespan.
         taken = [(x, idle.mult[i] * tg.opts(i, g).dur[k]) for (i, g, k), x in present.items()]
         m.add(sum(c * x for x, c in taken) + idle.gaps <= gpus * makespan)
+    ancestors = _ancestors(tg)
+    _add_work_rows(m, gpus, ancestors, start, end, makespan, dur_of)
     transition_terms: list[tuple[Any, int]] = []
     arcs: dict[int, list[tuple[int, int, Any]]] = {}
     if tg.transition > 0 or tg.transition_j > 0:
         tr_units = math.floor(tg.transition_j / eu)
-        ancestors = _ancestors(tg)
         for g in range(gpus):
             arcs[g] = _circuit(
                 m, tg, g, on, present, start, end, ancestors, transition_terms, tr_units
@@ -197,6 +200,32 @@ def _break_gpu_symmetry(m: cp_model.CpModel, tg: TaskGraph, on: dict[tuple[int, 
                     continue
                 earlier = [on[q, cls[r - 1]] for q in order[:p] if (q, cls[r - 1]) in on]
                 m.add_bool_or([~lit, *earlier])
+
+
+def _add_work_rows(
+    m: cp_model.CpModel,
+    gpus: int,
+    ancestors: list[set[int]],
+    start: list[Any],
+    end: list[Any],
+    makespan: Any,
+    dur_of: list[Any],
+) -> None:
+    """Redundant linear rows (grid units): every ancestor of task j ends before j
+    starts and every descendant starts after j ends and ends by the makespan, and
+    tasks on one GPU do not overlap, so G s_j >= the ancestors' summed durations and
+    G (M - e_j) >= the descendants'. Transfers and clock changes only add time, so
+    every schedule meets them. They tie each task's start to the work the graph puts
+    before it, which the LP relaxation otherwise sees only through single chains."""
+    descendants: list[list[int]] = [[] for _ in ancestors]
+    for j, anc in enumerate(ancestors):
+        for a in anc:
+            descendants[a].append(j)
+    for j, anc in enumerate(ancestors):
+        if anc:
+            m.add(gpus * start[j] >= sum(dur_of[a] for a in sorted(anc)))
+        if descendants[j]:
+            m.add(gpus * (makespan - end[j]) >= sum(dur_of[d] for d in descendants[j]))
 
 
 def _ancestors(tg: TaskGraph) -> list[set[int]]:
