@@ -3,6 +3,7 @@ the caller may change."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 
@@ -44,3 +45,20 @@ def collective_doc(
         "collectives": collectives,
         **extra,
     }
+
+
+def random_health(rng: random.Random, nodes: list[int]) -> dict[str, Any]:
+    """A collective file's ``health`` for ``collective_doc(nodes, ...)``: up to two
+    GPUs with a degraded link (NVLink, or a NIC where there are several nodes; factor
+    0.1-1) and up to two stragglers (slowdown 1-4), drawn from ``rng``."""
+    gpus = [f"n{k}/{i}" for k, g in enumerate(nodes) for i in range(g)]
+    kinds = ["nvlink", "nic"] if len(nodes) > 1 else ["nvlink"]
+    links = [
+        {"gpu": gpu, "link": rng.choice(kinds), "factor": rng.uniform(0.1, 1.0)}
+        for gpu in rng.sample(gpus, rng.randint(0, min(2, len(gpus))))
+    ]
+    stragglers = [
+        {"gpu": gpu, "slowdown": rng.uniform(1.0, 4.0)}
+        for gpu in rng.sample(gpus, rng.randint(0, min(2, len(gpus))))
+    ]
+    return {"links": links, "stragglers": stragglers}

@@ -8,7 +8,6 @@ the least candidate."""
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -34,7 +33,7 @@ from energyopt.families.collective.spec import (
 )
 from energyopt.families.collective.verify import evaluate_collective, execute
 
-from .spec_docs import collective_doc
+from .spec_docs import collective_doc, random_health
 
 LAYOUTS = ([2], [3], [4], [2, 2], [2, 1], [1, 1, 1], [3, 2], [1, 3])
 
@@ -42,19 +41,10 @@ LAYOUTS = ([2], [3], [4], [2, 2], [2, 1], [1, 1, 1], [3, 2], [1, 3])
 def _problem(seed: int, layout: list[int], op: Op, size: int, root: int) -> CollectiveProblem:
     rng = random.Random(seed)
     n = sum(layout)
-    gpus = [f"n{k}/{i}" for k, g in enumerate(layout) for i in range(g)]
-    links: list[dict[str, Any]] = []
-    for gpu in rng.sample(gpus, rng.randint(0, min(2, n))):
-        kind = rng.choice(["nvlink", "nic"] if len(layout) > 1 else ["nvlink"])
-        links.append({"gpu": gpu, "link": kind, "factor": rng.uniform(0.1, 1.0)})
-    stragglers = [
-        {"gpu": gpu, "slowdown": rng.uniform(1.0, 4.0)}
-        for gpu in rng.sample(gpus, rng.randint(0, min(2, n)))
-    ]
     doc = collective_doc(
         layout,
         [{"name": "c", "op": op, "bytes": size, "root": root % n}],
-        health={"links": links, "stragglers": stragglers},
+        health=random_health(rng, layout),
     )
     return build_problem(CollectiveFile.model_validate(doc))
 

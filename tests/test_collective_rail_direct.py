@@ -31,26 +31,17 @@ from energyopt.families.collective.spec import (
 )
 from energyopt.families.collective.verify import evaluate_collective, execute
 
-from .spec_docs import collective_doc
+from .spec_docs import collective_doc, random_health
 
 EQUAL_LAYOUTS = ([2, 2], [3, 3], [2, 2, 2], [4, 4])
 
 
 def _problem(seed: int, layout: list[int], op: Op, size: int) -> CollectiveProblem:
     rng = random.Random(seed)
-    gpus = [f"n{k}/{i}" for k, g in enumerate(layout) for i in range(g)]
-    links = [
-        {"gpu": gpu, "link": rng.choice(["nvlink", "nic"]), "factor": rng.uniform(0.1, 1.0)}
-        for gpu in rng.sample(gpus, rng.randint(0, 2))
-    ]
-    stragglers = [
-        {"gpu": gpu, "slowdown": rng.uniform(1.0, 4.0)}
-        for gpu in rng.sample(gpus, rng.randint(0, 2))
-    ]
     doc = collective_doc(
         layout,
         [{"name": "c", "op": op, "bytes": size}],
-        health={"links": links, "stragglers": stragglers},
+        health=random_health(rng, layout),
     )
     return build_problem(CollectiveFile.model_validate(doc))
 

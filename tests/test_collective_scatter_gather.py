@@ -31,7 +31,7 @@ from energyopt.families.collective.spec import (
 )
 from energyopt.families.collective.verify import evaluate_collective
 
-from .spec_docs import collective_doc
+from .spec_docs import collective_doc, random_health
 
 LAYOUTS = ([2], [3], [8], [2, 2], [3, 3], [2, 1], [1, 1, 1], [4, 4])
 
@@ -65,24 +65,11 @@ def test_the_verifier_accepts_scatter_gather_broadcasts_and_the_bound_holds(seed
     rng = random.Random(seed)
     layout = LAYOUTS[seed % len(LAYOUTS)]
     n = sum(layout)
-    gpus = [f"n{k}/{i}" for k, g in enumerate(layout) for i in range(g)]
-    links = [
-        {
-            "gpu": gpu,
-            "link": rng.choice(["nvlink", "nic"] if len(layout) > 1 else ["nvlink"]),
-            "factor": rng.uniform(0.1, 1.0),
-        }
-        for gpu in rng.sample(gpus, rng.randint(0, min(2, n)))
-    ]
-    stragglers = [
-        {"gpu": gpu, "slowdown": rng.uniform(1.0, 4.0)}
-        for gpu in rng.sample(gpus, rng.randint(0, min(2, n)))
-    ]
     size = 1 << rng.randint(8, 26)
     doc = collective_doc(
         layout,
         [{"name": "c", "op": "broadcast", "bytes": size, "root": rng.randrange(n)}],
-        health={"links": links, "stragglers": stragglers},
+        health=random_health(rng, layout),
     )
     p = build_problem(CollectiveFile.model_validate(doc))
     c = p.collectives[0]
@@ -163,15 +150,6 @@ def test_the_root_first_broadcast_by_rail_is_accepted_and_the_bound_holds(seed: 
     rng = random.Random(500 + seed)
     layout = rng.choice([[2, 2], [3, 3], [2, 2, 2], [4, 4], [2, 2, 2, 2]])
     n = sum(layout)
-    gpus = [f"n{k}/{i}" for k, g in enumerate(layout) for i in range(g)]
-    links = [
-        {"gpu": gpu, "link": rng.choice(["nvlink", "nic"]), "factor": rng.uniform(0.1, 1.0)}
-        for gpu in rng.sample(gpus, rng.randint(0, 2))
-    ]
-    stragglers = [
-        {"gpu": gpu, "slowdown": rng.uniform(1.0, 4.0)}
-        for gpu in rng.sample(gpus, rng.randint(0, 2))
-    ]
     doc = collective_doc(
         layout,
         [
@@ -182,7 +160,7 @@ def test_the_root_first_broadcast_by_rail_is_accepted_and_the_bound_holds(seed: 
                 "root": rng.randrange(n),
             }
         ],
-        health={"links": links, "stragglers": stragglers},
+        health=random_health(rng, layout),
     )
     p = build_problem(CollectiveFile.model_validate(doc))
     c = p.collectives[0]
