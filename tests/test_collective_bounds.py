@@ -444,6 +444,17 @@ def test_the_bound_holds_where_some_ranks_take_one_step_and_others_two(
             assert time_bound_us(p, p.collectives[0]) <= ev.time_us["c"] * (1 + 1e-9)
 
 
+def _exchange(step: int, n: int, piece: int) -> list[Transfer]:
+    """The one-step exchange of ``piece`` in ``step``: every rank sends its input to
+    every other rank, which reduces it."""
+    return [
+        Transfer(step=step, src=a, dst=b, piece=piece, reduce=True)
+        for a in range(n)
+        for b in range(n)
+        if a != b
+    ]
+
+
 def _one_step_rank_rounds(rng: random.Random, n: int, pieces: int) -> list[Transfer]:
     """An all-reduce in which one random rank r takes part in step 1 only: a random
     set of pieces is swapped by every rank in step 1 (r takes all their inputs
@@ -455,12 +466,7 @@ def _one_step_rank_rounds(rng: random.Random, n: int, pieces: int) -> list[Trans
     out: list[Transfer] = []
     for q in range(pieces):
         if rng.random() < 0.5:
-            out += [
-                Transfer(step=1, src=a, dst=b, piece=q, reduce=True)
-                for a in range(n)
-                for b in range(n)
-                if a != b
-            ]
+            out += _exchange(1, n, q)
             continue
         h = rng.choice(others)
         out += [Transfer(step=0, src=a, dst=h, piece=q, reduce=True) for a in others if a != h]
@@ -479,12 +485,7 @@ def _partial_exchange_rounds(rng: random.Random, n: int, pieces: int) -> list[Tr
     out: list[Transfer] = []
     for q in range(pieces):
         if rng.random() < 0.5:
-            out += [
-                Transfer(step=0, src=a, dst=b, piece=q, reduce=True)
-                for a in range(n)
-                for b in range(n)
-                if a != b
-            ]
+            out += _exchange(0, n, q)
             continue
         o = rng.randrange(n)
         out += [Transfer(step=0, src=a, dst=o, piece=q, reduce=True) for a in range(n) if a != o]
