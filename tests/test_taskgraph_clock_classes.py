@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from energyopt.families.taskgraph.formulations.generators import layered, platform
-from energyopt.families.taskgraph.formulations.heft import heft_max_clock
+from energyopt.families.taskgraph.formulations.heft import heft, heft_max_clock
 from energyopt.families.taskgraph.formulations.loading import build_taskgraph
 from energyopt.families.taskgraph.formulations.model import TaskGraph
 from energyopt.families.taskgraph.formulations.schedule import totals
@@ -15,10 +15,13 @@ from energyopt.families.taskgraph.solvers.clock_classes import (
     FREE_CAPACITY,
     class_lp,
     class_option,
+    class_options,
     class_schedule,
     class_search,
     class_settings,
     free_prediction,
+    justify,
+    latest_ends,
 )
 from energyopt.families.taskgraph.solvers.heuristic import (
     _clock_lists,
@@ -150,3 +153,55 @@ def test_the_energy_prediction_is_at_most_the_energy_of_any_class_schedule() -> 
                 compared += 1
                 assert predicted <= totals(tg, s).objective * (1 + 1e-9)
     assert compared > 1
+
+
+@pytest.mark.parametrize(
+    ("kind", "clocks", "capacity"),
+    [
+        ("edp", [1005, 1005, 1620, 2520], 1.1),
+        ("edp", [1005, 1005, 1620, 2520], 1.2),
+        ("energy_within", [1620, 2520, 2520, 2520], 1.0),
+    ],
+)
+def test_justify_never_worsens_a_class_schedule_and_keeps_every_task_in_its_class(
+    kind: ObjectiveKind, clocks: list[int], capacity: float
+) -> None:
+    """Forward-backward passes on a class schedule (one window, a free tail of 10 %):
+    the result passes the checker, runs every task on a GPU and at the option HEFT
+    allowed it, changes no clock, meets the deadline, and its objective is below the
+    input's (these schedules pack loosely enough that the passes tighten them)."""
+    tg = _graph(kind, platform("L40S", 4))
+    ref = heft_max_clock(tg)
+    options = class_options(tg, clocks, ref, int(capacity * ref.makespan(tg)), 1, 0, 0.1)
+    assert options is not None
+    s = heft(tg, options)
+    before = totals(tg, s)
+    repaired, obj = justify(tg, s, options, float("inf"))
+    check = check_schedule(tg, repaired)
+    assert check.ok, check.violations
+    assert check.transitions == 0
+    assert check.objective == pytest.approx(obj, rel=1e-9)
+    assert obj < before.objective * (1 - 1e-4)
+    for i in range(tg.n_tasks):
+        assert options[i][repaired.gpu[i]] == repaired.option[i] >= 0
+    if tg.deadline is not None:
+        assert before.makespan <= tg.deadline
+        assert repaired.makespan(tg) <= tg.deadline
+    # no time left: the input comes back
+    assert justify(tg, s, options, 0.0) == (s, before.objective)
+
+
+def test_latest_ends_leave_every_edge_its_duration_and_transfer() -> None:
+    """The backward pass's starts, counted back from the end, put every task at least
+    its duration plus the transfer before each successor, and no two tasks of a GPU
+    overlap."""
+    tg = _graph("edp", platform("L40S", 4))
+    ref = heft_max_clock(tg)
+    options = class_options(tg, [1005, 1005, 2520, 2520], ref, 2 * ref.makespan(tg), 4)
+    assert options is not None
+    s = heft(tg, options)
+    back = latest_ends(tg, s, options)
+    for i in range(tg.n_tasks):
+        for j, _ in tg.succs[i]:
+            assert back[i] >= back[j] + s.dur(tg, i)
+    assert max(back) >= s.makespan(tg) // 2  # it is a schedule, not all zeros

@@ -104,7 +104,7 @@ def heft(
             ready = 0
             for p, nbytes in tg.preds[i]:
                 ready = max(ready, end[p] + tg.transfer(nbytes, gpu[p], g))
-            t = _earliest_gap(starts[g], ends[g], ready, o.dur[k])
+            t = earliest_gap(starts[g], ends[g], ready, o.dur[k])
             key = (t + o.dur[k] + energy_weight * o.dyn_j[k], t + o.dur[k], o.dyn_j[k], g, t)
             if best is None or key < best:
                 best = key
@@ -121,7 +121,7 @@ MAX_GAPS = 32
 """Idle gaps tried per task and GPU before appending after the last busy interval."""
 
 
-def _earliest_gap(starts: list[int], ends: list[int], ready: int, dur: int) -> int:
+def earliest_gap(starts: list[int], ends: list[int], ready: int, dur: int) -> int:
     """Earliest t >= ready with [t, t + dur) free between the sorted busy intervals
     (among the first ``MAX_GAPS`` gaps after ``ready``; else after the last interval)."""
     k = bisect.bisect_right(ends, ready)  # first interval ending after ready

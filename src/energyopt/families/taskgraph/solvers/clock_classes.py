@@ -22,19 +22,26 @@ two kinds of GPU loosely. Here the split is planned for the whole graph first:
    first (``heft.heft`` with the other GPUs forbidden); under a deadline the last
    ``FREE_TAIL`` of the tasks (least upward rank) may go to any GPU.
 
+4. Without a deadline, the best schedules are repaired by forward-backward passes
+   (``justify``): the tasks, latest end first, are placed as late as they can go
+   (insertion, any GPU HEFT allowed them), then, earliest of those starts first, as
+   early as they can (HEFT again): the classes' packing tightens without changing
+   any task's class.
+
 No GPU ever changes clock. The caller keeps a schedule only if it meets the deadline
 and beats what it has, and re-clocks it with the slack-reclaiming steps.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 
 import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix, hstack, vstack
 
-from energyopt.families.taskgraph.formulations.heft import heft, upward_ranks
+from energyopt.families.taskgraph.formulations.heft import earliest_gap, heft, upward_ranks
 from energyopt.families.taskgraph.formulations.model import TaskGraph
 from energyopt.families.taskgraph.formulations.schedule import Schedule, totals
 
@@ -73,6 +80,12 @@ FREE_WINDOWS = 100
 """Windows of the LP without a deadline; one window where these give no schedule
 within ``FREE_TRIES`` capacities (the one-window LP has a solution from the
 prediction's capacity on)."""
+REPAIR_SHARE = 0.25
+"""Without a deadline, the share of the search's time (predictions included) kept for
+``justify`` on its best schedules (best first, each until its passes stall); no
+schedule starts that would, at the last one's pace, run into it."""
+REPAIR_STALL = 2
+"""``justify`` stops after this many passes in a row that do not lower the objective."""
 
 
 def class_option(tg: TaskGraph, task: int, gpu: int, clock_mhz: int) -> int:
@@ -216,6 +229,22 @@ def class_schedule(
     GPUs of the class ``class_lp`` gives it (with ``backlog``), except the share
     ``free_tail`` of the tasks of least upward rank (the last HEFT places), which may
     run on any GPU; None where the LP has no solution."""
+    options = class_options(tg, clock_mhz, reference, capacity, windows, backlog, free_tail)
+    return None if options is None else heft(tg, options)
+
+
+def class_options(
+    tg: TaskGraph,
+    clock_mhz: list[int],
+    reference: Schedule,
+    capacity: int,
+    windows: int,
+    backlog: int = 0,
+    free_tail: float = 0.0,
+) -> list[list[int]] | None:
+    """The options ``class_schedule`` gives HEFT: ``options[i][g]`` is task i's option
+    on GPU g at ``clock_mhz[g]`` (MHz) where g is in i's class or i is in the free
+    tail, else -1; None where the LP has no solution."""
     lp = class_lp(tg, clock_mhz, reference, capacity, windows, backlog)
     if lp is None:
         return None
@@ -228,14 +257,76 @@ def class_schedule(
     cls = [keys.index((tg.gpu_type[g], clock_mhz[g])) for g in range(tg.n_gpus)]
     rank = upward_ranks(tg)
     free = set(sorted(range(tg.n_tasks), key=lambda i: rank[i])[: int(free_tail * tg.n_tasks)])
-    options = [
+    return [
         [
             class_option(tg, i, g, clock_mhz[g]) if cls[g] == pick[i] or i in free else -1
             for g in range(tg.n_gpus)
         ]
         for i in range(tg.n_tasks)
     ]
-    return heft(tg, options, rank)
+
+
+def latest_ends(tg: TaskGraph, schedule: Schedule, options: list[list[int]]) -> list[int]:
+    """A backward list schedule: the tasks, latest end in ``schedule`` first, each placed
+    as late as it can go (insertion into the idle gaps) on the GPU among those
+    ``options`` allows (``options[i][g]``: task i's option on g, -1 where not allowed)
+    where it starts latest, counting time back from the end. Per task, its start
+    counted back from the end (grid units): larger is earlier; it exceeds every
+    successor's by at least the task's duration plus the transfer."""
+    end = [schedule.end(tg, i) for i in range(tg.n_tasks)]
+    order = sorted(range(tg.n_tasks), key=lambda i: (-end[i], -schedule.start[i], i))
+    starts: list[list[int]] = [[] for _ in range(tg.n_gpus)]  # busy, counted back
+    ends: list[list[int]] = [[] for _ in range(tg.n_gpus)]
+    gpu = [-1] * tg.n_tasks
+    back = [0] * tg.n_tasks  # start counted back from the end
+    for i in order:
+        best: tuple[int, int, int] | None = None
+        for g in range(tg.n_gpus):
+            k = options[i][g]
+            if k < 0:
+                continue
+            d = tg.opts(i, g).dur[k]
+            ready = 0
+            for j, nbytes in tg.succs[i]:
+                ready = max(ready, back[j] + tg.transfer(nbytes, g, gpu[j]))
+            t = earliest_gap(starts[g], ends[g], ready, d)
+            if best is None or (t + d, g, t) < best:
+                best = (t + d, g, t)
+        assert best is not None  # the schedule ran i on an allowed GPU
+        back[i], g, t = best
+        gpu[i] = g
+        at = bisect.bisect_left(starts[g], t)
+        starts[g].insert(at, t)
+        ends[g].insert(at, back[i])
+    return back
+
+
+def justify(
+    tg: TaskGraph, schedule: Schedule, options: list[list[int]], stop_at: float
+) -> tuple[Schedule, float]:
+    """Forward-backward improvement of a list schedule made by ``heft(tg, options)``:
+    a backward pass (``latest_ends``) then HEFT with the tasks in the order of those
+    latest starts (earliest first), over and over, until ``REPAIR_STALL`` passes in a
+    row do not lower the objective or ``time.perf_counter()`` passes ``stop_at`` (s).
+    Every pass is a valid schedule on the GPUs ``options`` allows (so every task
+    keeps its class and, with one clock per GPU, no GPU changes clock). The best
+    schedule by the objective among ``schedule`` and the passes, and its objective
+    (the objective's unit): never worse than ``schedule``; under a deadline only
+    schedules within it replace ``schedule``."""
+    best = (schedule, totals(tg, schedule).objective)
+    current = schedule
+    stalled = 0
+    while stalled < REPAIR_STALL and time.perf_counter() < stop_at:
+        back = latest_ends(tg, current, options)
+        current = heft(tg, options, [float(b) for b in back])
+        tot = totals(tg, current)
+        met = tg.deadline is None or tot.makespan <= tg.deadline
+        if met and tot.objective < best[1]:
+            best = (current, tot.objective)
+            stalled = 0
+        else:
+            stalled += 1
+    return best
 
 
 def class_settings(
@@ -299,7 +390,9 @@ def class_search(
     objective (``free_prediction``), each at capacities from one ``FREE_STEP``
     above that of its prediction, a step at a time, up to the first with a schedule
     (the tightest capacity packs best; at most ``FREE_TRIES``) and ``FREE_MORE``
-    steps beyond it; the best by the objective is kept."""
+    steps beyond it, until ``REPAIR_SHARE`` of the time is left; in that time the
+    schedules, best first, are repaired by ``justify`` (each until its passes stall),
+    and the best by the objective is kept."""
     if tg.deadline is None:
         return _free_search(tg, clocks, levels, reference, stop_at)
     target = tg.deadline
@@ -395,37 +488,67 @@ def _free_search(
 ) -> tuple[Schedule, float] | None:
     """``class_search`` without a deadline (see its docstring)."""
     span = reference.makespan(tg)
+    begin = time.perf_counter()
+    repair_at = stop_at - REPAIR_SHARE * max(0.0, stop_at - begin)
     settings = [[clocks[tg.gpu_type[g]][v] for g, v in enumerate(lv)] for lv in levels]
     ranked: list[tuple[float, float, int]] = []
     for k, setting in enumerate(settings):
-        if time.perf_counter() >= stop_at:
+        if time.perf_counter() >= repair_at:
             break
         got = free_prediction(tg, setting, reference)
         if got is not None:
             ranked.append((got[0], got[1], k))
     backlog = int(BACKLOG_SHARE * span)
+    found_all: list[tuple[float, int, Schedule, list[list[int]]]] = []
+    _free_schedules(tg, settings, ranked, reference, backlog, repair_at, found_all)
     best: tuple[Schedule, float] | None = None
+    # the best first, each repaired until its passes stall, while the time lasts
+    for objective, _, s, options in sorted(found_all, key=lambda f: (f[0], f[1])):
+        if time.perf_counter() < stop_at:
+            repaired = justify(tg, s, options, stop_at)
+        else:
+            repaired = (s, objective)
+        if best is None or repaired[1] < best[1]:
+            best = repaired
+    return best
+
+
+def _free_schedules(
+    tg: TaskGraph,
+    settings: list[list[int]],
+    ranked: list[tuple[float, float, int]],
+    reference: Schedule,
+    backlog: int,
+    stop_at: float,
+    found_all: list[tuple[float, int, Schedule, list[list[int]]]],
+) -> None:
+    """The class schedules of ``_free_search`` (see ``class_search``), appended to
+    ``found_all`` as (objective, order found, schedule, HEFT's options) while the
+    last one's time, from ``time.perf_counter()``, would end by ``stop_at`` (s)."""
+    span = reference.makespan(tg)
+    took = 0.0  # s, the last schedule (or LP without a solution)
     for _, least, k in sorted(ranked):
         for windows in (FREE_WINDOWS, 1):
             share = least
             found = 0
             for _ in range(FREE_TRIES + FREE_MORE):
-                if time.perf_counter() >= stop_at:
-                    return best
+                now = time.perf_counter()
+                if now + took >= stop_at:
+                    return
                 share += FREE_STEP
-                s = class_schedule(
+                options = class_options(
                     tg, settings[k], reference, int(share * span), windows, backlog, FREE_TAIL
                 )
-                if s is None:
+                if options is None:
+                    took = time.perf_counter() - now
                     if found:
                         break
                     continue
-                objective = totals(tg, s).objective
-                if best is None or objective < best[1]:
-                    best = (s, objective)
+                s = heft(tg, options)
+                took = time.perf_counter() - now
+                found_all.append((totals(tg, s).objective, len(found_all), s, options))
                 found += 1
                 if found > FREE_MORE:
                     break
             if found:
                 break
-    return best
