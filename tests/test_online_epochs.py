@@ -6,6 +6,7 @@ boundary, so its new instances serve from the boundary on."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,19 @@ from energyopt.families.serving.loop import (
     plan_lead_s,
     run_planner,
 )
-from energyopt.families.serving.planners import make_planner
+from energyopt.families.serving.planners import (
+    BACKOFF,
+    BACKOFF_STEPS,
+    DEEP_BACKOFF,
+    DEEP_STEPS,
+    REFINE_STEPS,
+    SolverPlanner,
+    make_planner,
+    settle_fraction,
+)
+from energyopt.families.serving.solvers.capacity import Capacity, packed_plan
+from energyopt.families.serving.tables import scaled_problem
+from energyopt.families.serving.verify import evaluate_plan
 from energyopt.sim.engine import Simulator
 from energyopt.sim.forecast import planned_rates_rps, raw_rates_rps
 from energyopt.sim.passes import PassTables
@@ -68,6 +81,84 @@ def test_the_bundled_epoch_planner_returns_the_same_plan_on_repeated_solves(
     assert not first.unproven and not second.unproven
     if factor > 1.0:  # 4x what the six GPUs serve: backed off
         assert first.served_fraction < 1.0
+
+
+def test_an_overloaded_forecast_backs_off_to_the_same_fraction_and_plan_on_any_time_limit() -> None:
+    """Two fresh planners, one with a minute per solve and one whose solves end at
+    once, settle on the same fraction and plan of a forecast 4 x what six GPUs
+    serve; the plan passes the verifier at that fraction, and the ladder fraction
+    above it does not pack."""
+    spec = _online_spec("fleet16-ramp-flash.yaml")
+    problem = two_workloads(rate_a=36.0, rate_b=20.0, gpus=6)
+    rates = {w.name: 4.0 * w.rate_rps for w in problem.instance.workloads}
+    answers = []
+    for limit in (60.0, 1e-6):
+        planner = make_planner(
+            spec.model_copy(update={"time_limit_s": limit}),
+            problem,
+            SPECS / "fleet16-ramp-flash.yaml",
+        )
+        assert isinstance(planner, SolverPlanner)
+        answers.append(planner.plan(rates))
+    patient, hurried = answers
+    assert patient.plan is not None and 0.0 < patient.served_fraction < 1.0
+    assert hurried.served_fraction == patient.served_fraction
+    assert _plan_json(hurried.plan) == _plan_json(patient.plan)
+    at = scaled_problem(problem, {n: patient.served_fraction * 4.0 for n in rates})
+    assert not evaluate_plan(at, patient.plan).violations
+    above = [f for f in (1.0, 0.9, 0.81, 0.729) if f > patient.served_fraction + 1e-9]
+    assert above
+    assert packed_plan(scaled_problem(problem, {n: above[-1] * 4.0 for n in rates})).plan is None
+
+
+def test_the_capacity_test_reads_no_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Column generation and residual packing stop on counted work only: with every
+    clock read failing, the test still packs a verified plan at 65.6 % of 4 x six
+    GPUs' load and proves 4 x unservable (its LP relaxation leaves demand over)."""
+    problem = two_workloads(rate_a=36.0, rate_b=20.0, gpus=6)
+    below = scaled_problem(problem, {"a": 4.0 * 0.9**4, "b": 4.0 * 0.9**4})
+    over = scaled_problem(problem, {"a": 4.0, "b": 4.0})
+
+    def no_clock() -> float:
+        raise AssertionError("the capacity test read the clock")
+
+    monkeypatch.setattr(time, "perf_counter", no_clock)
+    monkeypatch.setattr(time, "monotonic", no_clock)
+    monkeypatch.setattr(time, "time", no_clock)
+    fits = packed_plan(below)
+    unservable = packed_plan(over)
+    monkeypatch.undo()
+    assert fits.applies and fits.plan is not None and fits.objective is not None
+    ev = evaluate_plan(below, fits.plan)
+    assert not ev.violations and ev.objective == pytest.approx(fits.objective)
+    assert unservable.applies and not unservable.lp_serves and unservable.plan is None
+
+
+@pytest.mark.parametrize("capacity", [0.95, 0.7, 0.3, 0.004])
+def test_the_back_off_settles_on_the_largest_ladder_fraction_that_packs(capacity: float) -> None:
+    """The rule on a capacity known exactly: the first BACKOFF_STEPS fractions are
+    taken as they are; below them the fraction is bisected to within
+    2^(1/2^(REFINE_STEPS+1)) of the capacity; nothing packs below the ladder."""
+    plan = shared_plan(two_workloads())
+    tried: list[float] = []
+
+    def test(at: float) -> Capacity:
+        tried.append(at)
+        return Capacity(True, True, plan if at <= capacity else None, 1.0)
+
+    settled = settle_fraction(test)
+    assert settled is not None and settled.fraction <= capacity
+    assert tried[0] == pytest.approx(BACKOFF)  # 1 x was solved, not tested
+    ladder = [BACKOFF**k for k in range(1, BACKOFF_STEPS)]
+    if capacity >= ladder[-1]:
+        assert settled.fraction == max(f for f in ladder if f <= capacity)
+        assert settled.plan is plan
+    elif capacity >= BACKOFF ** (BACKOFF_STEPS - 1) * DEEP_BACKOFF**DEEP_STEPS:
+        assert settled.fraction > capacity * (1 / DEEP_BACKOFF) ** (-(0.5**REFINE_STEPS))
+        assert settled.plan is plan
+    else:
+        assert settled.fraction == 0.0 and settled.plan is None
+    assert settle_fraction(lambda _: Capacity(False, False, None)) is None
 
 
 def test_the_specs_with_online_control_plan_every_epoch_with_that_planner() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from energyopt.catalog.problem import Problem
 from energyopt.cli import main
 from energyopt.families.serving import plots
 
@@ -183,14 +184,30 @@ def _tiny_planner(kind: str) -> tuple[object, dict[str, float]]:
     return planner, {"chat": 6.0}
 
 
+def _capacity_up_to(monkeypatch: pytest.MonkeyPatch, most_rps: float) -> None:
+    """Make the planner's capacity test pack nothing above ``most_rps`` (req/s of
+    the first workload), as the faked solves below serve nothing above it."""
+    from energyopt.families.serving.solvers import capacity
+
+    real = capacity.packed_plan
+
+    def packed_plan(problem: Problem) -> capacity.Capacity:
+        if problem.instance.workloads[0].rate_rps > most_rps + 1e-9:
+            return capacity.Capacity(True, True, None)
+        return real(problem)
+
+    monkeypatch.setattr(capacity, "packed_plan", packed_plan)
+
+
 @pytest.mark.parametrize("status", ["no_solution", "infeasible"])
 def test_a_planner_backs_off_when_no_plan_is_found_and_says_whether_it_was_proven(
     monkeypatch: pytest.MonkeyPatch, status: str
 ) -> None:
     """A solve that runs out of time without a plan (as highs-exact did on fleet-16's
     diurnal load at t = 0) must not leave the run without a plan: the planner backs
-    off to 90 % of the forecast and marks the shortfall unproven; after a proof of
-    infeasibility it backs off too, marked proven."""
+    off to 90 % of the forecast (the largest fraction its capacity test packs) and
+    marks the shortfall unproven; after a proof of infeasibility it backs off too,
+    marked proven."""
     from energyopt.families.serving.solvers import solve as serving
     from energyopt.solvers.result import Result, Status
 
@@ -205,6 +222,7 @@ def test_a_planner_backs_off_when_no_plan_is_found_and_says_whether_it_was_prove
         return real(problem, preset, **kw)
 
     monkeypatch.setattr(serving, "solve", solve)
+    _capacity_up_to(monkeypatch, 5.9)
     planner, rates = _tiny_planner("energyopt")
     out = planner.plan(rates)  # type: ignore[attr-defined]
     assert out.plan is not None
@@ -220,8 +238,8 @@ def test_a_planner_under_a_deep_overload_finds_the_largest_fraction_that_fits(
 ) -> None:
     """A forecast 5x what the fleet serves (a headroom of 5.5 on the bundled bursty
     spec left every planner with "no plan for the initial load"): past the 0.9 steps
-    the planner halves the fraction, then bisects, and plans for a fraction within
-    8 % of the largest that fits, never above it."""
+    the planner halves the fraction, then bisects (with its capacity test), and
+    plans for a fraction within 8 % of the largest that fits, never above it."""
     from energyopt.families.serving.solvers import solve as serving
     from energyopt.solvers.result import INFEASIBLE, Result
 
@@ -237,6 +255,7 @@ def test_a_planner_under_a_deep_overload_finds_the_largest_fraction_that_fits(
         return real(problem, preset, **kw)
 
     monkeypatch.setattr(serving, "solve", solve)
+    _capacity_up_to(monkeypatch, fits)
     planner, rates = _tiny_planner("energyopt")
     out = planner.plan(rates)  # type: ignore[attr-defined]
     assert out.plan is not None and not out.unproven
