@@ -15,6 +15,7 @@ import numpy as np
 
 from energyopt.families.collective.formulations.costmodel import (
     HBM_PJ_PER_BIT,
+    ClockChannels,
     _total_needs,
     channel_capped,
     energy_bound_j,
@@ -22,10 +23,16 @@ from energyopt.families.collective.formulations.costmodel import (
     time_bound_us,
 )
 from energyopt.families.collective.formulations.model import CollectiveProblem, load_collective
-from energyopt.families.collective.spec import OPS, Choice, Collective, CollectivePlan
+from energyopt.families.collective.spec import (
+    OPS,
+    PROTOCOLS,
+    Choice,
+    Collective,
+    CollectivePlan,
+)
 from energyopt.families.collective.verify import evaluate_collective
 
-from .test_collective_bounds import _candidate, _problem, _synthesized
+from .test_collective_bounds import _candidate, _mixed_direct_rounds, _problem, _synthesized
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUTS = ([2], [3], [4], [8], [2, 2], [3, 2], [1, 3], [2, 1])
@@ -99,3 +106,65 @@ def test_the_direct_all_gather_meets_the_energy_bound() -> None:
     bound = energy_bound_j(p, c)
     assert abs(bound - ev.energy_j["ag-4m"]) <= 1e-9 * bound
     assert _plain_bound_j(p, c) < 0.985 * bound
+
+
+def test_the_clock_floor_holds_for_all_reduces_at_low_clocks_over_few_channels() -> None:
+    """The copy-and-reduce term at a clock and channel count (``ClockChannels``: a
+    reducing flow reduces no faster than one channel's reduction rate at the clock,
+    and at most (ranks of the node - 1) x H flows share an NVLink in-port): random
+    all-reduces (direct ones that mix reductions and copies in a step with uneven
+    bytes per flow, other synthesized schedules, candidates) at the three lowest
+    clocks over 1-8 channels, on 1-2 nodes with degraded links and stragglers, stay
+    above the time bound for their clock and channels."""
+    lifted = 0
+    for i in range(60):
+        rng = random.Random(6_100 + i)
+        layout = rng.choice(([3], [4], [8], [8], [2, 2], [4, 4]))
+        p = _problem(6_100 + i, layout, "all_reduce", 1 << rng.randint(12, 27), 0)
+        c = p.collectives[0]
+        if i % 3 == 0:
+            pieces = rng.randint(p.n, 3 * p.n)
+            choice = Choice(
+                collective="c",
+                algorithm="synthesized",
+                protocol=rng.choice(PROTOCOLS),
+                pieces=pieces,
+                transfers=tuple(_mixed_direct_rounds(rng, p.n, pieces, rng.randint(1, 3))),
+                clock_mhz=990,
+            )
+        else:
+            choice = _synthesized(rng, p, c) if i % 3 == 1 else _candidate(rng, p, c)
+        f, h = rng.choice(p.clocks_mhz[:3]), rng.randint(1, 8)
+        choice = choice.model_copy(update={"channels": h, "clock_mhz": f})
+        ev = evaluate_collective(p, CollectivePlan(choices=(choice,)))
+        assert ev.violations == [], (i, ev.violations)
+        at = time_bound_us(channel_capped(p, f, h), c, ClockChannels(f, h))
+        assert at <= ev.time_us["c"] * (1 + 1e-9), (i, layout, c.bytes, f, h, choice.algorithm)
+        lifted += at > time_bound_us(channel_capped(p, f, h), c) * (1 + 1e-6)
+    assert lifted >= 10  # the floor binds on many of them
+
+
+def test_the_clock_floor_lifts_the_25_mib_all_reduce_at_990_mhz() -> None:
+    """h100-8gpu-energy's ar-25m: at 990 MHz one channel reduces at most 55.5 GB/s,
+    so over 4 channels 28 reducing flows into a rank reduce at most 1,555 GB/s, and
+    the copy-and-reduce mix the plain bound allows (about 54 % of a step's flows
+    reducing, so 15 flows, 833 GB/s, below the 1,117 GB/s of memory bandwidth / 3)
+    is out of reach: the bound at (990 MHz, 4 channels) rises above the plain one by
+    more than 1 us, and the energy bound moves to 5 channels, still below the
+    direct plan's energy."""
+    p = load_collective(ROOT / "instances/collective/h100-8gpu-energy.yaml")
+    c = next(x for x in p.collectives if x.name == "ar-25m")
+    plain = time_bound_us(p, c)
+    assert time_bound_us(p, c, ClockChannels(990, 4)) > plain + 1.0
+    assert time_bound_us(p, c, ClockChannels(990, 64)) == plain  # many flows: no floor
+    choice = Choice(
+        collective="ar-25m", algorithm="direct", protocol="simple", channels=4, clock_mhz=990
+    )
+    p1 = replace(p, spec=p.spec.model_copy(update={"collectives": (c,)}))
+    ev = evaluate_collective(p1, CollectivePlan(choices=(choice,)))
+    assert ev.violations == []
+    bound = energy_bound_j(p, c)
+    reduced = (p.n - 1) * float(c.bytes)
+    memory = (2.0 * _total_needs(c, p.n) + reduced) * 8.0 * HBM_PJ_PER_BIT * 1e-12
+    at_4 = p.n * rank_power_w(p, 4, 990) * plain * 1e-6 + memory  # the bound before the floor
+    assert at_4 * 1.008 < bound <= ev.energy_j["ar-25m"]

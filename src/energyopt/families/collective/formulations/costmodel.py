@@ -52,6 +52,15 @@ SMS_PER_CHANNEL = 1
 
 
 @dataclass(frozen=True)
+class ClockChannels:
+    """A schedule's SM clock and channel count, for the bound terms that hold only
+    for schedules run at them (``energy_bound_j``)."""
+
+    clock_mhz: int
+    channels: int
+
+
+@dataclass(frozen=True)
 class Flows:
     """A pipelined program as flat arrays, ready for many protocol and clock pairs."""
 
@@ -367,9 +376,10 @@ def _port_capacities(p: CollectiveProblem) -> tuple[FloatArray, ...]:
     return p.port_capacities
 
 
-def time_bound_us(p: CollectiveProblem, c: Collective) -> float:
+def time_bound_us(p: CollectiveProblem, c: Collective, at: ClockChannels | None = None) -> float:
     """A lower bound on the time of every schedule of ``c`` (any algorithm, protocol,
-    chunking, channels and clock), us: launch plus the least over the protocols of
+    chunking, channels and clock; with ``at``, every schedule run at that clock over
+    at most that many channels), us: launch plus the least over the protocols of
     ``protocol_bound_us`` (every flow of a schedule runs the schedule's one protocol,
     so the bound of that protocol holds for it).
 
@@ -384,7 +394,7 @@ def time_bound_us(p: CollectiveProblem, c: Collective) -> float:
     over several nodes is the one: each channel's rotated ring reaches a rank in
     another step, so for a broadcast there the bound is the lesser of that and
     ``ring_broadcast_bound_us``."""
-    bound = p.rates.launch_us + min(protocol_bound_us(p, c, pr) for pr in PROTOCOL_STEP_US)
+    bound = p.rates.launch_us + min(protocol_bound_us(p, c, pr, at) for pr in PROTOCOL_STEP_US)
     if c.op == "broadcast" and p.n_nodes > 1 and p.n > p.n_nodes:
         bound = min(bound, ring_broadcast_bound_us(p, c))
     return bound
@@ -531,10 +541,13 @@ def ring_orders_bound_us(p: CollectiveProblem, c: Collective) -> float:
     return p.rates.launch_us + float(best)
 
 
-def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -> float:
+def protocol_bound_us(
+    p: CollectiveProblem, c: Collective, protocol: Protocol, at: ClockChannels | None = None
+) -> float:
     """A lower bound on the time after launch of every schedule of ``c`` that runs
-    ``protocol``, us. Every flow's occupancy is at least the protocol's step overhead
-    times the slower end's straggler factor plus its bytes over its rate, and its
+    ``protocol`` (with ``at``: at that clock over at most that many channels), us.
+    Every flow's occupancy is at least the protocol's step overhead times the
+    slower end's straggler factor plus its bytes over its rate, and its
     rate is at most its links' capacity shared by the step's flows on them times the
     protocol's efficiency (a lower clock only lowers it). The terms, each valid alone:
 
@@ -619,7 +632,7 @@ def protocol_bound_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
                     once = need / nics / eff / 1e3
                     busiest = max(busiest, alpha + once + min(window / 2.0, once) + least_cross)
     if c.op == "all_reduce":
-        busiest = max(busiest, one_step_ranks_us(p, c, protocol) + least_route)
+        busiest = max(busiest, one_step_ranks_us(p, c, protocol, at) + least_route)
         routes = p.route_us + np.diag(np.full(n, np.inf))
         # a flow brings another rank's contribution to r
         into_r = routes.min(axis=0)
@@ -764,10 +777,13 @@ def relay_broadcast_us(p: CollectiveProblem, c: Collective, protocol: Protocol) 
     return lo
 
 
-def one_step_ranks_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -> float:
+def one_step_ranks_us(
+    p: CollectiveProblem, c: Collective, protocol: Protocol, at: ClockChannels | None = None
+) -> float:
     """A lower bound on when an all-reduce's busiest rank ends its last flow, us (the
     route latency after it and launch not included), by how many ranks take part
-    in one step only.
+    in one step only (with ``at``: for schedules at that clock over at most that
+    many channels, ``_copy_and_reduce``).
 
     Let S be the ranks that take part in one step only (of a channel; every
     schedule runs its channels in step, ``time_bound_us``). A rank sends its
@@ -781,8 +797,18 @@ def one_step_ranks_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
     alpha steps_r + I_r / (eta C_r); the busiest at least the average of that
     weighted by C_r / sum C: alpha (2 - the k largest weights) + sum I / (eta sum C)
     with k = |S|, and sum I at least the gossip's 2(n - 1) m and k max(k - 1, 1) m +
-    (n - k) m. A rank of S alone takes alpha + (k - 1) m / (eta C_r). The least of
-    the larger of the two over k = 0..n holds whatever S is."""
+    (n - k) m. A rank of S alone takes alpha + (k - 1) m / (eta C_r).
+
+    A rank r of S also reduces all it receives, at least min(k, n - 1) m bytes in
+    its one step: no sender holds r's contribution at the start of that step, so a
+    copy into r would leave r without it for good. Those are the inputs of the
+    k - 1 others of S (each only its own, all of it) and, where n > k, the sums of
+    the others' contributions, which only they can send (at least m). Every flow of
+    the step into r reduces, so ``reduce_rates_gbs`` rho_r bounds the step:
+    r's last flow ends no sooner than alpha s_r + min(k, n - 1) m / rho_r and lands
+    the least route into r later; some rank of S is at least the k-th least of that
+    over the ranks. The least of the largest of these over k = 0..n holds whatever
+    S is."""
     n = p.n
     alpha = PROTOCOL_STEP_US[protocol]
     eff = PROTOCOL_EFFICIENCY[protocol]
@@ -790,13 +816,21 @@ def one_step_ranks_us(p: CollectiveProblem, c: Collective, protocol: Protocol) -
     total = float(cap_in.sum())
     heaviest = np.concatenate(([0.0], np.cumsum(np.sort(cap_in)[::-1] / total)))
     m = float(c.bytes)
-    mix = _copy_and_reduce(p, eff, cap_in - nic_in, nic_in)
+    mix = _copy_and_reduce(p, eff, cap_in - nic_in, nic_in, at)
+    slow = np.maximum(1.0, np.asarray(p.slowdown, dtype=np.float64))
+    rho = reduce_rates_gbs(p, eff) * 1e3  # bytes per us
+    # the least route into each rank beyond the least of all (the caller adds that)
+    later = (p.route_us + np.diag(np.full(n, np.inf))).min(axis=0) - p.least_route_us()
     best = np.inf
     for k in range(n + 1):
         into = max(2.0 * (n - 1), k * max(k - 1, 1) + (n - k)) * m
         term = alpha * (2.0 - float(heaviest[k])) + into / (eff * total) / 1e3
         if k >= 2:
             term = max(term, alpha + (k - 1) * m / (eff * float(cap_in.max())) / 1e3)
+        if k >= 1:
+            # a rank of S receives and reduces min(k, n - 1) m bytes in its one step
+            ends = alpha * slow + min(k, n - 1) * m / rho + later
+            term = max(term, float(np.sort(ends)[k - 1]))
         term = max(term, mix(alpha, k, into, (n - 1) * m))
         best = min(best, term)
     return float(best)
@@ -808,7 +842,11 @@ inequalities (each one gives a valid bound; the largest is taken)."""
 
 
 def _copy_and_reduce(
-    p: CollectiveProblem, eff: float, nvlink_in: FloatArray, nic_in: FloatArray
+    p: CollectiveProblem,
+    eff: float,
+    nvlink_in: FloatArray,
+    nic_in: FloatArray,
+    at: ClockChannels | None = None,
 ) -> Callable[[float, int, float, float], float]:
     """The copy-and-reduce term of ``one_step_ranks_us``: a function of (the
     protocol's overhead alpha, us; k, the ranks that take part in one step only;
@@ -829,17 +867,38 @@ def _copy_and_reduce(
     weights), with X_nv and Z_nv the bytes over NVLink in-ports:
     T' >= alpha (2 - W_k) + ((1 - lambda) Z_nv + A X_nv) / sum c, A = min_r c_r a_r.
     The rest crosses NIC in-ports, which land at most T' times their capacity:
-    Z_nv >= Z - T' C_nic and X_nv >= X - T' C_nic, solved for T'."""
-    h = p.gpu.memory_bandwidth_gbps / HBM_TOUCHES_PER_REDUCED_BYTE
+    Z_nv >= Z - T' C_nic and X_nv >= X - T' C_nic, solved for T'.
+
+    With ``at`` (clock f, at most H channels): a reducing flow also adds its bytes
+    no faster than one channel's reduction rate at the clock, g = c_red f / f_max,
+    so its reduction takes at least s_r beta max(k_r / H_mem, 1 / g); and at most
+    K_r = (ranks of r's node - 1) H flows of a step share r's NVLink in-port (one
+    per sender and channel). The first average then takes
+    s_r X_s max(u / H_mem, 1 / (K_r g)), the second s_r X_s max(1 / H_mem,
+    1 / (u K_r g)): with H' = min(H_mem, K_r g) both are the terms above with H'
+    for H_mem where u >= u_r = H' / (K_r g), and fall with u below it, so the least
+    over u is taken over [u_r, 1] only: few reducing flows reduce slowly at a low
+    clock."""
+    h_mem = p.gpu.memory_bandwidth_gbps / HBM_TOUCHES_PER_REDUCED_BYTE
     lam = COPY_REDUCE_GRID[:, None]
     c = eff * np.asarray(nvlink_in, dtype=np.float64)[None, :]
     s = np.maximum(1.0, np.asarray(p.slowdown, dtype=np.float64))[None, :]
-    # min over u in (0, 1] of a u + b / u
+    h = np.full((1, p.n), h_mem)
+    u_least = np.zeros((1, p.n))
+    if at is not None:
+        node_of = np.asarray(p.node_of)
+        pairs = (node_of[:, None] == node_of[None, :]).sum(axis=1) - 1.0
+        flows_gbs = pairs * at.channels * p.rates.reduce_gbs * at.clock_mhz / p.gpu.max_sm_clock_mhz
+        used = pairs > 0
+        h[0, used] = np.minimum(h_mem, flows_gbs[used])
+        u_least[0, used] = h[0, used] / flows_gbs[used]
+    # min over u in [u_least, 1] of a u + b / u (convex; least at sqrt(b / a) clipped)
     a_u = (1.0 - lam) * s / h
     b_u = lam / c
     with np.errstate(divide="ignore", invalid="ignore"):
         u = np.where(a_u > 0, np.sqrt(b_u / np.where(a_u > 0, a_u, 1.0)), 1.0)
-    phi = np.where(u >= 1.0, a_u + b_u, 2.0 * np.sqrt(a_u * b_u))
+    u = np.clip(u, np.maximum(u_least, 1e-300), 1.0)
+    phi = a_u * u + b_u / u
     big_a = (c * (lam * s / h + phi)).min(axis=1)  # (L,), dimensionless
     c_nv = float(c.sum())
     c_nic = eff * float(np.asarray(nic_in).sum())
@@ -913,14 +972,20 @@ def energy_bound_j(p: CollectiveProblem, c: Collective) -> float:
     n - 1 reductions of a received byte).
 
     The time is the larger of ``time_bound_us`` (any clock and channels) and that
-    bound on ``channel_capped`` links (H channels at f). Power rises with H, and
-    above the H at which no link is capped (H*(f)) the capped bound is the plain
-    one, so H = 1..H*(f) covers every schedule at f; an H whose power times the
-    plain bound is already above the best found so far cannot be the least."""
+    bound on ``channel_capped`` links (H channels at f), for an all-reduce with the
+    clock's reduction rate and the H channels' flows in its copy-and-reduce term
+    (``ClockChannels``). Power rises with H, and above the H at which no link is
+    capped (H*(f)) the capped bound is the plain one, so for other collectives
+    H = 1..H*(f) covers every schedule at f; an all-reduce goes on to the most
+    channels a plan may state. An H whose power times the plain bound is already
+    above the best found so far cannot be the least (nor can any larger H)."""
+    from energyopt.families.collective.spec import MAX_CHANNELS
+
     base = time_bound_us(p, c)
     table, _ = route_table(p)
     pairs = np.bincount(table[table >= 0], minlength=len(p.edge_gbs))
     used = pairs > 0
+    per_clock = c.op == "all_reduce"
     best = np.inf
     for f in p.clocks_mhz:
         per_pair = p.rates.channel_gbs * f / p.gpu.max_sm_clock_mhz
@@ -928,11 +993,16 @@ def energy_bound_j(p: CollectiveProblem, c: Collective) -> float:
         enough = (
             int(np.ceil(np.max(p.edge_gbs[used] / (pairs[used] * per_pair)))) if used.any() else 1
         )
-        for h in range(1, max(1, enough) + 1):
+        last = MAX_CHANNELS if per_clock else max(1, enough)
+        for h in range(1, last + 1):
             watts = p.n * rank_power_w(p, h, f) * 1e-6
             if watts * base >= best:
                 break
-            t = base if h >= enough else max(base, time_bound_us(channel_capped(p, f, h), c))
+            if per_clock:
+                links = p if h >= enough else channel_capped(p, f, h)
+                t = max(base, time_bound_us(links, c, ClockChannels(f, h)))
+            else:
+                t = base if h >= enough else max(base, time_bound_us(channel_capped(p, f, h), c))
             best = min(best, watts * t)
     reduced = (p.n - 1) * float(c.bytes) if c.op in ("all_reduce", "reduce_scatter") else 0.0
     touches = 2.0 * _total_needs(c, p.n) + reduced
