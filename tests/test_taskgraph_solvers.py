@@ -328,9 +328,10 @@ def test_interchangeable_gpus_follow_the_topology() -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_every_schedule_meets_the_cp_model_work_rows(seed: int) -> None:
     """The CP-SAT model's redundant rows (G s_j >= ancestors' durations, G (M - e_j)
-    >= descendants') cut off no schedule: random placements, clocks and GPU orders of
-    a three-layer graph on 2 GPUs, started at their earliest times and fixed in the
-    model, stay feasible, at their own makespan as the horizon."""
+    >= descendants'; clock changes per GPU >= clocks used - 1) cut off no schedule:
+    random placements, clocks and GPU orders of a three-layer graph on 2 GPUs, started
+    at their earliest times and fixed in the model, stay feasible, at their own
+    makespan as the horizon, and cost no more there than their own energy."""
     import random
 
     from ortools.sat.python import cp_model
@@ -347,7 +348,7 @@ def test_every_schedule_meets_the_cp_model_work_rows(seed: int) -> None:
     )
     tg = build_taskgraph(spec)
     rng = random.Random(seed)
-    checked = 0
+    checked = changes = 0
     while checked < 8:
         gpu = [rng.randrange(tg.n_gpus) for _ in range(tg.n_tasks)]
         option = [rng.randrange(len(tg.opts(i, gpu[i]).dur)) for i in range(tg.n_tasks)]
@@ -364,5 +365,14 @@ def test_every_schedule_meets_the_cp_model_work_rows(seed: int) -> None:
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1
         solver.parameters.max_time_in_seconds = 10
-        assert solver.solve(cp.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+        assert solver.solve(cp.model) == cp_model.OPTIMAL
+        # ... and charge it no more than its own energy (the clock-count row forces no
+        # clock change the sequence does not make)
+        own = totals(tg, s).objective
+        assert solver.objective_value * cp.objective_scale <= own * (1 + 1e-9)
+        clock = [tg.opts(i, s.gpu[i]).clock_mhz[s.option[i]] for i in range(tg.n_tasks)]
+        changes += sum(
+            clock[i] != clock[j] for seq in s.sequences(tg) for i, j in itertools.pairwise(seq)
+        )
         checked += 1
+    assert changes > 0
