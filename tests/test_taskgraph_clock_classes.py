@@ -205,3 +205,25 @@ def test_latest_ends_leave_every_edge_its_duration_and_transfer() -> None:
         for j, _ in tg.succs[i]:
             assert back[i] >= back[j] + s.dur(tg, i)
     assert max(back) >= s.makespan(tg) // 2  # it is a schedule, not all zeros
+
+
+def test_justify_shortens_a_schedule_past_the_deadline_and_stops_after_its_passes() -> None:
+    """A class schedule past the deadline: the passes may not make it later, and with
+    ``passes=1`` the result is the input or the one pass (backward, then HEFT in the
+    order of the latest starts)."""
+    tg = _graph("energy_within", platform("L40S", 4))
+    ref = heft_max_clock(tg)
+    options = class_options(tg, [1005, 1005, 1620, 2520], ref, int(1.1 * ref.makespan(tg)), 1)
+    assert options is not None and tg.deadline is not None
+    s = heft(tg, options)
+    assert s.makespan(tg) > tg.deadline
+    repaired, obj = justify(tg, s, options, float("inf"))
+    check = check_schedule(tg, repaired)
+    assert all("exceeds the deadline" in v for v in check.violations)  # valid but late
+    assert repaired.makespan(tg) < s.makespan(tg)
+    assert obj == pytest.approx(totals(tg, repaired).objective, rel=1e-12)
+    once = heft(tg, options, [float(b) for b in latest_ends(tg, s, options)])
+    assert justify(tg, s, options, float("inf"), passes=1)[0] in (s, once)
+    assert justify(tg, s, options, float("inf"), passes=1)[0].makespan(tg) == min(
+        s.makespan(tg), once.makespan(tg)
+    )

@@ -22,11 +22,12 @@ two kinds of GPU loosely. Here the split is planned for the whole graph first:
    first (``heft.heft`` with the other GPUs forbidden); under a deadline the last
    ``FREE_TAIL`` of the tasks (least upward rank) may go to any GPU.
 
-4. Without a deadline, the best schedules are repaired by forward-backward passes
-   (``justify``): the tasks, latest end first, are placed as late as they can go
-   (insertion, any GPU HEFT allowed them), then, earliest of those starts first, as
-   early as they can (HEFT again): the classes' packing tightens without changing
-   any task's class.
+4. Forward-backward passes (``justify``) repair the schedules: the tasks, latest end
+   first, are placed as late as they can go (insertion, any GPU HEFT allowed them),
+   then, earliest of those starts first, as early as they can (HEFT again): the
+   classes' packing tightens without changing any task's class. Under a deadline every
+   schedule gets ``DEADLINE_PASSES`` before it is compared with the deadline; without
+   one, the best schedules get the last ``REPAIR_SHARE`` of the time.
 
 No GPU ever changes clock. The caller keeps a schedule only if it meets the deadline
 and beats what it has, and re-clocks it with the slack-reclaiming steps.
@@ -43,7 +44,7 @@ from scipy.sparse import coo_matrix, hstack, vstack
 
 from energyopt.families.taskgraph.formulations.heft import earliest_gap, heft, upward_ranks
 from energyopt.families.taskgraph.formulations.model import TaskGraph
-from energyopt.families.taskgraph.formulations.schedule import Schedule, totals
+from energyopt.families.taskgraph.formulations.schedule import Schedule, Totals, totals
 
 DEADLINE_SHARES = (0.985, 1.0)
 """Under a deadline, the capacity (a multiple of the deadline) of each clock setting is
@@ -61,6 +62,13 @@ GPU, as a share of the deadline (``class_lp``'s ``backlog``)."""
 FREE_TAIL = 0.03
 """Under a deadline, the share of tasks of least upward rank that may run on any GPU
 (``class_schedule``'s ``free_tail``): they even out where the classes end."""
+RANK_TIME_SHARE = 0.5
+"""At most this share of the search's time (under a deadline) or of the time before
+the repair (without one) ranks the settings by their LPs; the settings not reached are
+left out, so where time is short (a loaded machine) some are still scheduled."""
+DEADLINE_PASSES = 2
+"""Under a deadline, forward-backward passes (``justify``) on every class schedule
+before its makespan is compared with the deadline."""
 DEADLINE_WINDOWS = (100, 20)
 """Windows of the LP under a deadline; the second where the first has no solution."""
 FREE_CAPACITY = 1.1
@@ -86,6 +94,12 @@ REPAIR_SHARE = 0.25
 schedule starts that would, at the last one's pace, run into it."""
 REPAIR_STALL = 2
 """``justify`` stops after this many passes in a row that do not lower the objective."""
+
+
+def _part_way(begin: float, end: float, share: float) -> float:
+    """The time (s) ``share`` of the way from ``begin`` to ``end`` (s); ``end`` where
+    it is infinite or not after ``begin``."""
+    return begin + share * (end - begin) if begin < end < float("inf") else end
 
 
 def class_option(tg: TaskGraph, task: int, gpu: int, clock_mhz: int) -> int:
@@ -302,31 +316,46 @@ def latest_ends(tg: TaskGraph, schedule: Schedule, options: list[list[int]]) -> 
 
 
 def justify(
-    tg: TaskGraph, schedule: Schedule, options: list[list[int]], stop_at: float
+    tg: TaskGraph,
+    schedule: Schedule,
+    options: list[list[int]],
+    stop_at: float,
+    passes: int | None = None,
 ) -> tuple[Schedule, float]:
     """Forward-backward improvement of a list schedule made by ``heft(tg, options)``:
     a backward pass (``latest_ends``) then HEFT with the tasks in the order of those
     latest starts (earliest first), over and over, until ``REPAIR_STALL`` passes in a
-    row do not lower the objective or ``time.perf_counter()`` passes ``stop_at`` (s).
-    Every pass is a valid schedule on the GPUs ``options`` allows (so every task
-    keeps its class and, with one clock per GPU, no GPU changes clock). The best
-    schedule by the objective among ``schedule`` and the passes, and its objective
-    (the objective's unit): never worse than ``schedule``; under a deadline only
-    schedules within it replace ``schedule``."""
-    best = (schedule, totals(tg, schedule).objective)
+    row do not improve, ``passes`` passes (None: no limit) or ``time.perf_counter()``
+    passes ``stop_at`` (s). Every pass is a valid schedule on the GPUs ``options``
+    allows (so every task keeps its class and, with one clock per GPU, no GPU changes
+    clock). The best schedule among ``schedule`` and the passes, least time past the
+    deadline first (none without one), then least objective, and its objective (the
+    objective's unit): never worse than ``schedule`` by that order, so within the
+    deadline where ``schedule`` is."""
+
+    def key(tot: Totals) -> tuple[int, float]:
+        late = 0 if tg.deadline is None else max(0, tot.makespan - tg.deadline)
+        return late, tot.objective
+
+    first = totals(tg, schedule)
+    best, best_key = schedule, key(first)
     current = schedule
-    stalled = 0
-    while stalled < REPAIR_STALL and time.perf_counter() < stop_at:
+    stalled = done = 0
+    while (
+        stalled < REPAIR_STALL
+        and (passes is None or done < passes)
+        and time.perf_counter() < stop_at
+    ):
         back = latest_ends(tg, current, options)
         current = heft(tg, options, [float(b) for b in back])
-        tot = totals(tg, current)
-        met = tg.deadline is None or tot.makespan <= tg.deadline
-        if met and tot.objective < best[1]:
-            best = (current, tot.objective)
+        done += 1
+        got = key(totals(tg, current))
+        if got < best_key:
+            best, best_key = current, got
             stalled = 0
         else:
             stalled += 1
-    return best
+    return best, best_key[1]
 
 
 def class_settings(
@@ -380,7 +409,8 @@ def class_search(
     capacity is scaled by deadline / makespan (less 0.1 %; halfway to the lower end
     of the range where that falls below it), and where the schedule meets it or the
     LP has no solution it moves halfway back up to the last capacity that missed,
-    within ``DEADLINE_SHARES`` and for at most ``SHARE_STEPS`` schedules. The best
+    within ``DEADLINE_SHARES`` and for at most ``SHARE_STEPS`` schedules; each schedule
+    gets ``DEADLINE_PASSES`` passes of ``justify`` first. The best
     schedule within the deadline is kept; settings whose LP energy plus the idle
     energy of the least makespan (fastest work over all GPUs) is no less than the
     best schedule's energy are skipped (a cut-off of the search, not a bound: the LP
@@ -399,8 +429,9 @@ def class_search(
     settings = [[clocks[tg.gpu_type[g]][v] for g, v in enumerate(lv)] for lv in levels]
     ranked: list[tuple[int, int, float, int]] = []
     rank_at = int(RANK_SHARE * target)
+    ranked_by = _part_way(time.perf_counter(), stop_at, RANK_TIME_SHARE)
     for k, setting in enumerate(settings):
-        if time.perf_counter() >= stop_at:
+        if time.perf_counter() >= ranked_by:
             break
         lp = class_lp(tg, setting, reference, rank_at, 1)
         if lp is not None:
@@ -422,9 +453,10 @@ def class_search(
         deadline), or None where the LP has no solution."""
         nonlocal best
         for w in windows:
-            s = class_schedule(tg, setting, reference, capacity, w, backlog, tail)
-            if s is None:
+            options = class_options(tg, setting, reference, capacity, w, backlog, tail)
+            if options is None:
                 continue
+            s, _ = justify(tg, heft(tg, options), options, stop_at, DEADLINE_PASSES)
             tot = totals(tg, s)
             met = tg.deadline is None or tot.makespan <= tg.deadline
             if met and (best is None or tot.objective < best[1]):
@@ -489,11 +521,12 @@ def _free_search(
     """``class_search`` without a deadline (see its docstring)."""
     span = reference.makespan(tg)
     begin = time.perf_counter()
-    repair_at = stop_at - REPAIR_SHARE * max(0.0, stop_at - begin)
+    repair_at = _part_way(begin, stop_at, 1.0 - REPAIR_SHARE)
     settings = [[clocks[tg.gpu_type[g]][v] for g, v in enumerate(lv)] for lv in levels]
     ranked: list[tuple[float, float, int]] = []
+    ranked_by = _part_way(begin, repair_at, RANK_TIME_SHARE)
     for k, setting in enumerate(settings):
-        if time.perf_counter() >= repair_at:
+        if time.perf_counter() >= ranked_by:
             break
         got = free_prediction(tg, setting, reference)
         if got is not None:
