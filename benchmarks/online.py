@@ -53,6 +53,8 @@ restore or a spill on most calls).
         --online consolidate_on_drop=true
     python benchmarks/online.py --duration 600 --quick --loads diurnal+spikes \
         --epoch 60 --plan-ahead on --history 300   # epochs of 60 s, made ahead
+    python benchmarks/online.py --duration 600 --quick --loads diurnal+spikes \
+        --epoch 60 --plan-ahead on --forecast auto   # the forecast picked per workload
 
 The epoch plans (energyopt, energyopt+online) use the ``auto`` preset with a
 60-s safety-net time limit (docs/online.md, "Epoch plans"); the yardsticks keep
@@ -507,6 +509,14 @@ def main() -> None:
         default=None,
         help="history the forecast reads (Forecast.history_s), s; default one epoch",
     )
+    parser.add_argument(
+        "--forecast",
+        choices=("spec", "last", "peak", "trend", "holt", "quantile", "auto"),
+        default="spec",
+        help="forecast method of every load (Forecast.method; docs/forecasting.md; auto: "
+        "per workload, the method whose past errors need the least capacity); spec: as "
+        "each load's spec says",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     args = parser.parse_args()
     settings: dict[str, object] = {}
@@ -525,18 +535,19 @@ def main() -> None:
         top["epoch_s"] = args.epoch
     if args.plan_ahead != "spec":
         top["plan_ahead"] = args.plan_ahead == "on"
-    if top or args.history is not None:
+    forecast: dict[str, object] = {}
+    if args.history is not None:
+        forecast["history_s"] = args.history
+    if args.forecast != "spec":
+        forecast["method"] = args.forecast
+    if top or forecast:
         by_name = {
             name: Load(
                 name,
                 load.evaluation.model_copy(
                     update={
                         **top,
-                        "forecast": load.evaluation.forecast.model_copy(
-                            update={"history_s": args.history}
-                        )
-                        if args.history is not None
-                        else load.evaluation.forecast,
+                        "forecast": load.evaluation.forecast.model_copy(update=forecast),
                     }
                 ),
                 load.spec,
@@ -546,9 +557,11 @@ def main() -> None:
     epochs = sorted({f"{x.evaluation.epoch_s:g} s" for x in by_name.values()})
     ahead = sorted({str(x.evaluation.plan_ahead) for x in by_name.values()})
     history = sorted({f"{x.evaluation.forecast.history_s or 0:g}" for x in by_name.values()})
+    methods = sorted({x.evaluation.forecast.method for x in by_name.values()})
     print(
         f"{args.duration:g} s per load, epoch {', '.join(epochs)}, plan_ahead "
-        f"{', '.join(ahead)}, forecast history {', '.join(history)} s (0: one epoch); "
+        f"{', '.join(ahead)}, forecast {', '.join(methods)}, history {', '.join(history)} s "
+        "(0: one epoch); "
         "perf model: docs/performance-model.md "
         "(clock calibration on the Perseus DVFS sweeps); load average at start "
         + " / ".join(f"{x:.2f}" for x in os.getloadavg()),

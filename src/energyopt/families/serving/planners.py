@@ -54,7 +54,8 @@ BACKOFF_LIMIT_S = 600.0
 """Safety net of the one solve at the fraction the back-off settles on, s, in place
 of the planner's time limit (the larger one counts): that solve stops on its
 preset's effort limits (nodes, rounds), so on any load it ends the same way while
-the net is not reached (ramp+flash's t = 0 epoch on fleet-16: 16.8 s at 65.6 %)."""
+the net is not reached (fleet-16 at 3.4-3.6 x its rates: branch-and-price proved
+65.6 % optimal in 16.8 s at a load average of 1.5)."""
 
 
 @dataclass(frozen=True)
@@ -231,10 +232,10 @@ def settle_fraction(test: Callable[[float], Capacity], *, with_top: bool = False
     bisect (geometric mean) REFINE_STEPS times between it and the ladder fraction
     above it, keeping the largest fraction with a plan. A fraction found on the
     first steps is kept as it is: a step below the largest fraction that packs,
-    the integer solve there still has room (on ramp+flash's t = 0 forecast
-    branch-and-price proved 65.6 % optimal in 17 s, and took 400 s for 67.4 %,
-    where the capacity test still packs). None where the test does not apply
-    (the configuration formulation does not)."""
+    the integer solve there still has room (fleet-16 at 3.4-3.6 x its rates:
+    branch-and-price proved 65.6 % optimal in 17 s; at 67.4 %, where the capacity
+    test still packs, the back-off took 414 s at a load average of 4.8). None where
+    the test does not apply (the configuration formulation does not)."""
     above = 1.0
     ladder = _ladder()
     for k in range(0 if with_top else 1, len(ladder)):
