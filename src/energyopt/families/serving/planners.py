@@ -29,7 +29,7 @@ from energyopt.catalog.problem import Problem
 from energyopt.families.serving.tables import VERSION as PLANS_VERSION
 from energyopt.families.serving.tables import scaled_problem
 from energyopt.solvers.presets import SolverPreset, load_preset
-from energyopt.solvers.result import INFEASIBLE
+from energyopt.solvers.result import INFEASIBLE, Termination
 from energyopt.spec.errors import SpecError
 from energyopt.spec.evaluation import PlannerSpec
 from energyopt.spec.plan import GpuPlan, Placement, Plan
@@ -50,12 +50,15 @@ DEEP_STEPS = 7
 fits and the one above it that did not ..."""
 REFINE_STEPS = 3
 """... this many times (to within 1 - 2^(-1/8), about 8 %, of the largest)."""
-BACKOFF_LIMIT_S = 600.0
+BACKOFF_LIMIT_S = 120.0
 """Safety net of the one solve at the fraction the back-off settles on, s, in place
 of the planner's time limit (the larger one counts): that solve stops on its
 preset's effort limits (nodes, rounds), so on any load it ends the same way while
-the net is not reached (fleet-16 at 3.4-3.6 x its rates: branch-and-price proved
-65.6 % optimal in 16.8 s at a load average of 1.5)."""
+the net is not reached; where a time share of it cut a stage
+(``Termination.TIME_LIMIT``) its plan is dropped for the capacity test's, which
+reads no clock (fleet-16 at 3.4-3.6 x its rates: branch-and-price proved 65.6 %
+optimal in 16.8 s at a load average of 1.5; a net of 600 s let one diurnal+spikes
+epoch at 60-s epochs run 11 minutes)."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,8 @@ class SolverPlanner:
         generation and residual packing, both on counted work) packs a plan, and
         that fraction is solved once more, with the preset's effort limits and
         ``BACKOFF_LIMIT_S`` as its safety net instead of the planner's time limit
-        (the capacity test's plan stands where that solve gives none). So the
+        (the capacity test's plan stands where that solve gives none or a time share
+        cut it). So the
         fraction and the plan depend on the forecast, not on the machine's load.
         Where the configuration formulation does not apply (no capacity test),
         each fraction of the ladder is solved instead, with the planner's time
@@ -161,6 +165,9 @@ class SolverPlanner:
                 rel_gap=self.spec.rel_gap,
             )
             solves += 1
+            if limit_s is not None and result.termination == Termination.TIME_LIMIT:
+                unproven = True  # the net cut it: its plan would depend on the load
+                return False
             if result.plan is None:
                 unproven = unproven or result.status != INFEASIBLE
                 failed_at = min(failed_at, at)
