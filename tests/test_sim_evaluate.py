@@ -233,6 +233,34 @@ def test_a_planner_backs_off_when_no_plan_is_found_and_says_whether_it_was_prove
     assert (again.solves, again.unproven) == (0, out.unproven)  # from the cache, same verdict
 
 
+def test_a_back_off_solve_cut_by_its_net_gives_way_to_the_capacity_tests_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The one solve at the settled fraction: where a time share cut it, its plan
+    (which a rerun on another load may not repeat) is dropped for the capacity
+    test's, which reads no clock; the epoch is marked unproven."""
+    from energyopt.families.serving.solvers import capacity
+    from energyopt.families.serving.solvers import solve as serving
+    from energyopt.solvers.result import INFEASIBLE, Result, Termination
+
+    real = serving.solve
+
+    def solve(problem, preset, **kw):  # type: ignore[no-untyped-def]
+        if problem.instance.workloads[0].rate_rps > 5.9:
+            return Result(INFEASIBLE, None, None, 0.0, None, "fake")
+        out = real(problem, preset, **kw)
+        out.termination = Termination.TIME_LIMIT
+        return out
+
+    monkeypatch.setattr(serving, "solve", solve)
+    _capacity_up_to(monkeypatch, 5.9)
+    planner, rates = _tiny_planner("energyopt")
+    out = planner.plan(rates)  # type: ignore[attr-defined]
+    assert out.plan is not None and out.unproven
+    assert out.served_fraction == pytest.approx(0.9)
+    assert out.plan.solver == capacity.SOLVER_NAME and out.bound is None
+
+
 def test_a_planner_under_a_deep_overload_finds_the_largest_fraction_that_fits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
