@@ -27,14 +27,8 @@ import time
 import types
 from pathlib import Path
 
-import numpy as np
-
 from energyopt.families import family
 from energyopt.families.collective.formulations.calibration import problem_for
-from energyopt.families.collective.formulations.constants import (
-    PROTOCOL_EFFICIENCY,
-    PROTOCOL_STEP_US,
-)
 from energyopt.families.collective.formulations.costmodel import flows_of, time_bound_us, time_us
 from energyopt.families.collective.formulations.model import CollectiveProblem, build_problem
 from energyopt.families.collective.formulations.nccl import _times, nccl_choice
@@ -44,9 +38,8 @@ from energyopt.families.collective.spec import (
     Collective,
     CollectiveFile,
     CollectivePlan,
-    Protocol,
 )
-from energyopt.families.collective.verify import _flows, run_time_us
+from energyopt.families.collective.verify import choice_program, run_time_us, step_timeline
 from energyopt.progress import quiet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,53 +121,20 @@ def nccl_side(nodes: int, nbytes: int) -> None:
 
 def timeline(p: CollectiveProblem, ch: Choice, c: Collective, chunks: int) -> None:
     """Per global step of ``ch``'s program at ``chunks``: begin, the wait on landings,
-    the longest NVLink and NIC occupancy (the verifier's arithmetic, ``verify._run``)."""
-    prog = program_of(
-        c.op,
-        ch.algorithm,
-        p.n,
-        p.node_of,
-        p.local_of,
-        c.root,
-        ch.channels,
-        ch.order,
-        ch.leaves,
-        ch,
-        ch.rail_weights,
-    )
-    steps = _flows(p, prog, chunks)
-    pr: Protocol = ch.protocol
-    eff, alpha = PROTOCOL_EFFICIENCY[pr], PROTOCOL_STEP_US[pr]
-    n, m = p.n, float(c.bytes)
-    ratio = ch.clock_mhz / p.gpu.max_sm_clock_mhz
-    width = 1 + max(int(st.k.max()) for st in steps)
-    free, got = np.zeros(n * width), np.zeros(n * width)
-    slow = {s.gpu: s.slowdown for s in p.spec.health.stragglers}
-    sd = np.array([slow.get(g, 1.0) for g in p.ranks])
-    print(f"  timeline at {chunks} chunks ({pr}, {ch.channels} channels):")
+    the longest NVLink and NIC occupancy (the checker's own timing, ``step_timeline``)."""
+    total, steps = step_timeline(p, c, ch, chunks)
+    print(f"  timeline at {chunks} chunks ({ch.protocol}, {ch.channels} channels):")
     for g, st in enumerate(steps):
-        s_ab = np.maximum(sd[st.a], sd[st.b])
-        rate = np.minimum(st.link_gbs, p.rates.channel_gbs * ratio / s_ab) * eff
-        busy = alpha * s_ab + st.share * m / rate / 1e3
-        mem = p.gpu.memory_bandwidth_gbps / 3.0 / np.maximum(st.reducing_at_b, 1.0)
-        red_rate = np.minimum(p.rates.reduce_gbs * ratio, mem)
-        red = np.where(st.red, st.reduced * m * sd[st.b] / red_rate / 1e3, 0.0)
-        busy = busy + red
-        ra, rb = st.a + n * st.k, st.b + n * st.k
-        ready = np.maximum(free[ra], free[rb])
-        begin = np.maximum(ready, got[ra])
-        end = begin + busy
-        np.maximum.at(free, ra, end)
-        np.maximum.at(free, rb, end)
-        np.maximum.at(got, rb, end + st.lat_us)
         cross = st.lat_us > p.rates.nvlink_us * 2
-        nv = f"{busy[~cross].max():.1f} (reduce {red[~cross].max():.1f})" if (~cross).any() else "-"
-        nic = f"{busy[cross].max():.1f} (reduce {red[cross].max():.1f})" if cross.any() else "-"
-        print(
-            f"    step {g}: begins {begin.max():7.1f}, waits on landings "
-            f"{float((begin - ready).max()):5.1f}; longest NVLink flow {nv}, NIC flow {nic}"
+        nv, nic = (
+            f"{st.busy_us[on].max():.1f} (reduce {st.reduce_us[on].max():.1f})" if on.any() else "-"
+            for on in (~cross, cross)
         )
-    print(f"    time {p.rates.launch_us + got.max():.1f} (launch {p.rates.launch_us})")
+        print(
+            f"    step {g}: begins {st.begin_us:7.1f}, waits on landings "
+            f"{st.wait_us:5.1f}; longest NVLink flow {nv}, NIC flow {nic}"
+        )
+    print(f"    time {total:.1f} (launch {p.rates.launch_us})")
 
 
 def plan_side(nodes: int, nbytes: int, limit: float) -> None:
@@ -194,19 +154,7 @@ def plan_side(nodes: int, nbytes: int, limit: float) -> None:
         f"{cost:.1f} us, {ch.algorithm}/{ch.protocol} x{ch.channels}, {ch.chunks} chunks, "
         f"{ch.pieces} pieces; bound {bound:.2f} ({(cost - bound) / cost:.1%})"
     )
-    prog = program_of(
-        c.op,
-        ch.algorithm,
-        p.n,
-        p.node_of,
-        p.local_of,
-        c.root,
-        ch.channels,
-        ch.order,
-        ch.leaves,
-        ch,
-        ch.rail_weights,
-    )
+    prog = choice_program(p, c, ch)
     row = []
     best = (float("inf"), 1)
     for k in range(1, 9):

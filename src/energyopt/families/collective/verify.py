@@ -285,6 +285,52 @@ def _flows(p: CollectiveProblem, prog: Program, chunks: int) -> list[_Step]:
     return out
 
 
+def choice_program(p: CollectiveProblem, c: Collective, ch: Choice) -> Program:
+    """The program ``ch`` runs for ``c`` (NotApplicable where its algorithm has none)."""
+    return program_of(
+        c.op,
+        ch.algorithm,
+        p.n,
+        p.node_of,
+        p.local_of,
+        c.root,
+        ch.channels,
+        ch.order,
+        ch.leaves,
+        ch,
+        ch.rail_weights,
+    )
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One global step of a run, as the checker times it (us; flows are per
+    (sender, receiver, channel))."""
+
+    begin_us: float
+    """When the step's last flow begins (after the launch)."""
+    wait_us: float
+    """The longest a flow waits, once both its ends are free, for what was sent to
+    its sender to land."""
+    busy_us: NDArray[np.float64]
+    """Per flow: how long it occupies both ends, its reduction included."""
+    reduce_us: NDArray[np.float64]
+    """Per flow: the part of ``busy_us`` spent reducing at the receiver."""
+    lat_us: NDArray[np.float64]
+    """Per flow: the route's latency until its data lands."""
+
+
+def step_timeline(
+    p: CollectiveProblem, c: Collective, ch: Choice, chunks: int
+) -> tuple[float, list[StepTiming]]:
+    """(time us, per-step timings) of one run of ``c`` as ``ch`` runs it, pipelined in
+    ``chunks`` chunks instead of ``ch.chunks``: the checker's own arithmetic."""
+    trace: list[StepTiming] = []
+    steps = _flows(p, choice_program(p, c, ch), chunks)
+    t, _ = _run(p, steps, ch.protocol, ch.clock_mhz, np.array([float(c.bytes)]), trace)
+    return float(t[0]), trace
+
+
 def run_time_us(
     p: CollectiveProblem, prog: Program, ch: Choice, c: Collective, clock: int
 ) -> tuple[float, float]:
@@ -299,9 +345,11 @@ def _run(
     protocol: Protocol,
     clock: int,
     sizes: NDArray[np.float64],
+    trace: list[StepTiming] | None = None,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """(time us, bytes touched in HBM) of one run for each message size of ``sizes``
-    (bytes), on flows from ``_flows``."""
+    (bytes), on flows from ``_flows``; each step's timing at the first size is
+    appended to ``trace`` where one is given."""
     slow = {s.gpu: s.slowdown for s in p.spec.health.stragglers}
     sd = np.array([slow.get(g, 1.0) for g in p.ranks])
     ratio = clock / p.gpu.max_sm_clock_mhz
@@ -322,13 +370,25 @@ def _run(
         busy = (PROTOCOL_STEP_US[protocol] * s_ab)[:, None] + nbytes / rate[:, None] / 1e3
         mem = p.gpu.memory_bandwidth_gbps / 3.0 / np.maximum(st.reducing_at_b, 1.0)
         red_rate = np.minimum(p.rates.reduce_gbs * ratio, mem)
-        busy = busy + np.where(
+        red_us = np.where(
             st.red[:, None], reduced * sd[st.b][:, None] / red_rate[:, None] / 1e3, 0.0
         )
+        busy = busy + red_us
         touched += (2.0 * nbytes + reduced).sum(axis=0)
         ra, rb = st.a + n * st.k, st.b + n * st.k
-        begin = np.maximum(np.maximum(free[ra], free[rb]), got[ra])
+        ready = np.maximum(free[ra], free[rb])
+        begin = np.maximum(ready, got[ra])
         end = begin + busy
+        if trace is not None:
+            trace.append(
+                StepTiming(
+                    float(begin[:, 0].max()),
+                    float((begin - ready)[:, 0].max()),
+                    busy[:, 0].copy(),
+                    red_us[:, 0].copy(),
+                    st.lat_us.copy(),
+                )
+            )
         land = end + st.lat_us[:, None]
         # a rank starts its next step once this one's flows are done at both ends
         st.both.apply(free, np.concatenate((end, end)))
@@ -390,19 +450,7 @@ def evaluate_collective(p: CollectiveProblem, plan: CollectivePlan) -> Collectiv
         key = (c.op, c.root if c.op == "broadcast" else 0, *(getattr(ch, f) for f in _SHAPE))
         if key not in programs:
             try:
-                prog = program_of(
-                    c.op,
-                    ch.algorithm,
-                    p.n,
-                    p.node_of,
-                    p.local_of,
-                    c.root,
-                    ch.channels,
-                    ch.order,
-                    ch.leaves,
-                    ch,
-                    ch.rail_weights,
-                )
+                prog = choice_program(p, c, ch)
             except NotApplicable as exc:
                 programs[key] = ("algorithm", str(exc))
             else:
