@@ -4,6 +4,7 @@ and bound (``families/serving/solvers/dask_pricing.py``)."""
 from __future__ import annotations
 
 import importlib.util
+import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -84,13 +85,22 @@ def test_dask_solve_gives_the_serial_plan_and_bound(fleet: Problem, pricer: Any)
     assert remote.plan.model_dump(exclude={"wall_s"}) == local.plan.model_dump(exclude={"wall_s"})
 
 
+@pytest.mark.filterwarnings("error::UserWarning")
 def test_solve_on_a_small_fleet_prices_in_process_with_the_serial_result(
     fleet: Problem,
 ) -> None:
+    """Pricing on a LocalCluster gives the serial plan and bound, also while Dask's
+    default dashboard port (8787) is taken: the cluster neither warns nor needs it."""
     pytest.importorskip("distributed")
     preset = load_preset("colgen")
     local = solve(fleet, preset, time_limit_s=600)
-    remote = solve(fleet, preset, time_limit_s=600, scheduler="local:1")
+    with socket.socket() as held:
+        try:
+            held.bind(("", 8787))
+            held.listen()
+        except OSError:
+            pass  # taken already, as the test wants
+        remote = solve(fleet, preset, time_limit_s=600, scheduler="local:1")
     assert remote.plan is not None and local.plan is not None
     assert (remote.objective, remote.bound) == (local.objective, local.bound)
 

@@ -98,7 +98,10 @@ class DaskPricer:
                     n_workers=n_local,
                     threads_per_worker=1,
                     processes=True,
-                    dashboard_address=None,
+                    # None does not turn the dashboard off (it binds :8787 and warns
+                    # where that port is taken: dask/distributed#8136); ":0" takes a
+                    # free port, so two pricers or a user's own cluster never clash
+                    dashboard_address=":0",
                     memory_limit=0,
                 )
                 self.client: Any = dist.Client(self._cluster)
