@@ -184,16 +184,19 @@ def _tiny_planner(kind: str) -> tuple[object, dict[str, float]]:
     return planner, {"chat": 6.0}
 
 
-def _capacity_up_to(monkeypatch: pytest.MonkeyPatch, most_rps: float) -> None:
+def _capacity_up_to(
+    monkeypatch: pytest.MonkeyPatch, most_rps: float, lp_serves: bool = False
+) -> None:
     """Make the planner's capacity test pack nothing above ``most_rps`` (req/s of
-    the first workload), as the faked solves below serve nothing above it."""
+    the first workload), as the faked solves below serve nothing above it: proven
+    (the LP leaves demand unserved), or undecided where ``lp_serves``."""
     from energyopt.families.serving.solvers import capacity
 
     real = capacity.packed_plan
 
     def packed_plan(problem: Problem) -> capacity.Capacity:
         if problem.instance.workloads[0].rate_rps > most_rps + 1e-9:
-            return capacity.Capacity(True, True, None)
+            return capacity.Capacity(True, lp_serves, None)
         return real(problem)
 
     monkeypatch.setattr(capacity, "packed_plan", packed_plan)
@@ -231,6 +234,34 @@ def test_a_planner_backs_off_when_no_plan_is_found_and_says_whether_it_was_prove
     assert seen == pytest.approx([6.0, 5.4])
     again = planner.plan(rates)  # type: ignore[attr-defined]
     assert (again.solves, again.unproven) == (0, out.unproven)  # from the cache, same verdict
+
+
+@pytest.mark.parametrize("lp_serves", [False, True])
+def test_a_back_off_is_proven_only_where_the_fraction_above_is(
+    monkeypatch: pytest.MonkeyPatch, lp_serves: bool
+) -> None:
+    """After a proof that the whole forecast is infeasible, the planner backs off to
+    90 %; whether the epoch counts as proven rests on the fraction above it too: the
+    81 % rung's capacity test proves it infeasible (its LP leaves demand unserved),
+    or only packs nothing (its LP serves every rate: a plan may exist)."""
+    from energyopt.families.serving.solvers import solve as serving
+    from energyopt.solvers.result import INFEASIBLE, Result
+
+    real = serving.solve
+
+    def solve(problem, preset, **kw):  # type: ignore[no-untyped-def]
+        if problem.instance.workloads[0].rate_rps > 5.9:
+            return Result(INFEASIBLE, None, None, 0.0, None, "fake")
+        return real(problem, preset, **kw)
+
+    monkeypatch.setattr(serving, "solve", solve)
+    # 6 req/s infeasible by the solve; 5.4 (90 %) above what the capacity test packs
+    _capacity_up_to(monkeypatch, 5.0, lp_serves)
+    planner, rates = _tiny_planner("energyopt")
+    out = planner.plan(rates)  # type: ignore[attr-defined]
+    assert out.plan is not None
+    assert out.served_fraction == pytest.approx(0.81)
+    assert out.unproven is lp_serves
 
 
 def test_a_back_off_solve_cut_by_its_net_gives_way_to_the_capacity_tests_plan(

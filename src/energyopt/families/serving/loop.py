@@ -56,7 +56,7 @@ class Tally:
     solver_s: list[float] = field(default_factory=list)  # wall time of each planning call
     solves: int = 0
     shortfall_epochs: int = 0  # planned for less than the forecast (fleet too small)
-    unproven_shortfall_epochs: int = 0  # of those: no plan in the time limit, not a proof
+    unproven_shortfall_epochs: int = 0  # of those: more not proven infeasible (Planned.unproven)
     unplanned_epochs: int = 0  # no plan: the previous one kept
     rejected_plans: int = 0  # plans the verifier rejected at their planned load
     predicted_j: float = 0.0  # the planners' own power figures times epoch lengths
@@ -280,9 +280,9 @@ def run_planner(
                 f"{planner.name}: t={now:.0f} s: planned for "
                 f"{100 * planned.served_fraction:.0f} % of the forecast ("
                 + (
-                    "no plan for more in the time limit)"
+                    "no plan for more found; one may exist)"
                     if planned.unproven
-                    else "more is infeasible)"
+                    else "the next fraction up is infeasible)"
                 )
             )
         # checked, kept in place and priced on the problem the planner solved: a

@@ -172,7 +172,7 @@ def format_table(res: EvaluationResult) -> list[str]:
             unproven = row["unproven_shortfall_epochs"]
             notes.append(
                 f"{row['shortfall_epochs']} epochs planned below the forecast"
-                + (f" ({unproven} for want of a plan in the time limit)" if unproven else "")
+                + (f" ({unproven} not proven: more may be servable)" if unproven else "")
             )
         if row["unplanned_epochs"]:
             notes.append(f"{row['unplanned_epochs']} epochs without a new plan")

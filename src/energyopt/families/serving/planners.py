@@ -71,7 +71,8 @@ class Planned:
     served_fraction: float  # 1.0, or the backed-off fraction of the forecast planned for
     bound: float | None = None
     objective: float | None = None
-    unproven: bool = False  # backed off after a time limit, not a proof of infeasibility
+    unproven: bool = False  # backed off without a proof that the next fraction up is
+    # infeasible (a time limit, or a capacity test that packed nothing its LP serves)
 
 
 def restricted(
@@ -179,6 +180,7 @@ class SolverPlanner:
             # 1 x the forecast again only where its solve proved nothing
             settled = settle_fraction(lambda at: packed_plan(scaled(at)), with_top=unproven)
             if settled is not None:  # the capacity test applies
+                unproven = unproven or settled.undecided
                 if settled.fraction > 0.0:
                     limit = max(self.spec.time_limit_s, BACKOFF_LIMIT_S)
                     if not attempt(settled.fraction, limit):
@@ -230,6 +232,9 @@ class Settled:
     fraction: float  # 0.0: no fraction of the ladder passes
     plan: Plan | None
     objective: float | None
+    undecided: bool = False
+    """The least fraction tried above ``fraction`` is not proven infeasible: its LP
+    relaxation serves every rate and packing found no plan there (a plan may exist)."""
 
 
 def settle_fraction(test: Callable[[float], Capacity], *, with_top: bool = False) -> Settled | None:
@@ -244,6 +249,7 @@ def settle_fraction(test: Callable[[float], Capacity], *, with_top: bool = False
     test still packs, the back-off took 414 s at a load average of 4.8). None where
     the test does not apply (the configuration formulation does not)."""
     above = 1.0
+    undecided = False  # the verdict on ``above`` (1 x the forecast: the solve's)
     ladder = _ladder()
     for k in range(0 if with_top else 1, len(ladder)):
         fraction = ladder[k]
@@ -251,7 +257,7 @@ def settle_fraction(test: Callable[[float], Capacity], *, with_top: bool = False
         if not found.applies:
             return None
         if found.plan is None:
-            above = fraction
+            above, undecided = fraction, found.lp_serves
             continue
         low, best = fraction, found
         high = above
@@ -261,9 +267,9 @@ def settle_fraction(test: Callable[[float], Capacity], *, with_top: bool = False
             if trial.plan is not None:
                 low, best = mid, trial
             else:
-                high = mid
-        return Settled(low, best.plan, best.objective)
-    return Settled(0.0, None, None)
+                high, undecided = mid, trial.lp_serves
+        return Settled(low, best.plan, best.objective, undecided)
+    return Settled(0.0, None, None, undecided)
 
 
 class TablePlanner:
