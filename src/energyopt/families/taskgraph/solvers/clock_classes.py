@@ -113,6 +113,13 @@ def class_option(tg: TaskGraph, task: int, gpu: int, clock_mhz: int) -> int:
     return min(above, key=lambda k: clocks[k]) if above else tg.max_clock_option(task, gpu)
 
 
+def gpu_classes(tg: TaskGraph, clock_mhz: list[int]) -> list[int]:
+    """Per GPU, the index of its class: its distinct (type, clock) of ``clock_mhz``
+    (MHz), numbered in order of each class's first GPU."""
+    keys: dict[tuple[int, int], int] = {}
+    return [keys.setdefault((tg.gpu_type[g], clock_mhz[g]), len(keys)) for g in range(tg.n_gpus)]
+
+
 def class_lp(
     tg: TaskGraph,
     clock_mhz: list[int],
@@ -145,18 +152,10 @@ def _class_lp(
     lengths: the picks, the above-idle energy (J) and the windows' total length (grid
     units, at most ``capacity``)."""
     n = tg.n_tasks
-    keys: list[tuple[int, int]] = []
-    members: list[int] = []
-    for g in range(tg.n_gpus):
-        key = (tg.gpu_type[g], clock_mhz[g])
-        if key not in keys:
-            keys.append(key)
-            members.append(g)
-    nc = len(keys)
-    count = np.array(
-        [sum(1 for g in range(tg.n_gpus) if (tg.gpu_type[g], clock_mhz[g]) == k) for k in keys],
-        dtype=float,
-    )
+    cls = gpu_classes(tg, clock_mhz)
+    nc = max(cls) + 1
+    members = [cls.index(c) for c in range(nc)]  # each class's first GPU
+    count = np.bincount(cls, minlength=nc).astype(float)
     rows_i: list[int] = []
     rows_c: list[int] = []
     dur: list[float] = []
@@ -263,12 +262,7 @@ def class_options(
     if lp is None:
         return None
     pick = lp[0]
-    keys: list[tuple[int, int]] = []
-    for g in range(tg.n_gpus):
-        key = (tg.gpu_type[g], clock_mhz[g])
-        if key not in keys:
-            keys.append(key)
-    cls = [keys.index((tg.gpu_type[g], clock_mhz[g])) for g in range(tg.n_gpus)]
+    cls = gpu_classes(tg, clock_mhz)
     rank = upward_ranks(tg)
     free = set(sorted(range(tg.n_tasks), key=lambda i: rank[i])[: int(free_tail * tg.n_tasks)])
     return [
