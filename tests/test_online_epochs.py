@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -174,17 +175,24 @@ def test_the_specs_with_online_control_plan_every_epoch_with_that_planner() -> N
     assert found >= 4
 
 
+def _ahead(**fields: Any) -> Evaluation:
+    """An evaluation of a diurnal load over 60 s with plans made ahead, ``fields``
+    set on top."""
+    base: dict[str, Any] = {
+        "kind": "evaluate",
+        "name": "ahead",
+        "base": "b.yaml",
+        "load": DiurnalLoad(kind="diurnal"),
+        "duration_s": 60.0,
+        "plan_ahead": True,
+    }
+    return Evaluation(**(base | fields))
+
+
 def test_an_early_plan_brings_its_new_instances_up_by_the_epoch_boundary() -> None:
     problem = two_workloads()
-    ev = Evaluation(
-        kind="evaluate",
-        name="ahead",
-        base="b.yaml",
-        load=DiurnalLoad(kind="diurnal"),
-        duration_s=60.0,
-        epoch_s=30.0,
-        plan_ahead=True,
-        transitions=Transitions(power_on_s=3.0, startup_s=1.0, load_gbps=10.0),
+    ev = _ahead(
+        epoch_s=30.0, transitions=Transitions(power_on_s=3.0, startup_s=1.0, load_gbps=10.0)
     )
     lead = epoch_lead_s(ev, problem)
     assert lead == pytest.approx(plan_lead_s(ev, problem)) and 4.0 < lead < 30.0
@@ -220,14 +228,10 @@ def test_the_loop_plans_each_epoch_a_lead_early_for_the_epoch_it_serves() -> Non
     problem = two_workloads(rate_a=12.0, rate_b=6.0, gpus=3)
     load = DiurnalLoad(kind="diurnal", amplitude=0.5, period_s=240.0)
     fc = Forecast(method="trend", window_s=10.0, headroom=1.1, quantum=0.05)
-    ev = Evaluation(
-        kind="evaluate",
-        name="ahead",
-        base="b.yaml",
+    ev = _ahead(
         load=load,
         duration_s=120.0,
         epoch_s=40.0,
-        plan_ahead=True,
         forecast=fc,
         online=OnlineOptions(replan_on_surprise=False),
     )
@@ -256,15 +260,7 @@ def test_the_loop_plans_each_epoch_a_lead_early_for_the_epoch_it_serves() -> Non
 
 def test_a_lead_not_shorter_than_the_epoch_is_refused() -> None:
     problem = two_workloads()
-    ev = Evaluation(
-        kind="evaluate",
-        name="ahead",
-        base="b.yaml",
-        load=DiurnalLoad(kind="diurnal"),
-        duration_s=60.0,
-        epoch_s=5.0,
-        plan_ahead=True,
-    )
+    ev = _ahead(epoch_s=5.0)
     with pytest.raises(SpecError):
         epoch_lead_s(ev, problem)
     assert epoch_lead_s(ev.model_copy(update={"plan_ahead": False}), problem) == 0.0
