@@ -292,13 +292,15 @@ def test_a_back_off_solve_cut_by_its_net_gives_way_to_the_capacity_tests_plan(
     assert out.plan.solver == capacity.SOLVER_NAME and out.bound is None
 
 
+@pytest.mark.parametrize("capacity_test", [True, False])
 def test_a_planner_under_a_deep_overload_finds_the_largest_fraction_that_fits(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, capacity_test: bool
 ) -> None:
     """A forecast 5x what the fleet serves (a headroom of 5.5 on the bundled bursty
     spec left every planner with "no plan for the initial load"): past the 0.9 steps
-    the planner halves the fraction, then bisects (with its capacity test), and
-    plans for a fraction within 8 % of the largest that fits, never above it."""
+    the planner halves the fraction, then bisects (with its capacity test, or with a
+    solve per fraction where the test does not apply), and plans for a fraction
+    within 8 % of the largest that fits, never above it."""
     from energyopt.families.serving.solvers import solve as serving
     from energyopt.solvers.result import INFEASIBLE, Result
 
@@ -314,10 +316,19 @@ def test_a_planner_under_a_deep_overload_finds_the_largest_fraction_that_fits(
         return real(problem, preset, **kw)
 
     monkeypatch.setattr(serving, "solve", solve)
-    _capacity_up_to(monkeypatch, fits)
+    if capacity_test:
+        _capacity_up_to(monkeypatch, fits)
+    else:
+        from energyopt.families.serving.solvers import capacity
+
+        monkeypatch.setattr(
+            capacity, "packed_plan", lambda _problem: capacity.Capacity(False, False, None)
+        )
     planner, rates = _tiny_planner("energyopt")
     out = planner.plan(rates)  # type: ignore[attr-defined]
     assert out.plan is not None and not out.unproven
     served = out.served_fraction * rates["chat"]
     assert 0.92 * fits <= served <= fits + 1e-9
     assert out.solves == len(seen) <= 6 + 7 + 3
+    if not capacity_test:  # every fraction tried was solved
+        assert len(seen) > 6

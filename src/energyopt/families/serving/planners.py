@@ -143,14 +143,14 @@ class SolverPlanner:
             return Planned(
                 hit.plan, 0.0, 0, hit.served_fraction, hit.bound, hit.objective, hit.unproven
             )
-        from energyopt.families.serving.solvers.capacity import packed_plan
+        from energyopt.families.serving.solvers.capacity import Capacity, packed_plan
         from energyopt.families.serving.solvers.solve import solve
 
         start = time.perf_counter()
         solves = 0
         unproven = False
         out: Planned | None = None
-        failed_at = 1.0  # the smallest fraction tried that gave no plan
+        proved = False  # the last solve without a plan proved its rates infeasible
 
         def scaled(at: float) -> Problem:
             return scaled_problem(
@@ -158,7 +158,7 @@ class SolverPlanner:
             )
 
         def attempt(at: float, limit_s: float | None = None) -> bool:
-            nonlocal out, solves, unproven, failed_at
+            nonlocal out, solves, unproven, proved
             result = solve(
                 scaled(at),
                 self.preset,
@@ -170,8 +170,8 @@ class SolverPlanner:
                 unproven = True  # the net cut it: its plan would depend on the load
                 return False
             if result.plan is None:
-                unproven = unproven or result.status != INFEASIBLE
-                failed_at = min(failed_at, at)
+                proved = result.status == INFEASIBLE
+                unproven = unproven or not proved
                 return False
             out = Planned(result.plan, 0.0, solves, at, result.bound, result.objective, unproven)
             return True
@@ -194,19 +194,15 @@ class SolverPlanner:
                             settled.objective,
                             True,
                         )
-            else:
-                steps = _ladder()[1:]
-                for k, fraction in enumerate(steps, start=1):
-                    if attempt(fraction):
-                        if k >= BACKOFF_STEPS:  # halved into it: close in on the largest
-                            low, high = fraction, failed_at  # ``out`` stays the plan of ``low``
-                            for _ in range(REFINE_STEPS):
-                                mid = (low * high) ** 0.5
-                                if attempt(mid):
-                                    low = mid
-                                else:
-                                    high = mid
-                        break
+            else:  # the same rule, each fraction decided by a solve (``out``: the last plan)
+
+                def solved(at: float) -> Capacity:
+                    if attempt(at):
+                        assert out is not None
+                        return Capacity(True, True, out.plan, out.objective)
+                    return Capacity(True, not proved, None)
+
+                settle_fraction(solved)
         wall = time.perf_counter() - start
         if out is None:
             out = Planned(None, wall, solves, 0.0, unproven=unproven)
