@@ -256,7 +256,8 @@ def _online_line(run: PlannerRun) -> str:
         f"{stats.decisions} dec, {per:.2f} mean / {stats.max_lookups} max lookups (budget "
         f"{run.result.online_budget}), boosts {stats.boosts}, restores {stats.restores}, "
         f"harvests {stats.trims}, spills {stats.spills}, wakes {stats.wakes}, surprise "
-        f"re-plans {run.tally.surprise_replans}, consolidations {run.tally.consolidations}"
+        f"re-plans {run.tally.surprise_replans}, consolidations {run.tally.consolidations}, "
+        f"guard raises {stats.guard_raises} / lowers {stats.guard_lowers}"
     )
 
 

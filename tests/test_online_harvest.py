@@ -82,6 +82,10 @@ def test_online_energy_is_not_above_the_plans_on_a_stationary_load_they_foresaw(
     still = run(seed, OnlinePolicy(lookups, OnlineConfig(trim=False)))
     assert still.online is not None and still.online.trims == 0
     assert still.energy_total_j > online.energy_total_j
+    # the attainment guard of the bundled specs keeps that on the stationary load
+    guarded = run(seed, OnlinePolicy(lookups, OnlineConfig(attainment_target=0.98)))
+    assert guarded.energy_total_j <= plans.energy_total_j
+    assert guarded.attainment[2] >= plans.attainment[2] - ATTAINMENT_MARGIN
 
 
 def shared_gpu(rate_a: float) -> tuple[GlobalScheduler, Recorder]:

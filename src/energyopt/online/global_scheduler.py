@@ -73,6 +73,13 @@ planned rate: a harvested slice is raised once its rate uses half its margin
 (rate > capacity / (1 + m/2)), to a clock covering r x (1 + m) again (the
 hysteresis is half the margin m).
 
+With an ``attainment_target`` (online/attainment.py), every workload's share of
+first tokens within its TTFT SLO is counted from the serving engine's reports
+(``first_tokens``; a shed request counts as late); where it stays below the
+target by more than chance, the workload's risk utilisation is divided by a
+factor k > 1 and its harvest need multiplied by k (both for that workload's
+instances only), and k falls back to 1 once the misses stop.
+
 Every step is O(1) in the fleet size: a decision touches at most 2 +
 ``spill_probes`` instances and one GPU (with its co-located instances, at most
 the share capacity over the smallest share). ``lookup_budget`` is the most
@@ -86,6 +93,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from energyopt.control import GpuControl, Refused
+from energyopt.online.attainment import AttainmentGuard
 from energyopt.online.lookups import OpLookups
 from energyopt.online.state import Actuator, GpuInfo, GpuState, InstanceInfo, RateMeter, Slot
 
@@ -127,6 +135,14 @@ class OnlineConfig:
     # a harvest leaves every slice a capacity that starts at least this many requests
     # within its TTFT SLO (requests; 0: no floor)
     harvest_start_floor: float = 0.0
+    # attainment guard (online/attainment.py): per workload, the TTFT attainment aimed
+    # at (fraction; 0: off), the time constant of its counts (s), the least time
+    # between two changes of its factor (s), the factor's step and its largest value
+    attainment_target: float = 0.0
+    guard_tau_s: float = 60.0
+    guard_hold_s: float = 10.0
+    guard_step: float = 0.1
+    guard_max_factor: float = 2.0
 
 
 @dataclass
@@ -154,6 +170,8 @@ class OnlineStats:
     boost_steps: int = 0  # candidate-clock steps the boosts raised, summed
     harvest_shares: int = 0  # harvests that re-divided the shares of a GPU
     harvest_blocked: int = 0  # harvests not made: a slice's queue at its risk level
+    guard_raises: int = 0  # attainment-guard factors raised (a workload missed its target)
+    guard_lowers: int = 0  # ... lowered again
 
 
 @dataclass
@@ -170,6 +188,7 @@ class _Workload:
     peak_rps: float = 0.0  # highest burst-meter rate in the current memory window (req/s)
     peak_before_rps: float = 0.0  # ... in the window before it (req/s)
     peak_window: int = 0  # index of the current window (time // burst_memory_s)
+    guard: AttainmentGuard = field(default_factory=AttainmentGuard)
 
 
 def lookup_budget(slots_per_gpu: int, clocks: int) -> int:
@@ -223,8 +242,19 @@ class GlobalScheduler:
         self.stats = OnlineStats()
         self.gpus: dict[str, GpuState] = {}
         self.slots: dict[int, Slot] = {}
+        cfg = self.cfg
         self.workloads = [
-            _Workload(rate=RateMeter(self.cfg.wake_tau_s), burst=RateMeter(self.cfg.burst_tau_s))
+            _Workload(
+                rate=RateMeter(cfg.wake_tau_s),
+                burst=RateMeter(cfg.burst_tau_s),
+                guard=AttainmentGuard(
+                    target=cfg.attainment_target,
+                    tau_s=cfg.guard_tau_s,
+                    hold_s=cfg.guard_hold_s,
+                    step=cfg.guard_step,
+                    max_factor=cfg.guard_max_factor,
+                ),
+            )
             for _ in ttft_s
         ]
         self.node_power_w: dict[str, float] = {}
@@ -386,6 +416,7 @@ class GlobalScheduler:
             st.shed += 1
             st.shed_by_workload[workload] = st.shed_by_workload.get(workload, 0) + 1
             _uncount(chosen)
+            self.first_tokens(workload, 0, 1, now_s)  # a shed request is a miss
             return None
         return chosen.info.id
 
@@ -395,14 +426,16 @@ class GlobalScheduler:
     def _risk(self, s: Slot, now_s: float) -> int:
         """0: not at risk; 1: at risk by the observed rate; 2: by the queue alone."""
         cap = s.capacity_rps
-        limit = self.cfg.risk_utilization * cap
+        util = self._utilization(s)
+        limit = util * cap
         g = s.gpu
         rate = s.rate.read(now_s)
         z = self.cfg.risk_z
         if g is None or g.clock >= g.plan_clock:
             # at the plan's clock or above: not before the rate exceeds the planned rate
-            # (the plan was verified at it) by more than the meter's noise there
-            limit = max(limit, s.info.planned_rps)
+            # (the plan was verified at it; over the guard's factor) by more than the
+            # meter's noise there
+            limit = max(limit, s.info.planned_rps * util / self.cfg.risk_utilization)
             slow = limit * (1.0 + self._noise(limit, z))
         else:
             # harvested: raised once half the harvest margin is used, before the rate
@@ -426,9 +459,33 @@ class GlobalScheduler:
         cfg = self.cfg
         return max(float(cfg.queue_floor), cfg.backlog_fraction * capacity_rps * ttft_s)
 
+    def _utilization(self, s: Slot) -> float:
+        """``risk_utilization`` over slice ``s``'s workload's attainment-guard factor
+        (fraction of its capacity it may use before it is at risk)."""
+        return self.cfg.risk_utilization / self.workloads[s.info.workload].guard.factor
+
+    def _safe_rps(self, s: Slot) -> float:
+        """The rate (req/s) slice ``s`` holds at its plan's settings without risk: the
+        larger of ``risk_utilization`` x its plan capacity and its planned rate, over
+        its workload's attainment-guard factor."""
+        k = self.workloads[s.info.workload].guard.factor
+        return max(self.cfg.risk_utilization * s.plan_capacity_rps, s.info.planned_rps) / k
+
+    def first_tokens(self, workload: int, on_time: int, late: int, now_s: float) -> None:
+        """The serving engine's report: ``on_time`` first tokens of ``workload`` came
+        within its TTFT SLO and ``late`` after it, at ``now_s`` (s). Feeds the
+        workload's attainment guard (online/attainment.py); O(1), no lookups."""
+        guard = self.workloads[workload].guard
+        before = guard.factor
+        if guard.observe(on_time, late, now_s):
+            if guard.factor > before:
+                self.stats.guard_raises += 1
+            else:
+                self.stats.guard_lowers += 1
+
     def _need_rps(self, s: Slot, now_s: float) -> float:
         """Load the slice must cover: the observed rate plus draining the backlog."""
-        load = max(s.rate.read(now_s), s.fast.read(now_s)) / self.cfg.risk_utilization
+        load = max(s.rate.read(now_s), s.fast.read(now_s)) / self._utilization(s)
         return load + s.info.view.queued / self.cfg.drain_s
 
     def _power(self, g: GpuState, clock: int) -> float:
@@ -565,7 +622,7 @@ class GlobalScheduler:
         if harvested and want > g.plan_clock and not to_peak:
             # harvested: back to the plan's clock (verified at the planned rate) while
             # the slice's rate is within its plan's
-            safe = max(self.cfg.risk_utilization * s.plan_capacity_rps, s.info.planned_rps)
+            safe = self._safe_rps(s)
             if s.rate.read(now_s) <= safe * (1.0 + self._noise(safe, self.cfg.risk_z)):
                 want = g.plan_clock
         power = self._power(g, want)
@@ -625,7 +682,7 @@ class GlobalScheduler:
         if peak <= 0.0 or wl.planned_rps <= 0.0 or s.info.draining:
             return 0.0
         part = peak * min(s.info.planned_rps / wl.planned_rps, 1.0)
-        return part / self.cfg.risk_utilization + s.info.view.queued / self.cfg.drain_s
+        return part / self._utilization(s) + s.info.view.queued / self.cfg.drain_s
 
     def _shift(self, s: Slot, now_s: float) -> None:
         g = s.gpu
@@ -751,6 +808,7 @@ class GlobalScheduler:
         r x (1 + its workload's margin, at least the meter's noise at r)."""
         r = o.rate.read(now_s)
         need = max(r, self.cfg.min_rate_rps) * (1.0 + self._margin(o, r))
+        need *= self.workloads[o.info.workload].guard.factor
         return max(need, self.cfg.harvest_start_floor / o.ttft_s)
 
     def _slice_clock(self, g: GpuState, o: Slot, now_s: float, need: float) -> int:
@@ -766,7 +824,7 @@ class GlobalScheduler:
         used = self.lk.share_capacity[t] - o.share
         c, _ = self.lk.raise_to(o.info.label, t, clocks[0], used, need)
         if (c < 0 or c > g.plan_clock) and o.share == o.plan_share:
-            safe = max(self.cfg.risk_utilization * o.plan_capacity_rps, o.info.planned_rps)
+            safe = self._safe_rps(o)
             if o.rate.read(now_s) <= safe * (1.0 + 0.5 * self._noise(safe, self.cfg.risk_z)):
                 c = g.plan_clock
         if c < 0:
@@ -798,7 +856,7 @@ class GlobalScheduler:
         cfg = self.cfg
         calm = cfg.calm_utilization / cfg.risk_utilization
         for o in g.slots:
-            safe = max(cfg.risk_utilization * o.plan_capacity_rps, o.info.planned_rps)
+            safe = self._safe_rps(o)
             if o.rate.read(now_s) > calm * safe or o.info.view.queued > self._queue_risk(
                 o.plan_capacity_rps, o.ttft_s
             ):

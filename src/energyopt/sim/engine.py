@@ -381,6 +381,8 @@ class Simulator:
         out = server.end(now)
         self.completed += out.completed
         if self.ctl is not None:
+            if out.on_time or out.late:
+                self.ctl.first_tokens(server.workload, out.on_time, out.late, now)
             self.ctl.tick(server.sid, now)
         for rid in out.handoffs:
             target = self._route(self.decoders[server.workload], now)

@@ -55,6 +55,8 @@ class IterationOutcome:
 
     handoffs: list[int] = field(default_factory=list)
     completed: int = 0
+    on_time: int = 0  # first tokens within the workload's TTFT SLO
+    late: int = 0  # first tokens after it
 
 
 class Server:
@@ -231,7 +233,12 @@ class Server:
         for rid in self._chunk_done:
             self.prefill.popleft()
             req.first_token_s[rid] = now_s
-            stats.first_token((now_s - req.arrival_s[rid]) * 1e3)
+            ttft_ms = (now_s - req.arrival_s[rid]) * 1e3
+            stats.first_token(ttft_ms)
+            if ttft_ms <= stats.slo.ttft_ms:
+                out.on_time += 1
+            else:
+                out.late += 1
             if self.phase == "prefill":
                 self.kv_used -= req.prompt[rid]
                 if req.output[rid] > 1:

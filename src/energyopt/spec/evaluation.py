@@ -275,6 +275,33 @@ class OnlineOptions(Spec):
         description="a harvest leaves every slice a capacity that starts at least this many "
         "requests within its TTFT SLO (0: no floor)",
     )
+    attainment_target: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="per workload, the TTFT attainment (fraction of first tokens within the "
+        "SLO) below which the online control tightens its rules for that workload "
+        "(online/attainment.py; 0: off)",
+    )
+    guard_tau_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=86_400,
+        description="time constant of the attainment guard's counts of on-time and late "
+        "first tokens, s",
+    )
+    guard_hold_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=86_400,
+        description="least time between two changes of a workload's attainment-guard factor, s",
+    )
+    guard_step: float = Field(
+        default=0.1, gt=0, le=10, description="relative step of the attainment-guard factor"
+    )
+    guard_max_factor: float = Field(
+        default=2.0, ge=1, le=100, description="largest attainment-guard factor"
+    )
     tail_reserve: float = Field(
         default=0.0,
         ge=0,

@@ -176,6 +176,11 @@ def online_policy(ev: Evaluation, lookups: OpLookups) -> OnlinePolicy:
         burst_memory_s=o.burst_memory_s,
         burst_tau_s=o.burst_tau_s,
         harvest_start_floor=o.harvest_start_floor,
+        attainment_target=o.attainment_target,
+        guard_tau_s=o.guard_tau_s,
+        guard_hold_s=o.guard_hold_s,
+        guard_step=o.guard_step,
+        guard_max_factor=o.guard_max_factor,
     )
     local = LocalConfig(protect_tbt=o.protect_tbt)
     return OnlinePolicy(lookups, config, o.local, local, o.max_chunk)

@@ -98,6 +98,7 @@ def summary_rows(res: EvaluationResult) -> list[dict[str, float | str | int | No
                 "online_boosts": r.online.boosts if r.online else None,
                 "online_spills": r.online.spills if r.online else None,
                 "online_wakes": r.online.wakes if r.online else None,
+                "online_guard_raises": r.online.guard_raises if r.online else None,
                 "shortfall_epochs": run.tally.shortfall_epochs,
                 "unproven_shortfall_epochs": run.tally.unproven_shortfall_epochs,
                 "unplanned_epochs": run.tally.unplanned_epochs,

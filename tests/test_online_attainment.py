@@ -1,0 +1,125 @@
+"""The attainment guard (energyopt/online/attainment.py, docs/online.md): a workload
+whose first tokens come late more often than its target tightens the online
+control's rules for that workload only (its risk limit falls, a harvest keeps more
+capacity), as far as its misses say, and relaxes when they stop; shed requests count
+as late; the guard off changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from energyopt.online import GlobalScheduler, OnlineConfig
+from energyopt.online.attainment import AttainmentGuard
+from tests.test_online import View, scheduler
+from tests.test_online_bursts import at_top_clock
+
+
+def feed(guard: AttainmentGuard, late_fraction: float, start_s: float, end_s: float) -> None:
+    """Reports of 10 first tokens per second, ``late_fraction`` of them late."""
+    t = start_s
+    while t < end_s:
+        late = round(10 * late_fraction)
+        guard.observe(10 - late, late, t)
+        t += 1.0
+
+
+def test_misses_above_the_target_raise_the_factor_once_per_hold_up_to_its_largest() -> None:
+    guard = AttainmentGuard(target=0.97, hold_s=10.0, step=0.1, max_factor=2.0)
+    feed(guard, 0.1, 0.0, 35.0)
+    # reports at 0..34 s; the first change once min_samples are counted (t = 1 s), then
+    # every 10 s: 1, 11, 21, 31
+    assert guard.raises == 4
+    assert guard.factor == pytest.approx(1.1**4)
+    feed(guard, 0.1, 35.0, 400.0)
+    assert guard.factor == 2.0
+    assert guard.lowers == 0
+
+
+def test_the_factor_relaxes_to_one_once_the_misses_stop() -> None:
+    guard = AttainmentGuard(target=0.97, tau_s=30.0)
+    feed(guard, 0.2, 0.0, 120.0)
+    assert guard.factor > 1.5
+    feed(guard, 0.0, 120.0, 600.0)
+    assert guard.factor == 1.0
+    assert guard.lowers > 0
+
+
+def test_misses_within_the_target_leave_the_factor_alone() -> None:
+    guard = AttainmentGuard(target=0.9)
+    feed(guard, 0.05, 0.0, 600.0)  # 95 % on time against a 90 % target
+    assert guard.factor == 1.0
+    assert guard.raises == 0
+
+
+def test_a_guard_without_a_target_never_changes() -> None:
+    guard = AttainmentGuard()
+    feed(guard, 1.0, 0.0, 100.0)
+    assert guard.factor == 1.0
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"target": 1.0}, {"target": -0.1}, {"tau_s": 0.0}, {"max_factor": 0.5}]
+)
+def test_bad_settings_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        AttainmentGuard(**kwargs)
+
+
+def late_reports(ctl: GlobalScheduler, end_s: float) -> None:
+    """Workload 0 reports a tenth of its first tokens late, every second to ``end_s``."""
+    t = 0.0
+    while t < end_s:
+        ctl.first_tokens(0, 9, 1, t)
+        t += 1.0
+
+
+def test_a_late_workload_is_at_risk_at_a_rate_it_held_before() -> None:
+    """At the plan's clock a slice is at risk once its rate passes its planned rate
+    (plus noise); with the guard raised, at the planned rate over the factor."""
+    ctl, _ = scheduler(700.0, [View()], OnlineConfig(trim=False, attainment_target=0.97))
+    s = ctl.slots[0]
+    rate = 0.8 * s.info.planned_rps
+    s.rate.value = s.fast.value = rate
+    s.rate.at_s = s.fast.at_s = 0.0
+    assert ctl._risk(s, 0.0) == 0
+    late_reports(ctl, 60.0)
+    k = ctl.workloads[0].guard.factor
+    assert k >= 1.5
+    assert ctl.stats.guard_raises > 0
+    s.rate.at_s = s.fast.at_s = 60.0
+    assert ctl._risk(s, 60.0) == 1
+    # the boost then covers the load over the guard's utilisation
+    assert ctl._need_rps(s, 60.0) == pytest.approx(rate * k, rel=1e-9)
+
+
+def test_a_late_workload_keeps_more_capacity_when_harvested() -> None:
+    clocks = {}
+    for target in (0.0, 0.97):
+        ctl = at_top_clock(OnlineConfig(harvest_margin=0.1, attainment_target=target))
+        late_reports(ctl, 40.0)
+        assert ctl.workloads[0].guard.factor == pytest.approx(1.1**4 if target else 1.0)
+        s = ctl.slots[0]
+        t = ctl.gpus["n0/0"].info.gpu_type
+        second = ctl.lk.capacity_rps(s.info.label, t, ctl.lk.clocks[t][1], s.share)
+        k = 1.1**4  # the guard's factor after a tenth late for 40 s (asserted below)
+        # the second clock covers this rate with the margin times k; the lowest clock
+        # covers it with the margin alone
+        s.rate.value = s.fast.value = 0.95 * second / (1.1 * k)
+        s.rate.at_s = s.fast.at_s = 40.0
+        ctl.tick(0, 40.0)
+        g = ctl.gpus["n0/0"]
+        assert g.clock < g.plan_clock
+        assert s.capacity_rps >= ctl._need(s, 40.0)
+        clocks[target] = g.clock
+    assert clocks[0.97] > clocks[0.0]
+
+
+def test_a_shed_request_counts_as_late() -> None:
+    view = View()
+    ctl, _ = scheduler(700.0, [view], OnlineConfig(attainment_target=0.97))
+    view.queued = ctl.slots[0].queue_limit
+    for i in range(30):
+        assert ctl.route(0, 0.01 * i) is None
+    guard = ctl.workloads[0].guard
+    assert guard.late_fraction(0.3) == 1.0
+    assert guard.factor > 1.0
