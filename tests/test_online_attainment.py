@@ -6,12 +6,16 @@ as late; the guard off changes nothing."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from energyopt.online import GlobalScheduler, OnlineConfig
+from energyopt.online import GlobalScheduler, OnlineConfig, OnlinePolicy
 from energyopt.online.attainment import AttainmentGuard
+from energyopt.sim.engine import Simulator
+from energyopt.sim.synthetic import poisson_arrivals
 from tests.test_online import View, scheduler
 from tests.test_online_bursts import at_top_clock
+from tests.test_online_harvest import DURATION_S, setting
 
 
 def feed(guard: AttainmentGuard, late_fraction: float, start_s: float, end_s: float) -> None:
@@ -123,3 +127,26 @@ def test_a_shed_request_counts_as_late() -> None:
     guard = ctl.workloads[0].guard
     assert guard.late_fraction(0.3) == 1.0
     assert guard.factor > 1.0
+
+
+def test_the_simulator_reports_every_first_token_and_shed_request_to_the_guard() -> None:
+    """With counts that do not decay, each workload's guard has counted every first
+    token (late: after its TTFT SLO) and every shed request (late)."""
+
+    problem, plan, lookups, tables = setting()
+    rng = np.random.default_rng(5)
+    arrivals = poisson_arrivals(
+        problem.instance.workloads, lambda t: np.full_like(t, 1.5), 1.5, DURATION_S, 0.8, rng
+    )
+    config = OnlineConfig(attainment_target=0.98, guard_tau_s=1e12)
+    sim = Simulator(
+        problem, arrivals, window_s=DURATION_S, tables=tables, online=OnlinePolicy(lookups, config)
+    )
+    result = sim.run(plan)
+    assert sim.ctl is not None
+    for w, stats in enumerate(result.stats):
+        guard = sim.ctl.workloads[w].guard
+        firsts = len(stats.ttft_ms)
+        assert guard.ok + guard.late == pytest.approx(firsts + stats.shed, rel=1e-9)
+        assert guard.late == pytest.approx(firsts - stats.ttft_ok + stats.shed, rel=1e-9)
+    assert sum(s.ttft_ok for s in result.stats) < sum(len(s.ttft_ms) for s in result.stats)
