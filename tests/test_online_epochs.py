@@ -24,12 +24,15 @@ from energyopt.families.serving.planners import (
     BACKOFF_STEPS,
     DEEP_BACKOFF,
     DEEP_STEPS,
+    RAISE_STEP,
     REFINE_STEPS,
     SolverPlanner,
     make_planner,
+    raise_fractions,
     settle_fraction,
 )
-from energyopt.families.serving.solvers.capacity import Capacity, packed_plan
+from energyopt.families.serving.remap import plan_rates_rps, problem_at_plan_rates
+from energyopt.families.serving.solvers.capacity import Capacity, filled_plan, packed_plan
 from energyopt.families.serving.tables import scaled_problem
 from energyopt.families.serving.verify import evaluate_plan
 from energyopt.sim.engine import Simulator
@@ -104,8 +107,15 @@ def test_an_overloaded_forecast_backs_off_to_the_same_fraction_and_plan_on_any_t
     patient, hurried = answers
     assert patient.plan is not None and 0.0 < patient.served_fraction < 1.0
     assert hurried.served_fraction == patient.served_fraction
+    assert hurried.served == patient.served
     assert _plan_json(hurried.plan) == _plan_json(patient.plan)
-    at = scaled_problem(problem, {n: patient.served_fraction * 4.0 for n in rates})
+    # verified at what it routes; served_fraction is the least workload's share
+    routed = plan_rates_rps(patient.plan)
+    assert patient.served is not None
+    for n, r in rates.items():
+        assert patient.served[n] == pytest.approx(min(routed[n] / r, 1.0))
+    assert patient.served_fraction == pytest.approx(min(patient.served.values()))
+    at = problem_at_plan_rates(problem, patient.plan)
     assert not evaluate_plan(at, patient.plan).violations
     above = [f for f in (1.0, 0.9, 0.81, 0.729) if f > patient.served_fraction + 1e-9]
     assert above
@@ -160,6 +170,66 @@ def test_the_back_off_settles_on_the_largest_ladder_fraction_that_packs(capacity
     else:
         assert settled.fraction == 0.0 and settled.plan is None
     assert settle_fraction(lambda _: Capacity(False, False, None)) is None
+
+
+def test_a_filled_plan_serves_more_on_the_gpus_the_back_off_left_off() -> None:
+    """On 4 x what six GPUs serve, the capacity test's plan at 20 % leaves GPUs off;
+    filled, it passes the verifier at the rates it routes, serves at least as much
+    of every workload (more in all), turns those GPUs on, and is the same on two
+    calls."""
+    problem = two_workloads(rate_a=36.0, rate_b=20.0, gpus=6)
+    over = scaled_problem(problem, {"a": 4.0, "b": 4.0})
+    backed = packed_plan(scaled_problem(problem, {"a": 0.8, "b": 0.8})).plan
+    assert backed is not None
+    off = {g.gpu for g in backed.gpus if not g.on}
+    assert off
+    first, second = filled_plan(over, backed), filled_plan(over, backed)
+    assert first is not None and second is not None
+    assert _plan_json(first.plan) == _plan_json(second.plan)
+    assert first.served_rps == plan_rates_rps(first.plan)
+    assert not evaluate_plan(problem_at_plan_rates(over, first.plan), first.plan).violations
+    before = plan_rates_rps(backed)
+    for w in over.instance.workloads:
+        assert before[w.name] < first.served_rps[w.name] <= w.rate_rps + 1e-9
+    now_on = {g.gpu for g in first.plan.gpus if g.on}
+    assert first.gpus_filled == len(off & now_on) > 0
+    for g in first.plan.gpus:  # the GPUs the back-off had on keep their settings
+        if g.gpu not in off:
+            assert g == backed.gpu(g.gpu)
+    assert filled_plan(over, first.plan) is None or first.gpus_filled < len(off)
+
+
+def test_raising_single_workloads_keeps_every_step_that_packs() -> None:
+    """Against a capacity known exactly (a plan while the weighted fractions sum to
+    at most 2.3, workload "b" counting double), each workload rises one step a
+    round from the start while the test packs, a refused one stays, and the
+    others go on; every step taken was a packing answer."""
+    plan = shared_plan(two_workloads())
+    names = ["a", "b", "c"]
+    weight = {"a": 1.0, "b": 2.0, "c": 1.0}
+    asked: list[dict[str, float]] = []
+
+    def test(each: dict[str, float]) -> Capacity:
+        asked.append(each)
+        fits = sum(weight[n] * f for n, f in each.items()) <= 2.3 + 1e-9
+        return Capacity(True, True, plan if fits else None, sum(each.values()))
+
+    start = Capacity(True, True, plan, 0.0)
+    raised = raise_fractions(test, names, 0.5, start)
+    assert raised.tests == len(asked)
+    assert all(f >= 0.5 for f in raised.fractions.values())
+    assert sum(weight[n] * f for n, f in raised.fractions.items()) <= 2.3 + 1e-9
+    # no single workload can rise one more step (nor past 1)
+    for n in names:
+        up = min(raised.fractions[n] + RAISE_STEP, 1.0)
+        if up > raised.fractions[n]:
+            assert test({**raised.fractions, n: up}).plan is None
+    # round-robin from 0.5: a, b, c take 0.55; then a and c 0.6, b is refused 0.6
+    assert asked[0] == {"a": 0.55, "b": 0.5, "c": 0.5}
+    assert raised.fractions == pytest.approx({"a": 0.6, "b": 0.55, "c": 0.6})
+    assert raised.found.objective == pytest.approx(sum(raised.fractions.values()))
+    nothing = raise_fractions(lambda each: Capacity(True, True, None), names, 0.5, start)
+    assert nothing.fractions == {} and nothing.found is start and nothing.tests == 3
 
 
 def test_the_specs_with_online_control_plan_every_epoch_with_that_planner() -> None:

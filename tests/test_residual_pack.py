@@ -151,12 +151,12 @@ def test_a_lone_piece_moves_to_a_bin_of_another_clock_when_that_costs_less() -> 
     caps = table.capacity_rps[[lone_op, op_of(u, other_clock)]]
     rate = 0.5 * float(caps.min())
 
-    def bins(fill: int) -> list[tuple[int, int, rp._Bin]]:
+    def bins(fill: int) -> list[tuple[int, int, rp.Bin]]:
         """The lone piece's bin and the other one, each with ``fill`` share units
         taken by something else."""
-        lone = rp._Bin(fill, 0.0, table.on_power[(table.type_names[t], lone_clock)])
+        lone = rp.Bin(fill, 0.0, table.on_power[(table.type_names[t], lone_clock)])
         lone.add(table, lone_op, rate)
-        other = rp._Bin(fill, 0.0, table.on_power[(table.type_names[t], other_clock)])
+        other = rp.Bin(fill, 0.0, table.on_power[(table.type_names[t], other_clock)])
         other.add(table, other_op, 1.0)
         return [(t, lone_clock, lone), (t, other_clock, other)]
 
@@ -414,7 +414,7 @@ def test_covers_of_stacked_units_are_each_units_cover() -> None:
 
 def _brute_force_move(
     table: OpTable,
-    bins: list[tuple[int, int, rp._Bin]],
+    bins: list[tuple[int, int, rp.Bin]],
     state: rp._BinArrays,
     candidates: list[tuple[int, int]],
     source: int,
@@ -461,7 +461,7 @@ def test_consolidation_moves_are_the_brute_force_cheapest(
 
     def checked(
         table_: OpTable,
-        bins: list[tuple[int, int, rp._Bin]],
+        bins: list[tuple[int, int, rp.Bin]],
         state: rp._BinArrays,
         open_idx: dict[tuple[int, int], np.ndarray],
         candidates: list[tuple[int, int]],

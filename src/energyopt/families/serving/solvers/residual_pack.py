@@ -74,7 +74,7 @@ RESIDUAL_TOL = 1e-6
 
 
 @dataclass
-class _Bin:
+class Bin:
     """One shared configuration being filled: share units and memory (GB) used,
     worst-case draw (W: on-power plus each op's steady power at capacity), and
     its ops."""
@@ -532,7 +532,7 @@ def _pack(
             (op, rate)
         )
     limits = {t: _limits(prog, t) for t, _ in groups}
-    bins: list[tuple[int, int, _Bin]] = []
+    bins: list[tuple[int, int, Bin]] = []
     for (t, clock), items in sorted(groups.items()):
         share_capacity, usable, power_cap = limits[t]
         on_w = table.on_power[(table.type_names[t], clock)]
@@ -567,9 +567,9 @@ def _limits(prog: pat.PatternProgram, t: int) -> tuple[int, float, float]:
 
 def _consolidate(
     prog: pat.PatternProgram,
-    bins: list[tuple[int, int, _Bin]],
+    bins: list[tuple[int, int, Bin]],
     limits: dict[int, tuple[int, float, float]],
-) -> list[tuple[int, int, _Bin]]:
+) -> list[tuple[int, int, Bin]]:
     """Empty the least-filled bins into the others where that costs less.
 
     First fit packs each (type, clock) apart, so the partial use of a cover at a
@@ -621,7 +621,7 @@ def _consolidate(
         saved += sum(piece_cost(op, r) for op, r in zip(b.ops, b.rates, strict=True))
         added = 0.0
         taken = 0
-        undo: list[tuple[int, _Bin]] = []  # (bin, its state before the move)
+        undo: list[tuple[int, Bin]] = []  # (bin, its state before the move)
         moved = True
         for op, rate in sorted(
             zip(b.ops, b.rates, strict=True), key=lambda it: -int(table.share[it[0]])
@@ -661,15 +661,15 @@ def _consolidate(
 class _BinArrays:
     """The bins' share units, memory (GB) and worst-case draw (W) as arrays, and
     which are live, so that ``_cheapest_move`` tests a piece against every open bin
-    of a clock in one array step (the same sums and comparisons as ``_Bin.fits``)."""
+    of a clock in one array step (the same sums and comparisons as ``Bin.fits``)."""
 
-    def __init__(self, bins: list[tuple[int, int, _Bin]]) -> None:
+    def __init__(self, bins: list[tuple[int, int, Bin]]) -> None:
         self.share = np.array([b.share for _, _, b in bins], dtype=np.int64)
         self.memory_gb = np.array([b.memory_gb for _, _, b in bins], dtype=np.float64)
         self.power_w = np.array([b.power_w for _, _, b in bins], dtype=np.float64)
         self.alive = np.ones(len(bins), dtype=bool)
 
-    def sync(self, j: int, b: _Bin) -> None:
+    def sync(self, j: int, b: Bin) -> None:
         """Copy bin ``j``'s state (``b``) into the arrays."""
         self.share[j] = b.share
         self.memory_gb[j] = b.memory_gb
@@ -678,7 +678,7 @@ class _BinArrays:
 
 def _cheapest_move(
     table: OpTable,
-    bins: list[tuple[int, int, _Bin]],
+    bins: list[tuple[int, int, Bin]],
     state: _BinArrays,
     open_idx: dict[tuple[int, int], NDArray[np.int64]],
     candidates: list[tuple[int, int]],
@@ -737,12 +737,12 @@ def _cheapest_move(
     return None
 
 
-def _copy(b: _Bin) -> _Bin:
+def _copy(b: Bin) -> Bin:
     """An independent copy of a bin's state."""
-    return _Bin(b.share, b.memory_gb, b.power_w, list(b.ops), set(b.units), list(b.rates))
+    return Bin(b.share, b.memory_gb, b.power_w, list(b.ops), set(b.units), list(b.rates))
 
 
-def _restore(b: _Bin, before: _Bin) -> None:
+def _restore(b: Bin, before: Bin) -> None:
     """Put a bin back to a state copied earlier."""
     b.share, b.memory_gb, b.power_w = before.share, before.memory_gb, before.power_w
     b.ops, b.units, b.rates = before.ops, before.units, before.rates
@@ -755,19 +755,19 @@ def _first_fit(
     memory_gb: float,
     power_cap_w: float,
     on_power_w: float,
-) -> list[_Bin]:
+) -> list[Bin]:
     """First-fit decreasing by share: share units, memory (GB) and the GPU power cap
     (W, on the worst-case draw: each op at its steady power at capacity, whatever
     its rate, as the verifier checks it) respected, one op per unit in a bin."""
-    bins: list[_Bin] = []
-    room: list[_Bin] = []  # the bins with share left, in the order they were opened
+    bins: list[Bin] = []
+    room: list[Bin] = []  # the bins with share left, in the order they were opened
     for op, rate in sorted(items, key=lambda it: (-int(table.share[it[0]]), it[0])):
         target = next(
             (b for b in room if b.fits(table, op, share_capacity, memory_gb, power_cap_w)),
             None,
         )
         if target is None:
-            target = _Bin(0, 0.0, on_power_w)
+            target = Bin(0, 0.0, on_power_w)
             bins.append(target)
             room.append(target)
         target.add(table, op, rate)
