@@ -172,18 +172,27 @@ def test_the_back_off_settles_on_the_largest_ladder_fraction_that_packs(capacity
     assert settle_fraction(lambda _: Capacity(False, False, None)) is None
 
 
-def test_a_filled_plan_serves_more_on_the_gpus_the_back_off_left_off() -> None:
+def test_a_filled_plan_serves_more_on_the_gpus_the_back_off_left_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """On 4 x what six GPUs serve, the capacity test's plan at 20 % leaves GPUs off;
-    filled, it passes the verifier at the rates it routes, serves at least as much
-    of every workload (more in all), turns those GPUs on, and is the same on two
-    calls."""
+    filled (with every clock read failing), it passes the verifier at the rates it
+    routes, serves at least as much of every workload (more in all), turns those
+    GPUs on, and is the same on two calls."""
     problem = two_workloads(rate_a=36.0, rate_b=20.0, gpus=6)
     over = scaled_problem(problem, {"a": 4.0, "b": 4.0})
     backed = packed_plan(scaled_problem(problem, {"a": 0.8, "b": 0.8})).plan
     assert backed is not None
     off = {g.gpu for g in backed.gpus if not g.on}
     assert off
+
+    def no_clock() -> float:
+        raise AssertionError("the fill read the clock")
+
+    for name in ("perf_counter", "monotonic", "time"):
+        monkeypatch.setattr(time, name, no_clock)
     first, second = filled_plan(over, backed), filled_plan(over, backed)
+    monkeypatch.undo()
     assert first is not None and second is not None
     assert _plan_json(first.plan) == _plan_json(second.plan)
     assert first.served_rps == plan_rates_rps(first.plan)
