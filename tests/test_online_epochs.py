@@ -87,12 +87,16 @@ def test_the_bundled_epoch_planner_returns_the_same_plan_on_repeated_solves(
         assert first.served_fraction < 1.0
 
 
-def test_an_overloaded_forecast_backs_off_to_the_same_fraction_and_plan_on_any_time_limit() -> None:
+@pytest.mark.parametrize("fill", [False, True])
+def test_an_overloaded_forecast_backs_off_to_the_same_fraction_and_plan_on_any_time_limit(
+    fill: bool,
+) -> None:
     """Two fresh planners, one with a minute per solve and one whose solves end at
     once, settle on the same fraction and plan of a forecast 4 x what six GPUs
-    serve; the plan passes the verifier at that fraction, and the ladder fraction
-    above it does not pack."""
-    spec = _online_spec("fleet16-ramp-flash.yaml")
+    serve (with ``fill_overload`` too, the same per-workload fractions); the plan
+    passes the verifier at the rates it routes, and the ladder fraction above the
+    least served one does not pack."""
+    spec = _online_spec("fleet16-ramp-flash.yaml").model_copy(update={"fill_overload": fill})
     problem = two_workloads(rate_a=36.0, rate_b=20.0, gpus=6)
     rates = {w.name: 4.0 * w.rate_rps for w in problem.instance.workloads}
     answers = []
@@ -111,10 +115,15 @@ def test_an_overloaded_forecast_backs_off_to_the_same_fraction_and_plan_on_any_t
     assert _plan_json(hurried.plan) == _plan_json(patient.plan)
     # verified at what it routes; served_fraction is the least workload's share
     routed = plan_rates_rps(patient.plan)
-    assert patient.served is not None
-    for n, r in rates.items():
-        assert patient.served[n] == pytest.approx(min(routed[n] / r, 1.0))
-    assert patient.served_fraction == pytest.approx(min(patient.served.values()))
+    if fill:
+        assert patient.served is not None
+        for n, r in rates.items():
+            assert patient.served[n] == pytest.approx(min(routed[n] / r, 1.0))
+        assert patient.served_fraction == pytest.approx(min(patient.served.values()))
+    else:
+        assert patient.served is None
+        for n, r in rates.items():
+            assert routed[n] == pytest.approx(patient.served_fraction * r, rel=1e-6)
     at = problem_at_plan_rates(problem, patient.plan)
     assert not evaluate_plan(at, patient.plan).violations
     above = [f for f in (1.0, 0.9, 0.81, 0.729) if f > patient.served_fraction + 1e-9]

@@ -189,13 +189,11 @@ def _capacity_up_to(
 ) -> None:
     """Make the planner's capacity test pack nothing above ``most_rps`` (req/s of
     the first workload), as the faked solves below serve nothing above it: proven
-    (the LP leaves demand unserved), or undecided where ``lp_serves``. The top-up
-    after the back-off (``planners.TOP_UP``) is switched off: it fills the GPUs the
-    plan leaves off from the real operating points, which the fakes do not limit."""
-    from energyopt.families.serving import planners
+    (the LP leaves demand unserved), or undecided where ``lp_serves``. The planner
+    does not fill an overloaded plan (``fill_overload`` off, the default): the fill
+    takes the real operating points, which the fakes do not limit."""
     from energyopt.families.serving.solvers import capacity
 
-    monkeypatch.setattr(planners, "TOP_UP", False)
 
     real = capacity.packed_plan
 
@@ -324,10 +322,8 @@ def test_a_planner_under_a_deep_overload_finds_the_largest_fraction_that_fits(
     if capacity_test:
         _capacity_up_to(monkeypatch, fits)
     else:
-        from energyopt.families.serving import planners
         from energyopt.families.serving.solvers import capacity
 
-        monkeypatch.setattr(planners, "TOP_UP", False)  # as in ``_capacity_up_to``
         monkeypatch.setattr(
             capacity, "packed_plan", lambda _problem: capacity.Capacity(False, False, None)
         )

@@ -389,6 +389,14 @@ class PlannerSpec(Spec):
         default=False,
         description="run the online control between plans (the evaluation's online: block)",
     )
+    fill_overload: bool = Field(
+        default=False,
+        description="where the forecast exceeds what the fleet serves, plan for all it can "
+        "serve: single workloads raised above the back-off's fraction where the capacity "
+        "test still packs, and the GPUs the plan leaves off given to the workloads with "
+        "forecast unserved (docs/online.md, 'Epoch plans'); false: the uniform back-off's "
+        "plan alone",
+    )
     latency_margin: Annotated[float, Field(ge=0, le=10)] | Literal["calibrated"] | None = Field(
         default=None,
         description="plan with this latency margin (options.latency_margin of the base "

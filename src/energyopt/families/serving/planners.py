@@ -50,16 +50,6 @@ DEEP_STEPS = 7
 fits and the one above it that did not ..."""
 REFINE_STEPS = 3
 """... this many times (to within 1 - 2^(-1/8), about 8 %, of the largest)."""
-TOP_UP = True
-"""Where the back-off settles below 1, plan for all the fleet can serve: raise
-single workloads above the settled fraction (``raise_fractions``) and give the
-GPUs the plan leaves off to the workloads with forecast unserved
-(``capacity.filled_plan``). On benchmarks/online.py's 600-s quick runs
-(docs/online.md, "Epoch plans") this took ramp+flash's worst workload from -1.95 to
--0.84 points against performance-first at a saving of 27.9 % instead of 39.3 %, and
-diurnal+spikes's from -1.40 to -1.56 at 29.0 % instead of 33.0 %: the extra
-capacity is paid for wherever the forecast overstates the load (the t = 0
-epochs, planned without history). False: the uniform back-off's plan alone."""
 RAISE_STEP = 0.05
 """Where the back-off settled below 1, single workloads are raised above it
 (``raise_fractions``) in steps of this fraction of their forecast."""
@@ -151,7 +141,7 @@ class SolverPlanner:
         that fraction is solved once more, with the preset's effort limits and
         ``BACKOFF_LIMIT_S`` as its safety net instead of the planner's time limit
         (the capacity test's plan stands where that solve gives none or a time share
-        cut it). With ``TOP_UP``, single workloads are first raised above that
+        cut it). With the spec's ``fill_overload``, single workloads are first raised above that
         fraction where the capacity test still packs (``raise_fractions``; where one
         is, the capacity test's plan at the raised rates is taken, not solved
         again), and the GPUs the plan leaves off are then given to the workloads
@@ -227,7 +217,7 @@ class SolverPlanner:
                             settled.fraction,
                             at_settled,
                         )
-                        if TOP_UP
+                        if self.spec.fill_overload
                         else Raised({}, at_settled, 0)
                     )
                     found = raised.found
@@ -254,7 +244,9 @@ class SolverPlanner:
                     return Capacity(True, not proved, None)
 
                 settle_fraction(solved)
-        if TOP_UP and out is not None and out.plan is not None and out.served_fraction < 1.0:
+        overloaded = out is not None and out.plan is not None and out.served_fraction < 1.0
+        if self.spec.fill_overload and overloaded:
+            assert out is not None
             out = _filled(out, scaled(1.0), rates_rps, filled_plan)
         wall = time.perf_counter() - start
         if out is None:
