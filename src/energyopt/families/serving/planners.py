@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -154,16 +154,7 @@ class SolverPlanner:
         key = tuple(round(rates_rps[n], 9) for n in self.base_rates)
         hit = self._cache.get(key)
         if hit is not None:
-            return Planned(
-                hit.plan,
-                0.0,
-                0,
-                hit.served_fraction,
-                hit.bound,
-                hit.objective,
-                hit.unproven,
-                hit.served,
-            )
+            return replace(hit, wall_s=0.0, solves=0)
         from energyopt.families.serving.solvers.capacity import Capacity, filled_plan, packed_plan
         from energyopt.families.serving.solvers.solve import solve
 
@@ -181,7 +172,7 @@ class SolverPlanner:
                 self.problem, {n: of(n) * rates_rps[n] / r for n, r in self.base_rates.items()}
             )
 
-        def attempt(at: float | dict[str, float], limit_s: float | None = None) -> bool:
+        def attempt(at: float, limit_s: float | None = None) -> bool:
             nonlocal out, solves, unproven, proved
             result = solve(
                 scaled(at),
@@ -197,8 +188,7 @@ class SolverPlanner:
                 proved = result.status == INFEASIBLE
                 unproven = unproven or not proved
                 return False
-            least = at if isinstance(at, float) else min(at.values(), default=1.0)
-            out = Planned(result.plan, 0.0, solves, least, result.bound, result.objective, unproven)
+            out = Planned(result.plan, 0.0, solves, at, result.bound, result.objective, unproven)
             return True
 
         if not attempt(1.0):
@@ -252,16 +242,7 @@ class SolverPlanner:
         if out is None:
             out = Planned(None, wall, solves, 0.0, unproven=unproven)
         else:
-            out = Planned(
-                out.plan,
-                wall,
-                solves,
-                out.served_fraction,
-                out.bound,
-                out.objective,
-                unproven,
-                out.served,
-            )
+            out = replace(out, wall_s=wall, solves=solves, unproven=unproven)
         self._cache[key] = out
         return out
 
@@ -318,11 +299,11 @@ def raise_fractions(
 ) -> Raised:
     """Raise single workloads above the uniform fraction ``start`` the back-off
     settled on (no clock read): in rounds, each workload in ``names`` order in turn
-    asks for the next fraction up on the ladder (``_ladder``, then 1), the others
-    held where they are, and keeps it where the capacity ``test`` packs a plan
-    there; a workload refused once asks no more (the others only rise). So the
-    capacity left where one workload limits a uniform fraction goes to the others,
-    one rung at a time each (at most len(names) x the rungs above ``start`` tests).
+    asks for its fraction plus ``RAISE_STEP`` (at most ``top``), the others held
+    where they are, and keeps it where the capacity ``test`` packs a plan there;
+    a workload refused once asks no more (the others only rise). So the capacity
+    left where one workload limits a uniform fraction goes to the others,
+    one step at a time each (at most len(names) x the steps above ``start`` tests).
     ``found``: the test's answer at ``start``."""
     steps = math.ceil((top - start) / RAISE_STEP - 1e-9)
     rungs = [min(start + RAISE_STEP * k, top) for k in range(1, steps + 1)]
