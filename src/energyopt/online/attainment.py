@@ -61,8 +61,6 @@ class AttainmentGuard:
     late: float = 0.0  # decayed count of late first tokens
     at_s: float = 0.0  # time of the counts, s
     changed_s: float = -math.inf  # time of the last change of the factor, s
-    raises: int = 0
-    lowers: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.target < 1.0:
@@ -85,26 +83,26 @@ class AttainmentGuard:
             self.late *= d
             self.at_s = now_s
 
-    def observe(self, on_time: int, late: int, now_s: float) -> bool:
+    def observe(self, on_time: int, late: int, now_s: float) -> int:
         """Count ``on_time`` and ``late`` first tokens reported at ``now_s`` (s) and
-        adjust the factor; True when it changed."""
+        adjust the factor: +1 where it rose, -1 where it fell, 0 otherwise."""
         if self.target <= 0.0:
-            return False
+            return 0
         self._decay(now_s)
         self.ok += on_time
         self.late += late
         if now_s - self.changed_s < self.hold_s or self.ok + self.late < self.min_samples:
-            return False
+            return 0
         n = self.ok + self.late
         allowed = 1.0 - self.target
         expected = allowed * n
         if self.late > expected + GUARD_Z * math.sqrt(expected) and self.factor < self.max_factor:
             self.factor = min(self.factor * (1.0 + self.step), self.max_factor)
-            self.raises += 1
+            change = 1
         elif self.late < 0.5 * expected and self.factor > 1.0:
             self.factor = max(self.factor / (1.0 + self.step), 1.0)
-            self.lowers += 1
+            change = -1
         else:
-            return False
+            return 0
         self.changed_s = now_s
-        return True
+        return change

@@ -426,8 +426,7 @@ class GlobalScheduler:
     def _risk(self, s: Slot, now_s: float) -> int:
         """0: not at risk; 1: at risk by the observed rate; 2: by the queue alone."""
         cap = s.capacity_rps
-        util = self._utilization(s)
-        limit = util * cap
+        limit = self._utilization(s) * cap
         g = s.gpu
         rate = s.rate.read(now_s)
         z = self.cfg.risk_z
@@ -435,7 +434,7 @@ class GlobalScheduler:
             # at the plan's clock or above: not before the rate exceeds the planned rate
             # (the plan was verified at it; over the guard's factor) by more than the
             # meter's noise there
-            limit = max(limit, s.info.planned_rps * util / self.cfg.risk_utilization)
+            limit = max(limit, s.info.planned_rps / self._factor(s))
             slow = limit * (1.0 + self._noise(limit, z))
         else:
             # harvested: raised once half the harvest margin is used, before the rate
@@ -459,29 +458,33 @@ class GlobalScheduler:
         cfg = self.cfg
         return max(float(cfg.queue_floor), cfg.backlog_fraction * capacity_rps * ttft_s)
 
+    def _factor(self, s: Slot) -> float:
+        """Slice ``s``'s workload's attainment-guard factor (1: no misses beyond its
+        target)."""
+        return self.workloads[s.info.workload].guard.factor
+
     def _utilization(self, s: Slot) -> float:
-        """``risk_utilization`` over slice ``s``'s workload's attainment-guard factor
-        (fraction of its capacity it may use before it is at risk)."""
-        return self.cfg.risk_utilization / self.workloads[s.info.workload].guard.factor
+        """``risk_utilization`` over slice ``s``'s guard factor (fraction of its
+        capacity it may use before it is at risk)."""
+        return self.cfg.risk_utilization / self._factor(s)
 
     def _safe_rps(self, s: Slot) -> float:
         """The rate (req/s) slice ``s`` holds at its plan's settings without risk: the
         larger of ``risk_utilization`` x its plan capacity and its planned rate, over
-        its workload's attainment-guard factor."""
-        k = self.workloads[s.info.workload].guard.factor
-        return max(self.cfg.risk_utilization * s.plan_capacity_rps, s.info.planned_rps) / k
+        its guard factor."""
+        return max(self.cfg.risk_utilization * s.plan_capacity_rps, s.info.planned_rps) / (
+            self._factor(s)
+        )
 
     def first_tokens(self, workload: int, on_time: int, late: int, now_s: float) -> None:
         """The serving engine's report: ``on_time`` first tokens of ``workload`` came
         within its TTFT SLO and ``late`` after it, at ``now_s`` (s). Feeds the
         workload's attainment guard (online/attainment.py); O(1), no lookups."""
-        guard = self.workloads[workload].guard
-        before = guard.factor
-        if guard.observe(on_time, late, now_s):
-            if guard.factor > before:
-                self.stats.guard_raises += 1
-            else:
-                self.stats.guard_lowers += 1
+        change = self.workloads[workload].guard.observe(on_time, late, now_s)
+        if change > 0:
+            self.stats.guard_raises += 1
+        elif change < 0:
+            self.stats.guard_lowers += 1
 
     def _need_rps(self, s: Slot, now_s: float) -> float:
         """Load the slice must cover: the observed rate plus draining the backlog."""
@@ -808,7 +811,7 @@ class GlobalScheduler:
         r x (1 + its workload's margin, at least the meter's noise at r)."""
         r = o.rate.read(now_s)
         need = max(r, self.cfg.min_rate_rps) * (1.0 + self._margin(o, r))
-        need *= self.workloads[o.info.workload].guard.factor
+        need *= self._factor(o)
         return max(need, self.cfg.harvest_start_floor / o.ttft_s)
 
     def _slice_clock(self, g: GpuState, o: Slot, now_s: float, need: float) -> int:
