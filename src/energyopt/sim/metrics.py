@@ -48,11 +48,13 @@ class WorkloadStats:
     met_slo: int = 0
     shed: int = 0  # refused on arrival by the online policy's admission rule (misses)
 
-    def first_token(self, ttft_ms: float) -> None:
-        """A request's first token after ``ttft_ms``."""
+    def first_token(self, ttft_ms: float) -> bool:
+        """A request's first token after ``ttft_ms``; True where it met the TTFT SLO."""
         self.ttft_ms.append(ttft_ms)
-        if ttft_ms <= self.slo.ttft_ms:
+        on_time = ttft_ms <= self.slo.ttft_ms
+        if on_time:
             self.ttft_ok += 1
+        return on_time
 
     def gaps(self, gap_ms: float, count: int) -> None:
         """``count`` token gaps of ``gap_ms`` each."""

@@ -233,9 +233,7 @@ class Server:
         for rid in self._chunk_done:
             self.prefill.popleft()
             req.first_token_s[rid] = now_s
-            ttft_ms = (now_s - req.arrival_s[rid]) * 1e3
-            stats.first_token(ttft_ms)
-            if ttft_ms <= stats.slo.ttft_ms:
+            if stats.first_token((now_s - req.arrival_s[rid]) * 1e3):
                 out.on_time += 1
             else:
                 out.late += 1
