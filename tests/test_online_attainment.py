@@ -6,14 +6,19 @@ as late; the guard off changes nothing."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from energyopt.families.serving.loop import online_policy
 from energyopt.online import GlobalScheduler, OnlineConfig, OnlinePolicy
 from energyopt.online.attainment import AttainmentGuard
 from energyopt.sim.engine import Simulator
 from energyopt.sim.synthetic import poisson_arrivals
-from tests.test_online import View, scheduler
+from energyopt.spec.evaluation import load_evaluation
+from tests.test_online import LOOKUPS, View, scheduler
 from tests.test_online_bursts import at_top_clock
 from tests.test_online_harvest import DURATION_S, setting
 
@@ -155,3 +160,22 @@ def test_the_simulator_reports_every_first_token_and_shed_request_to_the_guard()
         assert guard.ok + guard.late == pytest.approx(firsts + stats.shed, rel=1e-9)
         assert guard.late == pytest.approx(firsts - stats.ttft_ok + stats.shed, rel=1e-9)
     assert sum(s.ttft_ok for s in result.stats) < sum(len(s.ttft_ms) for s in result.stats)
+
+
+def test_the_spec_online_block_reaches_the_scheduler() -> None:
+    """Every threshold the evaluation spec's ``online:`` block shares with the
+    scheduler's config arrives with the spec's value (the bundled code-bursty spec
+    sets the guard's target, the burst memory and TBT protection)."""
+    spec = Path(__file__).resolve().parents[1] / "instances" / "evaluate"
+    ev = load_evaluation(spec / "fleet16-code-bursty.yaml")
+    config = online_policy(ev, LOOKUPS).config
+    assert config.attainment_target == 0.98 and config.burst_memory_s == 300
+    shared = {f.name for f in dataclasses.fields(OnlineConfig)} & set(type(ev.online).model_fields)
+    assert {"attainment_target", "guard_tau_s", "risk_utilization", "hold_s"} <= shared
+    for name in shared:
+        assert getattr(config, name) == getattr(ev.online, name), name
+    changed = ev.model_copy(
+        update={"online": ev.online.model_copy(update={"guard_tau_s": 7.0, "hold_s": 3.0})}
+    )
+    moved = online_policy(changed, LOOKUPS).config
+    assert moved.guard_tau_s == 7.0 and moved.hold_s == 3.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -162,26 +162,10 @@ def planning_problem(problem: Problem, arrivals: Arrivals) -> Problem:
 def online_policy(ev: Evaluation, lookups: OpLookups) -> OnlinePolicy:
     """The online control the evaluation's ``online:`` block configures."""
     o = ev.online
-    config = OnlineConfig(
-        risk_utilization=o.risk_utilization,
-        calm_utilization=o.calm_utilization,
-        hold_s=o.hold_s,
-        rate_tau_s=o.rate_tau_s,
-        fast_tau_s=o.fast_tau_s,
-        backlog_fraction=o.backlog_fraction,
-        queue_factor=o.queue_factor,
-        wake_after_s=o.wake_after_s,
-        shift=o.shift,
-        wake=o.wake,
-        burst_memory_s=o.burst_memory_s,
-        burst_tau_s=o.burst_tau_s,
-        harvest_start_floor=o.harvest_start_floor,
-        attainment_target=o.attainment_target,
-        guard_tau_s=o.guard_tau_s,
-        guard_hold_s=o.guard_hold_s,
-        guard_step=o.guard_step,
-        guard_max_factor=o.guard_max_factor,
-    )
+    # every threshold the spec and the scheduler share, by name (the spec's other
+    # options configure the forecast, the local scheduler and the re-plans)
+    shared = {f.name for f in fields(OnlineConfig)} & set(type(o).model_fields)
+    config = OnlineConfig(**{name: getattr(o, name) for name in sorted(shared)})
     local = LocalConfig(protect_tbt=o.protect_tbt)
     return OnlinePolicy(lookups, config, o.local, local, o.max_chunk)
 
