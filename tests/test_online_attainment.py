@@ -11,16 +11,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
-from energyopt.families.serving.loop import online_policy
+from energyopt.families.serving import loop
+from energyopt.families.serving.loop import evaluate, online_policy
 from energyopt.online import GlobalScheduler, OnlineConfig, OnlinePolicy
-from energyopt.online.attainment import AttainmentGuard
+from energyopt.online.attainment import AttainmentGuard, plan_reserves
 from energyopt.sim.engine import Simulator
 from energyopt.sim.synthetic import poisson_arrivals
-from energyopt.spec.evaluation import load_evaluation
+from energyopt.spec.evaluation import OnlineOptions, PlannerSpec, load_evaluation
 from tests.test_online import LOOKUPS, View, scheduler
 from tests.test_online_bursts import at_top_clock
 from tests.test_online_harvest import DURATION_S, setting
+from tests.test_online_tail import EVALUATE
 
 
 def feed(
@@ -179,3 +182,62 @@ def test_the_spec_online_block_reaches_the_scheduler() -> None:
     )
     moved = online_policy(changed, LOOKUPS).config
     assert moved.guard_tau_s == 7.0 and moved.hold_s == 3.0
+
+
+def test_plan_reserves_cover_every_workload_first_then_only_the_raised_ones() -> None:
+    """Before any outcome every workload gets the guard's reserve; later only those
+    whose factor is above 1; the tail reserve is a floor for all; bad input refused."""
+    assert plan_reserves(3, 0.0, 1.0, None).tolist() == [1.0, 1.0, 1.0]
+    assert plan_reserves(3, 0.0, 1.0, [1.0, 1.21, 1.0]).tolist() == [0.0, 1.0, 0.0]
+    assert plan_reserves(3, 0.5, 1.0, [2.0, 1.0, 1.0]).tolist() == [1.0, 0.5, 0.5]
+    assert plan_reserves(2, 0.5, 0.0, None).tolist() == [0.5, 0.5]
+    assert plan_reserves(2, 1.2, 1.0, [2.0, 1.0]).tolist() == [1.2, 1.2]
+    with pytest.raises(ValueError, match="factors"):
+        plan_reserves(3, 0.0, 1.0, [1.0, 2.0])
+    with pytest.raises(ValueError, match="negative"):
+        plan_reserves(2, -0.1, 1.0, None)
+
+
+def test_guard_reserve_needs_the_guard() -> None:
+    """A reserve that follows the guard's factors is refused without a target."""
+    with pytest.raises(ValidationError, match="guard_reserve"):
+        OnlineOptions(guard_reserve=1.0)
+    assert OnlineOptions(guard_reserve=1.0, attainment_target=0.98).guard_reserve == 1.0
+
+
+def test_a_raised_workload_is_planned_for_its_burst_peak_at_the_next_epoch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``guard_reserve`` the first plan reaches every workload's burst peak; at
+    the next epoch only the workload whose guard factor is above 1 does, and the
+    others are planned as without the reserve."""
+    spec = EVALUATE / "quickstart-bursty.yaml"
+    online = PlannerSpec(name="online", kind="energyopt", solver="highs-exact", online=True)
+    base = load_evaluation(spec).model_copy(update={"planners": (online,), "duration_s": 240.0})
+    peaks: list[np.ndarray] = []
+    real_peak = loop.burst_peak_rps
+
+    def peak(*args: object) -> np.ndarray:
+        out = real_peak(*args)  # type: ignore[arg-type]
+        peaks.append(out)
+        return out
+
+    monkeypatch.setattr(loop, "burst_peak_rps", peak)
+    monkeypatch.setattr(
+        GlobalScheduler, "guard_factors", lambda self: [2.0] + [1.0] * (len(self.workloads) - 1)
+    )
+    planned = {}
+    for reserve in (0.0, 1.0):
+        peaks.clear()
+        settings = {"attainment_target": 0.98, "guard_reserve": reserve}
+        ev = base.model_copy(update={"online": base.online.model_copy(update=settings)})
+        res = evaluate(ev, spec)
+        planned[reserve] = np.asarray(res.runs[0].tally.planned_rps)
+        if reserve:
+            first, second = peaks
+    with_, without = planned[1.0], planned[0.0]
+    assert with_.shape[0] == without.shape[0] == 2 and with_.shape[1] >= 2
+    assert np.all(with_[0] >= first - 1e-9)
+    assert np.any(without[0] < first)  # the first plan would not reach it otherwise
+    assert with_[1][0] >= second[0] - 1e-9
+    np.testing.assert_allclose(with_[1][1:], without[1][1:])

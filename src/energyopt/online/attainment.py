@@ -36,7 +36,11 @@ lookups.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
 
 GUARD_Z = 1.645
 """Sigmas of the late count's Poisson noise above the allowed count that raise a
@@ -106,3 +110,32 @@ class AttainmentGuard:
             return 0
         self.changed_s = now_s
         return change
+
+
+def plan_reserves(
+    workloads: int, tail_reserve: float, guard_reserve: float, factors: Sequence[float] | None
+) -> NDArray[np.float64]:
+    """Per workload, the fraction of its burst peak (sim/forecast.py:
+    ``burst_peak_rps``) the next epoch plan must reach: ``tail_reserve`` for every
+    workload, raised to ``guard_reserve`` for those whose attainment-guard factor
+    (``factors``, one per workload) is above 1, and for every workload at the
+    first plan (``factors`` None: no outcome seen yet).
+
+    The guard can only move clocks, spills and boosts within the plan's
+    placements; a workload whose bursts outrun its placements at their top clock
+    keeps missing with its factor at the maximum. Its next plan then places
+    capacity for the burst, and the harvest keeps the clocks at the observed load
+    between bursts. Dimensionless fractions (0: no reserve)."""
+    if tail_reserve < 0.0 or guard_reserve < 0.0:
+        raise ValueError(f"reserves {tail_reserve}, {guard_reserve}: must not be negative")
+    reserve = np.full(workloads, float(tail_reserve))
+    if guard_reserve <= 0.0:
+        return reserve
+    if factors is None:
+        raised = np.ones(workloads, dtype=bool)
+    else:
+        if len(factors) != workloads:
+            raise ValueError(f"factors: {len(factors)} for {workloads} workloads")
+        raised = np.asarray(factors, dtype=float) > 1.0 + 1e-9
+    reserve[raised] = np.maximum(reserve[raised], guard_reserve)
+    return reserve

@@ -476,6 +476,10 @@ class GlobalScheduler:
             self._factor(s)
         )
 
+    def guard_factors(self) -> list[float]:
+        """Every workload's attainment-guard factor (1: no misses beyond its target)."""
+        return [w.guard.factor for w in self.workloads]
+
     def first_tokens(self, workload: int, on_time: int, late: int, now_s: float) -> None:
         """The serving engine's report: ``on_time`` first tokens of ``workload`` came
         within its TTFT SLO and ``late`` after it, at ``now_s`` (s). Feeds the

@@ -310,6 +310,15 @@ class OnlineOptions(Spec):
         "tail_quantile of its rate over tail_window_s windows of the forecast's history; "
         "0: off)",
     )
+    guard_reserve: float = Field(
+        default=0.0,
+        ge=0,
+        le=10,
+        description="plan a workload for at least this fraction of its burst peak (as "
+        "tail_reserve) at the first plan and at every later plan made while its "
+        "attainment-guard factor is above 1 (online/attainment.py: plan_reserves; needs "
+        "attainment_target; 0: off)",
+    )
     tail_window_s: float = Field(
         default=5.0, gt=0, le=86_400, description="window of the burst peak's rates, s"
     )
@@ -373,6 +382,11 @@ class OnlineOptions(Spec):
     def _check(self) -> OnlineOptions:
         if self.calm_utilization > self.risk_utilization:
             raise ValueError("calm_utilization must not exceed risk_utilization")
+        if self.guard_reserve > 0 and self.attainment_target <= 0:
+            raise ValueError(
+                "guard_reserve: follows the attainment guard's factors; set "
+                "attainment_target (> 0) too"
+            )
         return self
 
 

@@ -16,6 +16,7 @@ from energyopt.families.serving.remap import plan_rates_rps, problem_at_plan_rat
 from energyopt.families.serving.solvers.replan import replan as replan_now
 from energyopt.families.serving.verify import evaluate_plan, verify_plan
 from energyopt.online import ErrorHeadroom, OnlineConfig, OnlinePolicy, OpLookups
+from energyopt.online.attainment import plan_reserves
 from energyopt.online.local_scheduler import LocalConfig
 from energyopt.online.surprise import SurpriseConfig, SurpriseDetector
 from energyopt.perf.params import FloatArray
@@ -236,6 +237,8 @@ def run_planner(
     expected_now: list[dict[str, float]] = [{}]  # the load the epoch's plan should carry
     expected_at: list[dict[str, float]] = [{}]  # that of the plan in force
 
+    sims: list[Simulator] = []  # the simulator, once built (its guard factors)
+
     def decide(now: float, raw: np.ndarray) -> Plan | None:
         if errors is not None:
             if last_raw:
@@ -246,11 +249,14 @@ def run_planner(
             run.headroom.append(headroom.tolist())
             sized = raw * headroom
             o = ev.online
-            if o.tail_reserve > 0:  # the plan reaches the recent burst peak
+            ctl = sims[0].ctl if sims else None  # no outcome before the first plan
+            factors = ctl.guard_factors() if ctl is not None else None
+            reserve = plan_reserves(len(names), o.tail_reserve, o.guard_reserve, factors)
+            if reserve.max() > 0:  # the plan reaches the recent burst peak
                 peak = burst_peak_rps(
                     arrivals, now, ev.epoch_s, fc, window, o.tail_window_s, o.tail_quantile
                 )
-                sized = np.maximum(sized, o.tail_reserve * peak)
+                sized = np.maximum(sized, reserve * peak)
             rates = planned_rates_rps(sized, base, unit)
         else:
             rates = planned_rates_rps(raw, base, fc)
@@ -505,6 +511,7 @@ def run_planner(
         tables=tables,
         online=policy,
     )
+    sims.append(sim)
 
     def replan(now: float) -> Plan | None:
         say(f"{planner.name}: re-planning at t={now:.0f} s")
