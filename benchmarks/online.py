@@ -55,6 +55,7 @@ restore or a spill on most calls).
         --epoch 60 --plan-ahead on --history 300   # epochs of 60 s, made ahead
     python benchmarks/online.py --duration 600 --quick --loads diurnal+spikes \
         --epoch 60 --plan-ahead on --forecast auto   # the forecast picked per workload
+    python benchmarks/online.py --duration 600 --quick --seed-offset 10   # other draws
 
 The epoch plans (energyopt, energyopt+online) use the ``auto`` preset with a
 60-s safety-net time limit (docs/online.md, "Epoch plans"); the yardsticks keep
@@ -518,6 +519,13 @@ def main() -> None:
         "per workload, the method whose past errors need the least capacity); spec: as "
         "each load's spec says",
     )
+    parser.add_argument(
+        "--seed-offset",
+        type=int,
+        default=0,
+        help="added to every load's seed: other draws of the same loads (traffic the "
+        "settings were not tuned on)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="progress on stderr")
     args = parser.parse_args()
     settings: dict[str, object] = {}
@@ -541,13 +549,14 @@ def main() -> None:
         forecast["history_s"] = args.history
     if args.forecast != "spec":
         forecast["method"] = args.forecast
-    if top or forecast:
+    if top or forecast or args.seed_offset:
         by_name = {
             name: Load(
                 name,
                 load.evaluation.model_copy(
                     update={
                         **top,
+                        "seed": load.evaluation.seed + args.seed_offset,
                         "forecast": load.evaluation.forecast.model_copy(update=forecast),
                     }
                 ),
