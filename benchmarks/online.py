@@ -255,7 +255,8 @@ def _online_line(run: PlannerRun) -> str:
     per = stats.lookups / max(stats.decisions, 1)
     return (
         f"{stats.decisions} dec, {per:.2f} mean / {stats.max_lookups} max lookups (budget "
-        f"{run.result.online_budget}), boosts {stats.boosts}, restores {stats.restores}, "
+        f"{run.result.online_budget}), boosts {stats.boosts} ({stats.boosts_carried} kept "
+        f"through a plan), restores {stats.restores}, "
         f"harvests {stats.trims}, spills {stats.spills}, wakes {stats.wakes}, surprise "
         f"re-plans {run.tally.surprise_replans}, consolidations {run.tally.consolidations}, "
         f"guard raises {stats.guard_raises} / lowers {stats.guard_lowers}"

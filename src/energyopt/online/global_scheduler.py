@@ -170,6 +170,7 @@ class OnlineStats:
     boost_steps: int = 0  # candidate-clock steps the boosts raised, summed
     harvest_shares: int = 0  # harvests that re-divided the shares of a GPU
     harvest_blocked: int = 0  # harvests not made: a slice's queue at its risk level
+    boosts_carried: int = 0  # boosts kept through a new plan (set_gpus)
     guard_raises: int = 0  # attainment-guard factors raised (a workload missed its target)
     guard_lowers: int = 0  # ... lowered again
 
@@ -274,18 +275,27 @@ class GlobalScheduler:
 
     def set_gpus(self, gpus: list[GpuInfo], now_s: float | None = None) -> None:
         """The GPUs as a new plan leaves them (clocks, on/off) at ``now_s`` (s; default:
-        the last decision's time); boosts end, and the instances given next by
-        ``set_instances`` get the new plan's capacities."""
+        the last decision's time); the instances given next by ``set_instances`` get
+        the new plan's capacities. A GPU that was boosted above the new plan's clock
+        and stays on with instances keeps its clock as a boost (the GPU control sets
+        it again), and the calm test returns it to the plan's clock: a plan made
+        during a burst would otherwise drop the clock the burst needs, and the
+        queue would have to build up again before the next boost (ramp+flash, seed
+        21: 72 of 113 first tokens late in the 5 s after an epoch's plan). Other
+        boosts end."""
         now = self.now_s if now_s is None else now_s
         self.now_s = now
         self.epoch += 1
         self.off = []
+        carried: list[tuple[GpuState, int]] = []
         for info in gpus:
             old = self.gpus.get(info.id)
             state = GpuState(info, info.clock_mhz, info.clock_mhz, clock_since_s=now)
             if old is not None:
                 self._account(old, now)
                 state.slots = [s for s in old.slots if s.info.id in self.slots]
+                if old.boosted and old.info.on and info.on and old.clock > info.clock_mhz:
+                    carried.append((state, old.clock))
             self.gpus[info.id] = state
             for s in state.slots:
                 s.gpu = state
@@ -296,6 +306,11 @@ class GlobalScheduler:
             if g.info.on:
                 g.power_w = self._power(g, g.clock)
                 self.node_power_w[g.info.node] = self.node_power_w.get(g.info.node, 0.0) + g.power_w
+        for g, clock in carried:  # a boost outlives the plan (see docstring)
+            power = self._power(g, clock)
+            if g.slots and self._fits(g, power) and self._set_clock(g, clock, power, now):
+                g.boosted = True
+                self.stats.boosts_carried += 1
 
     def set_instances(self, workload: int, instances: list[InstanceInfo], now_s: float) -> None:
         """The instances that take new requests of ``workload`` (plan applied, an
@@ -818,19 +833,25 @@ class GlobalScheduler:
         need *= self._factor(o)
         return max(need, self.cfg.harvest_start_floor / o.ttft_s)
 
-    def _slice_clock(self, g: GpuState, o: Slot, now_s: float, need: float) -> int:
+    def _slice_clock(
+        self, g: GpuState, o: Slot, now_s: float, need: float, boost_load: bool = False
+    ) -> int:
         """Lowest candidate clock of ``g`` at which slice ``o`` in its share holds the
         SLO for a harvest (-1: none): the plan's clock while o has its plan share and
         its observed rate is within its plan's safe rate (plus half the meter's noise
         there: the rate test of ``_risk`` fires at the full noise); below it, the
-        lowest clock whose capacity covers ``need``. ``raise_to`` answers on the
-        table's load grid (rounded up), so the clock below its answer is checked
-        with the exact capacity. Two lookups."""
+        lowest clock whose capacity covers ``need``. ``boost_load``: ``g`` is boosted
+        and not calm, and the plan's clock is not taken on that test (at a rate the
+        calm test still counts as the boost's load the next queue would boost it
+        again; ramp+flash, seed 21: 56 first tokens late after such a harvest), only
+        the clock covering ``need``. ``raise_to`` answers on the table's load grid
+        (rounded up), so the clock below its answer is checked with the exact
+        capacity. Two lookups."""
         t = g.info.gpu_type
         clocks = self.lk.clocks[t]
         used = self.lk.share_capacity[t] - o.share
         c, _ = self.lk.raise_to(o.info.label, t, clocks[0], used, need)
-        if (c < 0 or c > g.plan_clock) and o.share == o.plan_share:
+        if (c < 0 or c > g.plan_clock) and o.share == o.plan_share and not boost_load:
             safe = self._safe_rps(o)
             if o.rate.read(now_s) <= safe * (1.0 + 0.5 * self._noise(safe, self.cfg.risk_z)):
                 c = g.plan_clock
@@ -909,12 +930,13 @@ class GlobalScheduler:
         units = self.lk.share_capacity[t]
         needs: list[float] = []
         target = clocks[0]
+        boost_load = g.boosted and not self._calm(g, now_s)
         for o in g.slots:
             if o.info.view.queued > self._queue_risk(o.capacity_rps, o.ttft_s):
                 self.stats.harvest_blocked += 1
                 return
             need = self._need(o, now_s)
-            c = self._slice_clock(g, o, now_s, need)
+            c = self._slice_clock(g, o, now_s, need, boost_load)
             if c < 0:
                 return
             needs.append(need)
