@@ -63,7 +63,8 @@ meter's ``error_z``-sigma noise at r. Per slice: the lowest clock whose
 capacity in its share covers the need (``raise_to`` from the type's lowest
 clock, then the clock below its answer with the exact capacity), the plan's
 clock at most while its rate is within the plan's (plus half the ``risk_z``
-noise); the GPU's clock is the largest of them. With MPS and two or more slices,
+noise), except on a boosted GPU that is not calm (no lower than the clock
+covering the need); the GPU's clock is the largest of them. With MPS and two or more slices,
 one clock lower is tried with the shares re-divided (each slice's cheapest
 share covering its need there, ``raise_to`` with nothing used) when they fit the
 GPU. A harvest only lowers, never while a queue is at its risk level, and may
@@ -71,7 +72,9 @@ go below the plan's clock (the plan was sized for the forecast's peak plus
 headroom). Below the plan's clock the rate test of step 2 has no floor at the
 planned rate: a harvested slice is raised once its rate uses half its margin
 (rate > capacity / (1 + m/2)), to a clock covering r x (1 + m) again (the
-hysteresis is half the margin m).
+hysteresis is half the margin m). A new plan (``set_gpus``) ends a boost only
+where it gives the GPU at least the boosted clock or turns it off; otherwise the
+boost goes on at its clock until the calm test ends it.
 
 With an ``attainment_target`` (online/attainment.py), every workload's share of
 first tokens within its TTFT SLO is counted from the serving engine's reports
