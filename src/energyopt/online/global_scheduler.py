@@ -933,7 +933,7 @@ class GlobalScheduler:
         units = self.lk.share_capacity[t]
         needs: list[float] = []
         target = clocks[0]
-        boost_load = g.boosted and not self._calm(g, now_s)
+        boost_load = g.boosted  # still boosted after tick's _restore: not calm
         for o in g.slots:
             if o.info.view.queued > self._queue_risk(o.capacity_rps, o.ttft_s):
                 self.stats.harvest_blocked += 1
