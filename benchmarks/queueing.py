@@ -20,6 +20,13 @@ Besides the grid (prompts a multiple of the 512-token chunk, the quickstart
 workloads), it prints two other prompt shapes on the H100: a prompt that ends in a
 partial chunk (1,155 tokens, the Azure conversation trace's mean) and a prompt
 shorter than a chunk (300 tokens). Results are in docs/performance-model.md (§4).
+
+With ``--spread SIGMA`` the prompts are log-normal (sigma SIGMA around the shape's
+mean, as the benchmark loads draw them): the workload states their coefficient of
+variation (``TokenDist.cv``), the model prices it, and each row also prints the
+error of the model that takes every prompt at the mean ("mean-prompt err").
+
+    python benchmarks/queueing.py --spread 0.8 --requests 10000
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from energyopt.perf.queueing import metrics_at, slo_capacity
 from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.engine import Simulator
 from energyopt.sim.metrics import WorkloadStats
+from energyopt.sim.synthetic import token_counts
 from energyopt.spec import Instance
 from energyopt.spec.plan import GpuPlan, Placement, Plan
 
@@ -74,8 +82,9 @@ PRECISION = 0.03
 """Replicates are pooled until the simulated P99 TTFT is known to +/- 3 % (95 %)."""
 
 
-def single_gpu_problem(shape: Shape, gpu: str, rate_rps: float) -> Problem:
-    """One GPU of ``gpu`` serving one workload of ``shape`` at ``rate_rps``."""
+def single_gpu_problem(shape: Shape, gpu: str, rate_rps: float, cv: float = 0.0) -> Problem:
+    """One GPU of ``gpu`` serving one workload of ``shape`` at ``rate_rps``, its
+    prompts' coefficient of variation ``cv``."""
     data = {
         "name": "queueing-check",
         "cluster": {"nodes": [{"name": "n0", "gpus": [{"type": gpu, "count": 1}]}]},
@@ -84,7 +93,7 @@ def single_gpu_problem(shape: Shape, gpu: str, rate_rps: float) -> Problem:
                 "name": "w",
                 "model": shape.model,
                 "rate_rps": rate_rps,
-                "prompt_tokens": {"mean": shape.prompt},
+                "prompt_tokens": {"mean": shape.prompt, "cv": cv},
                 "output_tokens": {"mean": shape.output},
                 "slo": {"ttft_ms": shape.ttft_ms, "tbt_ms": shape.tbt_ms, "percentile": PERCENTILE},
             }
@@ -102,17 +111,24 @@ def op_params(problem: Problem, gpu: str, clock_mhz: int) -> OpParams:
 
 
 def simulate(
-    problem: Problem, gpu: str, clock_mhz: int, rate_rps: float, requests: int, seed: int
+    problem: Problem,
+    gpu: str,
+    clock_mhz: int,
+    rate_rps: float,
+    requests: int,
+    seed: int,
+    sigma: float = 0.0,
 ) -> WorkloadStats:
-    """The simulator's counters after serving ``requests`` Poisson arrivals of
-    mean-sized requests at ``rate_rps`` on one GPU at ``clock_mhz``."""
+    """The simulator's counters after serving ``requests`` Poisson arrivals at
+    ``rate_rps`` on one GPU at ``clock_mhz``: mean-sized requests, or prompts
+    log-normal of ``sigma`` around the mean."""
     rng = np.random.default_rng(seed)
     times = np.cumsum(rng.exponential(1.0 / rate_rps, requests))
     wl = problem.instance.workloads[0]
     arrivals = Arrivals(
         times,
         np.zeros(requests, dtype=np.int64),
-        np.full(requests, int(wl.prompt_tokens.mean), dtype=np.int64),
+        token_counts(wl.prompt_tokens, sigma, requests, rng),
         np.full(requests, int(wl.output_tokens.mean), dtype=np.int64),
         ("w",),
     )
@@ -142,18 +158,25 @@ def relative_halfwidth(stats: WorkloadStats) -> float:
 
 
 def simulate_precisely(
-    problem: Problem, gpu: str, clock_mhz: int, rate_rps: float, first: int, cap: int, seed: int
+    problem: Problem,
+    gpu: str,
+    clock_mhz: int,
+    rate_rps: float,
+    first: int,
+    cap: int,
+    seed: int,
+    sigma: float = 0.0,
 ) -> WorkloadStats:
     """Replicate simulations (seeds ``seed``, ``seed`` + 1, ...; ``first`` requests
     each) pooled until the 95 % interval of the P99 TTFT is within +/- PRECISION of it
     or ``cap`` requests are simulated. A P99 from a few thousand requests is noisy
     where under 2 % of prompts wait at all (the light A100 points): it then rests on
     a few dozen waits."""
-    stats = simulate(problem, gpu, clock_mhz, rate_rps, first, seed)
+    stats = simulate(problem, gpu, clock_mhz, rate_rps, first, seed, sigma)
     total = first
     while relative_halfwidth(stats) > PRECISION and total + first <= cap:
         seed += 1
-        stats.absorb(simulate(problem, gpu, clock_mhz, rate_rps, first, seed))
+        stats.absorb(simulate(problem, gpu, clock_mhz, rate_rps, first, seed, sigma))
         total += first
     return stats
 
@@ -173,6 +196,7 @@ class Point:
     tbt_sim_ms: float
     ttft_sim_halfwidth: float  # 95 % interval of the simulated P99 TTFT, half, relative
     requests: int
+    ttft_mean_prompt_ms: float  # the model taking every prompt at the mean
 
     @property
     def ttft_error(self) -> float:
@@ -183,6 +207,11 @@ class Point:
     def tbt_error(self) -> float:
         """Model over simulator, minus 1."""
         return self.tbt_model_ms / self.tbt_sim_ms - 1.0
+
+    @property
+    def ttft_mean_prompt_error(self) -> float:
+        """The mean-prompt model over the simulator, minus 1."""
+        return self.ttft_mean_prompt_ms / self.ttft_sim_ms - 1.0
 
     @property
     def met(self) -> bool:
@@ -197,12 +226,19 @@ def compare(
     loads: tuple[float, ...],
     requests: int,
     seed: int = 1,
+    sigma: float = 0.0,
 ) -> list[Point]:
-    """Model and simulator at each load (fraction of the model's SLO capacity)."""
-    base = single_gpu_problem(shape, gpu, 1.0)
+    """Model and simulator at each load (fraction of the model's SLO capacity), the
+    prompts log-normal of ``sigma`` (0: every prompt the mean)."""
+    cv = float(np.sqrt(np.expm1(sigma**2)))
+    base = single_gpu_problem(shape, gpu, 1.0, cv)
     params = op_params(base, gpu, clock_mhz)
+    mean_only = op_params(single_gpu_problem(shape, gpu, 1.0), gpu, clock_mhz)
     capacity = float(slo_capacity(params)[0])
     out: list[Point] = []
+    if capacity <= 0.0:
+        print(f"{shape.label} {gpu} {clock_mhz} MHz: no rate meets the SLO (capacity 0)")
+        return out
     for load in loads:
         rate = capacity * load
         model = metrics_at(params, np.asarray([rate]))
@@ -210,7 +246,14 @@ def compare(
         batch = max(float(model.batch[0]), 1.0)
         count = int(min(requests, max(MIN_REQUESTS, ITERATION_BUDGET * batch / shape.output)))
         stats = simulate_precisely(
-            single_gpu_problem(shape, gpu, rate), gpu, clock_mhz, rate, count, requests, seed
+            single_gpu_problem(shape, gpu, rate, cv),
+            gpu,
+            clock_mhz,
+            rate,
+            count,
+            requests,
+            seed,
+            sigma,
         )
         q = PERCENTILE / 100.0
         out.append(
@@ -226,6 +269,7 @@ def compare(
                 stats.tbt_percentile_ms(q),
                 relative_halfwidth(stats),
                 stats.arrived,
+                float(metrics_at(mean_only, np.asarray([rate])).ttft_ms[0]),
             )
         )
     return out
@@ -236,20 +280,24 @@ def print_table(points: list[Point]) -> None:
     print(
         f"{'workload':22s} {'GPU':15s} {'MHz':>5s} {'load':>5s} {'req/s':>7s} "
         f"{'TTFT model':>10s} {'sim':>7s} {'(95%)':>6s} {'err':>7s} {'TBT model':>9s} {'sim':>6s} "
-        f"{'err':>7s} {'requests':>8s}"
+        f"{'err':>7s} {'requests':>8s} {'mean-prompt err':>15s}"
     )
     for pt in points:
         print(
             f"{pt.shape:22s} {pt.gpu:15s} {pt.clock_mhz:5d} {pt.load:5.2f} {pt.rate_rps:7.2f} "
             f"{pt.ttft_model_ms:10.1f} {pt.ttft_sim_ms:7.1f} {pt.ttft_sim_halfwidth:6.1%} "
             f"{pt.ttft_error:+7.1%} {pt.tbt_model_ms:9.1f} {pt.tbt_sim_ms:6.1f} "
-            f"{pt.tbt_error:+7.1%} {pt.requests:8d}" + ("" if pt.met else "  MISS"),
+            f"{pt.tbt_error:+7.1%} {pt.requests:8d} {pt.ttft_mean_prompt_error:+15.1%}"
+            + ("" if pt.met else "  MISS"),
             flush=True,
         )
 
 
 def summary(label: str, points: list[Point]) -> None:
     """Extremes and medians of the errors, and whether the target is met."""
+    if not points:
+        print(f"{label}: no point has a capacity")
+        return
     ttft = np.asarray([p.ttft_error for p in points])
     tbt = np.asarray([p.tbt_error for p in points])
     missed = sum(1 for p in points if not p.met)
@@ -260,6 +308,13 @@ def summary(label: str, points: list[Point]) -> None:
         f"{TARGET_WITHIN:.0%}, never more than {TARGET_BELOW:.0%} below): "
         + ("met" if missed == 0 else f"MISS at {missed} points")
     )
+    plain = np.asarray([p.ttft_mean_prompt_error for p in points])
+    if not np.allclose(plain, ttft):
+        print(
+            f"{label}: the model taking every prompt at the mean: TTFT error "
+            f"{plain.min():+.1%} .. {plain.max():+.1%} "
+            f"(median |err| {np.median(np.abs(plain)):.1%})"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,20 +323,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=40_000, help="simulated requests a point")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--gpu", choices=sorted(CLOCKS), help="only this GPU type's part")
+    ap.add_argument(
+        "--spread",
+        type=float,
+        default=0.0,
+        metavar="SIGMA",
+        help="log-normal prompts of this sigma (0: every prompt the mean)",
+    )
     args = ap.parse_args(argv)
+    if not 0.0 <= args.spread <= 2.0:
+        ap.error("--spread: a sigma from 0 to 2")
     grid: list[Point] = []
     for gpu, clocks in CLOCKS.items():
         if args.gpu is not None and gpu != args.gpu:
             continue
         for shape in GRID_SHAPES:
             for clock in clocks:
-                points = compare(shape, gpu, clock, LOADS, args.requests, args.seed)
+                points = compare(shape, gpu, clock, LOADS, args.requests, args.seed, args.spread)
                 print_table(points)
                 grid.extend(points)
     others: list[Point] = []
     for shape in OTHER_SHAPES if args.gpu in (None, "H100-SXM5-80GB") else ():
         for clock in CLOCKS["H100-SXM5-80GB"]:
-            points = compare(shape, "H100-SXM5-80GB", clock, LOADS, args.requests, args.seed)
+            points = compare(
+                shape, "H100-SXM5-80GB", clock, LOADS, args.requests, args.seed, args.spread
+            )
             print_table(points)
             others.extend(points)
     summary("grid (3 workloads x 2 GPU types x 3 clocks x 6 loads)", grid)

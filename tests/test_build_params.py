@@ -65,6 +65,7 @@ def rowwise_params(specs: list[OpSpec]) -> OpParams:
             "experts_per_token": m.experts_per_token,
             "kv_bytes_per_token": m.kv_bytes_per_token,
             "prompt_tokens": w.prompt_tokens.mean,
+            "prompt_cv": w.prompt_tokens.cv,
             "output_tokens": w.output_tokens.mean,
             "chunk_tokens": s.options.chunk_tokens,
             "quantile": w.slo.quantile,

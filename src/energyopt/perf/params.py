@@ -83,6 +83,7 @@ class OpParams:
     kv_bytes_per_token: FloatArray
     # workload
     prompt_tokens: FloatArray
+    prompt_cv: FloatArray  # coefficient of variation of the prompt tokens (0: all the mean)
     output_tokens: FloatArray
     chunk_tokens: FloatArray
     quantile: FloatArray
@@ -224,6 +225,7 @@ def _shared_row(s: OpSpec) -> dict[str, float]:
         "experts_per_token": m.experts_per_token,
         "kv_bytes_per_token": m.kv_bytes_per_token,
         "prompt_tokens": w.prompt_tokens.mean,
+        "prompt_cv": w.prompt_tokens.cv,
         "output_tokens": w.output_tokens.mean,
         "chunk_tokens": s.options.chunk_tokens,
         "quantile": w.slo.quantile,

@@ -19,7 +19,11 @@ with prompts of P tokens, outputs of O tokens and chunk budget C:
 * the decode batch n follows Little's law n = lambda * O * tau, with mean TBT
   tau = t_decode(n) / (1 - rho_p), rho_p the time share of prefill chunk passes;
 * a token gap is one decode step at the batch it finds (Poisson around n, size
-  biased), plus a prefill chunk for the share of iterations that carry one.
+  biased), plus a prefill chunk for the share of iterations that carry one;
+* prompts of spread lengths (``prompt_cv`` > 0, a log-normal of that coefficient of
+  variation, taken at ``SPREAD_BANDS`` lengths): the wait has the M/G/1
+  Cramér-Lundberg tail of the work ahead's spread service times, and the TTFT
+  quantile is that of the wait plus the prompt's own prefill at each length.
 """
 
 from __future__ import annotations
@@ -59,6 +63,38 @@ MAX_FEEDBACK = 0.9
 request decodes longer and the batch grows further)."""
 HEAVY_TRAFFIC = 1e-4
 """Below this 1 - rho the M/D/1 decay rate is taken as its heavy-traffic limit."""
+SPREAD_BANDS = ((0.0, 0.8, 8), (0.8, 0.98, 9), (0.98, 1.0, 4))
+"""Prompt lengths a spread prompt distribution is taken at: (from, to, nodes) of its
+quantile levels, each band cut into equal parts taken at their midpoints, finer in
+the tail that the TTFT percentiles fall in (21 lengths, the last four within the top
+2 %)."""
+DECAY_STEPS = 60
+"""Bisection steps of the M/G/1 decay rate of a spread service (``_mg1_tail``)."""
+
+
+def _spread_nodes() -> tuple[FloatArray, FloatArray]:
+    """(z, weight) of ``SPREAD_BANDS``: the standard normal quantile of each node's
+    level and the probability the node stands for."""
+    levels: list[float] = []
+    weights: list[float] = []
+    for lo, hi, k in SPREAD_BANDS:
+        step = (hi - lo) / k
+        levels += [lo + (i + 0.5) * step for i in range(k)]
+        weights += [step] * k
+    return np.asarray(ndtri(np.asarray(levels))), np.asarray(weights)
+
+
+SPREAD_Z, SPREAD_WEIGHTS = _spread_nodes()
+
+
+def prompt_lengths(mean: FloatArray, cv: FloatArray) -> FloatArray:
+    """The ``SPREAD_BANDS`` prompt lengths (tokens; one row per node) of a log-normal
+    of mean ``mean`` and coefficient of variation ``cv``, scaled so that their
+    weighted mean is ``mean``."""
+    sigma = np.sqrt(np.log1p(np.asarray(cv, dtype=np.float64) ** 2))
+    shape = np.exp(sigma[None, :] * SPREAD_Z[:, None] - 0.5 * sigma[None, :] ** 2)
+    shape = shape / (SPREAD_WEIGHTS @ shape)[None, :]
+    return np.asarray(np.asarray(mean, dtype=np.float64)[None, :] * shape)
 
 
 @dataclass(frozen=True)
@@ -162,6 +198,85 @@ def _md1_tail(rho: FloatArray) -> tuple[FloatArray, FloatArray]:
     u = np.maximum(u, 1e-300)
     c = (1.0 - r) / np.maximum(r * np.exp(u) - 1.0, 1e-300)
     return np.asarray(u), np.asarray(np.minimum(c, 1.0))
+
+
+def _mg1_tail(service_ms: FloatArray, rho: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """(theta, c) of the M/G/1 waiting-time tail P(W > y) ~ c exp(-theta y) (1/ms) for
+    service times ``service_ms`` (one row per ``SPREAD_WEIGHTS`` node) at utilisation
+    ``rho``: theta > 0 solves lambda (E[e^(theta S)] - 1) = theta (Cramér-Lundberg),
+    and c = (1 - rho) / (lambda E[S e^(theta S)] - 1). With every S equal this is
+    ``_md1_tail``'s."""
+    w = SPREAD_WEIGHTS[:, None]
+    mean = np.sum(w * service_ms, axis=0)
+    second = np.sum(w * service_ms**2, axis=0)
+    r = np.clip(rho, 1e-12, 1.0 - 1e-12)
+    lam = r / mean
+    # e^x >= 1 + x + x^2 / 2 puts the root at or below 2 (1 - rho) / (lambda E[S^2])
+    hi = 2.0 * (1.0 - r) / (lam * second)
+    lo = np.zeros_like(hi)
+    for _ in range(DECAY_STEPS):
+        mid = 0.5 * (lo + hi)
+        grow = np.sum(w * np.expm1(np.minimum(mid * service_ms, 700.0)), axis=0)
+        below = lam * grow < mid
+        lo = np.where(below, mid, lo)
+        hi = np.where(below, hi, mid)
+    theta = np.maximum(hi, 1e-300)
+    slope = lam * np.sum(w * service_ms * np.exp(np.minimum(theta * service_ms, 700.0)), axis=0)
+    c = (1.0 - r) / np.maximum(slope - 1.0, 1e-300)
+    return np.asarray(theta), np.asarray(c)
+
+
+def _spread_ttft_quantile_ms(
+    service_ms: FloatArray,
+    rho: FloatArray,
+    q: FloatArray,
+    residual_ms: FloatArray,
+    residual_prob: FloatArray,
+    own_ms: FloatArray,
+) -> FloatArray:
+    """Quantile q of W + R + A (ms): W the M/G/1 wait for the prefill slot, its work
+    ahead taking ``service_ms`` (one row per ``SPREAD_WEIGHTS`` node) at utilisation
+    ``rho``, with P(W > y) = min(rho, c e^(-theta y)) (``_mg1_tail``: P(W > 0) is rho,
+    and the Cramér-Lundberg tail beyond); R as in ``_wait_quantile_ms``; A the prompt's
+    own prefill, ``own_ms`` at each node with its weight."""
+    theta, c = _mg1_tail(service_ms, rho)
+    r = np.clip(rho, 0.0, 1.0 - 1e-12)
+    knee = np.maximum(np.log(np.maximum(c, 1e-300) / np.maximum(r, 1e-300)) / theta, 0.0)
+
+    def tail(y: FloatArray) -> FloatArray:  # P(W > y), y >= 0
+        return np.asarray(np.minimum(r, c * np.exp(-theta * y)))
+
+    def area(a: FloatArray) -> FloatArray:  # integral of P(W > y) over [0, a], a >= 0
+        flat = r * np.minimum(a, knee)
+        beyond = c / theta * (np.exp(-theta * knee) - np.exp(-theta * np.maximum(a, knee)))
+        return np.asarray(flat + beyond)
+
+    v = np.maximum(residual_ms, 0.0)
+    has_v = (v > 0) & (residual_prob > 0)
+    v_safe = np.where(has_v, v, 1.0)
+
+    def excess(x: FloatArray) -> FloatArray:  # P(W + R > x), x >= 0
+        before = np.where(x >= v, area(x) - area(np.maximum(x - v, 0.0)), (v - x) + area(x))
+        with_r = residual_prob * before / v_safe + (1.0 - residual_prob) * tail(x)
+        return np.asarray(np.where(has_v, with_r, tail(x)))
+
+    def with_own(x: FloatArray) -> FloatArray:  # P(W + R + A > x)
+        total = np.zeros_like(x)
+        for weight, a in zip(SPREAD_WEIGHTS, own_ms, strict=True):
+            y = x - a
+            total += weight * np.where(y < 0.0, 1.0, excess(np.maximum(y, 0.0)))
+        return total
+
+    level = 1.0 - q
+    w_alone = np.where(r > level, np.maximum(knee, np.log(c / level) / theta), 0.0)
+    lo = np.asarray(own_ms.min(axis=0), dtype=np.float64)
+    hi = np.asarray(w_alone + np.where(has_v, v, 0.0) + own_ms.max(axis=0), dtype=np.float64)
+    for _ in range(QUANTILE_STEPS):
+        mid = 0.5 * (lo + hi)
+        above = with_own(mid) > level
+        lo = np.where(above, mid, lo)
+        hi = np.where(above, hi, mid)
+    return np.asarray(hi)
 
 
 def _wait_quantile_ms(
@@ -354,6 +469,9 @@ def _metrics(p: OpParams, rate_rps: FloatArray) -> Metrics:
     wait = _wait_quantile_ms(ahead, lam * ahead, q, t_step, busy_decoding)
     wait = np.where(rho_s < 1.0, wait, np.inf)
     ttft = np.where(has_prefill, alone + wait, 0.0)
+    spread = has_prefill & (p.prompt_cv > 0.0) & (rho_s < 1.0)
+    if np.any(spread):
+        ttft = _spread_ttft_ms(p, spread, ttft, ahead, lam * ahead, t_step, busy_decoding)
     # token gaps: a decode step at the batch a gap sees (size biased), plus a chunk
     per_prompt = work.iterations_full + (1.0 - rho_s) * (
         work.iterations_alone - work.iterations_full
@@ -382,6 +500,37 @@ def _metrics(p: OpParams, rate_rps: FloatArray) -> Metrics:
         stable=np.asarray(stable),
         prefill_busy=np.asarray(np.clip(rho_s, 0.0, 1.0)),
     )
+
+
+def _spread_ttft_ms(
+    p: OpParams,
+    rows: BoolArray,
+    ttft_ms: FloatArray,
+    ahead_ms: FloatArray,
+    rho: FloatArray,
+    t_step: FloatArray,
+    busy_decoding: FloatArray,
+) -> FloatArray:
+    """``ttft_ms`` with the TTFT quantile of the ``rows`` whose prompts spread, over
+    the ``prompt_lengths`` nodes: the work ahead of a prompt is taken in proportion to
+    the length of the prompt it serves (``ahead_ms`` at the mean), and a prompt's own
+    prefill is its chunk passes, each carrying a decode step only while something
+    decodes (probability ``busy_decoding``: a long prompt spans many iterations, and
+    at a small batch most of them run without one)."""
+    idx = np.flatnonzero(rows)
+    sub = p.take(idx)
+    lengths = prompt_lengths(sub.prompt_tokens, sub.prompt_cv)
+    own = np.empty_like(lengths)
+    for k in range(lengths.shape[0]):
+        work = prefill_work(sub.replace(prompt_tokens=lengths[k]))
+        own[k] = work.alone_ms + work.iterations_alone * t_step[idx] * busy_decoding[idx]
+    service = ahead_ms[idx][None, :] * lengths / sub.prompt_tokens[None, :]
+    spread = _spread_ttft_quantile_ms(
+        service, rho[idx], sub.quantile, t_step[idx], busy_decoding[idx], own
+    )
+    out = np.array(ttft_ms, dtype=np.float64)
+    out[idx] = spread
+    return out
 
 
 def rate_upper_bound(p: OpParams) -> FloatArray:

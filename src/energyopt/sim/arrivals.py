@@ -77,6 +77,19 @@ class Arrivals:
         with np.errstate(invalid="ignore", divide="ignore"):
             return prompt / count, output / count
 
+    def prompt_cv(self) -> FloatArray:
+        """Coefficient of variation (standard deviation / mean) of the prompt tokens
+        per workload (NaN where it has no request)."""
+        k = len(self.names)
+        count = np.bincount(self.workload, minlength=k).astype(np.float64)
+        tokens = self.prompt_tokens.astype(np.float64)
+        total = np.bincount(self.workload, weights=tokens, minlength=k)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = total / count
+            spread = tokens - mean[self.workload]
+            var = np.bincount(self.workload, weights=spread * spread, minlength=k) / count
+            return np.asarray(np.sqrt(var) / mean)
+
 
 def merge(
     parts: list[tuple[FloatArray, IntArray, IntArray, IntArray]], names: tuple[str, ...]

@@ -11,6 +11,8 @@ from energyopt.spec.llm import MAX_TOKENS
 
 MAX_TP = 64
 """Largest tensor-parallel group size (GPUs of one node)."""
+MAX_TOKEN_CV = 10.0
+"""Largest coefficient of variation of a token distribution (a log-normal of sigma 2.15)."""
 MIN_RATE_RPS = 1e-6
 """Lowest request rate of a workload, req/s: one request in 11.6 days. A rate of
 1e-300 req/s made the covering bound's grid step underflow (an internal error on
@@ -23,6 +25,16 @@ class TokenDist(Spec):
     mean: float = Field(gt=0, le=MAX_TOKENS, description="mean tokens per request")
     max: int | None = Field(
         default=None, gt=0, le=MAX_TOKENS, description="largest tokens per request"
+    )
+    cv: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=MAX_TOKEN_CV,
+        description=(
+            "coefficient of variation of tokens per request (standard deviation / mean; "
+            "0: every request the mean). The queueing model reads the prompts': a "
+            "log-normal spread of this cv (docs/performance-model.md, §4)"
+        ),
     )
 
     @model_validator(mode="after")

@@ -42,6 +42,7 @@ from energyopt.spec.evaluation import (
     resolve_relative,
 )
 from energyopt.spec.plan import Plan
+from energyopt.spec.workload import MAX_TOKEN_CV
 
 Say = Callable[[str], None]
 
@@ -136,9 +137,12 @@ def build_arrivals(ev: Evaluation, problem: Problem, spec_path: str | Path) -> A
 
 
 def planning_problem(problem: Problem, arrivals: Arrivals) -> Problem:
-    """``problem`` with each workload's mean prompt and output tokens set to those of
-    its requests (a deployment knows its traffic's token statistics)."""
+    """``problem`` with each workload's mean prompt and output tokens, and the spread
+    of its prompts (``TokenDist.cv``), set to those of its requests (a deployment knows
+    its traffic's token statistics; the queueing model prices a long-prompt tail
+    through the spread, docs/performance-model.md §4)."""
     prompt, output = arrivals.mean_tokens()
+    spread = np.minimum(np.nan_to_num(arrivals.prompt_cv(), nan=0.0), MAX_TOKEN_CV)
     workloads = []
     for k, w in enumerate(problem.instance.workloads):
         if not np.isfinite(prompt[k]):
@@ -148,7 +152,7 @@ def planning_problem(problem: Problem, arrivals: Arrivals) -> Problem:
             w.model_copy(
                 update={
                     "prompt_tokens": w.prompt_tokens.model_copy(
-                        update={"mean": float(prompt[k]), "max": None}
+                        update={"mean": float(prompt[k]), "max": None, "cv": float(spread[k])}
                     ),
                     "output_tokens": w.output_tokens.model_copy(
                         update={"mean": float(output[k]), "max": None}
