@@ -82,9 +82,11 @@ PRECISION = 0.03
 """Replicates are pooled until the simulated P99 TTFT is known to +/- 3 % (95 %)."""
 
 
-def single_gpu_problem(shape: Shape, gpu: str, rate_rps: float, cv: float = 0.0) -> Problem:
+def single_gpu_problem(
+    shape: Shape, gpu: str, rate_rps: float, cv: float = 0.0, percentile: float = PERCENTILE
+) -> Problem:
     """One GPU of ``gpu`` serving one workload of ``shape`` at ``rate_rps``, its
-    prompts' coefficient of variation ``cv``."""
+    prompts' coefficient of variation ``cv``, its SLO at ``percentile``."""
     data = {
         "name": "queueing-check",
         "cluster": {"nodes": [{"name": "n0", "gpus": [{"type": gpu, "count": 1}]}]},
@@ -95,7 +97,7 @@ def single_gpu_problem(shape: Shape, gpu: str, rate_rps: float, cv: float = 0.0)
                 "rate_rps": rate_rps,
                 "prompt_tokens": {"mean": shape.prompt, "cv": cv},
                 "output_tokens": {"mean": shape.output},
-                "slo": {"ttft_ms": shape.ttft_ms, "tbt_ms": shape.tbt_ms, "percentile": PERCENTILE},
+                "slo": {"ttft_ms": shape.ttft_ms, "tbt_ms": shape.tbt_ms, "percentile": percentile},
             }
         ],
     }
