@@ -28,6 +28,7 @@ with prompts of P tokens, outputs of O tokens and chunk budget C:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -200,6 +201,30 @@ def _md1_tail(rho: FloatArray) -> tuple[FloatArray, FloatArray]:
     return np.asarray(u), np.asarray(np.minimum(c, 1.0))
 
 
+Curve = Callable[[FloatArray], FloatArray]
+
+
+def _plus_residual(
+    tail: Curve, area: Curve, residual_ms: FloatArray, residual_prob: FloatArray
+) -> tuple[Curve, FloatArray]:
+    """(P(W + R > x) as a function of x >= 0, the largest R in ms), for a wait W with
+    tail ``tail`` (P(W > y)) and its integral from 0 ``area``, and R independent of
+    W: 0 with probability 1 - ``residual_prob``, else uniform on [0, ``residual_ms``]
+    (the rest of the decode-only iteration in flight, whose end a new prompt waits
+    for)."""
+    v = np.maximum(residual_ms, 0.0)
+    has_v = (v > 0) & (residual_prob > 0)
+    v_safe = np.where(has_v, v, 1.0)
+
+    def excess(x: FloatArray) -> FloatArray:  # P(W + R > x)
+        before = np.where(x >= v, area(x) - area(np.maximum(x - v, 0.0)), (v - x) + area(x))
+        spread = before / v_safe
+        with_r = residual_prob * spread + (1.0 - residual_prob) * tail(x)
+        return np.asarray(np.where(has_v, with_r, tail(x)))
+
+    return excess, np.asarray(np.where(has_v, v, 0.0))
+
+
 def _mg1_tail(service_ms: FloatArray, rho: FloatArray) -> tuple[FloatArray, FloatArray]:
     """(theta, c) of the M/G/1 waiting-time tail P(W > y) ~ c exp(-theta y) (1/ms) for
     service times ``service_ms`` (one row per ``SPREAD_WEIGHTS`` node) at utilisation
@@ -237,7 +262,7 @@ def _spread_ttft_quantile_ms(
     """Quantile q of W + R + A (ms): W the M/G/1 wait for the prefill slot, its work
     ahead taking ``service_ms`` (one row per ``SPREAD_WEIGHTS`` node) at utilisation
     ``rho``, with P(W > y) = min(rho, c e^(-theta y)) (``_mg1_tail``: P(W > 0) is rho,
-    and the Cramér-Lundberg tail beyond); R as in ``_wait_quantile_ms``; A the prompt's
+    and the Cramér-Lundberg tail beyond); R as in ``_plus_residual``; A the prompt's
     own prefill, ``own_ms`` at each node with its weight."""
     theta, c = _mg1_tail(service_ms, rho)
     r = np.clip(rho, 0.0, 1.0 - 1e-12)
@@ -251,14 +276,7 @@ def _spread_ttft_quantile_ms(
         beyond = c / theta * (np.exp(-theta * knee) - np.exp(-theta * np.maximum(a, knee)))
         return np.asarray(flat + beyond)
 
-    v = np.maximum(residual_ms, 0.0)
-    has_v = (v > 0) & (residual_prob > 0)
-    v_safe = np.where(has_v, v, 1.0)
-
-    def excess(x: FloatArray) -> FloatArray:  # P(W + R > x), x >= 0
-        before = np.where(x >= v, area(x) - area(np.maximum(x - v, 0.0)), (v - x) + area(x))
-        with_r = residual_prob * before / v_safe + (1.0 - residual_prob) * tail(x)
-        return np.asarray(np.where(has_v, with_r, tail(x)))
+    excess, longest = _plus_residual(tail, area, residual_ms, residual_prob)
 
     def with_own(x: FloatArray) -> FloatArray:  # P(W + R + A > x)
         total = np.zeros_like(x)
@@ -270,7 +288,7 @@ def _spread_ttft_quantile_ms(
     level = 1.0 - q
     w_alone = np.where(r > level, np.maximum(knee, np.log(c / level) / theta), 0.0)
     lo = np.asarray(own_ms.min(axis=0), dtype=np.float64)
-    hi = np.asarray(w_alone + np.where(has_v, v, 0.0) + own_ms.max(axis=0), dtype=np.float64)
+    hi = np.asarray(w_alone + longest + own_ms.max(axis=0), dtype=np.float64)
     for _ in range(QUANTILE_STEPS):
         mid = 0.5 * (lo + hi)
         above = with_own(mid) > level
@@ -312,15 +330,7 @@ def _wait_quantile_ms(
         beyond = c / theta * (np.exp(-theta * s) - np.exp(-theta * np.maximum(a, s)))
         return np.asarray(head + beyond)
 
-    v = np.maximum(residual_ms, 0.0)
-    has_v = (v > 0) & (residual_prob > 0)
-    v_safe = np.where(has_v, v, 1.0)
-
-    def excess(x: FloatArray) -> FloatArray:  # P(W + R > x)
-        before = np.where(x >= v, area(x) - area(np.maximum(x - v, 0.0)), (v - x) + area(x))
-        spread = before / v_safe
-        with_r = residual_prob * spread + (1.0 - residual_prob) * tail(x)
-        return np.asarray(np.where(has_v, with_r, tail(x)))
+    excess, longest = _plus_residual(tail, area, residual_ms, residual_prob)
 
     level = 1.0 - q
     in_head = np.log((1.0 - level) / (1.0 - r)) / np.maximum(lam, 1e-300)
@@ -328,7 +338,7 @@ def _wait_quantile_ms(
     w_alone = np.where(r > level, np.where(tail(s) > level, in_tail, in_head), 0.0)
     w_alone = np.maximum(w_alone, 0.0)
     lo = np.asarray(w_alone, dtype=np.float64)
-    hi = np.asarray(w_alone + np.where(has_v, v, 0.0), dtype=np.float64)
+    hi = np.asarray(w_alone + longest, dtype=np.float64)
     for _ in range(QUANTILE_STEPS):
         mid = 0.5 * (lo + hi)
         above = excess(mid) > level

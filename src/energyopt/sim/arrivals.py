@@ -82,11 +82,9 @@ class Arrivals:
         per workload (NaN where it has no request)."""
         k = len(self.names)
         count = np.bincount(self.workload, minlength=k).astype(np.float64)
-        tokens = self.prompt_tokens.astype(np.float64)
-        total = np.bincount(self.workload, weights=tokens, minlength=k)
+        mean, _ = self.mean_tokens()
         with np.errstate(invalid="ignore", divide="ignore"):
-            mean = total / count
-            spread = tokens - mean[self.workload]
+            spread = self.prompt_tokens - mean[self.workload]
             var = np.bincount(self.workload, weights=spread * spread, minlength=k) / count
             return np.asarray(np.sqrt(var) / mean)
 
