@@ -10,7 +10,14 @@ import pytest
 from pydantic import ValidationError
 
 from energyopt.families.serving.loop import planning_problem
-from energyopt.perf.queueing import SPREAD_WEIGHTS, metrics_at, prompt_lengths, slo_capacity
+from energyopt.perf.queueing import (
+    SPREAD_WEIGHTS,
+    _md1_tail,
+    _mg1_tail,
+    metrics_at,
+    prompt_lengths,
+    slo_capacity,
+)
 from energyopt.sim.arrivals import Arrivals
 from energyopt.sim.synthetic import token_counts
 from energyopt.spec import TokenDist
@@ -55,6 +62,20 @@ def test_spread_lowers_the_capacity_and_zero_spread_is_the_mean_prompt() -> None
     assert np.allclose(SPREAD_WEIGHTS @ lengths, [1500.0, 300.0])
     assert np.allclose(lengths[:, 1], 300.0)
     assert np.all(np.diff(lengths[:, 0]) > 0)
+
+
+def test_the_mg1_tail_of_equal_services_is_the_md1_tail_and_spread_makes_it_heavier() -> None:
+    """With every service time equal the Cramér-Lundberg decay and constant are the
+    M/D/1 ones (u / S and c); spread service times of the same mean decay slower."""
+    rho = np.array([0.05, 0.3, 0.6, 0.9, 0.99])
+    service = 12.0
+    theta, c = _mg1_tail(np.full((len(SPREAD_WEIGHTS), len(rho)), service), rho)
+    u, c_md1 = _md1_tail(rho)
+    np.testing.assert_allclose(theta, u / service, rtol=1e-9)
+    np.testing.assert_allclose(c, c_md1, rtol=1e-6)
+    spread = prompt_lengths(np.full(len(rho), service), np.full(len(rho), CV))
+    theta_spread, _ = _mg1_tail(spread, rho)
+    assert np.all(theta_spread < theta)
 
 
 def test_the_planning_problem_takes_the_prompts_spread_from_the_requests() -> None:
