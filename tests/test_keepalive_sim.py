@@ -267,6 +267,42 @@ def test_a_memory_budget_is_never_exceeded_and_requests_are_conserved(
         assert sum(s.tepid_starts for s in sims) == 0
 
 
+def test_a_container_that_frees_none_of_the_short_memory_is_not_evicted() -> None:
+    # c (a CPU function: host memory only) is idle since 0, g (20 GB on the GPU) since
+    # 10; h (50 GB) arrives at 100 and the 60-GB GPU has 40 free: evicting c, the least
+    # recently used, would free no GPU memory, so only g goes, and c's request at 200
+    # still finds it warm
+    cpu = FN.model_copy(
+        update={
+            "name": "c",
+            "warm": FN.warm.model_copy(update={"gpu_memory_gb": 0.0, "host_memory_gb": 0.5}),
+            "tepid": None,
+        }
+    )
+    c, g, h = simulate_node(
+        [
+            Tenant(cpu, [0.0, 200.0], lambda _h: always_warm()),
+            Tenant(SMALL, [10.0], lambda _h: always_warm()),
+            Tenant(BIG, [100.0], lambda _h: always_warm()),
+        ],
+        400.0,
+        NodeBudget(gpu_memory_gb=60.0, host_memory_gb=100.0),
+    )
+    assert (c.evictions, g.evictions, h.waits) == (0, 1, 0)
+    assert (c.cold_starts, c.warm_starts) == (1, 1)
+    assert c.latencies_s[1] == 0.0
+    # short of host memory instead, c is a victim like any other
+    c, h = simulate_node(
+        [
+            Tenant(cpu, [0.0, 200.0], lambda _h: always_warm()),
+            Tenant(BIG, [100.0], lambda _h: always_warm()),
+        ],
+        400.0,
+        NodeBudget(gpu_memory_gb=60.0, host_memory_gb=2.2),
+    )
+    assert (c.evictions, c.cold_starts) == (1, 2)
+
+
 def test_an_evicted_container_is_demoted_or_evicted_and_a_request_waits_for_memory() -> None:
     # g (20 GB) serves at 0; h (50 GB) arrives at 100 and evicts idle g; g's request at
     # 103 finds h loading (5 s) and serving (1 s) and must wait until 106

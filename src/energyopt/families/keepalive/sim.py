@@ -9,8 +9,10 @@ cold (loads). A request arriving while the container serves or loads joins it
 The node's GPU and host memory bound what all its containers hold at once (a
 loading or serving container holds its warm memory). A request that needs more
 than is free first evicts idle containers of other functions, least recently
-used first: a tepid-aware policy demotes a warm victim to tepid where its host
-memory fits, any other victim goes cold; an evicted container stays down until
+used first among those that free some of the memory that is short (a container
+holding host memory only is not evicted to make room on the GPU): a tepid-aware
+policy demotes a warm victim to tepid where its host memory fits, any other
+victim goes cold; an evicted container stays down until
 its next request (a container waiting for memory may be evicted too). If
 evicting every idle container would not free enough, the request waits (first
 come, first served) until a container finishes. A policy's move to a state
@@ -279,7 +281,9 @@ def simulate_node(
         )
         plan: list[tuple[int, str]] = []
         for v in victims:
-            if gpu_need <= gpu_free + 1e-9 and host_need <= host_free + 1e-9:
+            gpu_short = gpu_need > gpu_free + 1e-9
+            host_short = host_need > host_free + 1e-9
+            if not gpu_short and not host_short:
                 break
             x = boxes[v]
             gpu, host = x.held()
@@ -289,6 +293,10 @@ def simulate_node(
                 if extra_host <= host_free - host_need + 1e-9:
                     to = "tepid"
             _, new_gpu, new_host = _hold(x.fn, to)
+            if not (gpu_short and new_gpu < gpu - 1e-12) and not (
+                host_short and new_host < host - 1e-12
+            ):
+                continue  # it frees none of the memory that is short: left as it is
             gpu_free += gpu - new_gpu
             host_free += host - new_host
             plan.append((v, to))
