@@ -23,7 +23,10 @@ serverless (Azure Functions) invocation trace is in data/, so only the
 LLM trace is replayed.
 
 The verdicts give the table's share of the clairvoyant yardstick's saving,
-(E_fixed - E) / (E_fixed - E_floor), and how much of that saving lies after each
+(E_fixed - E) / (E_fixed - E_floor): with no memory limit for the first table of
+each load and within the nodes' memory for the second (a Lagrangian lower bound on
+the always-warm timing's least energy there, energyopt.families.keepalive.floor),
+and how much of that saving lies after each
 function's last request of the hour, which the yardstick holds for nothing and
 no online policy knows is the last. ``--hindsight`` also replays, with no memory
 limit, every single (warm-until, tepid-until) pair of a grid per function for the
@@ -44,6 +47,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from energyopt.families.keepalive.floor import budget_floor, clairvoyant_j
 from energyopt.families.keepalive.formulations.model import load_keepalive
 from energyopt.families.keepalive.formulations.policy import (
     FIXED_KEEP_ALIVE_S,
@@ -73,6 +77,12 @@ HORIZON_S = 3600.0
 SLO_S = 15.0
 LATE_SHARE = 0.01
 COLD_SHARE = 0.05
+WITHIN = " within the nodes' memory"
+WITHIN_NOTE = (
+    "; within the nodes' memory: a Lagrangian bound on the always-warm timing's "
+    "least energy there, floor.budget_floor"
+)
+"""How the budget tables name their yardstick (energyopt.families.keepalive.floor)."""
 SPARSE_EVERY = 20
 """Thinning of the second table: longer idle times, as in most serverless functions."""
 ENERGY_TARGET = 0.30
@@ -114,35 +124,6 @@ def policies(fn: Function) -> dict[str, tuple[Policy, bool]]:
         "always-cold": (lambda _h: always_cold(), False),
         "tepid-table": (tepid, True),
     }
-
-
-def clairvoyant_j(fn: Function, times: Sequence[float]) -> float:
-    """Energy of a reference that knows every idle time in advance, J: the
-    always-warm timing (one cold start, then every request starts at once) with
-    each idle period held in its cheapest way (warm, tepid, or evicted and loaded
-    again just in time) and the last one evicted. Not a policy: a yardstick."""
-    if not times:
-        return 0.0
-    svc = fn.service.time_s
-    tep = fn.tepid
-    load = fn.cold_start.energy_j
-    energy = load + len(times) * svc * fn.service.power_w
-    ready = times[0] + fn.cold_start.time_s
-    busy_until = ready + svc
-    busy_from = ready
-    for a in times[1:]:
-        if a < busy_until:
-            busy_until = max(busy_until, max(a, ready) + svc)
-            continue
-        energy += fn.warm.power_w * (busy_until - busy_from)
-        gap = a - busy_until
-        options = [fn.warm.power_w * gap, load]
-        if tep is not None:
-            options.append(tep.enter_j + tep.power_w * gap + tep.resume_j)
-        energy += min(options)
-        ready = busy_from = a
-        busy_until = a + svc
-    return energy + fn.warm.power_w * (busy_until - busy_from)
 
 
 def last_idle_j(fn: Function, times: Sequence[float]) -> float:
@@ -238,7 +219,11 @@ def run(
     return totals
 
 
-def print_table(totals: dict[str, dict[str, float]], reference_j: float | None) -> None:
+def print_table(
+    totals: dict[str, dict[str, float]], reference_j: float | None, note: str = ""
+) -> None:
+    """One table of ``totals``; with ``reference_j``, J, the yardstick's line (``note``
+    appended to its caption)."""
     base = totals["fixed-10min"]
     print(
         f"{'policy':<18} {'energy kWh':>10} {'x fixed':>8} {'cold %':>7} {'p99 start s':>11} "
@@ -254,7 +239,7 @@ def print_table(totals: dict[str, dict[str, float]], reference_j: float | None) 
     if reference_j is not None:
         print(
             f"{'clairvoyant (ref)':<18} {reference_j / 3.6e6:>10.4f} "
-            f"{reference_j / base['energy']:>8.3f}   (knows every idle time; a yardstick)"
+            f"{reference_j / base['energy']:>8.3f}   (knows every idle time; a yardstick{note})"
         )
 
 
@@ -263,9 +248,11 @@ def verdicts(
     memory: bool,
     reference_j: float,
     last_j: float | None = None,
+    within: bool = False,
 ) -> list[str]:
     """The issue's targets, met or not, on one table; with how far below fixed-10min
-    the clairvoyant yardstick (no memory limit, ``reference_j``) is, the table's
+    the clairvoyant yardstick (``reference_j``: with no memory limit, or with
+    ``within`` within the nodes' memory budgets, floor.budget_floor) is, the table's
     share of its saving, and (with ``last_j``, J, no memory limit) the part of that
     saving that lies after each function's last request. The yardstick holds each idle period of the
     always-warm timing its cheapest way; a policy whose starts are delayed (by
@@ -299,7 +286,8 @@ def verdicts(
         f"cold-start rate: {'met' if ok else 'not met'} "
         f"({100 * abs(saved):.1f}% {'less' if saved >= 0 else 'more'} energy, "
         f"cold {100 * rate(tepid):.2f}% vs {100 * rate(fixed_t):.2f}%; the clairvoyant "
-        f"yardstick is {100 * (1 - reference_j / fixed_t['energy']):.1f}% below fixed-10min)",
+        f"yardstick{WITHIN if within else ''} is "
+        f"{100 * (1 - reference_j / fixed_t['energy']):.1f}% below fixed-10min)",
         share,
     ]
     ok = rate(tepid) < rate(hybrid)
@@ -358,15 +346,20 @@ def table(
         f"GB host memory each ({placed})"
     )
     budget = NodeBudget(node.gpu_memory_gb, node.host_memory_gb)
-    shared = run(
-        streams, functions, [[by_name[n] for n in names] for names in PLACEMENT.values()], budget
+    groups = [[by_name[n] for n in names] for names in PLACEMENT.values()]
+    shared = run(streams, functions, groups, budget)
+    within = budget_floor(
+        [[(fn, streams.get(fn.name, [])) for fn in g] for g in groups],
+        budget.gpu_memory_gb,
+        budget.host_memory_gb,
+        HORIZON_S,
     )
-    print_table(shared, None)
+    print_table(shared, within.energy_j, WITHIN_NOTE)
     print()
     return [
         *lines,
         f"{title}, node memory budget:",
-        *verdicts(shared, memory=True, reference_j=reference_j),
+        *verdicts(shared, memory=True, reference_j=within.energy_j, within=True),
     ]
 
 
