@@ -259,7 +259,8 @@ def _online_line(run: PlannerRun) -> str:
         f"through a plan), restores {stats.restores}, "
         f"harvests {stats.trims}, spills {stats.spills}, wakes {stats.wakes}, surprise "
         f"re-plans {run.tally.surprise_replans}, consolidations {run.tally.consolidations}, "
-        f"guard raises {stats.guard_raises} / lowers {stats.guard_lowers}"
+        f"guard raises {stats.guard_raises} / lowers {stats.guard_lowers}, epoch plans cut "
+        f"by the time limit {run.tally.time_limited_plans}"
     )
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from energyopt.families.serving.loop import (
+    EvaluationResult,
     epoch_lead_s,
     next_epoch_s,
     plan_lead_s,
@@ -83,6 +84,7 @@ def test_the_bundled_epoch_planner_returns_the_same_plan_on_repeated_solves(
     assert first.objective == second.objective and first.bound == second.bound
     # every solve ended on its gap, its node limit or a proof, not on the time limit
     assert not first.unproven and not second.unproven
+    assert not first.time_limited and not second.time_limited
     if factor > 1.0:  # 4x what the six GPUs serve: backed off
         assert first.served_fraction < 1.0
 
@@ -352,3 +354,49 @@ def test_a_lead_not_shorter_than_the_epoch_is_refused() -> None:
     with pytest.raises(SpecError):
         epoch_lead_s(ev, problem)
     assert epoch_lead_s(ev.model_copy(update={"plan_ahead": False}), problem) == 0.0
+
+
+def test_a_plan_from_a_solve_its_time_limit_cut_is_counted_and_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the time limit (not the gap, a node limit or a proof) ends an epoch's
+    solve, its plan depends on the machine's load: the planner flags it, the loop
+    counts and says it, and the report notes it next to the run."""
+    from dataclasses import replace
+
+    from energyopt.families.serving import loop_report
+    from energyopt.families.serving.solvers import solve as solve_module
+    from energyopt.solvers.result import Termination
+
+    real = solve_module.solve
+
+    def cut(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        return replace(out, termination=Termination.TIME_LIMIT) if out.plan else out
+
+    monkeypatch.setattr(solve_module, "solve", cut)
+    problem = two_workloads(rate_a=12.0, rate_b=6.0, gpus=3)
+    planner = make_planner(PlannerSpec(name="e", kind="energyopt"), problem, "e.yaml")
+    assert isinstance(planner, SolverPlanner)
+    planned = planner.plan({w.name: w.rate_rps for w in problem.instance.workloads})
+    assert planned.plan is not None and planned.time_limited
+    ev = _ahead(
+        load=DiurnalLoad(kind="diurnal", amplitude=0.5, period_s=240.0),
+        duration_s=80.0,
+        epoch_s=40.0,
+        online=OnlineOptions(replan_on_surprise=False),
+    )
+    arrivals = synthetic_arrivals(ev.load, problem.instance.workloads, ev.duration_s, 4)
+    fresh = make_planner(PlannerSpec(name="e", kind="energyopt"), problem, "e.yaml")
+    assert fresh is not None
+    said: list[str] = []
+    run = run_planner(ev, problem, arrivals, fresh, PassTables(problem), said.append)
+    assert run.tally.time_limited_plans >= 2  # the first plan and the re-plan at 40 s
+    assert sum("stopped on its time limit" in line for line in said) == (
+        run.tally.time_limited_plans
+    )
+    res = EvaluationResult(ev, problem, arrivals, [run], [], [])
+    assert any(
+        f"{run.tally.time_limited_plans} epoch plans from a solve its time limit cut" in line
+        for line in loop_report.format_table(res)
+    )

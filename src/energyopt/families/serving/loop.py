@@ -60,6 +60,7 @@ class Tally:
     shortfall_epochs: int = 0  # planned for less than the forecast (fleet too small)
     unproven_shortfall_epochs: int = 0  # of those: more not proven infeasible (Planned.unproven)
     unplanned_epochs: int = 0  # no plan: the previous one kept
+    time_limited_plans: int = 0  # epoch plans of a solve its time limit cut (not repeatable)
     rejected_plans: int = 0  # plans the verifier rejected at their planned load
     predicted_j: float = 0.0  # the planners' own power figures times epoch lengths
     predicted_static_j: float = 0.0  # of which the on-GPUs' power at their clocks, idle
@@ -272,6 +273,12 @@ def run_planner(
             run.unplanned_epochs += 1
             say(f"{planner.name}: t={now:.0f} s: no plan; keeping the current one")
             return None
+        if planned.time_limited:
+            run.time_limited_plans += 1
+            say(
+                f"{planner.name}: t={now:.0f} s: the plan's solve stopped on its time limit "
+                "(a rerun on a busier or quieter machine may plan otherwise)"
+            )
         if planned.served_fraction < 1.0 - 1e-9:
             run.shortfall_epochs += 1
             run.unproven_shortfall_epochs += int(planned.unproven)

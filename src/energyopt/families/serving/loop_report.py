@@ -102,6 +102,7 @@ def summary_rows(res: EvaluationResult) -> list[dict[str, float | str | int | No
                 "shortfall_epochs": run.tally.shortfall_epochs,
                 "unproven_shortfall_epochs": run.tally.unproven_shortfall_epochs,
                 "unplanned_epochs": run.tally.unplanned_epochs,
+                "time_limited_plans": run.tally.time_limited_plans,
                 "rejected_plans": run.tally.rejected_plans,
                 "surprise_replans": run.tally.surprise_replans,
                 "surprise_fallbacks": run.tally.surprise_fallbacks,
@@ -177,6 +178,11 @@ def format_table(res: EvaluationResult) -> list[str]:
             )
         if row["unplanned_epochs"]:
             notes.append(f"{row['unplanned_epochs']} epochs without a new plan")
+        if row["time_limited_plans"]:
+            notes.append(
+                f"{row['time_limited_plans']} epoch plans from a solve its time limit cut "
+                "(a rerun may plan otherwise)"
+            )
         if row["rejected_plans"]:
             notes.append(f"{row['rejected_plans']} plans rejected by the verifier")
         if row["surprise_replans"]:

@@ -82,6 +82,9 @@ class Planned:
     served: dict[str, float] | None = None
     """Per workload, the fraction of its forecast the plan serves (req/s routed over
     req/s forecast), where the forecast was backed off; None where it was not."""
+    time_limited: bool = False
+    """The plan is the best of a solve its time limit cut: another run, on a busier
+    or a quieter machine, may return another plan for the same forecast."""
 
 
 def restricted(
@@ -188,7 +191,16 @@ class SolverPlanner:
                 proved = result.status == INFEASIBLE
                 unproven = unproven or not proved
                 return False
-            out = Planned(result.plan, 0.0, solves, at, result.bound, result.objective, unproven)
+            out = Planned(
+                result.plan,
+                0.0,
+                solves,
+                at,
+                result.bound,
+                result.objective,
+                unproven,
+                time_limited=result.termination == Termination.TIME_LIMIT,
+            )
             return True
 
         if not attempt(1.0):
