@@ -54,6 +54,14 @@ class SolverPreset(Spec):
         gt=0,
         description="colgen, shadow-price: branch-and-bound nodes of the integer solve at most",
     )
+    exact_nodes: int | None = Field(
+        default=None,
+        gt=0,
+        description="the exact configuration solve (highs-exact's pattern formulation, "
+        "branch_price's exact finish): branch-and-bound nodes of each integer solve at most "
+        "(an effort limit: a run ends the same on a quiet or a loaded machine); none: each "
+        "runs until its share of the time limit",
+    )
     partitions: int = Field(default=4, ge=1, description="pop: number of sub-problems")
     seed: int = Field(default=0, description="pop: seed of the random split")
     sub_solver: str = Field(default="colgen", description="pop: preset each part is solved with")

@@ -163,7 +163,7 @@ def solve_configurations(
                 progress=note,
                 stop_at=lower / (1.0 - gap) if gap < 1 else None,
                 certified_bound=lower,
-                max_nodes=None if exact else preset.mip_nodes,
+                max_nodes=preset.exact_nodes if exact else preset.mip_nodes,
             )
             if out.time_limited:
                 cuts.append("integer solve")
@@ -228,7 +228,10 @@ def solve_configurations(
     if best is not None and relative_gap(best[0], lower) <= gap:
         note("the first plan is within the target gap of the certified bound")
     else:
-        out = integer_solve(min(FIRST_STAGE_SHARE * left, FIRST_STAGE_MAX_S) if exact else left)
+        # with node limits on the exact solves (preset.exact_nodes) they end each
+        # stage, and the time left is only the safety net
+        shared = exact and preset.exact_nodes is None
+        out = integer_solve(min(FIRST_STAGE_SHARE * left, FIRST_STAGE_MAX_S) if shared else left)
     if best is not None:
         note(
             f"integer plan over {len(prog.columns)} generated columns: {best[0]:,.3f} "
@@ -242,6 +245,7 @@ def solve_configurations(
         if best is not None and relative_gap(best[0], lower) <= gap:
             break
         if time.perf_counter() > deadline - 0.5:
+            cuts.append("reduced-cost filter")
             break
         full = best[0] - lp_bound if best is not None else float("inf")
         slack = frac * full if frac < 1.0 and best is not None else full
@@ -271,7 +275,7 @@ def solve_configurations(
         if extra is None:
             over_limit = True
             break
-        share = 1.0 if complete else 0.8
+        share = 1.0 if complete or preset.exact_nodes is not None else 0.8
         # Whole: the bound of this solve is the problem's only if it saw every
         # column within the slack (a restricted master's bound holds for its own
         # columns alone).
@@ -300,7 +304,9 @@ def solve_configurations(
         relative_gap(objective, bound) <= gap,
         note,
         otherwise=(
-            Termination.TIME_LIMIT if exact and not over_limit else Termination.EFFORT_LIMIT
+            Termination.TIME_LIMIT
+            if exact and not over_limit and preset.exact_nodes is None
+            else Termination.EFFORT_LIMIT
         ),
     )
     return Result(status, objective, bound, wall, plan, preset.name, [], termination=termination)
