@@ -15,7 +15,8 @@ cheapest ways may not fit together. :func:`budget_floor` bounds that problem fro
 below by Lagrangian relaxation: memory is priced per time bin (J per GB-s), every
 idle period then takes its cheapest way at those prices (warm, cold, or a mix of
 warm and tepid moments paying one enter and one resume), and the prices are raised
-by projected subgradient steps where the relaxed choices overfill a bin. Every
+by projected subgradient steps (`solvers/subgradient.py`) where the relaxed
+choices overfill a bin. Every
 price vector gives a valid lower bound on the always-warm-timing optimum within
 the budgets (weak duality; each bin's constraint is the time integral of the
 pointwise one, a relaxation), so the best one seen is reported.
@@ -37,8 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from energyopt.families.keepalive.spec import Function
-
-FloatArray = NDArray[np.float64]
+from energyopt.solvers.subgradient import FloatArray, projected_step
 
 BIN_S = 1.0
 """Width of the time bins the memory prices are set on, s."""
@@ -251,59 +251,56 @@ def budget_floor(
     limited = [np.isfinite(p.room_gpu).all() or np.isfinite(p.room_host).all() for p in parts]
     if not any(limited) or n_gaps == 0:
         return BudgetFloor(unlimited, unlimited, 0, 0.0)
-    lam_g = [np.zeros(nbins) for _ in parts]
-    lam_h = [np.zeros(nbins) for _ in parts]
+    # prices (J per GB x s): per node, the GPU memory's bins then the host memory's;
+    # a memory with no limit has room inf, no subgradient, and keeps its prices at 0
+    rooms = np.concatenate([np.concatenate([p.room_gpu, p.room_host]) for p in parts])
+    capped = np.isfinite(rooms)
+    room = np.where(capped, rooms, 0.0)
+    prices = np.zeros(len(rooms))
     best, best_over, step_scale = -math.inf, 0.0, 1.0
     taken = 0
     for it in range(iterations):
         taken = it + 1
         warm_cost = np.zeros(n_gaps)
         mix_cost = np.zeros(n_gaps)
-        priced: list[tuple[FloatArray, FloatArray, FloatArray, FloatArray]] = []
-        for p, lg, lh in zip(parts, lam_g, lam_h, strict=True):
-            pg = np.where(np.isfinite(p.room_gpu), lg, 0.0)[p.bin]
-            ph = np.where(np.isfinite(p.room_host), lh, 0.0)[p.bin]
+        per_part: list[tuple[FloatArray, FloatArray]] = []
+        for k, p in enumerate(parts):
+            at = 2 * nbins * k
+            pg = prices[at : at + nbins][p.bin]
+            ph = prices[at + nbins : at + 2 * nbins][p.bin]
             cw = (warm_w[p.fn] + pg * warm_g[p.fn] + ph * warm_h[p.fn]) * p.seconds
             ct = (tep_w[p.fn] + pg * tep_g[p.fn] + ph * tep_h[p.fn]) * p.seconds
             ct = np.where(has_tepid[p.fn], ct, math.inf)
             warm_cost += np.bincount(p.gap, weights=cw, minlength=n_gaps)
             mix_cost += np.bincount(p.gap, weights=np.minimum(cw, ct), minlength=n_gaps)
-            priced.append((cw, ct, pg, ph))
+            per_part.append((cw, ct))
         mix_cost += tep_j[gap_fn]
         cold_cost = load_j[gap_fn]
         choice = np.argmin(np.column_stack([warm_cost, mix_cost, cold_cost]), axis=1)
         value = fixed + float(np.sum(np.minimum(np.minimum(warm_cost, mix_cost), cold_cost)))
-        grads: list[tuple[FloatArray, FloatArray]] = []
-        norm = 0.0
-        over = 0.0
-        for p, lg, lh, (cw, ct, _, _) in zip(parts, lam_g, lam_h, priced, strict=True):
+        value -= float(prices @ room)
+        held: list[FloatArray] = []
+        for p, (cw, ct) in zip(parts, per_part, strict=True):
             ch = choice[p.gap]
             tepid_here = (ch == 1) & (ct < cw)
             warm_here = (ch == 0) | ((ch == 1) & ~tepid_here)
             use_g = np.where(warm_here, warm_g[p.fn], np.where(tepid_here, tep_g[p.fn], 0.0))
             use_h = np.where(warm_here, warm_h[p.fn], np.where(tepid_here, tep_h[p.fn], 0.0))
-            held_g = np.bincount(p.bin, weights=use_g * p.seconds, minlength=nbins)[:nbins]
-            held_h = np.bincount(p.bin, weights=use_h * p.seconds, minlength=nbins)[:nbins]
-            gg = np.where(np.isfinite(p.room_gpu), held_g - p.room_gpu, 0.0)
-            gh = np.where(np.isfinite(p.room_host), held_h - p.room_host, 0.0)
-            value -= float(np.dot(lg, np.where(np.isfinite(p.room_gpu), p.room_gpu, 0.0)))
-            value -= float(np.dot(lh, np.where(np.isfinite(p.room_host), p.room_host, 0.0)))
-            # a price at zero with room to spare has no ascent direction
-            gg = np.where((lg <= 0) & (gg < 0), 0.0, gg)
-            gh = np.where((lh <= 0) & (gh < 0), 0.0, gh)
-            over += float(np.sum(np.maximum(gg, 0.0)) + np.sum(np.maximum(gh, 0.0)))
-            grads.append((gg, gh))
-            norm += float(np.dot(gg, gg) + np.dot(gh, gh))
+            for use in (use_g, use_h):
+                per_bin = np.bincount(p.bin, weights=use * p.seconds, minlength=nbins)
+                held.append(np.asarray(per_bin[:nbins], dtype=np.float64))
+        g = np.where(capped, np.concatenate(held) - room, 0.0)
+        # how much the relaxed choices overfill the bins (a price at zero with room to
+        # spare is no overfill)
+        over = float(np.sum(np.maximum(g, 0.0)))
         if value > best:
             best, best_over = value, over
-        if norm <= 0.0:
-            break
-        # Polyak-style step towards an estimate 5 % of the yardstick above the best
+        # Polyak step (solvers/subgradient.py) towards an estimate 5 % of the
+        # yardstick above the best, the estimate halved every 25 steps
         target = best + 0.05 * step_scale * max(unlimited - fixed, 1.0)
-        step = (target - value) / norm
+        prices, norm2 = projected_step(prices, g, value, target, 1.0)
+        if norm2 <= 1e-18:
+            break
         if it % 25 == 24:
             step_scale *= 0.5
-        for k, (gg, gh) in enumerate(grads):
-            lam_g[k] = np.maximum(lam_g[k] + step * gg, 0.0)
-            lam_h[k] = np.maximum(lam_h[k] + step * gh, 0.0)
     return BudgetFloor(max(best, unlimited), unlimited, taken, best_over)
