@@ -59,8 +59,8 @@ class SolverPreset(Spec):
         gt=0,
         description="the exact configuration solve (highs-exact's pattern formulation, "
         "branch_price's exact finish): branch-and-bound nodes of each integer solve at most "
-        "(an effort limit: a run ends the same on a quiet or a loaded machine); none: each "
-        "runs until its share of the time limit",
+        "(an effort limit: where the time limit does not strike first, a run ends the same "
+        "on a quiet or a loaded machine); none: each runs until its share of the time limit",
     )
     partitions: int = Field(default=4, ge=1, description="pop: number of sub-problems")
     seed: int = Field(default=0, description="pop: seed of the random split")
